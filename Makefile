@@ -1,0 +1,34 @@
+# Every target creates .venv when it is missing and installs what it needs.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install protos demo test up clean
+
+install: $(STAMP)
+
+# torch first, pinned to the CPU build that lies on local disk (a plain `torch` would pull a
+# multi-GB CUDA build); bigvgan without its training-only requirements (see pyproject.toml).
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q --no-deps bigvgan==2.4.1
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+protos: $(STAMP)
+	$(BIN)/python -m services.common.protogen
+
+demo: $(STAMP)
+	$(BIN)/python -m services.demo --out demo.wav
+
+up: $(STAMP)
+	$(BIN)/moss-serve up
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) demo.wav

@@ -1,0 +1,83 @@
+from moss.speech.v1 import common_pb2 as _common_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SynthesizeRequest(_message.Message):
+    __slots__ = ("text", "voice", "sampling", "format", "chunking")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    VOICE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    CHUNKING_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    voice: str
+    sampling: _common_pb2.SamplingParams
+    format: _common_pb2.AudioFormat
+    chunking: _common_pb2.ChunkPolicy
+    def __init__(self, text: _Optional[str] = ..., voice: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., format: _Optional[_Union[_common_pb2.AudioFormat, str]] = ..., chunking: _Optional[_Union[_common_pb2.ChunkPolicy, _Mapping]] = ...) -> None: ...
+
+class StreamMetadata(_message.Message):
+    __slots__ = ("request_id", "sample_rate", "format", "channels")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    sample_rate: int
+    format: _common_pb2.AudioFormat
+    channels: int
+    def __init__(self, request_id: _Optional[str] = ..., sample_rate: _Optional[int] = ..., format: _Optional[_Union[_common_pb2.AudioFormat, str]] = ..., channels: _Optional[int] = ...) -> None: ...
+
+class AudioChunk(_message.Message):
+    __slots__ = ("pcm", "sample_offset", "num_samples")
+    PCM_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    pcm: bytes
+    sample_offset: int
+    num_samples: int
+    def __init__(self, pcm: _Optional[bytes] = ..., sample_offset: _Optional[int] = ..., num_samples: _Optional[int] = ...) -> None: ...
+
+class SynthesisSummary(_message.Message):
+    __slots__ = ("ttfa_seconds", "total_seconds", "llm_queue_seconds", "llm_prefill_seconds", "llm_decode_seconds", "llm_first_chunk_seconds", "vocoder_compute_seconds", "vocoder_first_chunk_seconds", "audio_tokens", "num_samples", "audio_seconds", "real_time_factor", "prompt_tokens")
+    TTFA_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LLM_QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LLM_PREFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LLM_DECODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LLM_FIRST_CHUNK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    VOCODER_COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    VOCODER_FIRST_CHUNK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REAL_TIME_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ttfa_seconds: float
+    total_seconds: float
+    llm_queue_seconds: float
+    llm_prefill_seconds: float
+    llm_decode_seconds: float
+    llm_first_chunk_seconds: float
+    vocoder_compute_seconds: float
+    vocoder_first_chunk_seconds: float
+    audio_tokens: int
+    num_samples: int
+    audio_seconds: float
+    real_time_factor: float
+    prompt_tokens: int
+    def __init__(self, ttfa_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., llm_queue_seconds: _Optional[float] = ..., llm_prefill_seconds: _Optional[float] = ..., llm_decode_seconds: _Optional[float] = ..., llm_first_chunk_seconds: _Optional[float] = ..., vocoder_compute_seconds: _Optional[float] = ..., vocoder_first_chunk_seconds: _Optional[float] = ..., audio_tokens: _Optional[int] = ..., num_samples: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., real_time_factor: _Optional[float] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class SynthesizeResponse(_message.Message):
+    __slots__ = ("metadata", "audio", "summary")
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    metadata: StreamMetadata
+    audio: AudioChunk
+    summary: SynthesisSummary
+    def __init__(self, metadata: _Optional[_Union[StreamMetadata, _Mapping]] = ..., audio: _Optional[_Union[AudioChunk, _Mapping]] = ..., summary: _Optional[_Union[SynthesisSummary, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,68 @@
+from moss.speech.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class VocodeConfig(_message.Message):
+    __slots__ = ("request_id", "format")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    format: _common_pb2.AudioFormat
+    def __init__(self, request_id: _Optional[str] = ..., format: _Optional[_Union[_common_pb2.AudioFormat, str]] = ...) -> None: ...
+
+class AudioTokens(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class EndOfTokens(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class VocodeRequest(_message.Message):
+    __slots__ = ("config", "tokens", "end")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    config: VocodeConfig
+    tokens: AudioTokens
+    end: EndOfTokens
+    def __init__(self, config: _Optional[_Union[VocodeConfig, _Mapping]] = ..., tokens: _Optional[_Union[AudioTokens, _Mapping]] = ..., end: _Optional[_Union[EndOfTokens, _Mapping]] = ...) -> None: ...
+
+class VocodeStats(_message.Message):
+    __slots__ = ("chunks", "tokens", "compute_seconds", "first_chunk_compute_seconds", "queue_seconds")
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_CHUNK_COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    chunks: int
+    tokens: int
+    compute_seconds: float
+    first_chunk_compute_seconds: float
+    queue_seconds: float
+    def __init__(self, chunks: _Optional[int] = ..., tokens: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., first_chunk_compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ...) -> None: ...
+
+class VocodeResponse(_message.Message):
+    __slots__ = ("pcm", "sample_offset", "num_samples", "sample_rate", "format", "final", "stats")
+    PCM_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    pcm: bytes
+    sample_offset: int
+    num_samples: int
+    sample_rate: int
+    format: _common_pb2.AudioFormat
+    final: bool
+    stats: VocodeStats
+    def __init__(self, pcm: _Optional[bytes] = ..., sample_offset: _Optional[int] = ..., num_samples: _Optional[int] = ..., sample_rate: _Optional[int] = ..., format: _Optional[_Union[_common_pb2.AudioFormat, str]] = ..., final: _Optional[bool] = ..., stats: _Optional[_Union[VocodeStats, _Mapping]] = ...) -> None: ...

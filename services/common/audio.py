@@ -1,0 +1,38 @@
+"""PCM encoding and WAV files. Samples are float32 in [-1, 1], mono."""
+
+from __future__ import annotations
+
+import wave
+
+import numpy as np
+
+PCM16, FLOAT32 = 1, 2  # moss.speech.v1.AudioFormat values
+BYTES_PER_SAMPLE = {PCM16: 2, FLOAT32: 4}
+FORMAT_NAMES = {PCM16: "pcm16", FLOAT32: "float32"}
+
+
+def encode_pcm(samples: np.ndarray, fmt: int) -> bytes:
+    """float32 [n] → little-endian bytes in `fmt`."""
+    samples = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0)
+    if fmt == PCM16:
+        return (samples * 32767.0).round().astype("<i2").tobytes()
+    if fmt == FLOAT32:
+        return samples.astype("<f4").tobytes()
+    raise ValueError(f"unknown audio format {fmt}")
+
+
+def decode_pcm(data: bytes, fmt: int) -> np.ndarray:
+    if fmt == PCM16:
+        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767.0
+    if fmt == FLOAT32:
+        return np.frombuffer(data, dtype="<f4").astype(np.float32)
+    raise ValueError(f"unknown audio format {fmt}")
+
+
+def write_wav(path: str, samples: np.ndarray, sample_rate: int) -> None:
+    """Mono 16-bit WAV."""
+    with wave.open(path, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(sample_rate)
+        w.writeframes(encode_pcm(samples, PCM16))

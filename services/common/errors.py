@@ -1,0 +1,48 @@
+"""Typed errors raised anywhere in the services; services/common/interceptor.py maps them to gRPC
+status codes in one place. Nothing here imports grpc, so engines can raise them freely."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base class. `code` names a grpc.StatusCode member."""
+
+    code = "INTERNAL"
+
+
+class InvalidArgument(ServiceError):
+    code = "INVALID_ARGUMENT"
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+class Unavailable(ServiceError):
+    """A stage (llm, vocoder) cannot be reached or failed in transit."""
+
+    code = "UNAVAILABLE"
+
+    def __init__(self, stage: str, detail: str):
+        super().__init__(f"{stage} unavailable: {detail}")
+        self.stage = stage
+
+
+class DeadlineExceeded(ServiceError):
+    code = "DEADLINE_EXCEEDED"
+
+
+class ResourceExhausted(ServiceError):
+    code = "RESOURCE_EXHAUSTED"
+
+
+class FailedPrecondition(ServiceError):
+    code = "FAILED_PRECONDITION"
+
+
+class Cancelled(ServiceError):
+    code = "CANCELLED"
+
+
+class Internal(ServiceError):
+    code = "INTERNAL"

@@ -1,0 +1,94 @@
+"""Sampling and chunking settings: service defaults, and validation of what a client sends.
+
+Messages from the wire (moss.speech.v1.SamplingParams / ChunkPolicy) are read field by field; an
+unset optional field takes the default. Every refusal names the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.errors import InvalidArgument
+
+MAX_CHUNK_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20
+    repetition_penalty: float = 1.1
+    max_new_tokens: int = 500
+    min_new_tokens: int = 10  # eosp suppressed before this many generated positions (upstream: 10)
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ChunkSettings:
+    first_chunk_tokens: int = 3   # 240 ms of audio: small, for a low time to first audio
+    chunk_tokens: int = 10        # 800 ms: fewer, larger vocoder calls once audio is flowing
+
+
+def _get(msg, name):
+    return getattr(msg, name) if msg is not None and msg.HasField(name) else None
+
+
+def _check(ok: bool, field: str, problem: str) -> None:
+    if not ok:
+        raise InvalidArgument(field, problem)
+
+
+def resolve_sampling(msg, max_new_tokens_limit: int, prefix: str = "sampling") -> SamplingSettings:
+    d = SamplingSettings()
+    t = _get(msg, "temperature")
+    p = _get(msg, "top_p")
+    k = _get(msg, "top_k")
+    rp = _get(msg, "repetition_penalty")
+    mx = _get(msg, "max_new_tokens")
+    mn = _get(msg, "min_new_tokens")
+    seed = _get(msg, "seed")
+    if t is not None:
+        _check(0.0 <= t <= 2.0, f"{prefix}.temperature", f"must be in [0, 2] (0 is greedy), got {t:g}")
+    if p is not None:
+        _check(0.0 < p <= 1.0, f"{prefix}.top_p", f"must be in (0, 1], got {p:g}")
+    if k is not None:
+        _check(k >= 0, f"{prefix}.top_k", f"must be >= 0 (0 disables it), got {k}")
+    if rp is not None:
+        _check(0.0 < rp <= 10.0, f"{prefix}.repetition_penalty", f"must be in (0, 10], got {rp:g}")
+    if mx is not None:
+        _check(1 <= mx <= max_new_tokens_limit, f"{prefix}.max_new_tokens",
+               f"must be in [1, {max_new_tokens_limit}], got {mx}")
+    max_new = mx if mx is not None else min(d.max_new_tokens, max_new_tokens_limit)
+    if mn is not None:
+        _check(0 <= mn <= max_new, f"{prefix}.min_new_tokens", f"must be in [0, max_new_tokens={max_new}], got {mn}")
+    return SamplingSettings(
+        temperature=d.temperature if t is None else float(t),
+        top_p=d.top_p if p is None else float(p),
+        top_k=d.top_k if k is None else int(k),
+        repetition_penalty=d.repetition_penalty if rp is None else float(rp),
+        max_new_tokens=max_new,
+        min_new_tokens=min(d.min_new_tokens, max_new) if mn is None else int(mn),
+        seed=seed,
+    )
+
+
+def resolve_chunking(msg, prefix: str = "chunking") -> ChunkSettings:
+    d = ChunkSettings()
+    first = _get(msg, "first_chunk_tokens")
+    later = _get(msg, "chunk_tokens")
+    for name, value in (("first_chunk_tokens", first), ("chunk_tokens", later)):
+        if value is not None:
+            _check(1 <= value <= MAX_CHUNK_TOKENS, f"{prefix}.{name}", f"must be in [1, {MAX_CHUNK_TOKENS}], got {value}")
+    return ChunkSettings(
+        first_chunk_tokens=d.first_chunk_tokens if first is None else first,
+        chunk_tokens=d.chunk_tokens if later is None else later,
+    )
+
+
+def sampling_to_fields(s: SamplingSettings) -> dict:
+    """Settings → keyword arguments for a SamplingParams message (every field set)."""
+    fields = {k: getattr(s, k) for k in ("temperature", "top_p", "top_k", "repetition_penalty", "max_new_tokens", "min_new_tokens")}
+    if s.seed is not None:
+        fields["seed"] = s.seed
+    return fields

@@ -1,0 +1,101 @@
+"""Drives the synchronous engine from one background thread and streams its chunks to asyncio.
+
+The engine is not thread-safe: every call into it (add, abort, step) happens on the engine thread.
+Callers hand requests and aborts over through a queue; chunks come back to per-request asyncio queues
+through `loop.call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+
+from services.common.errors import Internal, ServiceError
+from services.llm.engine import LLMEngine, StepStats
+from services.llm.sequence import Chunk, Sequence
+
+log = logging.getLogger(__name__)
+
+_ABORT = object()
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, on_step: Callable[[StepStats], None] = lambda s: None):
+        self.engine = engine
+        self.on_step = on_step
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._outputs: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._inbox.put(None)
+        self._thread.join(timeout=10)
+
+    async def generate(self, seq: Sequence) -> AsyncIterator[Chunk]:
+        """Submit `seq` and yield its chunks; leaving early (cancel, error) aborts it in the engine."""
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue = asyncio.Queue()
+        self._outputs[seq.request_id] = (loop, out)
+        self._inbox.put(seq)
+        done = False
+        try:
+            while True:
+                item = await out.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.final:
+                    done = True
+                    return
+        finally:
+            self._outputs.pop(seq.request_id, None)
+            if not done:
+                self._inbox.put((_ABORT, seq.request_id))
+
+    # ---- engine thread ---------------------------------------------------------------------------
+    def _deliver(self, request_id: str, item) -> None:
+        target = self._outputs.get(request_id)
+        if target is not None:
+            loop, out = target
+            loop.call_soon_threadsafe(out.put_nowait, item)
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(block=block)
+            while True:
+                if isinstance(item, tuple) and item[0] is _ABORT:
+                    self.engine.abort(item[1])
+                elif item is not None:
+                    self.engine.add(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._drain_inbox(block=not self.engine.has_work())
+            if self._stop.is_set() or not self.engine.has_work():
+                continue
+            try:
+                chunks = self.engine.step()
+            except Exception as exc:  # a failed step must not kill the loop or leak blocks
+                log.exception("engine step failed")
+                self._fail_all(exc)
+                continue
+            for chunk in chunks:
+                self._deliver(chunk.request_id, chunk)
+            self.on_step(self.engine.last_step)
+
+    def _fail_all(self, exc: Exception) -> None:
+        err = exc if isinstance(exc, ServiceError) else Internal(f"engine step failed: {exc}")
+        for request_id in list(self.engine.sequences):
+            self.engine.abort(request_id)
+            self._deliver(request_id, err)

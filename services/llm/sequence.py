@@ -1,0 +1,196 @@
+"""One request's generation state: both token channels, the modality state machine, chunking, timing.
+
+Every position holds a pair (text token, audio token). Modes (shared/DESIGN.md §2):
+- text mode: the text head's sample is the next text token; the audio channel input is audio_pad.
+  Sampling sosp appends (sosp, audio_pad) and switches to audio mode.
+- audio mode: the audio head's sample is the next code; the text channel input is modality_pad.
+  Sampling eosp appends (modality_pad, eosp) and switches back to text mode (an audio reply ends there).
+- a stop token on the text channel (<|endoftext|>, <|im_end|>) ends generation and is not appended.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from services.common.sampling import ChunkSettings, SamplingSettings
+from services.llm.config import MossSpeechConfig
+
+
+class Mode(enum.Enum):
+    TEXT = "text"
+    AUDIO = "audio"
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.IntEnum):  # values match moss.speech.v1.FinishReason
+    STOP = 1
+    LENGTH = 2
+    END_OF_SPEECH = 3
+    ABORTED = 100  # never sent: an aborted request has no reader
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int
+    generated_tokens: int
+    audio_tokens: int
+    text_tokens: int
+    queue_seconds: float
+    prefill_seconds: float
+    decode_seconds: float
+    first_audio_token_seconds: float
+    finish_reason: FinishReason
+
+
+@dataclass
+class Chunk:
+    request_id: str
+    index: int
+    audio_tokens: list[int]
+    text_tokens: list[int]
+    final: bool
+    stats: GenerationStats | None = None
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0
+
+
+_ids = itertools.count()
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    text_ids: list[int]          # text channel, prompt then generated
+    audio_ids: list[int]         # audio channel, position-aligned with text_ids
+    sampling: SamplingSettings
+    chunking: ChunkSettings
+    audio_reply: bool
+    mode: Mode = Mode.TEXT
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    status: Status = Status.WAITING
+    finish_reason: FinishReason | None = None
+    num_cached: int = 0          # positions whose K/V are in the cache
+    block_table: list[int] = field(default_factory=list)
+    num_steps: int = 0           # tokens sampled (each step samples both heads once)
+    pending_audio: list[int] = field(default_factory=list)
+    pending_text: list[int] = field(default_factory=list)
+    num_audio: int = 0
+    num_text: int = 0
+    chunks_sent: int = 0
+    generator: torch.Generator | None = None
+    # Monotonic timestamps (time.perf_counter()).
+    arrival: float = field(default_factory=time.perf_counter)
+    scheduled: float | None = None
+    first_token: float | None = None
+    first_audio: float | None = None
+    last_token: float | None = None
+
+    def __post_init__(self):
+        self.num_prompt = len(self.text_ids)
+        if self.sampling.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.sampling.seed)
+
+    def __len__(self) -> int:
+        return len(self.text_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def start_mode(self, cfg: MossSpeechConfig) -> None:
+        """The first mode comes from the prompt's last position."""
+        last_text, last_audio = self.text_ids[-1], self.audio_ids[-1]
+        in_audio = last_text == cfg.sosp_token_id or (
+            last_text == cfg.modality_pad_token_id and last_audio != cfg.eosp_token_id
+        )
+        self.mode = Mode.AUDIO if in_audio else Mode.TEXT
+
+    # ---- the state machine ---------------------------------------------------------------------
+    def append_sampled(self, text_token: int, audio_token: int, cfg: MossSpeechConfig, now: float) -> None:
+        """Apply one step's samples from both heads."""
+        self.num_steps += 1
+        self.first_token = self.first_token or now
+        self.last_token = now
+        if self.mode is Mode.AUDIO:
+            if audio_token == cfg.eosp_token_id:
+                self._push(cfg.modality_pad_token_id, audio_token)
+                self.mode = Mode.TEXT
+                if self.audio_reply:
+                    return self.finish(FinishReason.END_OF_SPEECH)
+            else:
+                self._push(cfg.modality_pad_token_id, audio_token)
+                self.pending_audio.append(audio_token)
+                self.num_audio += 1
+                self.first_audio = self.first_audio or now
+        else:
+            if text_token in cfg.stop_token_ids:
+                return self.finish(FinishReason.STOP)
+            self._push(text_token, cfg.audio_pad_token_id)
+            if text_token == cfg.sosp_token_id:
+                self.mode = Mode.AUDIO
+            else:
+                self.pending_text.append(text_token)
+                self.num_text += 1
+        if self.num_steps >= self.sampling.max_new_tokens:
+            self.finish(FinishReason.LENGTH)
+
+    def _push(self, text_token: int, audio_token: int) -> None:
+        self.text_ids.append(text_token)
+        self.audio_ids.append(audio_token)
+
+    def finish(self, reason: FinishReason) -> None:
+        self.status = Status.FINISHED
+        self.finish_reason = reason
+
+    # ---- streaming -----------------------------------------------------------------------------
+    def take_chunk(self) -> Chunk | None:
+        """The next chunk by the request's policy, or None if not enough tokens are pending.
+
+        The first chunk is due after `first_chunk_tokens` tokens, later ones after `chunk_tokens`;
+        a finished sequence flushes everything in a final chunk.
+        """
+        pending = len(self.pending_audio) + len(self.pending_text)
+        due = self.chunking.chunk_tokens if self.chunks_sent else self.chunking.first_chunk_tokens
+        if not self.finished and pending < due:
+            return None
+        chunk = Chunk(self.request_id, self.chunks_sent, self.pending_audio, self.pending_text, self.finished)
+        if self.finished:
+            chunk.stats = self.stats()
+        self.pending_audio, self.pending_text = [], []
+        self.chunks_sent += 1
+        return chunk
+
+    def stats(self) -> GenerationStats:
+        scheduled = self.scheduled or self.arrival
+        first = self.first_token or scheduled
+        return GenerationStats(
+            prompt_tokens=self.num_prompt,
+            generated_tokens=self.num_steps,
+            audio_tokens=self.num_audio,
+            text_tokens=self.num_text,
+            queue_seconds=scheduled - self.arrival,
+            prefill_seconds=first - scheduled,
+            decode_seconds=(self.last_token or first) - first,
+            first_audio_token_seconds=(self.first_audio - self.arrival) if self.first_audio else 0.0,
+            finish_reason=self.finish_reason or FinishReason.ABORTED,
+        )
+
+    # ---- sampling history ------------------------------------------------------------------------
+    def text_history(self, cfg: MossSpeechConfig) -> list[int]:
+        return [t for t in self.text_ids if t != cfg.modality_pad_token_id]
+
+    def audio_history(self, cfg: MossSpeechConfig) -> list[int]:
+        """Codes of audio segments (positions whose text channel is modality_pad)."""
+        return [a for t, a in zip(self.text_ids, self.audio_ids) if t == cfg.modality_pad_token_id]
