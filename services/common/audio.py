@@ -6,9 +6,20 @@ import wave
 
 import numpy as np
 
+from services.common.errors import InvalidArgument
+
 PCM16, FLOAT32 = 1, 2  # moss.speech.v1.AudioFormat values
 BYTES_PER_SAMPLE = {PCM16: 2, FLOAT32: 4}
 FORMAT_NAMES = {PCM16: "pcm16", FLOAT32: "float32"}
+
+
+def resolve_format(fmt: int, field: str) -> int:
+    """A client's AudioFormat → PCM16 or FLOAT32 (unspecified means PCM16); unknown values refused."""
+    if fmt == 0:
+        return PCM16
+    if fmt not in BYTES_PER_SAMPLE:
+        raise InvalidArgument(field, f"unknown audio format {fmt}; use AUDIO_FORMAT_PCM16 or AUDIO_FORMAT_FLOAT32")
+    return fmt
 
 
 def encode_pcm(samples: np.ndarray, fmt: int) -> bytes:

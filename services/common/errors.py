@@ -28,6 +28,15 @@ class Unavailable(ServiceError):
         self.stage = stage
 
 
+class StageError(ServiceError):
+    """A stage answered with an error status: passed on with the stage named."""
+
+    def __init__(self, stage: str, code: str, detail: str):
+        super().__init__(f"{stage}: {detail}")
+        self.stage = stage
+        self.code = code
+
+
 class DeadlineExceeded(ServiceError):
     code = "DEADLINE_EXCEEDED"
 

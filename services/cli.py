@@ -1,0 +1,175 @@
+"""moss-serve: start one service, the whole stack, or speak a sentence through a running gateway.
+
+    moss-serve llm|vocoder|gateway [options]   one service
+    moss-serve up [options]                    all three as separate processes; Ctrl-C stops them
+    moss-serve say "text" -o out.wav           synthesize through the gateway at localhost:50051
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+
+
+def _common(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in containers)")
+    p.add_argument("--port", type=int, default=port, help=f"gRPC port (default {port})")
+    p.add_argument("--metrics-port", type=int, default=metrics_port, help=f"Prometheus /metrics port (default {metrics_port}; 0: off)")
+    p.add_argument("--log-level", default="INFO")
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="moss-serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = root.add_subparsers(dest="command", required=True)
+
+    llm = sub.add_parser("llm", help="the llm service")
+    _common(llm, 50052, 9092)
+    llm.add_argument("--model-dir", help="HF-format MOSS-Speech checkpoint (config.json, safetensors, tokenizer.json); "
+                                         "without it: the --preset with random weights")
+    llm.add_argument("--preset", default="tiny", help="model preset used without --model-dir (tiny)")
+    llm.add_argument("--device", default="cpu", help="cpu or cuda")
+    llm.add_argument("--kv-cache-gb", type=float, default=1.0, help="memory budget of the KV-cache pool")
+    llm.add_argument("--max-num-seqs", type=int, default=8)
+    llm.add_argument("--max-model-len", type=int, default=4096)
+
+    voc = sub.add_parser("vocoder", help="the vocoder service")
+    _common(voc, 50053, 9093)
+    voc.add_argument("--vocoder-dir", help="BigVGAN-v2 directory (config.json, bigvgan_generator.pt[, token_decoder.*]); "
+                                           "without it: the --preset with random weights")
+    voc.add_argument("--preset", default="tiny", help="tiny or moss-speech (24 kHz, 80 bands, hop 480)")
+    voc.add_argument("--device", default="cpu")
+    voc.add_argument("--left-context", type=int, default=16, help="mel frames of left context per chunk")
+    voc.add_argument("--lookahead", type=int, default=4, help="mel frames held back for the next chunk")
+
+    gw = sub.add_parser("gateway", help="the public gateway")
+    _common(gw, 50051, 9091)
+    gw.add_argument("--llm-target", default="127.0.0.1:50052")
+    gw.add_argument("--vocoder-target", default="127.0.0.1:50053")
+    gw.add_argument("--max-text-chars", type=int, default=2000)
+
+    up = sub.add_parser("up", help="start llm, vocoder and gateway as separate processes")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--model-dir")
+    up.add_argument("--vocoder-dir")
+    up.add_argument("--device", default="cpu")
+
+    say = sub.add_parser("say", help="synthesize text through the gateway into a WAV file")
+    say.add_argument("text")
+    say.add_argument("-o", "--output", default="out.wav")
+    say.add_argument("--target", default="localhost:50051")
+    say.add_argument("--voice", default="")
+    say.add_argument("--temperature", type=float)
+    say.add_argument("--max-new-tokens", type=int)
+    say.add_argument("--seed", type=int)
+    say.add_argument("--timeout", type=float, default=120.0)
+    return root
+
+
+def run_service(args) -> int:
+    from services.common.server import configure_logging
+
+    configure_logging(args.log_level)
+    if args.command == "llm":
+        from services.llm.server import LlmSettings, run
+
+        settings = LlmSettings(args.host, args.port, args.metrics_port, args.model_dir, args.preset, args.device,
+                               args.kv_cache_gb, args.max_num_seqs, args.max_model_len)
+    elif args.command == "vocoder":
+        from services.vocoder.server import VocoderSettings, run
+
+        settings = VocoderSettings(args.host, args.port, args.metrics_port, args.vocoder_dir, args.preset, args.device,
+                                   args.left_context, args.lookahead)
+    else:
+        from services.gateway.server import GatewaySettings, run
+
+        settings = GatewaySettings(args.host, args.port, args.metrics_port, args.llm_target, args.vocoder_target,
+                                   args.max_text_chars)
+    asyncio.run(run(settings))
+    return 0
+
+
+def run_up(args) -> int:
+    from services.stack import Stack
+
+    extra = {"llm": ["--device", args.device], "vocoder": ["--device", args.device]}
+    if args.model_dir:
+        extra["llm"] += ["--model-dir", args.model_dir]
+    if args.vocoder_dir:
+        extra["vocoder"] += ["--vocoder-dir", args.vocoder_dir]
+    if not (args.model_dir and args.vocoder_dir):
+        print("moss-serve up: no --model-dir/--vocoder-dir: serving the tiny preset with RANDOM weights", file=sys.stderr)
+    stack = Stack(host=args.host, extra_args=extra)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    try:
+        stack.start_all()
+        print(f"moss-serve up: gateway on {stack.target('gateway')}, llm on {stack.target('llm')}, "
+              f"vocoder on {stack.target('vocoder')}; Ctrl-C stops", file=sys.stderr)
+        while not stopping:
+            for name, proc in stack.procs.items():
+                if proc.poll() is not None:
+                    print(f"moss-serve up: {name} exited with code {proc.returncode}; stopping", file=sys.stderr)
+                    return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop_all()
+        print("moss-serve up: stopped", file=sys.stderr)
+    return 0
+
+
+def print_timings(result, path: str) -> None:
+    s = result.summary
+    rows = [
+        ("time to first audio (client)", result.client_ttfa),
+        ("time to first audio (gateway)", s.ttfa_seconds),
+        ("llm queue", s.llm_queue_seconds),
+        ("llm prefill", s.llm_prefill_seconds),
+        ("llm first chunk at gateway", s.llm_first_chunk_seconds),
+        ("llm decode (all tokens)", s.llm_decode_seconds),
+        ("vocoder first chunk compute", s.vocoder_first_chunk_seconds),
+        ("vocoder compute (all chunks)", s.vocoder_compute_seconds),
+        ("total (gateway)", s.total_seconds),
+    ]
+    print(f"wrote {path}: {s.audio_seconds:.2f} s of audio, {s.audio_tokens} tokens, {len(result.chunks)} chunks, "
+          f"{result.sample_rate} Hz")
+    for name, seconds in rows:
+        print(f"  {name:<32} {seconds * 1000:9.1f} ms")
+    print(f"  {'real-time factor':<32} {s.real_time_factor:9.3f}")
+
+
+def run_say(args) -> int:
+    import grpc
+    from moss.speech.v1 import common_pb2
+
+    from services.common.audio import write_wav
+    from services.gateway.client import synthesize
+
+    fields = {k: v for k, v in (("temperature", args.temperature), ("max_new_tokens", args.max_new_tokens),
+                                ("seed", args.seed)) if v is not None}
+    try:
+        result = asyncio.run(synthesize(args.target, args.text, voice=args.voice,
+                                        sampling=common_pb2.SamplingParams(**fields), timeout=args.timeout))
+    except grpc.aio.AioRpcError as err:
+        print(f"moss-serve say: {err.code().name}: {err.details()}", file=sys.stderr)
+        return 1
+    write_wav(args.output, result.samples, result.sample_rate)
+    print_timings(result, args.output)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "up":
+        return run_up(args)
+    if args.command == "say":
+        return run_say(args)
+    return run_service(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Typed errors → gRPC status codes, in one place, for every method of moss.speech.v1 services.
+
+Servicers raise services.common.errors types (or let them propagate from the engines); this
+interceptor aborts the call with the mapped code and the error's message, reports each call's final
+code to `on_done` (for the `<service>_requests_total{code}` counter), and turns anything unexpected into
+INTERNAL without crashing the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from services.common.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+API_PREFIX = "/moss.speech.v1."
+
+
+def status_code(exc: BaseException) -> grpc.StatusCode:
+    if isinstance(exc, ServiceError):
+        return grpc.StatusCode[exc.code]
+    return grpc.StatusCode.INTERNAL
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, on_done: Callable[[str, str], None] = lambda method, code: None):
+        self.on_done = on_done
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(API_PREFIX):
+            return handler
+        method = details.method.rsplit("/", 1)[-1]
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(method, handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(
+                self._wrap_stream(method, handler.stream_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler  # every moss.speech.v1 method streams its responses
+
+    def _wrap_stream(self, method: str, behavior):
+        async def wrapper(request, context: grpc.aio.ServicerContext):
+            code = "OK"
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            except ServiceError as exc:
+                code = exc.code
+                await context.abort(status_code(exc), str(exc))
+            except asyncio.CancelledError:
+                code = "CANCELLED"
+                raise
+            except Exception as exc:
+                if isinstance(exc, grpc.aio.AbortError):  # raised by context.abort itself
+                    code = context.code().name if context.code() else "UNKNOWN"
+                    raise
+                code = "INTERNAL"
+                log.exception("%s failed", method)
+                await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+            finally:
+                self.on_done(method, code)
+
+        return wrapper

@@ -1,0 +1,64 @@
+"""Running a gRPC service: aio server with the error interceptor, health checking, reflection,
+Prometheus /metrics on its own HTTP port, and a graceful stop on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from services.common.interceptor import ErrorInterceptor
+
+log = logging.getLogger(__name__)
+
+GRACE_SECONDS = 5.0
+
+
+async def serve(
+    *,
+    name: str,
+    full_service_name: str,
+    host: str,
+    port: int,
+    add_servicer: Callable[[grpc.aio.Server], None],
+    on_done: Callable[[str, str], None],
+    on_stop: Callable[[], Awaitable[None] | None] = lambda: None,
+) -> None:
+    """Serve until SIGINT/SIGTERM, then stop taking calls, give running ones GRACE_SECONDS, and clean up."""
+    server = grpc.aio.server(interceptors=[ErrorInterceptor(on_done)])
+    add_servicer(server)
+    health = health_aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        [full_service_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+    )
+    address = f"{host}:{port}"
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"{name}: cannot bind {address}")
+    await server.start()
+    for service in ("", full_service_name):
+        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    log.info("%s serving on %s", name, address)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("%s stopping", name)
+    await health.enter_graceful_shutdown()
+    await server.stop(GRACE_SECONDS)
+    result = on_stop()
+    if asyncio.iscoroutine(result):
+        await result
+    log.info("%s stopped", name)
+
+
+def configure_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,23 @@
+"""Every metric the gateway exports (shared/DESIGN.md §6 names)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.common.metrics import LATENCY_BUCKETS, RATIO_BUCKETS
+
+TTFA = Histogram("gateway_ttfa_seconds", "Turn received to first PCM bytes sent", buckets=LATENCY_BUCKETS)
+REQUEST = Histogram("gateway_request_seconds", "Turn received to last PCM bytes sent", buckets=LATENCY_BUCKETS)
+LLM_FIRST_CHUNK = Histogram(
+    "gateway_llm_first_chunk_seconds", "Turn received to the llm's first token chunk at the gateway", buckets=LATENCY_BUCKETS
+)
+VOCODER_FIRST_PCM = Histogram(
+    "gateway_vocoder_first_pcm_seconds", "First tokens sent to the vocoder to its first PCM at the gateway", buckets=LATENCY_BUCKETS
+)
+RTF = Histogram("gateway_real_time_factor", "Turn wall time over the duration of the audio produced", buckets=RATIO_BUCKETS)
+ACTIVE = Gauge("gateway_active_requests", "Turns in progress")
+REQUESTS = Counter("gateway_requests_total", "Finished calls, by gRPC status code", ["code"])
+
+
+def observe_request(method: str, code: str) -> None:
+    REQUESTS.labels(code).inc()

@@ -1,0 +1,175 @@
+"""One spoken turn through the two stages, pipelined:
+
+    llm.Generate ──token chunks──▶ pump task ──▶ vocoder.Vocode ──PCM chunks──▶ client
+
+The pump forwards each token chunk to the vocoder the moment it arrives, so the vocoder works on chunk
+i while the llm makes chunk i+1, and PCM goes back to the client as soon as each piece is ready.
+Whatever ends the turn — done, an error in either stage, or the client leaving — both upstream calls
+are cancelled and the pump task is awaited, so nothing is left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+
+import grpc
+from moss.speech.v1 import common_pb2, gateway_pb2, llm_pb2, llm_pb2_grpc, vocoder_pb2, vocoder_pb2_grpc
+
+from services.common.audio import BYTES_PER_SAMPLE, resolve_format
+from services.common.errors import DeadlineExceeded, InvalidArgument, ServiceError, StageError, Unavailable
+from services.common.sampling import resolve_chunking, resolve_sampling, sampling_to_fields
+from services.gateway import metrics
+from services.gateway.voices import resolve_voice
+
+
+@dataclass(frozen=True)
+class TurnLimits:
+    max_text_chars: int = 2000
+    max_new_tokens: int = 2048
+    default_timeout: float = 120.0  # seconds, when the client sets no deadline
+
+
+def stage_error(stage: str, err: grpc.aio.AioRpcError) -> ServiceError:
+    code = err.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return Unavailable(stage, err.details() or "connection failed")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return DeadlineExceeded(f"{stage}: deadline exceeded")
+    return StageError(stage, code.name, err.details() or code.name)
+
+
+def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits) -> llm_pb2.GenerateRequest:
+    """Everything a client can get wrong is refused here, before any stage is called."""
+    if not req.text.strip():
+        raise InvalidArgument("text", "must not be empty")
+    if len(req.text) > limits.max_text_chars:
+        raise InvalidArgument("text", f"{len(req.text)} characters is over the limit of {limits.max_text_chars}")
+    voice = resolve_voice(req.voice)
+    resolve_format(req.format, "format")
+    sampling = resolve_sampling(req.sampling if req.HasField("sampling") else None, limits.max_new_tokens)
+    chunking = resolve_chunking(req.chunking if req.HasField("chunking") else None)
+    return llm_pb2.GenerateRequest(
+        request_id=uuid.uuid4().hex,
+        text=req.text,
+        system_prompt=voice.system_prompt,
+        sampling=common_pb2.SamplingParams(**sampling_to_fields(sampling)),
+        chunking=common_pb2.ChunkPolicy(first_chunk_tokens=chunking.first_chunk_tokens, chunk_tokens=chunking.chunk_tokens),
+        output_mode=llm_pb2.OUTPUT_MODE_AUDIO,
+    )
+
+
+class Turn:
+    """State of one Synthesize call; `run()` yields the client's messages."""
+
+    def __init__(self, req, llm: llm_pb2_grpc.LlmStub, vocoder: vocoder_pb2_grpc.VocoderStub, limits: TurnLimits, timeout: float | None):
+        self.start = time.perf_counter()
+        self.req = req
+        self.llm, self.vocoder = llm, vocoder
+        self.limits = limits
+        self.timeout = timeout if timeout is not None else limits.default_timeout
+        self.summary = gateway_pb2.SynthesisSummary()
+        self.first_tokens_sent: float | None = None
+
+    async def run(self):
+        gen_req = validate(self.req, self.limits)
+        fmt = resolve_format(self.req.format, "format")
+        llm_call = self.llm.Generate(gen_req, timeout=self.timeout)
+        voc_call = self.vocoder.Vocode(timeout=self.timeout)
+        pump = None
+        try:
+            header = await self._vocoder_io(voc_call.write(vocoder_pb2.VocodeRequest(
+                config=vocoder_pb2.VocodeConfig(request_id=gen_req.request_id, format=fmt))))
+            header = await self._vocoder_io(voc_call.read())
+            yield gateway_pb2.SynthesizeResponse(metadata=gateway_pb2.StreamMetadata(
+                request_id=gen_req.request_id, sample_rate=header.sample_rate, format=header.format, channels=1))
+            pump = asyncio.create_task(self._pump(llm_call, voc_call))
+            async for msg in self._pcm(voc_call, pump):
+                yield msg
+            await pump  # the llm's final chunk has been forwarded; surfaces any pump error
+            yield gateway_pb2.SynthesizeResponse(summary=self._finish(header.sample_rate))
+        finally:
+            llm_call.cancel()
+            voc_call.cancel()
+            if pump is not None and not pump.done():
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
+
+    async def _vocoder_io(self, awaitable):
+        try:
+            return await awaitable
+        except grpc.aio.AioRpcError as err:
+            raise stage_error("vocoder", err) from None
+        except asyncio.InvalidStateError:  # write after the call already ended
+            raise Unavailable("vocoder", "stream closed") from None
+
+    async def _pump(self, llm_call, voc_call) -> None:
+        """llm token chunks → vocoder, as they arrive. On an llm error the vocoder call is cancelled
+        (which unblocks the PCM reader) and the error is re-raised for run() to report."""
+        try:
+            async for chunk in llm_call:
+                if chunk.first:
+                    self.summary.llm_first_chunk_seconds = time.perf_counter() - self.start
+                    metrics.LLM_FIRST_CHUNK.observe(self.summary.llm_first_chunk_seconds)
+                if chunk.audio_tokens:
+                    self.first_tokens_sent = self.first_tokens_sent or time.perf_counter()
+                    self.summary.audio_tokens += len(chunk.audio_tokens)
+                    await self._vocoder_io(voc_call.write(vocoder_pb2.VocodeRequest(
+                        tokens=vocoder_pb2.AudioTokens(tokens=chunk.audio_tokens))))
+                if chunk.final:
+                    s = chunk.stats
+                    self.summary.prompt_tokens = s.prompt_tokens
+                    self.summary.llm_queue_seconds = s.queue_seconds
+                    self.summary.llm_prefill_seconds = s.prefill_seconds
+                    self.summary.llm_decode_seconds = s.decode_seconds
+            await self._vocoder_io(voc_call.write(vocoder_pb2.VocodeRequest(end=vocoder_pb2.EndOfTokens())))
+            await self._vocoder_io(voc_call.done_writing())
+        except grpc.aio.AioRpcError as err:
+            voc_call.cancel()
+            raise stage_error("llm", err) from None
+        except BaseException:
+            voc_call.cancel()
+            raise
+
+    async def _pcm(self, voc_call, pump: asyncio.Task):
+        bytes_per_sample = BYTES_PER_SAMPLE[resolve_format(self.req.format, "format")]
+        while True:
+            try:
+                msg = await voc_call.read()
+            except (grpc.aio.AioRpcError, asyncio.CancelledError) as err:
+                if pump.done() and pump.exception() is not None:
+                    raise pump.exception() from None  # the llm failed; the vocoder was cancelled for it
+                if isinstance(err, asyncio.CancelledError):
+                    raise
+                raise stage_error("vocoder", err) from None
+            if msg is grpc.aio.EOF:
+                if pump.done() and pump.exception() is not None:
+                    raise pump.exception()
+                raise Unavailable("vocoder", "stream ended before its final message")
+            if msg.num_samples:
+                now = time.perf_counter()
+                if not self.summary.num_samples:
+                    self.summary.ttfa_seconds = now - self.start
+                    metrics.TTFA.observe(self.summary.ttfa_seconds)
+                    if self.first_tokens_sent is not None:
+                        metrics.VOCODER_FIRST_PCM.observe(now - self.first_tokens_sent)
+                assert len(msg.pcm) == msg.num_samples * bytes_per_sample
+                self.summary.num_samples += msg.num_samples
+                yield gateway_pb2.SynthesizeResponse(audio=gateway_pb2.AudioChunk(
+                    pcm=msg.pcm, sample_offset=msg.sample_offset, num_samples=msg.num_samples))
+            if msg.final:
+                self.summary.vocoder_compute_seconds = msg.stats.compute_seconds
+                self.summary.vocoder_first_chunk_seconds = msg.stats.first_chunk_compute_seconds
+                return
+
+    def _finish(self, sample_rate: int) -> gateway_pb2.SynthesisSummary:
+        s = self.summary
+        s.total_seconds = time.perf_counter() - self.start
+        s.audio_seconds = s.num_samples / sample_rate if sample_rate else 0.0
+        s.real_time_factor = s.total_seconds / s.audio_seconds if s.audio_seconds else 0.0
+        metrics.REQUEST.observe(s.total_seconds)
+        if s.audio_seconds:
+            metrics.RTF.observe(s.real_time_factor)
+        return s

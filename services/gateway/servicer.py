@@ -1,0 +1,21 @@
+"""moss.speech.v1.Gateway: the public API. Each call is one Turn (pipeline.py)."""
+
+from __future__ import annotations
+
+from moss.speech.v1 import gateway_pb2_grpc
+
+from services.gateway import metrics
+from services.gateway.pipeline import Turn, TurnLimits
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    def __init__(self, llm, vocoder, limits: TurnLimits):
+        self.llm, self.vocoder, self.limits = llm, vocoder, limits
+
+    async def Synthesize(self, request, context):
+        metrics.ACTIVE.inc()
+        try:
+            async for msg in Turn(request, self.llm, self.vocoder, self.limits, context.time_remaining()).run():
+                yield msg
+        finally:
+            metrics.ACTIVE.dec()

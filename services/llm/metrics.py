@@ -1,0 +1,56 @@
+"""Every metric the llm service exports (shared/DESIGN.md §6 names)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.common.metrics import COUNT_BUCKETS, LATENCY_BUCKETS
+from services.llm.engine import StepStats
+from services.llm.sequence import Chunk
+
+QUEUE_WAIT = Histogram("llm_queue_wait_seconds", "Request arrival to first scheduled", buckets=LATENCY_BUCKETS)
+PREFILL = Histogram("llm_prefill_seconds", "First scheduled to first token sampled (prompt processing)", buckets=LATENCY_BUCKETS)
+FIRST_AUDIO_TOKEN = Histogram(
+    "llm_time_to_first_audio_token_seconds", "Request arrival to first audio code sampled", buckets=LATENCY_BUCKETS
+)
+INTER_TOKEN = Histogram("llm_inter_token_seconds", "Time between a request's consecutive tokens", buckets=LATENCY_BUCKETS)
+STEP = Histogram("llm_step_seconds", "Duration of one engine step", buckets=LATENCY_BUCKETS)
+BATCH_SIZE = Histogram("llm_batch_size", "Sequences in one engine step", buckets=COUNT_BUCKETS)
+TOKENS_PER_CHUNK = Histogram("llm_tokens_per_chunk", "Audio tokens in one streamed chunk", buckets=COUNT_BUCKETS)
+RUNNING = Gauge("llm_requests_running", "Requests in the running batch")
+WAITING = Gauge("llm_requests_waiting", "Requests waiting to be scheduled")
+KV_USED = Gauge("llm_kv_blocks_used", "KV-cache blocks in use")
+KV_FREE = Gauge("llm_kv_blocks_free", "KV-cache blocks free")
+GENERATED = Counter("llm_generated_tokens_total", "Tokens streamed, by channel", ["channel"])
+REQUESTS = Counter("llm_requests_total", "Finished Generate calls, by gRPC status code", ["code"])
+
+
+def observe_step(s: StepStats) -> None:
+    STEP.observe(s.duration)
+    BATCH_SIZE.observe(s.batch_size)
+    for d in s.prefill_durations:
+        PREFILL.observe(d)
+    for d in s.token_intervals:
+        INTER_TOKEN.observe(d)
+    RUNNING.set(s.running)
+    WAITING.set(s.waiting)
+    KV_USED.set(s.blocks_used)
+    KV_FREE.set(s.blocks_free)
+
+
+def observe_chunk(chunk: Chunk) -> None:
+    TOKENS_PER_CHUNK.observe(len(chunk.audio_tokens))
+    GENERATED.labels("audio").inc(len(chunk.audio_tokens))
+    GENERATED.labels("text").inc(len(chunk.text_tokens))
+    if chunk.stats is not None:
+        QUEUE_WAIT.observe(chunk.stats.queue_seconds)
+        if chunk.stats.audio_tokens:
+            FIRST_AUDIO_TOKEN.observe(chunk.stats.first_audio_token_seconds)
+
+
+def observe_request(method: str, code: str) -> None:
+    REQUESTS.labels(code).inc()
+
+
+def set_capacity(blocks_free: int) -> None:
+    KV_FREE.set(blocks_free)

@@ -1,0 +1,71 @@
+"""Build the llm service from its settings and serve it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from moss.speech.v1 import llm_pb2, llm_pb2_grpc
+
+from services.common.metrics import start_metrics_server
+from services.common.server import serve
+from services.llm import metrics
+from services.llm.async_engine import AsyncEngine
+from services.llm.checkpoint import load_pretrained, random_model
+from services.llm.config import preset
+from services.llm.engine import EngineConfig, LLMEngine
+from services.llm.servicer import LlmServicer
+from services.llm.tokenizer import load_tokenizer, tiny_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LlmSettings:
+    host: str = "127.0.0.1"
+    port: int = 50052
+    metrics_port: int = 9092
+    model_dir: str | None = None
+    preset: str = "tiny"
+    device: str = "cpu"
+    kv_cache_gb: float = 1.0
+    max_num_seqs: int = 8
+    max_model_len: int = 4096
+    seed: int = 0
+
+
+def build_engine(s: LlmSettings) -> LLMEngine:
+    device = torch.device(s.device)
+    if s.model_dir:
+        model = load_pretrained(s.model_dir, device=device)
+        tokenizer = load_tokenizer(s.model_dir)
+        log.info("loaded %s from %s on %s", model.cfg.to_dict()["architectures"][0], s.model_dir, device)
+    else:
+        cfg = preset(s.preset)
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        model = random_model(cfg, device=device, dtype=dtype, seed=s.seed)
+        tokenizer = tiny_tokenizer(cfg) if s.preset == "tiny" else None
+        if tokenizer is None:
+            raise ValueError(f"preset {s.preset!r} with random weights has no tokenizer: give --model-dir")
+        log.warning("no --model-dir: serving the %r preset with RANDOM weights (speech will be noise)", s.preset)
+    config = EngineConfig(
+        kv_cache_bytes=int(s.kv_cache_gb * (1 << 30)), max_num_seqs=s.max_num_seqs, max_model_len=s.max_model_len
+    )
+    return LLMEngine(model, tokenizer, config)
+
+
+async def run(s: LlmSettings) -> None:
+    engine = AsyncEngine(build_engine(s), on_step=metrics.observe_step)
+    metrics.set_capacity(engine.engine.block_manager.num_free)
+    engine.start()
+    start_metrics_server(s.host, s.metrics_port)
+    await serve(
+        name="llm",
+        full_service_name=llm_pb2.DESCRIPTOR.services_by_name["Llm"].full_name,
+        host=s.host,
+        port=s.port,
+        add_servicer=lambda server: llm_pb2_grpc.add_LlmServicer_to_server(LlmServicer(engine), server),
+        on_done=metrics.observe_request,
+        on_stop=engine.stop,
+    )

@@ -1,0 +1,60 @@
+"""moss.speech.v1.Llm: translate messages to engine requests and chunks back. Logic lives in the engine."""
+
+from __future__ import annotations
+
+import uuid
+
+from moss.speech.v1 import llm_pb2, llm_pb2_grpc
+
+from services.common.errors import InvalidArgument
+from services.common.sampling import resolve_chunking, resolve_sampling
+from services.llm import metrics
+from services.llm.async_engine import AsyncEngine
+from services.llm.engine import GenerationRequest
+from services.llm.sequence import Chunk
+
+
+def to_request(req: llm_pb2.GenerateRequest, max_new_tokens_limit: int) -> GenerationRequest:
+    turn = req.WhichOneof("turn")
+    if turn is None:
+        raise InvalidArgument("turn", "set text or tokens")
+    if req.output_mode not in llm_pb2.OutputMode.values():
+        raise InvalidArgument("output_mode", f"unknown value {req.output_mode}")
+    return GenerationRequest(
+        request_id=req.request_id or uuid.uuid4().hex,
+        sampling=resolve_sampling(req.sampling if req.HasField("sampling") else None, max_new_tokens_limit),
+        chunking=resolve_chunking(req.chunking if req.HasField("chunking") else None),
+        text=req.text if turn == "text" else None,
+        text_ids=list(req.tokens.text) if turn == "tokens" else None,
+        audio_ids=list(req.tokens.audio) if turn == "tokens" else None,
+        system_prompt=req.system_prompt,
+        audio_reply=req.output_mode != llm_pb2.OUTPUT_MODE_TEXT,
+    )
+
+
+def to_response(chunk: Chunk) -> llm_pb2.GenerateResponse:
+    msg = llm_pb2.GenerateResponse(
+        index=chunk.index, first=chunk.first, final=chunk.final,
+        audio_tokens=chunk.audio_tokens, text_tokens=chunk.text_tokens,
+    )
+    if chunk.stats is not None:
+        s = chunk.stats
+        msg.stats.CopyFrom(llm_pb2.GenerationStats(
+            prompt_tokens=s.prompt_tokens, generated_tokens=s.generated_tokens, audio_tokens=s.audio_tokens,
+            text_tokens=s.text_tokens, queue_seconds=s.queue_seconds, prefill_seconds=s.prefill_seconds,
+            decode_seconds=s.decode_seconds, first_audio_token_seconds=s.first_audio_token_seconds,
+            finish_reason=int(s.finish_reason),
+        ))
+    return msg
+
+
+class LlmServicer(llm_pb2_grpc.LlmServicer):
+    def __init__(self, engine: AsyncEngine):
+        self.engine = engine
+
+    async def Generate(self, request, context):
+        gen_request = to_request(request, self.engine.engine.config.max_new_tokens_limit)
+        seq = self.engine.engine.make_sequence(gen_request)
+        async for chunk in self.engine.generate(seq):
+            metrics.observe_chunk(chunk)
+            yield to_response(chunk)

@@ -1,0 +1,33 @@
+"""Every metric the vocoder service exports (shared/DESIGN.md §6 names)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.common.metrics import LATENCY_BUCKETS
+
+QUEUE_WAIT = Histogram("vocoder_queue_wait_seconds", "Chunk ready to compute started (waiting for the model)", buckets=LATENCY_BUCKETS)
+CHUNK = Histogram("vocoder_chunk_seconds", "Compute time of one chunk: tokens to PCM", buckets=LATENCY_BUCKETS)
+FIRST_CHUNK = Histogram(
+    "vocoder_first_chunk_seconds", "First tokens of a stream received to its first PCM ready", buckets=LATENCY_BUCKETS
+)
+ACTIVE_STREAMS = Gauge("vocoder_active_streams", "Vocode streams open")
+AUDIO_SECONDS = Counter("vocoder_audio_seconds_total", "Seconds of audio synthesized")
+REQUESTS = Counter("vocoder_requests_total", "Finished Vocode calls, by gRPC status code", ["code"])
+
+
+def observe_chunk(queue_seconds: float, compute_seconds: float) -> None:
+    QUEUE_WAIT.observe(queue_seconds)
+    CHUNK.observe(compute_seconds)
+
+
+def observe_first_chunk(seconds: float) -> None:
+    FIRST_CHUNK.observe(seconds)
+
+
+def observe_audio(seconds: float) -> None:
+    AUDIO_SECONDS.inc(seconds)
+
+
+def observe_request(method: str, code: str) -> None:
+    REQUESTS.labels(code).inc()

@@ -1,0 +1,41 @@
+"""Build the vocoder service from its settings and serve it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
+
+from services.common.metrics import start_metrics_server
+from services.common.server import serve
+from services.vocoder import metrics
+from services.vocoder.servicer import VocoderServicer
+from services.vocoder.vocoder import load_vocoder
+
+
+@dataclass
+class VocoderSettings:
+    host: str = "127.0.0.1"
+    port: int = 50053
+    metrics_port: int = 9093
+    vocoder_dir: str | None = None
+    preset: str = "tiny"
+    device: str = "cpu"
+    left_context: int = 16   # mel frames
+    lookahead: int = 4       # mel frames (one token)
+    seed: int = 0
+
+
+async def run(s: VocoderSettings) -> None:
+    vocoder = load_vocoder(s.vocoder_dir, s.preset, s.device, s.seed)
+    servicer = VocoderServicer(vocoder, s.left_context, s.lookahead)
+    start_metrics_server(s.host, s.metrics_port)
+    await serve(
+        name="vocoder",
+        full_service_name=vocoder_pb2.DESCRIPTOR.services_by_name["Vocoder"].full_name,
+        host=s.host,
+        port=s.port,
+        add_servicer=lambda server: vocoder_pb2_grpc.add_VocoderServicer_to_server(servicer, server),
+        on_done=metrics.observe_request,
+        on_stop=lambda: servicer.executor.shutdown(wait=True),
+    )

@@ -1,0 +1,94 @@
+"""Token decoder + BigVGAN: audio tokens → mel → waveform, for one model instance."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from services.vocoder import generator as gen
+from services.vocoder.token_decoder import (
+    TokenDecoder,
+    TokenDecoderConfig,
+    load_token_decoder,
+    random_token_decoder,
+)
+
+log = logging.getLogger(__name__)
+
+TINY_CODEBOOK = 1024  # services/llm/config.py tiny_config().audio_codebook_size
+
+
+class MelFormatMismatch(ValueError):
+    pass
+
+
+@dataclass
+class TokenVocoder:
+    decoder: TokenDecoder
+    generator: torch.nn.Module
+    device: torch.device
+
+    def __post_init__(self):
+        produced = self.decoder.cfg.mel_format
+        consumed = gen.mel_format(self.generator.h)
+        if produced != consumed:
+            raise MelFormatMismatch(
+                f"the token decoder produces mel frames of {produced} but the BigVGAN vocoder expects {consumed}; "
+                "use a vocoder trained for the token decoder's mel format"
+            )
+        self.decoder.to(self.device)
+        self.generator.to(self.device)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.decoder.cfg.sampling_rate
+
+    @property
+    def hop_size(self) -> int:
+        return self.decoder.cfg.hop_size
+
+    @property
+    def codebook_size(self) -> int:
+        return self.decoder.cfg.codebook_size
+
+    @property
+    def samples_per_token(self) -> int:
+        return self.decoder.cfg.samples_per_token
+
+    def mel(self, tokens: list[int]) -> torch.Tensor:
+        """tokens → log-mel [num_mels, len(tokens) * frames_per_token]."""
+        return self.decoder(torch.tensor(tokens, dtype=torch.long, device=self.device))
+
+    @torch.inference_mode()
+    def waveform(self, mel: torch.Tensor) -> np.ndarray:
+        """mel [num_mels, frames] → float32 samples [frames * hop] in [-1, 1]."""
+        return self.generator(mel[None])[0, 0].float().cpu().numpy()
+
+
+def load_vocoder(directory: str | Path | None, preset: str = "tiny", device: str = "cpu", seed: int = 0) -> TokenVocoder:
+    """From a directory (BigVGAN config + checkpoint, token decoder beside it), or a preset with
+    random weights. A directory without a token decoder gets a random one in its mel format."""
+    dev = torch.device(device)
+    if directory is None:
+        h = gen.preset_config(preset)
+        codebook = TINY_CODEBOOK if preset == "tiny" else 16384
+        mel = gen.mel_format(h)
+        decoder = random_token_decoder(
+            TokenDecoderConfig(codebook_size=codebook, num_mels=mel.num_mels, sampling_rate=mel.sampling_rate,
+                               hop_size=mel.hop_size, embed_dim=64 if preset == "tiny" else 512),
+            seed=seed,
+        )
+        log.warning("no --vocoder-dir: %r vocoder preset with RANDOM weights (output is noise)", preset)
+        return TokenVocoder(decoder, gen.build_generator(h, seed=seed), dev)
+    generator, h = gen.load_generator(directory)
+    if (Path(directory) / "token_decoder.json").exists():
+        decoder = load_token_decoder(directory)
+    else:
+        mel = gen.mel_format(h)
+        decoder = random_token_decoder(TokenDecoderConfig(num_mels=mel.num_mels, sampling_rate=mel.sampling_rate, hop_size=mel.hop_size))
+        log.warning("%s has no token_decoder.json: using a RANDOM token decoder for %s", directory, mel)
+    return TokenVocoder(decoder, generator, dev)
