@@ -52,6 +52,9 @@ def parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="start llm, vocoder and gateway as separate processes")
     up.add_argument("--host", default="127.0.0.1")
+    for service, port, metrics_port in (("gateway", 50051, 9091), ("llm", 50052, 9092), ("vocoder", 50053, 9093)):
+        up.add_argument(f"--{service}-port", type=int, default=port)
+        up.add_argument(f"--{service}-metrics-port", type=int, default=metrics_port)
     up.add_argument("--model-dir")
     up.add_argument("--vocoder-dir")
     up.add_argument("--device", default="cpu")
@@ -92,7 +95,7 @@ def run_service(args) -> int:
 
 
 def run_up(args) -> int:
-    from services.stack import Stack
+    from services.stack import SERVICES, Ports, Stack
 
     extra = {"llm": ["--device", args.device], "vocoder": ["--device", args.device]}
     if args.model_dir:
@@ -101,7 +104,8 @@ def run_up(args) -> int:
         extra["vocoder"] += ["--vocoder-dir", args.vocoder_dir]
     if not (args.model_dir and args.vocoder_dir):
         print("moss-serve up: no --model-dir/--vocoder-dir: serving the tiny preset with RANDOM weights", file=sys.stderr)
-    stack = Stack(host=args.host, extra_args=extra)
+    ports = Ports({s: getattr(args, f"{s}_port") for s in SERVICES}, {s: getattr(args, f"{s}_metrics_port") for s in SERVICES})
+    stack = Stack(ports, host=args.host, extra_args=extra)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 
 from services.common.errors import Internal, ServiceError
-from services.llm.engine import LLMEngine, StepStats
+from services.llm.engine import EngineLoad, LLMEngine, StepStats
 from services.llm.sequence import Chunk, Sequence
 
 log = logging.getLogger(__name__)
@@ -23,9 +23,15 @@ _ABORT = object()
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, on_step: Callable[[StepStats], None] = lambda s: None):
+    def __init__(
+        self,
+        engine: LLMEngine,
+        on_step: Callable[[StepStats], None] = lambda s: None,
+        on_load: Callable[[EngineLoad], None] = lambda load: None,
+    ):
         self.engine = engine
         self.on_step = on_step
+        self.on_load = on_load
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outputs: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stop = threading.Event()
@@ -82,6 +88,7 @@ class AsyncEngine:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._drain_inbox(block=not self.engine.has_work())
+            self.on_load(self.engine.load())  # admissions and aborts change it between steps
             if self._stop.is_set() or not self.engine.has_work():
                 continue
             try:
@@ -93,6 +100,7 @@ class AsyncEngine:
             for chunk in chunks:
                 self._deliver(chunk.request_id, chunk)
             self.on_step(self.engine.last_step)
+            self.on_load(self.engine.load())
 
     def _fail_all(self, exc: Exception) -> None:
         err = exc if isinstance(exc, ServiceError) else Internal(f"engine step failed: {exc}")

@@ -44,6 +44,14 @@ class GenerationRequest:
     audio_reply: bool = True
 
 
+@dataclass(frozen=True)
+class EngineLoad:
+    running: int
+    waiting: int
+    blocks_used: int
+    blocks_free: int
+
+
 @dataclass
 class StepStats:
     """What one step did, with monotonic timings in seconds."""
@@ -53,10 +61,6 @@ class StepStats:
     prefill_tokens: int = 0
     token_intervals: list[float] = field(default_factory=list)  # per decode token: since the seq's last token
     prefill_durations: list[float] = field(default_factory=list)  # first token of a seq: since it was scheduled
-    running: int = 0
-    waiting: int = 0
-    blocks_used: int = 0
-    blocks_free: int = 0
 
 
 class LLMEngine:
@@ -125,6 +129,10 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
+    def load(self) -> EngineLoad:
+        bm = self.block_manager
+        return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting), bm.num_used, bm.num_free)
+
     # ---- the loop --------------------------------------------------------------------------------
     def step(self) -> list[Chunk]:
         start = time.perf_counter()
@@ -157,8 +165,6 @@ class LLMEngine:
         s = self.last_step
         s.duration = time.perf_counter() - start
         s.batch_size, s.prefill_tokens = len(seqs), prefill_tokens
-        s.running, s.waiting = len(self.scheduler.running), len(self.scheduler.waiting)
-        s.blocks_used, s.blocks_free = self.block_manager.num_used, self.block_manager.num_free
 
 
 def dense_logits(model: MossSpeechForCausalLM, text_ids: list[int], audio_ids: list[int]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.common.metrics import COUNT_BUCKETS, LATENCY_BUCKETS
-from services.llm.engine import StepStats
+from services.llm.engine import EngineLoad, StepStats
 from services.llm.sequence import Chunk
 
 QUEUE_WAIT = Histogram("llm_queue_wait_seconds", "Request arrival to first scheduled", buckets=LATENCY_BUCKETS)
@@ -32,10 +32,13 @@ def observe_step(s: StepStats) -> None:
         PREFILL.observe(d)
     for d in s.token_intervals:
         INTER_TOKEN.observe(d)
-    RUNNING.set(s.running)
-    WAITING.set(s.waiting)
-    KV_USED.set(s.blocks_used)
-    KV_FREE.set(s.blocks_free)
+
+
+def observe_load(load: EngineLoad) -> None:
+    RUNNING.set(load.running)
+    WAITING.set(load.waiting)
+    KV_USED.set(load.blocks_used)
+    KV_FREE.set(load.blocks_free)
 
 
 def observe_chunk(chunk: Chunk) -> None:
@@ -50,7 +53,3 @@ def observe_chunk(chunk: Chunk) -> None:
 
 def observe_request(method: str, code: str) -> None:
     REQUESTS.labels(code).inc()
-
-
-def set_capacity(blocks_free: int) -> None:
-    KV_FREE.set(blocks_free)

@@ -4,6 +4,7 @@ Every position holds a pair (text token, audio token). Modes (shared/DESIGN.md Â
 - text mode: the text head's sample is the next text token; the audio channel input is audio_pad.
   Sampling sosp appends (sosp, audio_pad) and switches to audio mode.
 - audio mode: the audio head's sample is the next code; the text channel input is modality_pad.
+  Only ids below the codebook size are streamed as audio.
   Sampling eosp appends (modality_pad, eosp) and switches back to text mode (an audio reply ends there).
 - a stop token on the text channel (<|endoftext|>, <|im_end|>) ends generation and is not appended.
 """
@@ -131,9 +132,12 @@ class Sequence:
                     return self.finish(FinishReason.END_OF_SPEECH)
             else:
                 self._push(cfg.modality_pad_token_id, audio_token)
-                self.pending_audio.append(audio_token)
-                self.num_audio += 1
-                self.first_audio = self.first_audio or now
+                # The official mask leaves eosp + 1 sampleable; it is no codec code, so the model
+                # sees it (as upstream) but the vocoder never gets it.
+                if audio_token < cfg.audio_codebook_size:
+                    self.pending_audio.append(audio_token)
+                    self.num_audio += 1
+                    self.first_audio = self.first_audio or now
         else:
             if text_token in cfg.stop_token_ids:
                 return self.finish(FinishReason.STOP)

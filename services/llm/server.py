@@ -56,8 +56,8 @@ def build_engine(s: LlmSettings) -> LLMEngine:
 
 
 async def run(s: LlmSettings) -> None:
-    engine = AsyncEngine(build_engine(s), on_step=metrics.observe_step)
-    metrics.set_capacity(engine.engine.block_manager.num_free)
+    engine = AsyncEngine(build_engine(s), on_step=metrics.observe_step, on_load=metrics.observe_load)
+    metrics.observe_load(engine.engine.load())
     engine.start()
     start_metrics_server(s.host, s.metrics_port)
     await serve(

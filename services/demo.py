@@ -1,0 +1,41 @@
+"""`make demo`: start the stack on its embedded default (the tiny preset, RANDOM weights), speak one
+sentence into a WAV file, print per-stage latencies, stop the stack."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+
+from moss.speech.v1 import common_pb2
+
+from services.cli import print_timings
+from services.common.audio import write_wav
+from services.gateway.client import synthesize
+from services.stack import Ports, Stack
+
+SENTENCE = "Hello! Could you tell me what the weather will be like tomorrow?"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", default="demo.wav")
+    p.add_argument("--text", default=SENTENCE)
+    p.add_argument("--max-new-tokens", type=int, default=75, help="75 tokens = 6 s of audio")
+    args = p.parse_args()
+    logs = tempfile.mkdtemp(prefix="moss-demo-")
+    print("starting llm, vocoder and gateway (tiny preset, RANDOM weights: the audio is noise, the timings are real) ...")
+    with Stack(Ports.free(), log_dir=logs) as stack:
+        print(f"gateway on {stack.target('gateway')}; service logs in {logs}")
+        sampling = common_pb2.SamplingParams(max_new_tokens=args.max_new_tokens, seed=0)
+        asyncio.run(synthesize(stack.target("gateway"), "Warm up.", sampling=common_pb2.SamplingParams(max_new_tokens=4)))
+        result = asyncio.run(synthesize(stack.target("gateway"), args.text, sampling=sampling))
+    write_wav(args.out, result.samples, result.sample_rate)
+    print(f'said: "{args.text}"')
+    print_timings(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

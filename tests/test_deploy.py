@@ -1,0 +1,324 @@
+"""Static checks of deploy/: compose, Prometheus, Grafana provisioning and dashboard.
+
+Docker is not available where the tests run, so these checks stand in for `docker compose config`:
+they parse the files and hold them to the services' ports, flags and declared metric names.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+
+# service -> (gRPC port, metrics port)
+PORTS = {"gateway": (50051, 9091), "llm": (50052, 9092), "vocoder": (50053, 9093)}
+MOSS_SERVICES = tuple(PORTS)
+ALL_SERVICES = {*MOSS_SERVICES, "prometheus", "grafana"}
+
+METRIC_IN_EXPR = re.compile(r"\b((?:gateway|llm|vocoder)_[A-Za-z0-9_]*[A-Za-z0-9])\b")
+QUOTED_METRIC = re.compile(r"""["']((?:gateway|llm|vocoder)_[A-Za-z0-9_]+)["']""")
+SERIES_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def load_yaml(rel: str):
+    path = DEPLOY / rel
+    assert path.is_file(), f"missing {path.relative_to(ROOT)}"
+    return yaml.safe_load(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return load_yaml("docker-compose.yml")
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict:
+    path = DEPLOY / "grafana" / "dashboards" / "ttfa.json"
+    assert path.is_file(), f"missing {path.relative_to(ROOT)}"
+    return json.loads(path.read_text())
+
+
+def command_args(service: dict) -> list[str]:
+    """The service's command as argv; `--flag=value` is split into two items."""
+    cmd = service.get("command")
+    assert cmd, "service has no command"
+    argv = shlex.split(cmd) if isinstance(cmd, str) else [str(a) for a in cmd]
+    out: list[str] = []
+    for arg in argv:
+        if arg.startswith("--") and "=" in arg:
+            out.extend(arg.split("=", 1))
+        else:
+            out.append(arg)
+    return out
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    if name not in argv:
+        return None
+    i = argv.index(name)
+    assert i + 1 < len(argv), f"{name} has no value"
+    return argv[i + 1]
+
+
+def host_port(mapping) -> tuple[int | None, int]:
+    """(published, target) of one compose `ports` entry, short or long syntax."""
+    if isinstance(mapping, dict):
+        published = mapping.get("published")
+        return (int(published) if published is not None else None, int(mapping["target"]))
+    parts = str(mapping).split("/")[0].split(":")
+    target = int(parts[-1])
+    published = int(parts[-2]) if len(parts) >= 2 else None
+    return published, target
+
+
+def volume_targets(service: dict) -> dict[str, tuple[str, bool]]:
+    """target -> (source, read_only) for the service's volumes, short or long syntax."""
+    out = {}
+    for vol in service.get("volumes", []):
+        if isinstance(vol, dict):
+            out[vol["target"]] = (str(vol.get("source", "")), bool(vol.get("read_only", False)))
+            continue
+        # short syntax SOURCE:TARGET[:MODE]; SOURCE may hold ${VAR:-default}, which has no ':' after '}'
+        m = re.fullmatch(r"(\$\{[^}]*\}|[^:]+):([^:]+)(?::(\w+(?:,\w+)*))?", str(vol))
+        assert m, f"cannot parse volume {vol!r}"
+        source, target, mode = m.groups()
+        out[target] = (source, "ro" in (mode or "").split(","))
+    return out
+
+
+# --- docker-compose.yml -------------------------------------------------------------------------
+
+
+def test_compose_has_the_five_services(compose):
+    assert set(compose["services"]) >= ALL_SERVICES
+
+
+@pytest.mark.parametrize("name", MOSS_SERVICES)
+def test_moss_services_build_the_one_image(compose, name):
+    svc = compose["services"][name]
+    build = svc["build"]
+    assert build["context"] == ".."
+    assert build["dockerfile"] == "deploy/Dockerfile"
+    assert (DEPLOY / build["context"] / build["dockerfile"]).resolve() == (DEPLOY / "Dockerfile").resolve()
+    images = {compose["services"][n].get("image") for n in MOSS_SERVICES}
+    assert len(images) == 1, f"llm, vocoder and gateway should share one image, got {images}"
+
+
+@pytest.mark.parametrize("name", MOSS_SERVICES)
+def test_moss_service_commands_use_the_right_ports(compose, name):
+    argv = command_args(compose["services"][name])
+    grpc_port, metrics_port = PORTS[name]
+    assert argv[0] == name, f"command should start with the subcommand {name!r}: {argv}"
+    assert flag(argv, "--host") == "0.0.0.0"
+    assert flag(argv, "--port") == str(grpc_port)
+    assert flag(argv, "--metrics-port") == str(metrics_port)
+
+
+def test_gateway_targets_llm_and_vocoder(compose):
+    argv = command_args(compose["services"]["gateway"])
+    assert flag(argv, "--llm-target") == f"llm:{PORTS['llm'][0]}"
+    assert flag(argv, "--vocoder-target") == f"vocoder:{PORTS['vocoder'][0]}"
+
+
+@pytest.mark.parametrize(
+    "name, flag_name, target, env",
+    [
+        ("llm", "--model-dir", "/models/moss-speech", "MOSS_MODEL_DIR"),
+        ("vocoder", "--vocoder-dir", "/models/bigvgan", "BIGVGAN_DIR"),
+    ],
+)
+def test_gpu_services_mount_their_weights_read_only(compose, name, flag_name, target, env):
+    svc = compose["services"][name]
+    argv = command_args(svc)
+    assert flag(argv, "--device") == "cuda"
+    assert flag(argv, flag_name) == target
+    volumes = volume_targets(svc)
+    assert target in volumes, f"{name} does not mount {target}"
+    source, read_only = volumes[target]
+    assert source.startswith("${" + env + ":-"), f"{name}: weights should come from ${env}: {source}"
+    assert read_only, f"{name}: {target} should be mounted read-only"
+
+
+@pytest.mark.parametrize("name", ["llm", "vocoder"])
+def test_llm_and_vocoder_reserve_an_nvidia_gpu(compose, name):
+    devices = compose["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+    assert any(
+        d.get("driver") == "nvidia"
+        and (d.get("count") == 1 or len(d.get("device_ids", [])) == 1)
+        and "gpu" in d.get("capabilities", [])
+        for d in devices
+    ), devices
+
+
+def test_only_the_gateway_grpc_port_is_published(compose):
+    services = compose["services"]
+    assert (50051, 50051) in [host_port(p) for p in services["gateway"].get("ports", [])]
+    for name in ("llm", "vocoder"):
+        assert not services[name].get("ports"), f"{name} should stay on the compose network"
+
+
+@pytest.mark.parametrize("name", MOSS_SERVICES)
+def test_healthcheck_is_a_grpc_health_check_on_the_service_port(compose, name):
+    test = compose["services"][name]["healthcheck"]["test"]
+    assert isinstance(test, list) and test[0] == "CMD", test
+    assert test[1:3] == ["python", "-c"], test
+    code = test[3]
+    compile(code, f"<{name} healthcheck>", "exec")  # a valid one-liner
+    assert "grpc_health.v1" in code and "HealthStub" in code
+    assert f"localhost:{PORTS[name][0]}" in code
+
+
+def test_gateway_waits_for_healthy_llm_and_vocoder(compose):
+    depends = compose["services"]["gateway"]["depends_on"]
+    for name in ("llm", "vocoder"):
+        assert depends[name]["condition"] == "service_healthy"
+
+
+def test_prometheus_and_grafana_mounts(compose):
+    prom = compose["services"]["prometheus"]
+    assert str(prom["image"]).startswith("prom/prometheus")
+    assert (9090, 9090) in [host_port(p) for p in prom["ports"]]
+    prom_volumes = volume_targets(prom)
+    source, _ = prom_volumes["/etc/prometheus/prometheus.yml"]
+    assert (DEPLOY / source).resolve() == (DEPLOY / "prometheus" / "prometheus.yml").resolve()
+
+    grafana = compose["services"]["grafana"]
+    assert str(grafana["image"]).startswith("grafana/grafana")
+    assert (3000, 3000) in [host_port(p) for p in grafana["ports"]]
+    env = grafana["environment"]
+    assert str(env["GF_AUTH_ANONYMOUS_ENABLED"]).lower() == "true"
+    assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    mounts = volume_targets(grafana)
+    provisioning, _ = mounts["/etc/grafana/provisioning"]
+    assert (DEPLOY / provisioning).resolve() == (DEPLOY / "grafana" / "provisioning").resolve()
+    dashboards, _ = mounts["/var/lib/grafana/dashboards"]
+    assert (DEPLOY / dashboards / "ttfa.json").is_file()
+
+
+# --- Dockerfile ---------------------------------------------------------------------------------
+
+
+def test_dockerfile_installs_bigvgan_without_deps_then_the_project():
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r"^FROM\s+\S*pytorch", text, re.M) or re.search(r"ARG\s+BASE_IMAGE=pytorch/pytorch:", text)
+    bigvgan = re.search(r"pip install --no-deps bigvgan==[\d.]+", text)
+    project = re.search(r"pip install \.", text)
+    assert bigvgan and project and bigvgan.start() < project.start()
+    assert re.search(r'^ENTRYPOINT \["moss-serve"\]', text, re.M)
+
+
+# --- Prometheus ---------------------------------------------------------------------------------
+
+
+def test_prometheus_scrapes_the_three_metrics_ports():
+    config = load_yaml("prometheus/prometheus.yml")
+    default_interval = config.get("global", {}).get("scrape_interval", "1m")
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    for name, (_, metrics_port) in PORTS.items():
+        assert name in jobs, f"no scrape job {name!r}"
+        job = jobs[name]
+        targets = [t for sc in job.get("static_configs", []) for t in sc["targets"]]
+        assert f"{name}:{metrics_port}" in targets
+        assert job.get("scrape_interval", default_interval) == "5s"
+
+
+# --- Grafana ------------------------------------------------------------------------------------
+
+
+def test_grafana_datasource_is_the_compose_prometheus():
+    config = load_yaml("grafana/provisioning/datasources/prometheus.yml")
+    (ds,) = [d for d in config["datasources"] if d["type"] == "prometheus"]
+    assert ds["uid"] == "prometheus"
+    assert ds["url"] == "http://prometheus:9090"
+    assert ds["isDefault"] is True
+
+
+def test_grafana_dashboard_provider_reads_the_mounted_folder():
+    config = load_yaml("grafana/provisioning/dashboards/dashboards.yml")
+    paths = [p["options"]["path"] for p in config["providers"]]
+    assert "/var/lib/grafana/dashboards" in paths
+
+
+def panels_of(dashboard: dict) -> list[dict]:
+    out = []
+    for panel in dashboard["panels"]:
+        out.append(panel)
+        out.extend(panel.get("panels", []))  # collapsed rows hold their panels
+    return out
+
+
+def exprs_of(dashboard: dict) -> list[str]:
+    return [t["expr"] for p in panels_of(dashboard) for t in p.get("targets", []) if t.get("expr")]
+
+
+def test_dashboard_shape(dashboard):
+    assert dashboard["title"] == "MOSS Speech: time to first audio"
+    assert dashboard["refresh"] == "5s"
+    graphs = [p for p in panels_of(dashboard) if p["type"] != "row"]
+    assert graphs and all(p["type"] == "timeseries" for p in graphs)
+    for panel in graphs:
+        assert panel["datasource"]["uid"] == "prometheus", panel["title"]
+        for target in panel["targets"]:
+            assert target.get("datasource", panel["datasource"])["uid"] == "prometheus", panel["title"]
+    ids = [p["id"] for p in panels_of(dashboard)]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+
+
+def test_dashboard_covers_ttfa_and_every_stage(dashboard):
+    exprs = "\n".join(exprs_of(dashboard))
+    for q in ("0.5", "0.9", "0.99"):
+        assert f"histogram_quantile({q}, sum by (le) (rate(gateway_ttfa_seconds_bucket[1m])))" in exprs
+    for metric in (
+        "llm_queue_wait_seconds",
+        "llm_prefill_seconds",
+        "llm_time_to_first_audio_token_seconds",
+        "llm_inter_token_seconds",
+        "vocoder_chunk_seconds",
+        "vocoder_first_chunk_seconds",
+        "gateway_llm_first_chunk_seconds",
+        "gateway_vocoder_first_pcm_seconds",
+        "gateway_real_time_factor",
+    ):
+        assert f"{metric}_bucket" in exprs, f"no panel for {metric}"
+    for metric in (
+        "gateway_requests_total",
+        "llm_kv_blocks_used",
+        "llm_kv_blocks_free",
+        "llm_requests_running",
+        "llm_requests_waiting",
+        "vocoder_active_streams",
+    ):
+        assert re.search(rf"\b{metric}\b", exprs), f"no panel for {metric}"
+
+
+def declared_metrics(service: str) -> set[str]:
+    path = ROOT / "services" / service / "metrics.py"
+    if not path.is_file():
+        pytest.fail(f"{path.relative_to(ROOT)} is missing: it should declare the {service} service's metrics")
+    return set(QUOTED_METRIC.findall(path.read_text()))
+
+
+def is_declared(name: str, declared: set[str]) -> bool:
+    """A series name is declared if its metric is: histogram series carry _bucket/_sum/_count, and a
+    counter is exposed with _total whether or not its declaration spells it."""
+    candidates = {name}
+    for suffix in SERIES_SUFFIXES:
+        if name.endswith(suffix):
+            candidates.add(name[: -len(suffix)])
+    candidates |= {c[: -len("_total")] for c in candidates if c.endswith("_total")}
+    return bool(candidates & declared)
+
+
+def test_dashboard_metrics_are_declared_by_the_services(dashboard):
+    declared = {service: declared_metrics(service) for service in MOSS_SERVICES}
+    used = {m for expr in exprs_of(dashboard) for m in METRIC_IN_EXPR.findall(expr)}
+    assert used, "the dashboard queries no gateway_/llm_/vocoder_ metrics"
+    undeclared = sorted(m for m in used if not is_declared(m, declared[m.split("_", 1)[0]]))
+    assert not undeclared, f"dashboard uses metrics no services/*/metrics.py declares: {undeclared}"

@@ -1,0 +1,116 @@
+"""The three services as separate processes: a sentence in, streamed PCM out, every stage measured."""
+
+import asyncio
+import subprocess
+import sys
+import time
+import wave
+
+import grpc
+import numpy as np
+from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+from conftest import metric_value, scrape
+from services.gateway.client import synthesize
+from services.stack import Ports, is_serving
+
+SAMPLES_PER_TOKEN = 1920  # 80 ms at 24 kHz
+
+
+def stage_counts(stack) -> dict[str, float]:
+    gw, llm, voc = (scrape(stack.ports.metrics[s]) for s in ("gateway", "llm", "vocoder"))
+    return {
+        "gateway_ttfa": metric_value(gw, "gateway_ttfa_seconds_count"),
+        "gateway_requests_ok": metric_value(gw, "gateway_requests_total", '{code="OK"}'),
+        "llm_prefill": metric_value(llm, "llm_prefill_seconds_count"),
+        "llm_inter_token": metric_value(llm, "llm_inter_token_seconds_count"),
+        "llm_first_audio": metric_value(llm, "llm_time_to_first_audio_token_seconds_count"),
+        "vocoder_chunk": metric_value(voc, "vocoder_chunk_seconds_count"),
+        "vocoder_first_chunk": metric_value(voc, "vocoder_first_chunk_seconds_count"),
+    }
+
+
+def test_synthesize_streams_speech_through_three_processes(stack):
+    before = stage_counts(stack)
+    sampling = common_pb2.SamplingParams(max_new_tokens=30, seed=11)
+    result = asyncio.run(synthesize(stack.target("gateway"), "Hello! How is the weather today?", sampling=sampling))
+    s = result.summary
+    assert result.request_id and result.sample_rate == 24000 and result.format == common_pb2.AUDIO_FORMAT_PCM16
+    assert len(result.chunks) >= 3, "audio should arrive in several chunks"
+    # PCM well formed: whole 16-bit samples, contiguous offsets, not silent, within range
+    sizes = [len(c) // 2 for c in result.chunks]
+    assert all(len(c) % 2 == 0 for c in result.chunks)
+    assert result.offsets == list(np.cumsum([0] + sizes[:-1]))
+    samples = result.samples
+    assert np.all(np.abs(samples) <= 1.0) and np.abs(samples).max() > 0
+    # duration = audio tokens × 80 ms
+    assert s.audio_tokens > 0 and len(samples) == s.audio_tokens * SAMPLES_PER_TOKEN == s.num_samples
+    assert abs(s.audio_seconds - s.audio_tokens * 0.08) < 1e-9
+    assert 0 < s.ttfa_seconds <= s.total_seconds and s.llm_prefill_seconds > 0 and s.vocoder_compute_seconds > 0
+    assert 0 < result.client_ttfa < result.client_total
+    after = stage_counts(stack)
+    for name in before:
+        assert after[name] > before[name], f"{name} did not record the request"
+
+
+def test_float32_format(stack):
+    sampling = common_pb2.SamplingParams(max_new_tokens=8, seed=1)
+    result = asyncio.run(synthesize(stack.target("gateway"), "Hi", fmt=common_pb2.AUDIO_FORMAT_FLOAT32, sampling=sampling))
+    assert result.format == common_pb2.AUDIO_FORMAT_FLOAT32
+    assert sum(len(c) for c in result.chunks) == 4 * result.summary.num_samples == 4 * 8 * SAMPLES_PER_TOKEN
+
+
+def test_client_cancel_releases_every_stage(stack):
+    async def cancel_after_first_audio():
+        async with grpc.aio.insecure_channel(stack.target("gateway")) as channel:
+            call = gateway_pb2_grpc.GatewayStub(channel).Synthesize(
+                gateway_pb2.SynthesizeRequest(text="Tell me a long story", sampling=common_pb2.SamplingParams(max_new_tokens=2000)))
+            async for msg in call:
+                if msg.WhichOneof("kind") == "audio":
+                    call.cancel()
+                    break
+
+    asyncio.run(cancel_after_first_audio())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        llm, voc, gw = (scrape(stack.ports.metrics[s]) for s in ("llm", "vocoder", "gateway"))
+        idle = (metric_value(llm, "llm_kv_blocks_used") == 0 and metric_value(llm, "llm_requests_running") == 0
+                and metric_value(voc, "vocoder_active_streams") == 0 and metric_value(gw, "gateway_active_requests") == 0)
+        if idle:
+            break
+        time.sleep(0.1)
+    assert idle, "a cancelled turn left work running"
+
+
+def test_moss_serve_say_writes_a_wav(stack, tmp_path):
+    out = tmp_path / "out.wav"
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", "say", "Good morning", "-o", str(out), "--target", stack.target("gateway"),
+         "--max-new-tokens", "12", "--seed", "2"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "time to first audio" in proc.stdout and "llm prefill" in proc.stdout and "vocoder" in proc.stdout
+    with wave.open(str(out)) as w:
+        assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, 24000)
+        assert w.getnframes() == 12 * SAMPLES_PER_TOKEN
+
+
+def test_moss_serve_up_starts_and_stops_cleanly(tmp_path):
+    ports = Ports.free()
+    flags = []
+    for service in ("gateway", "llm", "vocoder"):
+        flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not is_serving(f"127.0.0.1:{ports.grpc['gateway']}"):
+            assert proc.poll() is None and time.monotonic() < deadline, "moss-serve up did not come up"
+            time.sleep(0.3)
+        proc.send_signal(2)  # Ctrl-C
+        assert proc.wait(timeout=30) == 0
+        assert "RANDOM weights" in proc.stderr.read()
+        assert not any(is_serving(f"127.0.0.1:{ports.grpc[s]}", timeout=0.5) for s in ("gateway", "llm", "vocoder"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -1,0 +1,184 @@
+"""The llm engine on the tiny model: paged KV against a dense forward, the modality state machine,
+seeded sampling, chunking, and that blocks come back."""
+
+import pytest
+import torch
+
+from services.common.errors import InvalidArgument
+from services.common.sampling import ChunkSettings, SamplingSettings
+from services.llm.checkpoint import random_model
+from services.llm.config import tiny_config
+from services.llm.engine import EngineConfig, GenerationRequest, LLMEngine, dense_logits
+from services.llm.prompt import PromptBuilder
+from services.llm.sequence import FinishReason, Mode, Sequence
+from services.llm.tokenizer import tiny_tokenizer
+
+CFG = tiny_config()
+GREEDY = SamplingSettings(temperature=0.0, repetition_penalty=1.0, max_new_tokens=40, min_new_tokens=0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(CFG, seed=3)
+
+
+def make_engine(model, **kw) -> LLMEngine:
+    return LLMEngine(model, tiny_tokenizer(CFG), EngineConfig(**{"kv_cache_bytes": 1 << 22, "block_size": 16, **kw}))
+
+
+def run(engine, requests):
+    seqs = [engine.make_sequence(r) for r in requests]
+    for s in seqs:
+        engine.add(s)
+    chunks = []
+    while engine.has_work():
+        chunks += engine.step()
+    return seqs, chunks
+
+
+def test_paged_decoding_matches_a_dense_forward(model):
+    """Every generated position's logits, computed incrementally through the paged cache, equal the
+    logits of one dense forward over the final sequence (prompt of 140 tokens: 9 blocks of 16)."""
+    engine = make_engine(model)
+    seq = engine.make_sequence(GenerationRequest("a", GREEDY, ChunkSettings(), text="Hello there, how are you?"))
+    engine.add(seq)
+    step_logits = []
+    while engine.has_work():
+        engine.scheduler.schedule(0.0)
+        t, a = engine.runner.run([seq])
+        step_logits.append((t[0].clone(), a[0].clone()))
+        samples = engine.sampler([seq], t, a)
+        engine.postprocess([seq], samples, 0.0)
+    dense_t, dense_a = dense_logits(model, seq.text_ids, seq.audio_ids)
+    assert len(seq) > 2 * engine.block_manager.block_size + 40 - 1
+    for i, (t, a) in enumerate(step_logits):
+        pos = seq.num_prompt - 1 + i
+        torch.testing.assert_close(t, dense_t[pos], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(a, dense_a[pos], rtol=1e-4, atol=1e-4)
+    # greedy tokens of the dense forward are the ones generated (audio mode: the audio head)
+    gen_audio = seq.audio_ids[seq.num_prompt:]
+    assert gen_audio == [int(dense_a[seq.num_prompt - 1 + i, : CFG.audio_logits_limit].argmax()) for i in range(len(gen_audio))]
+
+
+def test_concurrent_requests_give_the_tokens_each_gives_alone(model):
+    texts = ["hi", "a longer request about the weather today", "x" * 70]
+    alone = [run(make_engine(model), [GenerationRequest(str(i), GREEDY, ChunkSettings(), text=t)])[0][0] for i, t in enumerate(texts)]
+    together, _ = run(make_engine(model), [GenerationRequest(str(i), GREEDY, ChunkSettings(), text=t) for i, t in enumerate(texts)])
+    for a, b in zip(alone, together):
+        assert a.audio_ids == b.audio_ids and a.text_ids == b.text_ids
+
+
+def test_blocks_return_after_finish_and_abort(model):
+    engine = make_engine(model)
+    seqs, _ = run(engine, [GenerationRequest("a", GREEDY, ChunkSettings(), text="hello")])
+    assert engine.block_manager.num_used == 0 and seqs[0].finish_reason is FinishReason.LENGTH
+    seq = engine.make_sequence(GenerationRequest("b", GREEDY, ChunkSettings(), text="hello"))
+    engine.add(seq)
+    engine.step()
+    assert engine.block_manager.num_used > 0
+    assert engine.abort("b")
+    assert engine.block_manager.num_used == 0 and not engine.has_work()
+    assert not engine.abort("b")
+
+
+def test_preemption_recomputes_and_keeps_tokens(model):
+    reqs = [GenerationRequest(str(i), GREEDY, ChunkSettings(), text=f"request {i}") for i in range(3)]
+    roomy, _ = run(make_engine(model), reqs)
+    small = make_engine(model, kv_cache_bytes=20 * 16 * CFG.kv_bytes_per_token)  # 20 blocks: not enough for 3
+    tight, _ = run(small, [GenerationRequest(str(i), GREEDY, ChunkSettings(), text=f"request {i}") for i in range(3)])
+    assert small.scheduler.num_preemptions > 0
+    assert [s.audio_ids for s in roomy] == [s.audio_ids for s in tight]
+    assert small.block_manager.num_used == 0
+
+
+def test_seeded_sampling_is_reproducible(model):
+    s = SamplingSettings(temperature=1.0, top_k=50, top_p=0.9, max_new_tokens=30, min_new_tokens=0, seed=1234)
+    first, _ = run(make_engine(model), [GenerationRequest("a", s, ChunkSettings(), text="hello")])
+    second, _ = run(make_engine(model), [GenerationRequest("a", s, ChunkSettings(), text="hello")])
+    other, _ = run(make_engine(model), [GenerationRequest("a", SamplingSettings(**{**s.__dict__, "seed": 99}), ChunkSettings(), text="hello")])
+    assert first[0].audio_ids == second[0].audio_ids
+    assert first[0].audio_ids != other[0].audio_ids
+
+
+def test_chunks_follow_the_policy(model):
+    s = SamplingSettings(temperature=0.0, max_new_tokens=25, min_new_tokens=0)
+    _, chunks = run(make_engine(model), [GenerationRequest("a", s, ChunkSettings(first_chunk_tokens=2, chunk_tokens=7), text="hello")])
+    sizes = [len(c.audio_tokens) for c in chunks]
+    assert sizes == [2, 7, 7, 7, 2]
+    assert chunks[0].first and chunks[-1].final and not any(c.final for c in chunks[:-1])
+    assert chunks[-1].stats.audio_tokens == 25 and chunks[-1].stats.finish_reason is FinishReason.LENGTH
+
+
+def forced(seq: Sequence, steps):
+    for text_token, audio_token in steps:
+        seq.append_sampled(text_token, audio_token, CFG, now=0.0)
+
+
+def new_seq(text_ids, audio_reply=False, max_new=100):
+    seq = Sequence("s", list(text_ids), [CFG.audio_pad_token_id] * len(text_ids),
+                   SamplingSettings(max_new_tokens=max_new), ChunkSettings(), audio_reply)
+    seq.start_mode(CFG)
+    return seq
+
+
+def test_state_machine_transitions():
+    c = CFG
+    seq = new_seq([c.im_start_token_id, 65])
+    assert seq.mode is Mode.TEXT
+    forced(seq, [(66, 7)])                       # text token; audio sample ignored
+    assert seq.text_ids[-1] == 66 and seq.audio_ids[-1] == c.audio_pad_token_id
+    forced(seq, [(c.sosp_token_id, 7)])           # sosp → audio mode
+    assert seq.mode is Mode.AUDIO and seq.audio_ids[-1] == c.audio_pad_token_id
+    forced(seq, [(67, 5), (68, 6), (1, c.eosp_token_id + 1)])  # codes; text samples ignored
+    assert seq.text_ids[-3:] == [c.modality_pad_token_id] * 3 and seq.audio_ids[-3:] == [5, 6, c.eosp_token_id + 1]
+    forced(seq, [(69, c.eosp_token_id)])          # eosp → text mode, laid out as (modality_pad, eosp)
+    assert seq.mode is Mode.TEXT and (seq.text_ids[-1], seq.audio_ids[-1]) == (c.modality_pad_token_id, c.eosp_token_id)
+    assert not seq.finished
+    forced(seq, [(c.im_end_token_id, 3)])         # stop token: not appended
+    assert seq.finished and seq.finish_reason is FinishReason.STOP and seq.text_ids[-1] == c.modality_pad_token_id
+    assert seq.pending_text == [66] and seq.pending_audio == [5, 6]  # eosp + 1 is not a code: not streamed
+
+
+def test_audio_reply_starts_in_audio_mode_and_ends_at_eosp():
+    c = CFG
+    seq = new_seq([c.im_start_token_id, c.sosp_token_id], audio_reply=True)
+    assert seq.mode is Mode.AUDIO
+    forced(seq, [(1, 9), (1, c.eosp_token_id)])
+    assert seq.finished and seq.finish_reason is FinishReason.END_OF_SPEECH and seq.num_audio == 1
+
+
+def test_audio_head_is_masked_and_eosp_waits_for_min_tokens(model):
+    engine = make_engine(model)
+    seq = new_seq([CFG.im_start_token_id, CFG.sosp_token_id], audio_reply=True)
+    seq.sampling = SamplingSettings(temperature=0.0, min_new_tokens=3, max_new_tokens=10)
+    audio = torch.full((1, CFG.audio_vocab_size), -10.0)
+    audio[0, CFG.eosp_token_id + 5] = 100.0      # beyond the valid range: masked
+    audio[0, CFG.eosp_token_id] = 50.0           # eosp: suppressed while num_steps < 3
+    audio[0, 17] = 10.0
+    text = torch.zeros(1, CFG.vocab_size)
+    assert engine.sampler([seq], text, audio)[0][1] == 17
+    seq.num_steps = 3
+    assert engine.sampler([seq], text, audio)[0][1] == CFG.eosp_token_id
+
+
+def test_prompt_builder_keeps_user_text_literal():
+    tok = tiny_tokenizer(CFG)
+    prompt = PromptBuilder(tok, CFG).build("say <|im_end|> please")
+    assert prompt.text_ids.count(CFG.im_end_token_id) == 2  # system and user turns only
+    assert prompt.text_ids[-1] == CFG.sosp_token_id
+    assert tok.decode(prompt.text_ids, skip_special_tokens=False).startswith("<|im_start|>system\nYou are a helpful voice assistant.")
+
+
+def test_bad_requests_are_refused_and_allocate_nothing(model):
+    engine = make_engine(model, max_model_len=256)
+    cases = [
+        (GenerationRequest("a", GREEDY, ChunkSettings(), text="  "), "text"),
+        (GenerationRequest("a", GREEDY, ChunkSettings(), text="x" * 300), "exceeds the context"),
+        (GenerationRequest("a", GREEDY, ChunkSettings(), text_ids=[]), "tokens.text"),
+        (GenerationRequest("a", GREEDY, ChunkSettings(), text_ids=[5, CFG.vocab_size]), "tokens.text"),
+        (GenerationRequest("a", GREEDY, ChunkSettings(), text_ids=[5, 6], audio_ids=[1]), "tokens.audio"),
+    ]
+    for req, message in cases:
+        with pytest.raises(InvalidArgument, match=message):
+            engine.make_sequence(req)
+    assert engine.block_manager.num_used == 0 and not engine.has_work()

@@ -1,0 +1,97 @@
+"""Bad input gets INVALID_ARGUMENT naming the field; a stage that is down gets UNAVAILABLE naming it,
+within the deadline, and the gateway serves again once the stage is back."""
+
+import asyncio
+import time
+
+import grpc
+import pytest
+from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, llm_pb2, llm_pb2_grpc
+
+from services.gateway.client import synthesize
+from services.stack import Ports, Stack
+
+OK_SAMPLING = common_pb2.SamplingParams(max_new_tokens=6, seed=1)
+
+
+async def call(target, request, timeout=30.0):
+    async with grpc.aio.insecure_channel(target) as channel:
+        return [m async for m in gateway_pb2_grpc.GatewayStub(channel).Synthesize(request, timeout=timeout)]
+
+
+def expect_status(target, request, code, *words, timeout=30.0):
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        asyncio.run(call(target, request, timeout))
+    assert info.value.code() == code, info.value.details()
+    for word in words:
+        assert word in info.value.details(), info.value.details()
+    return info.value
+
+
+@pytest.mark.parametrize(
+    "request_fields, field",
+    [
+        ({"text": ""}, "text"),
+        ({"text": "   "}, "text"),
+        ({"text": "x" * 2001}, "text"),
+        ({"text": "hi", "voice": "nobody"}, "voice"),
+        ({"text": "hi", "format": 7}, "format"),
+        ({"text": "hi", "sampling": common_pb2.SamplingParams(temperature=-1)}, "sampling.temperature"),
+        ({"text": "hi", "sampling": common_pb2.SamplingParams(temperature=5)}, "sampling.temperature"),
+        ({"text": "hi", "sampling": common_pb2.SamplingParams(top_p=0)}, "sampling.top_p"),
+        ({"text": "hi", "sampling": common_pb2.SamplingParams(top_p=1.5)}, "sampling.top_p"),
+        ({"text": "hi", "sampling": common_pb2.SamplingParams(top_k=-3)}, "sampling.top_k"),
+        ({"text": "hi", "sampling": common_pb2.SamplingParams(repetition_penalty=0)}, "sampling.repetition_penalty"),
+        ({"text": "hi", "sampling": common_pb2.SamplingParams(max_new_tokens=0)}, "sampling.max_new_tokens"),
+        ({"text": "hi", "sampling": common_pb2.SamplingParams(max_new_tokens=10**6)}, "sampling.max_new_tokens"),
+        ({"text": "hi", "sampling": common_pb2.SamplingParams(max_new_tokens=5, min_new_tokens=9)}, "sampling.min_new_tokens"),
+        ({"text": "hi", "chunking": common_pb2.ChunkPolicy(first_chunk_tokens=0)}, "chunking.first_chunk_tokens"),
+    ],
+)
+def test_bad_input_is_invalid_argument_naming_the_field(stack, request_fields, field):
+    expect_status(stack.target("gateway"), gateway_pb2.SynthesizeRequest(**request_fields), grpc.StatusCode.INVALID_ARGUMENT, field)
+
+
+def test_llm_refuses_bad_token_prompts(stack):
+    async def generate(req):
+        async with grpc.aio.insecure_channel(stack.target("llm")) as channel:
+            return [m async for m in llm_pb2_grpc.LlmStub(channel).Generate(req, timeout=30)]
+
+    for req, field in [
+        (llm_pb2.GenerateRequest(), "turn"),
+        (llm_pb2.GenerateRequest(tokens=llm_pb2.PromptTokens(text=[1, 10**6])), "tokens.text"),
+        (llm_pb2.GenerateRequest(text="hi", output_mode=9), "output_mode"),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            asyncio.run(generate(req))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in info.value.details()
+
+
+@pytest.fixture
+def own_stack(tmp_path):
+    """A stack of its own: these tests stop and restart stages."""
+    with Stack(Ports.free(), log_dir=tmp_path / "logs") as s:
+        yield s
+
+
+@pytest.mark.parametrize("stage", ["llm", "vocoder"])
+def test_stage_down_is_unavailable_then_recovers(own_stack, stage):
+    gateway = own_stack.target("gateway")
+    request = gateway_pb2.SynthesizeRequest(text="hello", sampling=OK_SAMPLING)
+    assert asyncio.run(call(gateway, request))  # warm: channels connected
+    own_stack.stop(stage)
+    for _ in range(2):  # refused every time, quickly, well within the deadline
+        start = time.monotonic()
+        expect_status(gateway, request, grpc.StatusCode.UNAVAILABLE, stage, timeout=10.0)
+        assert time.monotonic() - start < 5.0
+    own_stack.start(stage)
+    own_stack.wait_serving([stage])
+    deadline = time.monotonic() + 10
+    while True:  # the gateway reconnects within its 1 s backoff cap
+        try:
+            result = asyncio.run(synthesize(gateway, "hello again", sampling=OK_SAMPLING))
+            break
+        except grpc.aio.AioRpcError:
+            assert time.monotonic() < deadline, "gateway did not recover"
+            time.sleep(0.2)
+    assert result.summary.num_samples == 6 * 1920

@@ -1,0 +1,70 @@
+"""The vocoder stage: token decoder + BigVGAN-v2 from the `bigvgan` package, streamed chunk by chunk."""
+
+import numpy as np
+import pytest
+import torch
+
+from services.vocoder import generator as gen
+from services.vocoder.streamer import MelStreamer
+from services.vocoder.token_decoder import TokenDecoderConfig, random_token_decoder, save_token_decoder
+from services.vocoder.vocoder import MelFormatMismatch, TokenVocoder, load_vocoder
+
+
+@pytest.fixture(scope="module")
+def vocoder():
+    return load_vocoder(None, "tiny")
+
+
+def test_default_config_maps_four_frames_per_token():
+    h = gen.preset_config("moss-speech")
+    fmt = gen.mel_format(h)
+    assert (fmt.sampling_rate, fmt.num_mels, fmt.hop_size) == (24000, 80, 480)
+    assert TokenDecoderConfig().samples_per_token == 1920  # 80 ms at 24 kHz
+
+
+def test_streamed_audio_has_exact_length_and_tracks_offline(vocoder):
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, vocoder.codebook_size, 37).tolist()
+    offline = vocoder.waveform(vocoder.mel(tokens))
+    streamer = MelStreamer(vocoder, left_context=16, lookahead=4)
+    pieces = [streamer.push(tokens[i : i + 5]) for i in range(0, len(tokens), 5)] + [streamer.flush()]
+    streamed = np.concatenate(pieces)
+    assert len(streamed) == len(offline) == 37 * 1920
+    assert sum(len(p) > 0 for p in pieces) >= 7          # audio flows before the end of the stream
+    rel = np.linalg.norm(streamed - offline) / np.linalg.norm(offline)
+    assert rel < 0.05, rel
+    no_context = np.concatenate([vocoder.waveform(vocoder.mel(tokens[i : i + 5])) for i in range(0, len(tokens), 5)])
+    assert rel < np.linalg.norm(no_context - offline) / np.linalg.norm(offline)  # context helps
+
+
+def test_loads_a_bigvgan_directory_with_its_token_decoder(tmp_path, vocoder):
+    h = gen.preset_config("tiny")
+    import bigvgan
+
+    torch.manual_seed(5)
+    trained = bigvgan.BigVGAN(h)   # weight-normed, as checkpoints are saved
+    gen.save_generator(trained, h, tmp_path)
+    decoder = random_token_decoder(TokenDecoderConfig(codebook_size=1024, embed_dim=32), seed=2)
+    save_token_decoder(decoder, tmp_path)
+    loaded = load_vocoder(tmp_path)
+    tokens = [1, 2, 3, 500, 1023]
+    mel = decoder(torch.tensor(tokens))
+    with torch.no_grad():
+        trained.remove_weight_norm()
+        want = trained.eval()(mel[None])[0, 0].numpy()
+    np.testing.assert_allclose(loaded.waveform(loaded.mel(tokens)), want, rtol=1e-4, atol=1e-5)
+
+
+def test_mismatched_mel_formats_are_refused():
+    h = gen.preset_config("tiny")
+    decoder = random_token_decoder(TokenDecoderConfig(codebook_size=1024, hop_size=256, embed_dim=16))
+    with pytest.raises(MelFormatMismatch, match="hop 256.*hop 480"):
+        TokenVocoder(decoder, gen.build_generator(h), torch.device("cpu"))
+    decoder = random_token_decoder(TokenDecoderConfig(codebook_size=1024, num_mels=100, embed_dim=16))
+    with pytest.raises(MelFormatMismatch, match="100 bands"):
+        TokenVocoder(decoder, gen.build_generator(h), torch.device("cpu"))
+
+
+def test_missing_checkpoint_files_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_vocoder(tmp_path)
