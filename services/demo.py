@@ -23,10 +23,12 @@ def main() -> int:
     p.add_argument("--out", default="demo.wav")
     p.add_argument("--text", default=SENTENCE)
     p.add_argument("--max-new-tokens", type=int, default=75, help="75 tokens = 6 s of audio")
+    p.add_argument("--device", default="cpu", help="cpu or cuda, for the llm and the vocoder")
     args = p.parse_args()
     logs = tempfile.mkdtemp(prefix="moss-demo-")
     print("starting llm, vocoder and gateway (tiny preset, RANDOM weights: the audio is noise, the timings are real) ...")
-    with Stack(Ports.free(), log_dir=logs) as stack:
+    device = ["--device", args.device]
+    with Stack(Ports.free(), log_dir=logs, extra_args={"llm": device, "vocoder": device}) as stack:
         print(f"gateway on {stack.target('gateway')}; service logs in {logs}")
         sampling = common_pb2.SamplingParams(max_new_tokens=args.max_new_tokens, seed=0)
         asyncio.run(synthesize(stack.target("gateway"), "Warm up.", sampling=common_pb2.SamplingParams(max_new_tokens=4)))
