@@ -155,7 +155,8 @@ class Turn:
                     metrics.TTFA.observe(self.summary.ttfa_seconds)
                     if self.first_tokens_sent is not None:
                         metrics.VOCODER_FIRST_PCM.observe(now - self.first_tokens_sent)
-                assert len(msg.pcm) == msg.num_samples * bytes_per_sample
+                if len(msg.pcm) != msg.num_samples * bytes_per_sample:
+                    raise StageError("vocoder", "INTERNAL", f"{len(msg.pcm)} PCM bytes for {msg.num_samples} samples")
                 self.summary.num_samples += msg.num_samples
                 yield gateway_pb2.SynthesizeResponse(audio=gateway_pb2.AudioChunk(
                     pcm=msg.pcm, sample_offset=msg.sample_offset, num_samples=msg.num_samples))
