@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.checkpoint import random_model
 from services.llm.config import preset
-from services.llm.engine import EngineConfig, GenerationRequest, LLMEngine, dense_logits
+from services.llm.engine import EngineConfig, GenerationRequest, LLMEngine, dense_logits, traced_generation
 from services.llm.tokenizer import tiny_tokenizer
 
 
@@ -76,13 +76,7 @@ def check_paged_against_dense(model, engine, prompt_len: int, steps: int, device
     text = torch.randint(0, min(cfg.vocab_size, 150000), (prompt_len,), generator=g).tolist()
     greedy = SamplingSettings(temperature=0.0, repetition_penalty=1.0, max_new_tokens=steps, min_new_tokens=steps)
     seq = engine.make_sequence(GenerationRequest("check", greedy, ChunkSettings(), text_ids=text + [cfg.sosp_token_id]))
-    engine.add(seq)
-    got = []
-    while engine.has_work():
-        engine.scheduler.schedule(0.0)
-        t, a = engine.runner.run([seq])
-        got.append((t[0].clone(), a[0].clone()))
-        engine.postprocess([seq], engine.sampler([seq], t, a), 0.0)
+    got = traced_generation(engine, seq)
     dense_t, dense_a = dense_logits(model, seq.text_ids, seq.audio_ids)
     worst = 0.0
     for i, (t, a) in enumerate(got):

@@ -8,7 +8,7 @@ from services.common.errors import InvalidArgument
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.checkpoint import random_model
 from services.llm.config import tiny_config
-from services.llm.engine import EngineConfig, GenerationRequest, LLMEngine, dense_logits
+from services.llm.engine import EngineConfig, GenerationRequest, LLMEngine, dense_logits, traced_generation
 from services.llm.prompt import PromptBuilder
 from services.llm.sequence import FinishReason, Mode, Sequence
 from services.llm.tokenizer import tiny_tokenizer
@@ -41,14 +41,7 @@ def test_paged_decoding_matches_a_dense_forward(model):
     logits of one dense forward over the final sequence (prompt of 140 tokens: 9 blocks of 16)."""
     engine = make_engine(model)
     seq = engine.make_sequence(GenerationRequest("a", GREEDY, ChunkSettings(), text="Hello there, how are you?"))
-    engine.add(seq)
-    step_logits = []
-    while engine.has_work():
-        engine.scheduler.schedule(0.0)
-        t, a = engine.runner.run([seq])
-        step_logits.append((t[0].clone(), a[0].clone()))
-        samples = engine.sampler([seq], t, a)
-        engine.postprocess([seq], samples, 0.0)
+    step_logits = traced_generation(engine, seq)
     dense_t, dense_a = dense_logits(model, seq.text_ids, seq.audio_ids)
     assert len(seq) > 2 * engine.block_manager.block_size + 40 - 1
     for i, (t, a) in enumerate(step_logits):

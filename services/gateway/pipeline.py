@@ -83,6 +83,8 @@ class Turn:
             header = await self._vocoder_io(voc_call.write(vocoder_pb2.VocodeRequest(
                 config=vocoder_pb2.VocodeConfig(request_id=gen_req.request_id, format=fmt))))
             header = await self._vocoder_io(voc_call.read())
+            if header is grpc.aio.EOF:
+                raise Unavailable("vocoder", "stream closed before its header")
             yield gateway_pb2.SynthesizeResponse(metadata=gateway_pb2.StreamMetadata(
                 request_id=gen_req.request_id, sample_rate=header.sample_rate, format=header.format, channels=1))
             pump = asyncio.create_task(self._pump(llm_call, voc_call))

@@ -167,6 +167,18 @@ class LLMEngine:
         s.batch_size, s.prefill_tokens = len(seqs), prefill_tokens
 
 
+def traced_generation(engine: LLMEngine, seq: Sequence) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Reference check: run `seq` alone to the end, keeping each step's logits (text [V], audio [V])."""
+    engine.add(seq)
+    logits = []
+    while engine.has_work():
+        engine.scheduler.schedule(time.perf_counter())
+        text, audio = engine.runner.run([seq])
+        logits.append((text[0].clone(), audio[0].clone()))
+        engine.postprocess([seq], engine.sampler([seq], text, audio), time.perf_counter())
+    return logits
+
+
 def dense_logits(model: MossSpeechForCausalLM, text_ids: list[int], audio_ids: list[int]):
     """Reference: one dense forward over a whole sequence → all positions' logits (text, audio)."""
     device = next(model.parameters()).device
