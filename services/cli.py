@@ -32,8 +32,10 @@ def parser() -> argparse.ArgumentParser:
     llm.add_argument("--preset", default="tiny", help="model preset used without --model-dir (tiny)")
     llm.add_argument("--device", default="cpu", help="cpu or cuda")
     llm.add_argument("--kv-cache-gb", type=float, default=1.0, help="memory budget of the KV-cache pool")
-    llm.add_argument("--max-num-seqs", type=int, default=8)
-    llm.add_argument("--max-model-len", type=int, default=4096)
+    llm.add_argument("--max-num-seqs", type=int, default=16, help="requests in the running batch")
+    llm.add_argument("--max-num-batched-tokens", type=int, default=512,
+                     help="positions per engine step; longer prompts are prefilled in chunks")
+    llm.add_argument("--max-model-len", type=int, default=4096, help="prompt + history + generated positions")
 
     voc = sub.add_parser("vocoder", help="the vocoder service")
     _common(voc, 50053, 9093)
@@ -79,7 +81,7 @@ def run_service(args) -> int:
         from services.llm.server import LlmSettings, run
 
         settings = LlmSettings(args.host, args.port, args.metrics_port, args.model_dir, args.preset, args.device,
-                               args.kv_cache_gb, args.max_num_seqs, args.max_model_len)
+                               args.kv_cache_gb, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len)
     elif args.command == "vocoder":
         from services.vocoder.server import VocoderSettings, run
 

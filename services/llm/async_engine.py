@@ -80,7 +80,10 @@ class AsyncEngine:
                 if isinstance(item, tuple) and item[0] is _ABORT:
                     self.engine.abort(item[1])
                 elif item is not None:
-                    self.engine.add(item)
+                    try:
+                        self.engine.add(item)
+                    except ServiceError as err:  # e.g. a busy session: refused, nothing kept
+                        self._deliver(item.request_id, err)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass

@@ -21,15 +21,18 @@ from services.llm.prompt import PromptBuilder
 from services.llm.sampler import Sampler
 from services.llm.scheduler import Scheduler
 from services.llm.sequence import Chunk, FinishReason, Sequence
+from services.llm.session import SessionStore
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    kv_cache_bytes: int = 1 << 30     # memory budget for the KV pool
+    kv_cache_bytes: int = 1 << 30       # memory budget for the KV pool
     block_size: int = 16
-    max_num_seqs: int = 8
-    max_model_len: int = 4096         # prompt + generated positions
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512   # positions per step: bounds a step's time while prompts stream in
+    max_model_len: int = 4096           # prompt (with session history) + generated positions
     max_new_tokens_limit: int = 2048
+    max_sessions: int = 1024
 
 
 @dataclass
@@ -42,6 +45,7 @@ class GenerationRequest:
     audio_ids: list[int] | None = None
     system_prompt: str = ""
     audio_reply: bool = True
+    session_id: str = ""                     # continue this conversation (its KV stays warm)
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class EngineLoad:
     waiting: int
     blocks_used: int
     blocks_free: int
+    sessions: int
 
 
 @dataclass
@@ -58,9 +63,22 @@ class StepStats:
 
     duration: float = 0.0
     batch_size: int = 0
-    prefill_tokens: int = 0
+    prefill_tokens: int = 0     # prompt (or recomputed) positions computed
+    decode_tokens: int = 0
     token_intervals: list[float] = field(default_factory=list)  # per decode token: since the seq's last token
     prefill_durations: list[float] = field(default_factory=list)  # first token of a seq: since it was scheduled
+    preemptions: int = 0
+    prefix_hit_tokens: int = 0  # prompt positions served from the cache, for sequences admitted this step
+    prefix_queried_tokens: int = 0
+
+
+@dataclass
+class EngineCounters:
+    """Totals since start, for tests and metrics."""
+
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    steps: int = 0
 
 
 class LLMEngine:
@@ -69,29 +87,41 @@ class LLMEngine:
         self.config = config
         self.tokenizer = tokenizer
         self.prompts = PromptBuilder(tokenizer, self.cfg)
+        self.turn_end = self.prompts.turn_end()
         device = next(model.parameters()).device
         num_blocks = max(1, config.kv_cache_bytes // (config.block_size * self.cfg.kv_bytes_per_token))
         self.block_manager = BlockManager(num_blocks, config.block_size)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs)
+        self.sessions = SessionStore(self.block_manager, config.max_sessions)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   reclaim=self.sessions.reclaim)
         self.runner = ModelRunner(model, num_blocks, config.block_size, device)
         self.sampler = Sampler(self.cfg)
         self.sequences: dict[str, Sequence] = {}
+        self.counters = EngineCounters()
         self.last_step = StepStats()
+
+    @property
+    def context_limit(self) -> int:
+        return min(self.config.max_model_len, self.block_manager.num_blocks * self.block_manager.block_size)
 
     # ---- requests --------------------------------------------------------------------------------
     def make_sequence(self, req: GenerationRequest) -> Sequence:
-        """Validate a request and build its sequence. Pure: allocates nothing, safe from any thread."""
+        """Validate a request and build its sequence. Pure: allocates nothing, safe from any thread.
+        A session's history is joined in `add`, on the engine's thread."""
         if req.text is not None:
             if not req.text.strip():
                 raise InvalidArgument("text", "must not be empty")
             prompt = self.prompts.build(req.text, req.audio_reply, req.system_prompt)
-            text_ids, audio_ids = prompt.text_ids, prompt.audio_ids
+            text_ids, audio_ids, turn_start = prompt.text_ids, prompt.audio_ids, prompt.turn_start
         else:
             text_ids = list(req.text_ids or [])
             audio_ids = list(req.audio_ids or []) or [self.cfg.audio_pad_token_id] * len(text_ids)
             self._check_prompt_tokens(text_ids, audio_ids)
+            turn_start = 0
         self._check_length(len(text_ids), req.sampling.max_new_tokens)
-        seq = Sequence(req.request_id, text_ids, audio_ids, req.sampling, req.chunking, req.audio_reply)
+        seq = Sequence(req.request_id, text_ids, audio_ids, req.sampling, req.chunking, req.audio_reply,
+                       session_id=req.session_id)
+        seq.turn_start = turn_start
         seq.start_mode(self.cfg)
         return seq
 
@@ -105,15 +135,22 @@ class LLMEngine:
         if not all(0 <= a < self.cfg.audio_vocab_size for a in audio_ids):
             raise InvalidArgument("tokens.audio", f"ids must be in [0, {self.cfg.audio_vocab_size})")
 
-    def _check_length(self, prompt_len: int, max_new: int) -> None:
-        limit = min(self.config.max_model_len, self.block_manager.num_blocks * self.block_manager.block_size)
-        if prompt_len + max_new > limit:
+    def _check_length(self, prompt_len: int, max_new: int, what: str = "prompt") -> None:
+        if prompt_len + max_new > self.context_limit:
             raise InvalidArgument(
-                "text",
-                f"prompt of {prompt_len} tokens plus max_new_tokens {max_new} exceeds the context of {limit}",
+                "text", f"{what} of {prompt_len} tokens plus max_new_tokens {max_new} exceeds the context of {self.context_limit}"
             )
 
     def add(self, seq: Sequence) -> None:
+        """Queue a sequence (engine thread). A session's turn joins its history here; errors leave nothing behind."""
+        if seq.request_id in self.sequences:
+            raise InvalidArgument("request_id", f"{seq.request_id!r} is already running")
+        if seq.session_id:
+            history = self.sessions.history_len(seq.session_id)
+            if history:
+                turn = len(seq) - seq.turn_start
+                self._check_length(history + turn, seq.sampling.max_new_tokens, what="session history plus this turn")
+            self.sessions.begin(seq, seq.turn_start)
         self.sequences[seq.request_id] = seq
         self.scheduler.add(seq)
 
@@ -124,28 +161,50 @@ class LLMEngine:
             return False
         seq.finish(FinishReason.ABORTED)
         self.scheduler.finish(seq)
+        self.block_manager.free(seq)
+        if seq.session_id:
+            self.sessions.abort(seq)
         return True
+
+    def close_session(self, session_id: str) -> bool:
+        return self.sessions.close(session_id)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
     def load(self) -> EngineLoad:
         bm = self.block_manager
-        return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting), bm.num_used, bm.num_free)
+        return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting), bm.num_used, bm.num_free, len(self.sessions))
 
     # ---- the loop --------------------------------------------------------------------------------
     def step(self) -> list[Chunk]:
         start = time.perf_counter()
-        seqs = self.scheduler.schedule(start)
-        prefill_tokens = sum(len(s) - s.num_cached for s in seqs)
-        text_logits, audio_logits = self.runner.run(seqs)
-        samples = self.sampler(seqs, text_logits, audio_logits)
-        chunks = self.postprocess(seqs, samples, time.perf_counter())
-        self.record(start, seqs, prefill_tokens)
+        before = (self.scheduler.num_preemptions, self.block_manager.hit_tokens, self.block_manager.queried_tokens)
+        batch = self.scheduler.schedule(start)
+        if not batch.seqs:
+            return []
+        stats = self.count_tokens(batch)
+        sampled, text_logits, audio_logits = self.runner.run(batch)
+        for seq in batch.seqs:
+            self.block_manager.commit(seq)
+        seqs = [batch.seqs[i] for i in sampled]
+        chunks = self.postprocess(seqs, self.sampler(seqs, text_logits, audio_logits), time.perf_counter(), stats)
+        self.record(stats, start, len(batch.seqs), before)
         return chunks
 
-    def postprocess(self, seqs: list[Sequence], samples, now: float) -> list[Chunk]:
-        chunks, stats = [], StepStats()
+    def count_tokens(self, batch) -> StepStats:
+        stats = StepStats()
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            if seq.num_cached == len(seq) - 1 and seq.num_steps:
+                stats.decode_tokens += 1
+            else:
+                stats.prefill_tokens += n
+                seq.num_prefilled += n
+        return stats
+
+    def postprocess(self, seqs: list[Sequence], samples, now: float, stats: StepStats | None = None) -> list[Chunk]:
+        stats = stats or StepStats()
+        chunks = []
         for seq, (text_token, audio_token) in zip(seqs, samples):
             if seq.first_token is None:
                 stats.prefill_durations.append(now - seq.scheduled)
@@ -156,26 +215,45 @@ class LLMEngine:
             if chunk is not None:
                 chunks.append(chunk)
             if seq.finished:
-                self.scheduler.finish(seq)
-                self.sequences.pop(seq.request_id, None)
+                self._retire(seq)
         self.last_step = stats
         return chunks
 
-    def record(self, start: float, seqs: list[Sequence], prefill_tokens: int) -> None:
-        s = self.last_step
-        s.duration = time.perf_counter() - start
-        s.batch_size, s.prefill_tokens = len(seqs), prefill_tokens
+    def _retire(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        self.sequences.pop(seq.request_id, None)
+        if seq.session_id:
+            self.sessions.end(seq, *self.turn_end)
+        else:
+            self.block_manager.free(seq)
+
+    def record(self, stats: StepStats, start: float, batch_size: int, before: tuple[int, int, int]) -> None:
+        stats.duration = time.perf_counter() - start
+        stats.batch_size = batch_size
+        stats.preemptions = self.scheduler.num_preemptions - before[0]
+        stats.prefix_hit_tokens = self.block_manager.hit_tokens - before[1]
+        stats.prefix_queried_tokens = self.block_manager.queried_tokens - before[2]
+        self.counters.prefill_tokens += stats.prefill_tokens
+        self.counters.decode_tokens += stats.decode_tokens
+        self.counters.steps += 1
 
 
 def traced_generation(engine: LLMEngine, seq: Sequence) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Reference check: run `seq` alone to the end, keeping each step's logits (text [V], audio [V])."""
+    """Reference check: run `seq` to the end, keeping the logits of each step that sampled it
+    (text [V], audio [V]). Other queued sequences run along as usual."""
     engine.add(seq)
     logits = []
     while engine.has_work():
-        engine.scheduler.schedule(time.perf_counter())
-        text, audio = engine.runner.run([seq])
-        logits.append((text[0].clone(), audio[0].clone()))
-        engine.postprocess([seq], engine.sampler([seq], text, audio), time.perf_counter())
+        batch = engine.scheduler.schedule(time.perf_counter())
+        engine.count_tokens(batch)
+        sampled, text, audio = engine.runner.run(batch)
+        for s in batch.seqs:
+            engine.block_manager.commit(s)
+        seqs = [batch.seqs[i] for i in sampled]
+        for row, s in enumerate(seqs):
+            if s is seq:
+                logits.append((text[row].clone(), audio[row].clone()))
+        engine.postprocess(seqs, engine.sampler(seqs, text, audio), time.perf_counter())
     return logits
 
 

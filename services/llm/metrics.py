@@ -21,6 +21,11 @@ RUNNING = Gauge("llm_requests_running", "Requests in the running batch")
 WAITING = Gauge("llm_requests_waiting", "Requests waiting to be scheduled")
 KV_USED = Gauge("llm_kv_blocks_used", "KV-cache blocks in use")
 KV_FREE = Gauge("llm_kv_blocks_free", "KV-cache blocks free")
+SESSIONS = Gauge("llm_sessions", "Sessions kept (history and warm KV blocks)")
+PREFILL_TOKENS = Counter("llm_prefill_tokens_total", "Prompt (or recomputed) positions computed")
+PREFIX_HIT_TOKENS = Counter("llm_prefix_cache_hit_tokens_total", "Prompt positions served from cached KV blocks")
+PREFIX_QUERIED_TOKENS = Counter("llm_prefix_cache_queried_tokens_total", "Prompt positions looked up in the prefix cache")
+PREEMPTIONS = Counter("llm_preemptions_total", "Running requests preempted for want of KV blocks (recomputed later)")
 GENERATED = Counter("llm_generated_tokens_total", "Tokens streamed, by channel", ["channel"])
 REQUESTS = Counter("llm_requests_total", "Finished Generate calls, by gRPC status code", ["code"])
 
@@ -32,6 +37,10 @@ def observe_step(s: StepStats) -> None:
         PREFILL.observe(d)
     for d in s.token_intervals:
         INTER_TOKEN.observe(d)
+    PREFILL_TOKENS.inc(s.prefill_tokens)
+    PREFIX_HIT_TOKENS.inc(s.prefix_hit_tokens)
+    PREFIX_QUERIED_TOKENS.inc(s.prefix_queried_tokens)
+    PREEMPTIONS.inc(s.preemptions)
 
 
 def observe_load(load: EngineLoad) -> None:
@@ -39,6 +48,7 @@ def observe_load(load: EngineLoad) -> None:
     WAITING.set(load.waiting)
     KV_USED.set(load.blocks_used)
     KV_FREE.set(load.blocks_free)
+    SESSIONS.set(load.sessions)
 
 
 def observe_chunk(chunk: Chunk) -> None:

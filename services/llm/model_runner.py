@@ -1,12 +1,14 @@
-"""Runs the model over scheduled sequences with a paged KV cache.
+"""Runs the model over a scheduled batch with a paged KV cache.
 
 One preallocated pool in TensorRT-LLM's layout (shared/DESIGN.md §3):
     kv_cache [num_blocks, num_layers, 2, kv_heads, block_size, head_dim]   (2: K then V)
 Position p of a sequence lives in block block_table[p // block_size] at offset p % block_size; all
 40 layers share the sequence's one block table.
 
-This is the clear reference implementation: each sequence is its own forward. Packed variable-length
-batches, CUDA graphs and a fused attention kernel are later work.
+A batch is packed without padding: the new positions of every scheduled sequence, prefill chunks and
+single decode positions alike, form one row of N tokens, so every projection and MLP is one GEMM over
+N rows. Attention is the clear reference: per sequence, over the blocks it owns. A fused paged-attention
+kernel and CUDA graphs are later work.
 """
 
 from __future__ import annotations
@@ -14,30 +16,33 @@ from __future__ import annotations
 import torch
 
 from services.llm.model import MossSpeechForCausalLM, causal_attention
-from services.llm.sequence import Sequence
+from services.llm.scheduler import ScheduledBatch
 
 
 class PagedAttention:
-    """AttentionBackend that writes the new positions' K/V into the pool and attends over the cache."""
+    """AttentionBackend for a packed batch: write the new K/V into the pool, attend per sequence.
 
-    def __init__(self, kv_cache: torch.Tensor, block_table: list[int], start: int, block_size: int):
+    block_ids/offsets [N]: where each new position's K/V goes. segments: per sequence
+    (first row in the batch, rows, position of the first row, its block table as a tensor)."""
+
+    def __init__(self, kv_cache, block_ids, offsets, segments):
         self.kv = kv_cache
-        self.start = start
-        self.block_size = block_size
-        self.blocks = torch.tensor(block_table, dtype=torch.long, device=kv_cache.device)
+        self.block_ids, self.offsets = block_ids, offsets
+        self.segments = segments
 
     def attend(self, layer, q, k, v):
-        n = q.shape[0]
-        end = self.start + n
-        pos = torch.arange(self.start, end, device=q.device)
-        block, offset = self.blocks[pos // self.block_size], pos % self.block_size
-        self.kv[block, layer, 0, :, offset] = k  # [n, kv_heads, d]
-        self.kv[block, layer, 1, :, offset] = v
-        used = self.blocks[: -(-end // self.block_size)]
-        # [blocks, kv_heads, block_size, d] → [kv_heads, blocks * block_size, d] → [ctx, kv_heads, d]
-        k_all = self.kv[used, layer, 0].transpose(0, 1).flatten(1, 2)[:, :end].transpose(0, 1)
-        v_all = self.kv[used, layer, 1].transpose(0, 1).flatten(1, 2)[:, :end].transpose(0, 1)
-        return causal_attention(q, k_all, v_all, start=self.start)
+        """q [N, heads, d], k/v [N, kv_heads, d] → [N, heads, d]."""
+        self.kv[self.block_ids, layer, 0, :, self.offsets] = k
+        self.kv[self.block_ids, layer, 1, :, self.offsets] = v
+        out = torch.empty_like(q)
+        for row, n, start, table in self.segments:
+            end = start + n
+            used = table[: -(-end // self.kv.shape[4])]
+            # [blocks, kv_heads, block_size, d] → [blocks * block_size, kv_heads, d] → first `end` positions
+            k_all = self.kv[used, layer, 0].permute(0, 2, 1, 3).flatten(0, 1)[:end]
+            v_all = self.kv[used, layer, 1].permute(0, 2, 1, 3).flatten(0, 1)[:end]
+            out[row : row + n] = causal_attention(q[row : row + n], k_all, v_all, start=start)
+        return out
 
 
 class ModelRunner:
@@ -47,22 +52,34 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         dtype = next(model.parameters()).dtype
-        self.kv_cache = torch.empty(
+        self.kv_cache = torch.zeros(
             num_blocks, cfg.num_layers, 2, cfg.num_key_value_heads, block_size, cfg.head_dim, dtype=dtype, device=device
         )
 
-    def run(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Process every uncached position of each sequence → last-position logits:
-        (text [B, text_vocab], audio [B, audio_vocab]), float32."""
-        text_rows, audio_rows = [], []
-        for seq in seqs:
-            start, end = seq.num_cached, len(seq)
-            t = torch.tensor(seq.text_ids[start:end], device=self.device)
-            a = torch.tensor(seq.audio_ids[start:end], device=self.device)
-            pos = torch.arange(start, end, device=self.device)
-            attn = PagedAttention(self.kv_cache, seq.block_table, start, self.block_size)
-            text_logits, audio_logits = self.model(t, a, pos, attn, rows=slice(-1, None))
-            text_rows.append(text_logits)
-            audio_rows.append(audio_logits)
-            seq.num_cached = end
-        return torch.cat(text_rows), torch.cat(audio_rows)
+    def run(self, batch: ScheduledBatch) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """Compute the scheduled positions; → (indices into batch.seqs of the sequences whose last
+        position was computed — they sample next —, text logits [S, V], audio logits [S, V_audio])."""
+        text, audio, positions, segments, last_rows, sampled = [], [], [], [], [], []
+        row = 0
+        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens)):
+            start = seq.num_cached
+            text += seq.text_ids[start : start + n]
+            audio += seq.audio_ids[start : start + n]
+            positions += range(start, start + n)
+            table = torch.tensor(seq.block_table, dtype=torch.long, device=self.device)
+            segments.append((row, n, start, table))
+            row += n
+            if start + n == len(seq):
+                sampled.append(i)
+                last_rows.append(row - 1)
+        dev = self.device
+        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        block_ids = torch.cat([table[pos[r : r + n] // self.block_size] for r, n, _, table in segments])
+        attn = PagedAttention(self.kv_cache, block_ids, pos % self.block_size, segments)
+        text_logits, audio_logits = self.model(
+            torch.tensor(text, device=dev), torch.tensor(audio, device=dev), pos, attn,
+            rows=torch.tensor(last_rows, dtype=torch.long, device=dev),
+        )
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.num_cached += n
+        return sampled, text_logits, audio_logits

@@ -18,6 +18,7 @@ TEXT_SYSTEM_PROMPT = "You are a helpful assistant. Answer the user's questions w
 class Prompt:
     text_ids: list[int]
     audio_ids: list[int]
+    turn_start: int  # where the user's turn begins (after the system turn): a session's later turns start here
 
 
 class PromptBuilder:
@@ -37,9 +38,16 @@ class PromptBuilder:
         return [c.im_start_token_id, *self._encode(f"{role}\n{content}"), c.im_end_token_id, *self._encode("\n")]
 
     def build(self, user_text: str, audio_reply: bool = True, system_prompt: str = "") -> Prompt:
+        """System turn, user turn, assistant prefix (ending with sosp for a spoken reply)."""
         system = system_prompt or (AUDIO_SYSTEM_PROMPT if audio_reply else TEXT_SYSTEM_PROMPT)
-        ids = self._turn("system", system) + self._turn("user", user_text)
+        system_ids = self._turn("system", system)
+        ids = system_ids + self._turn("user", user_text)
         ids += [self.cfg.im_start_token_id, *self._encode("assistant\n")]
         if audio_reply:
             ids.append(self.cfg.sosp_token_id)
-        return Prompt(text_ids=ids, audio_ids=[self.cfg.audio_pad_token_id] * len(ids))
+        return Prompt(text_ids=ids, audio_ids=[self.cfg.audio_pad_token_id] * len(ids), turn_start=len(system_ids))
+
+    def turn_end(self) -> tuple[list[int], list[int]]:
+        """What closes an assistant reply in the history: `<|im_end|>\n` (text, audio channels)."""
+        ids = [self.cfg.im_end_token_id, *self._encode("\n")]
+        return ids, [self.cfg.audio_pad_token_id] * len(ids)

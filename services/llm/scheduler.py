@@ -1,25 +1,47 @@
-"""Which sequences run in the next step.
+"""Which sequences run in the next step, and how many of their positions.
 
-Waiting requests are admitted in arrival order while KV blocks and batch slots allow. Each step every
-running sequence gets room for one more position; when blocks run out the newest running sequence is
-preempted (blocks freed, recomputed later from its tokens). Chunked prefill under a token budget
-arrives with the batched runner (issue 3).
+Continuous batching: each step has a budget of `max_num_batched_tokens` positions. Running sequences go
+first, oldest first: a decoding sequence takes one position, a sequence still in prefill takes the next
+chunk of its prompt that fits, so a long prompt is spread over several steps instead of stalling the
+streams already talking. Then waiting sequences are admitted in arrival order while the budget, the
+batch size and the KV pool allow; the first that does not fit stops admission (no overtaking).
+
+When a running sequence needs a block and none is free, `reclaim` is asked first (idle sessions' blocks),
+then the newest running sequence is preempted: its blocks are freed and it waits at the front of the
+queue, to be recomputed (mostly from cached blocks) when there is room again.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from services.llm.block_manager import BlockManager
 from services.llm.sequence import Sequence, Status
 
 
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence]
+    num_tokens: list[int]  # positions of each sequence computed this step, from seq.num_cached
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_tokens)
+
+
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 reclaim: Callable[[int], bool] = lambda blocks: False):
+        if max_num_batched_tokens < max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be at least max_num_seqs (one decode position each)")
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.reclaim = reclaim
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # in arrival order: the last is the newest
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -28,22 +50,47 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, now: float) -> list[Sequence]:
-        while self.waiting and len(self.running) < self.max_num_seqs:
+    def schedule(self, now: float) -> ScheduledBatch:
+        batch = ScheduledBatch([], [])
+        budget = self.max_num_batched_tokens
+        for seq in list(self.running):
+            if seq not in self.running or budget == 0:
+                continue  # preempted while making room for an older one, or no budget left
+            if seq.num_cached == len(seq) - 1 and not self._make_room(seq):
+                continue  # seq itself was preempted
+            n = min(len(seq) - seq.num_cached, budget)
+            batch.seqs.append(seq)
+            batch.num_tokens.append(n)
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if not self.block_manager.can_allocate(seq):
-                break
+                needed = self.block_manager.blocks_needed(len(seq)) - len(seq.block_table)
+                if not (self.reclaim(needed) and self.block_manager.can_allocate(seq)):
+                    break
             self.waiting.popleft()
             self.block_manager.allocate(seq)
             seq.status = Status.RUNNING
             seq.scheduled = seq.scheduled or now
             self.running.append(seq)
-        for seq in list(self.running):
-            while seq in self.running and not self.block_manager.can_allocate(seq):
-                self.preempt(self.running[-1])
-            if seq in self.running:
-                self.block_manager.allocate(seq)
-        return list(self.running)
+            n = min(len(seq) - seq.num_cached, budget)
+            batch.seqs.append(seq)
+            batch.num_tokens.append(n)
+            budget -= n
+        return batch
+
+    def _make_room(self, seq: Sequence) -> bool:
+        """Ensure a decoding seq has a block for its next position; False if seq had to be preempted."""
+        bm = self.block_manager
+        while not bm.can_append(seq):
+            if self.reclaim(1):
+                continue
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return False
+        bm.append(seq)
+        return True
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -53,9 +100,8 @@ class Scheduler:
         self.num_preemptions += 1
 
     def finish(self, seq: Sequence) -> None:
-        """Release a finished or aborted sequence wherever it is."""
+        """Take a finished or aborted sequence out of the queues (its blocks are the caller's to free)."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.block_manager.free(seq)

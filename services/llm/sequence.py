@@ -82,8 +82,10 @@ class Sequence:
     seq_id: int = field(default_factory=lambda: next(_ids))
     status: Status = Status.WAITING
     finish_reason: FinishReason | None = None
+    session_id: str = ""
     num_cached: int = 0          # positions whose K/V are in the cache
     block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # of the leading full, computed blocks
     num_steps: int = 0           # tokens sampled (each step samples both heads once)
     pending_audio: list[int] = field(default_factory=list)
     pending_text: list[int] = field(default_factory=list)
@@ -100,6 +102,8 @@ class Sequence:
 
     def __post_init__(self):
         self.num_prompt = len(self.text_ids)
+        self.turn_start = 0      # where this turn's own tokens begin (a session prepends its history)
+        self.num_prefilled = 0   # prompt positions computed by this request (not served from the cache)
         if self.sampling.seed is not None:
             self.generator = torch.Generator().manual_seed(self.sampling.seed)
 
@@ -109,6 +113,10 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status is Status.FINISHED
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_cached < len(self) - 1
 
     def start_mode(self, cfg: MossSpeechConfig) -> None:
         """The first mode comes from the prompt's last position."""

@@ -30,7 +30,8 @@ class LlmSettings:
     preset: str = "tiny"
     device: str = "cpu"
     kv_cache_gb: float = 1.0
-    max_num_seqs: int = 8
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
     max_model_len: int = 4096
     seed: int = 0
 
@@ -50,7 +51,8 @@ def build_engine(s: LlmSettings) -> LLMEngine:
             raise ValueError(f"preset {s.preset!r} with random weights has no tokenizer: give --model-dir")
         log.warning("no --model-dir: serving the %r preset with RANDOM weights (speech will be noise)", s.preset)
     config = EngineConfig(
-        kv_cache_bytes=int(s.kv_cache_gb * (1 << 30)), max_num_seqs=s.max_num_seqs, max_model_len=s.max_model_len
+        kv_cache_bytes=int(s.kv_cache_gb * (1 << 30)), max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len,
     )
     return LLMEngine(model, tokenizer, config)
 

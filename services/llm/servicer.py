@@ -29,6 +29,7 @@ def to_request(req: llm_pb2.GenerateRequest, max_new_tokens_limit: int) -> Gener
         audio_ids=list(req.tokens.audio) if turn == "tokens" else None,
         system_prompt=req.system_prompt,
         audio_reply=req.output_mode != llm_pb2.OUTPUT_MODE_TEXT,
+        session_id=req.session_id,
     )
 
 

@@ -1,0 +1,109 @@
+"""Multi-turn sessions: a conversation's tokens and its KV blocks, kept between turns.
+
+A turn of a session runs as a sequence that starts from the session's tokens and takes over its block
+table, so it computes only the positions the cache lacks: the new user turn (and the few tokens of the
+previous reply that were sampled but never fed back). When the turn finishes, the tokens and blocks go
+back to the session, closed with `<|im_end|>\\n`. One turn at a time per session.
+
+Idle sessions hold blocks; when the pool runs short, `reclaim` frees them least recently used first
+(their full blocks stay hashed in the block manager, so a later turn still reuses most of them), and
+the number of sessions is capped with the same order.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from services.common.errors import FailedPrecondition
+from services.llm.block_manager import BlockManager
+from services.llm.sequence import Sequence
+
+
+@dataclass
+class Session:
+    session_id: str
+    text_ids: list[int] = field(default_factory=list)
+    audio_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    num_cached: int = 0
+    busy: bool = False
+
+
+class SessionStore:
+    def __init__(self, block_manager: BlockManager, max_sessions: int = 1024):
+        self.block_manager = block_manager
+        self.max_sessions = max_sessions
+        self.sessions: OrderedDict[str, Session] = OrderedDict()  # least recently used first
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def history_len(self, session_id: str) -> int:
+        session = self.sessions.get(session_id)
+        return len(session.text_ids) if session else 0
+
+    def begin(self, seq: Sequence, turn_start: int) -> None:
+        """Start seq as the session's next turn: history + seq's turn tokens, the session's blocks."""
+        session = self.sessions.get(seq.session_id)
+        if session is None:
+            session = self.sessions[seq.session_id] = Session(seq.session_id)
+            self._cap()
+        if session.busy:
+            raise FailedPrecondition(f"session_id: session {seq.session_id!r} already has a turn running")
+        self.sessions.move_to_end(seq.session_id)
+        session.busy = True
+        if session.text_ids:
+            seq.text_ids = session.text_ids + seq.text_ids[turn_start:]
+            seq.audio_ids = session.audio_ids + seq.audio_ids[turn_start:]
+            seq.num_prompt = len(seq.text_ids)
+        seq.block_table, seq.block_hashes, seq.num_cached = session.block_table, session.block_hashes, session.num_cached
+        session.block_table, session.block_hashes, session.num_cached = [], [], 0
+
+    def end(self, seq: Sequence, closing_text: list[int], closing_audio: list[int]) -> None:
+        """The turn finished: keep its tokens, closed, and its blocks for the next turn."""
+        session = self.sessions[seq.session_id]
+        session.text_ids = seq.text_ids + closing_text
+        session.audio_ids = seq.audio_ids + closing_audio
+        session.block_table, session.block_hashes, session.num_cached = seq.block_table, seq.block_hashes, seq.num_cached
+        seq.block_table, seq.block_hashes, seq.num_cached = [], [], 0
+        session.busy = False
+
+    def abort(self, seq: Sequence) -> None:
+        """The turn was aborted: the session keeps its history before the turn; the caller frees the blocks."""
+        session = self.sessions.get(seq.session_id)
+        if session is not None:
+            session.busy = False
+
+    def reclaim(self, blocks_needed: int) -> bool:
+        """Free idle sessions' blocks, least recently used first, until `blocks_needed` are free.
+        True if any block was freed."""
+        freed = False
+        for session in self.sessions.values():
+            if self.block_manager.num_free >= blocks_needed:
+                break
+            if not session.busy and session.block_table:
+                self._release(session)
+                freed = True
+        return freed
+
+    def close(self, session_id: str) -> bool:
+        session = self.sessions.get(session_id)
+        if session is None or session.busy:
+            return False
+        self._release(session)
+        del self.sessions[session_id]
+        return True
+
+    def _release(self, session: Session) -> None:
+        self.block_manager.release(session.block_table)
+        session.block_table, session.block_hashes, session.num_cached = [], [], 0
+
+    def _cap(self) -> None:
+        for session_id, session in list(self.sessions.items()):
+            if len(self.sessions) <= self.max_sessions:
+                break
+            if not session.busy:
+                self._release(session)
+                del self.sessions[session_id]
