@@ -175,3 +175,90 @@ def test_bad_requests_are_refused_and_allocate_nothing(model):
         with pytest.raises(InvalidArgument, match=message):
             engine.make_sequence(req)
     assert engine.block_manager.num_used == 0 and not engine.has_work()
+
+
+def lengths_prompts(n: int) -> list[str]:
+    words = "the quick brown fox jumps over a lazy dog while birds sing".split()
+    return [" ".join(words[: 1 + i % len(words)]) * (1 + i // 4) for i in range(n)]
+
+
+def test_chunked_prefill_matches_a_dense_forward(model):
+    """A 140-token prompt prefilled 24 positions a step (6 chunks crossing 16-position blocks)."""
+    engine = make_engine(model, max_num_batched_tokens=24, max_num_seqs=4)
+    seq = engine.make_sequence(GenerationRequest("a", GREEDY, ChunkSettings(), text="Hello there, how are you?"))
+    logits = traced_generation(engine, seq)
+    assert engine.counters.steps >= 6 + 39
+    dense_t, dense_a = dense_logits(model, seq.text_ids, seq.audio_ids)
+    for i, (t, a) in enumerate(logits):
+        torch.testing.assert_close(t, dense_t[seq.num_prompt - 1 + i], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(a, dense_a[seq.num_prompt - 1 + i], rtol=1e-4, atol=1e-4)
+
+
+def alone_and_together(model, reqs_factory, **engine_kw):
+    alone = []
+    for req in reqs_factory():
+        seqs, _ = run(make_engine(model), [req])
+        alone.append(seqs[0])
+    engine = make_engine(model, **engine_kw)
+    together, _ = run(engine, reqs_factory())
+    return engine, alone, together
+
+
+def test_sixteen_concurrent_greedy_requests_match_their_solo_runs(model):
+    def reqs():
+        return [GenerationRequest(f"r{i}", SamplingSettings(temperature=0.0, max_new_tokens=12 + i, min_new_tokens=0),
+                                  ChunkSettings(), text=t) for i, t in enumerate(lengths_prompts(16))]
+
+    engine, alone, together = alone_and_together(model, reqs, max_num_seqs=16, max_num_batched_tokens=128)
+    assert len({len(s) for s in together}) > 8  # different lengths
+    for a, b in zip(alone, together):
+        assert (a.text_ids, a.audio_ids) == (b.text_ids, b.audio_ids), a.request_id
+    assert engine.block_manager.num_used == 0 and engine.scheduler.num_preemptions == 0
+
+
+def test_sixteen_concurrent_requests_survive_preemption(model):
+    rng = torch.Generator().manual_seed(5)
+    prompts = [[i] + torch.randint(0, 256, (20 + 3 * i,), generator=rng).tolist() + [CFG.sosp_token_id] for i in range(16)]
+
+    def reqs():  # token prompts without a shared prefix, each growing by 40 positions
+        return [GenerationRequest(f"r{i}", SamplingSettings(temperature=0.0, max_new_tokens=40, min_new_tokens=0),
+                                  ChunkSettings(), text_ids=p) for i, p in enumerate(prompts)]
+
+    # 30 blocks of 16 positions; the 16 requests need about 100 at their longest
+    engine, alone, together = alone_and_together(model, reqs, max_num_seqs=16, max_num_batched_tokens=256,
+                                                 kv_cache_bytes=30 * 16 * CFG.kv_bytes_per_token)
+    assert engine.scheduler.num_preemptions > 0
+    for a, b in zip(alone, together):
+        assert (a.text_ids, a.audio_ids) == (b.text_ids, b.audio_ids), a.request_id
+    assert engine.block_manager.num_used == 0
+
+
+def test_shared_system_prompt_is_computed_once(model):
+    engine = make_engine(model)
+    first, _ = run(engine, [GenerationRequest("a", GREEDY, ChunkSettings(), text="first question")])
+    before = engine.counters.prefill_tokens
+    seqs, _ = run(engine, [GenerationRequest("b", GREEDY, ChunkSettings(), text="second question")])
+    computed = engine.counters.prefill_tokens - before
+    common = next(i for i, (x, y) in enumerate(zip(first[0].text_ids, seqs[0].text_ids)) if x != y)
+    assert common > 100  # system turn and "<|im_start|>user\n"
+    assert engine.block_manager.hit_tokens == common // 16 * 16
+    assert computed == seqs[0].num_prompt - engine.block_manager.hit_tokens
+    cold, _ = run(make_engine(model), [GenerationRequest("b", GREEDY, ChunkSettings(), text="second question")])
+    assert cold[0].audio_ids == seqs[0].audio_ids
+
+
+def test_prefill_does_not_stall_decoding_streams(model):
+    """A long prompt arriving mid-stream is prefilled in budget-sized chunks: the running stream
+    gets a token every step meanwhile."""
+    engine = make_engine(model, max_num_batched_tokens=32, max_model_len=2048)
+    talking = engine.make_sequence(GenerationRequest("talk", SamplingSettings(temperature=0.0, max_new_tokens=60, min_new_tokens=0), ChunkSettings(), text="hi"))
+    engine.add(talking)
+    while talking.num_steps < 3:
+        engine.step()
+    engine.add(engine.make_sequence(GenerationRequest("long", GREEDY, ChunkSettings(), text="y" * 600)))
+    steps_before = talking.num_steps
+    for _ in range(10):
+        batch_tokens = engine.scheduler.max_num_batched_tokens
+        engine.step()
+        assert engine.last_step.prefill_tokens <= batch_tokens
+    assert talking.num_steps == steps_before + 10

@@ -99,6 +99,7 @@ class LLMEngine:
         self.sequences: dict[str, Sequence] = {}
         self.counters = EngineCounters()
         self.last_step = StepStats()
+        self.on_logits = None  # optional observer (seqs, text logits, audio logits), for reference checks
 
     @property
     def context_limit(self) -> int:
@@ -188,6 +189,8 @@ class LLMEngine:
         for seq in batch.seqs:
             self.block_manager.commit(seq)
         seqs = [batch.seqs[i] for i in sampled]
+        if self.on_logits is not None:
+            self.on_logits(seqs, text_logits, audio_logits)
         chunks = self.postprocess(seqs, self.sampler(seqs, text_logits, audio_logits), time.perf_counter(), stats)
         self.record(stats, start, len(batch.seqs), before)
         return chunks
@@ -241,19 +244,18 @@ class LLMEngine:
 def traced_generation(engine: LLMEngine, seq: Sequence) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Reference check: run `seq` to the end, keeping the logits of each step that sampled it
     (text [V], audio [V]). Other queued sequences run along as usual."""
-    engine.add(seq)
     logits = []
-    while engine.has_work():
-        batch = engine.scheduler.schedule(time.perf_counter())
-        engine.count_tokens(batch)
-        sampled, text, audio = engine.runner.run(batch)
-        for s in batch.seqs:
-            engine.block_manager.commit(s)
-        seqs = [batch.seqs[i] for i in sampled]
-        for row, s in enumerate(seqs):
-            if s is seq:
-                logits.append((text[row].clone(), audio[row].clone()))
-        engine.postprocess(seqs, engine.sampler(seqs, text, audio), time.perf_counter())
+
+    def keep(seqs, text, audio):
+        logits.extend((text[row].clone(), audio[row].clone()) for row, s in enumerate(seqs) if s is seq)
+
+    engine.on_logits = keep
+    engine.add(seq)
+    try:
+        while engine.has_work():
+            engine.step()
+    finally:
+        engine.on_logits = None
     return logits
 
 

@@ -1,0 +1,142 @@
+"""The llm service as a real process loading a checkpoint directory (safetensors with the official
+keys, config.json, tokenizer.json) that the test writes."""
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+from moss.speech.v1 import common_pb2, llm_pb2, llm_pb2_grpc
+
+from conftest import metric_value, scrape
+from services.common.sampling import ChunkSettings, SamplingSettings
+from services.llm.checkpoint import random_model, save_pretrained
+from services.llm.config import tiny_config
+from services.llm.engine import EngineConfig, GenerationRequest, LLMEngine
+from services.llm.tokenizer import tiny_tokenizer
+from services.stack import free_port, is_serving
+
+GREEDY = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=16, min_new_tokens=0, repetition_penalty=1.0)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("moss-tiny")
+    model = random_model(tiny_config(), seed=21)
+    save_pretrained(model, path)
+    tiny_tokenizer(model.cfg).save(str(path / "tokenizer.json"))
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoint, tmp_path_factory):
+    path, _ = checkpoint
+    port, metrics_port = free_port(), free_port()
+    log = open(tmp_path_factory.mktemp("llm-log") / "llm.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "llm", "--port", str(port), "--metrics-port", str(metrics_port),
+                             "--model-dir", str(path), "--max-num-batched-tokens", "64"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not is_serving(f"127.0.0.1:{port}"):
+            assert proc.poll() is None and time.monotonic() < deadline, "llm did not start"
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}", metrics_port
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def wait_idle(metrics_port, timeout=10.0) -> str:
+    """The metrics text once no request is running or waiting."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = scrape(metrics_port)
+        if metric_value(text, "llm_requests_running") == 0 and metric_value(text, "llm_requests_waiting") == 0:
+            return text
+        assert time.monotonic() < deadline, "requests still running"
+        time.sleep(0.05)
+
+
+async def generate(target, **fields):
+    async with grpc.aio.insecure_channel(target) as channel:
+        return [m async for m in llm_pb2_grpc.LlmStub(channel).Generate(llm_pb2.GenerateRequest(**fields), timeout=60)]
+
+
+def tokens(chunks):
+    return [t for c in chunks for t in c.audio_tokens]
+
+
+def test_checkpoint_directory_serves_the_same_tokens(checkpoint, llm):
+    path, model = checkpoint
+    chunks = asyncio.run(generate(llm[0], text="Hello there", sampling=GREEDY))
+    assert chunks[0].first and chunks[-1].final and chunks[-1].stats.audio_tokens == 16
+    engine = LLMEngine(model, tiny_tokenizer(model.cfg), EngineConfig(kv_cache_bytes=1 << 22))
+    seq = engine.make_sequence(GenerationRequest("x", SamplingSettings(temperature=0.0, max_new_tokens=16, min_new_tokens=0,
+                                                                        repetition_penalty=1.0), ChunkSettings(), text="Hello there"))
+    engine.add(seq)
+    while engine.has_work():
+        engine.step()
+    assert tokens(chunks) == seq.audio_ids[seq.num_prompt :]
+
+
+def test_session_turns_over_grpc_reuse_the_cache(llm):
+    target, metrics_port = llm
+    first = asyncio.run(generate(target, text="Hi", session_id="conv-1", sampling=GREEDY))
+    before = metric_value(scrape(metrics_port), "llm_prefill_tokens_total")
+    second = asyncio.run(generate(target, text="More please", session_id="conv-1", sampling=GREEDY))
+    computed = metric_value(scrape(metrics_port), "llm_prefill_tokens_total") - before
+    assert second[-1].stats.prompt_tokens > first[-1].stats.prompt_tokens + 16
+    assert 0 < computed < 40 < second[-1].stats.prompt_tokens
+
+
+def test_busy_session_is_failed_precondition(llm):
+    target, _ = llm
+
+    async def two_turns():
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = llm_pb2_grpc.LlmStub(channel)
+            long_turn = stub.Generate(llm_pb2.GenerateRequest(text="Long", session_id="busy", sampling=common_pb2.SamplingParams(max_new_tokens=400)))
+            await long_turn.read()  # running now
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                [m async for m in stub.Generate(llm_pb2.GenerateRequest(text="Again", session_id="busy"))]
+            long_turn.cancel()
+            return info.value
+
+    err = asyncio.run(two_turns())
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "session" in err.details()
+
+
+@pytest.mark.parametrize("sampling, field", [
+    (common_pb2.SamplingParams(temperature=-0.5), "sampling.temperature"),
+    (common_pb2.SamplingParams(top_k=-1), "sampling.top_k"),
+    (common_pb2.SamplingParams(max_new_tokens=5000), "sampling.max_new_tokens"),
+])
+def test_impossible_sampling_is_refused_and_allocates_nothing(llm, sampling, field):
+    target, metrics_port = llm
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        asyncio.run(generate(target, text="hi", sampling=sampling))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in info.value.details()
+    wait_idle(metrics_port)
+
+
+def test_prompt_longer_than_the_context_is_refused(llm):
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        asyncio.run(generate(llm[0], text="x" * 5000))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "context" in info.value.details()
+
+
+def test_disconnect_frees_blocks_at_once(llm):
+    target, metrics_port = llm
+    baseline = metric_value(wait_idle(metrics_port), "llm_kv_blocks_used")  # sessions of earlier tests hold some
+
+    async def leave_early():
+        async with grpc.aio.insecure_channel(target) as channel:
+            call = llm_pb2_grpc.LlmStub(channel).Generate(llm_pb2.GenerateRequest(text="go on", sampling=common_pb2.SamplingParams(max_new_tokens=1500)))
+            await call.read()
+            assert metric_value(scrape(metrics_port), "llm_kv_blocks_used") > baseline
+        # closing the channel ends the call as a vanished client would: the server sees it cancelled
+
+    asyncio.run(leave_early())
+    assert metric_value(wait_idle(metrics_port), "llm_kv_blocks_used") == baseline
