@@ -116,7 +116,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--steps", type=int, default=32)
-    p.add_argument("--batches", default="1,8")
+    p.add_argument("--batches", default="1,8,32")
     p.add_argument("--kv-cache-gb", type=float, default=4.0)
     p.add_argument("--json")
     args = p.parse_args()
@@ -127,7 +127,9 @@ def main() -> None:
     model = random_model(cfg, device=device, dtype=dtype)
     build_s = time.perf_counter() - t
     tokenizer = tiny_tokenizer(preset("tiny")) if args.preset != "tiny" else tiny_tokenizer(cfg)  # prompts are token ids
-    engine = LLMEngine(model, tokenizer, EngineConfig(kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)), max_num_seqs=64))
+    # a step budget above the prompt: the timed prefill is one step
+    engine = LLMEngine(model, tokenizer, EngineConfig(kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)), max_num_seqs=64,
+                                                      max_num_batched_tokens=max(2048, args.prompt_len + 1)))
     rel_err = check_paged_against_dense(model, engine, min(args.prompt_len, 200), 4, device)
     rows = []
     prefill_s, _ = time_engine(engine, cfg, args.prompt_len, 1, 2, device)  # warm-up

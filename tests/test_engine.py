@@ -262,3 +262,58 @@ def test_prefill_does_not_stall_decoding_streams(model):
         engine.step()
         assert engine.last_step.prefill_tokens <= batch_tokens
     assert talking.num_steps == steps_before + 10
+
+
+class ForcedRunner:
+    """Stands in for the model runner: computes nothing, returns scripted logits, one step at a time.
+    Each script entry is (text id, audio id) to favour, or None for flat logits."""
+
+    def __init__(self, engine, script):
+        self.engine, self.script = engine, list(script)
+
+    def run(self, batch):
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.num_cached += n
+        text = torch.zeros(1, CFG.vocab_size)
+        audio = torch.zeros(1, CFG.audio_vocab_size)
+        t, a = self.script.pop(0)
+        text[0, t] = 50.0
+        for rank, audio_id in enumerate(a if isinstance(a, tuple) else (a,)):
+            audio[0, audio_id] = 50.0 - 10 * rank  # earlier = preferred
+        return [0], text, audio
+
+
+def test_state_machine_under_forced_logits(model):
+    c = CFG
+    engine = make_engine(model)
+    seq = engine.make_sequence(GenerationRequest("f", SamplingSettings(temperature=0.0, repetition_penalty=1.0,
+                                                                        max_new_tokens=50, min_new_tokens=3),
+                                                 ChunkSettings(first_chunk_tokens=1, chunk_tokens=1), text="hi", audio_reply=False))
+    assert seq.mode is Mode.TEXT and seq.text_ids[-1] != c.sosp_token_id  # a text reply has no sosp prefix
+    engine.runner = ForcedRunner(engine, [
+        (72, 5),                                   # text mode: 'H'; the audio head's 5 is ignored
+        (c.sosp_token_id, 5),                      # → audio mode
+        (9, (c.eosp_token_id + 7, c.eosp_token_id, 11)),  # masked id, eosp before min tokens (3rd step), → 11
+        (9, (c.eosp_token_id, 12)),                # 4th step: eosp allowed → text mode
+        (c.im_end_token_id, 3),                    # stop
+    ])
+    engine.add(seq)
+    chunks = []
+    while engine.has_work():
+        chunks += engine.step()
+    gen_text, gen_audio = seq.text_ids[seq.num_prompt :], seq.audio_ids[seq.num_prompt :]
+    mpad, apad = c.modality_pad_token_id, c.audio_pad_token_id
+    assert gen_text == [72, c.sosp_token_id, mpad, mpad] and gen_audio == [apad, apad, 11, c.eosp_token_id]
+    assert [t for ch in chunks for t in ch.text_tokens] == [72]
+    assert [t for ch in chunks for t in ch.audio_tokens] == [11]
+    assert seq.finish_reason is FinishReason.STOP and engine.block_manager.num_used == 0
+
+
+def test_text_reply_streams_text_tokens(model):
+    engine = make_engine(model)
+    s = SamplingSettings(temperature=0.0, max_new_tokens=10, min_new_tokens=0)
+    seqs, chunks = run(engine, [GenerationRequest("t", s, ChunkSettings(first_chunk_tokens=2, chunk_tokens=4), text="hi", audio_reply=False)])
+    seq = seqs[0]
+    streamed = [t for ch in chunks for t in ch.text_tokens] + [t for ch in chunks for t in ch.audio_tokens]
+    assert streamed and len(streamed) == seq.num_text + seq.num_audio
+    assert chunks[0].first and chunks[-1].final
