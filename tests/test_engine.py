@@ -69,9 +69,9 @@ def test_blocks_return_after_finish_and_abort(model):
     engine.add(seq)
     engine.step()
     assert engine.block_manager.num_used > 0
-    assert engine.abort("b")
+    assert engine.abort(seq.seq_id)
     assert engine.block_manager.num_used == 0 and not engine.has_work()
-    assert not engine.abort("b")
+    assert not engine.abort(seq.seq_id)
 
 
 def test_preemption_recomputes_and_keeps_tokens(model):

@@ -140,3 +140,16 @@ def test_disconnect_frees_blocks_at_once(llm):
 
     asyncio.run(leave_early())
     assert metric_value(wait_idle(metrics_port), "llm_kv_blocks_used") == baseline
+
+
+def test_clients_may_reuse_request_ids(llm):
+    """Request ids are the client's labels: two concurrent calls with one id each get their own stream."""
+    target, _ = llm
+
+    async def both():
+        return await asyncio.gather(generate(target, request_id="same", text="one", sampling=GREEDY),
+                                    generate(target, request_id="same", text="two", sampling=GREEDY))
+
+    first, second = asyncio.run(asyncio.wait_for(both(), 60))
+    assert first[-1].final and second[-1].final
+    assert first[-1].stats.audio_tokens == second[-1].stats.audio_tokens == 16

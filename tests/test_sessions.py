@@ -50,6 +50,7 @@ def test_second_turn_prefills_only_its_new_tokens(model):
     engine = make_engine(model)
     first = turn(engine, "Hello, who are you?")
     session = engine.sessions.sessions["s"]
+    history_len = len(session.text_ids)
     assert session.text_ids[-2:] == engine.turn_end[0] and session.num_cached == len(first) - 1
     assert engine.block_manager.num_used == len(session.block_table) > 0  # kept warm
 
@@ -60,7 +61,8 @@ def test_second_turn_prefills_only_its_new_tokens(model):
     assert computed == new_tokens == second.num_prefilled
     alone = engine.make_sequence(GenerationRequest("x", GREEDY, ChunkSettings(), text="Tell me more."))
     turn_tokens = len(alone) - alone.turn_start  # "<|im_start|>user\n...<|im_start|>assistant\n<sosp>"
-    assert new_tokens == 1 + len(engine.turn_end[0]) + turn_tokens  # last sample fed back, "<|im_end|>\n", the turn
+    closing = history_len - len(first)  # "<|im_end|>\n", after an eosp row if cut off mid-speech
+    assert new_tokens == 1 + closing + turn_tokens  # the last sample fed back, the closing, the new turn
     assert computed * 4 < second.num_prompt  # the history was not recomputed
     assert second.text_ids[: len(first)] == first.text_ids and second.audio_ids[: len(first)] == first.audio_ids
     assert generated(second) == generated(cold(model, second))
@@ -79,7 +81,7 @@ def test_a_session_runs_one_turn_at_a_time(model):
     second = engine.make_sequence(GenerationRequest("t2", GREEDY, ChunkSettings(), text="second", session_id="s"))
     with pytest.raises(FailedPrecondition, match="session_id"):
         engine.add(second)
-    assert second.block_table == [] and "t2" not in engine.sequences
+    assert second.block_table == [] and second.seq_id not in engine.sequences
     while engine.has_work():
         engine.step()
     engine.add(second)  # fine once the first turn is over
@@ -93,7 +95,7 @@ def test_aborted_turn_frees_its_blocks_and_keeps_the_history(model):
     engine.add(seq)
     engine.step()
     engine.step()
-    assert engine.abort("barge")
+    assert engine.abort(seq.seq_id)
     assert engine.block_manager.num_used == 0  # the session's blocks went with the turn that held them
     assert engine.sessions.sessions["s"].text_ids == history and not engine.sessions.sessions["s"].busy
     third = turn(engine, "Where were we?")
@@ -125,3 +127,31 @@ def test_history_longer_than_the_context_is_refused(model):
     with pytest.raises(InvalidArgument, match="session history"):
         engine.add(long_turn)
     assert not engine.sessions.sessions["s"].busy and not engine.has_work()
+
+
+def test_a_waiting_turn_holding_blocks_cannot_block_the_queue(model):
+    """The head of the queue needs blocks that a session turn queued behind it holds: they are taken
+    back (and recomputed later from the cache) instead of both waiting forever."""
+    engine = make_engine(model, kv_cache_bytes=30 * 16 * CFG.kv_bytes_per_token)
+    turn(engine, "Hello", session="s")
+    big = engine.make_sequence(GenerationRequest("big", GREEDY, ChunkSettings(), text="q" * 280))
+    engine.add(big)
+    follow_up = engine.make_sequence(GenerationRequest("next", GREEDY, ChunkSettings(), text="And?", session_id="s"))
+    engine.add(follow_up)
+    assert follow_up.block_table and engine.block_manager.blocks_needed(len(big)) > engine.block_manager.num_free
+    for _ in range(500):
+        if not engine.has_work():
+            break
+        engine.step()
+    assert big.finish_reason is not None and follow_up.finish_reason is not None
+    assert generated(follow_up) == generated(cold(model, follow_up))
+
+
+def test_a_turn_cut_off_mid_speech_closes_its_audio_segment(model):
+    engine = make_engine(model)
+    first = turn(engine, "Hello", sampling=SamplingSettings(temperature=0.0, max_new_tokens=8, min_new_tokens=8))
+    history = engine.sessions.sessions["s"]
+    assert first.mode.value == "audio"
+    end_text, end_audio = engine.turn_end
+    assert history.text_ids[len(first):] == [CFG.modality_pad_token_id, *end_text]
+    assert history.audio_ids[len(first):] == [CFG.eosp_token_id, *end_audio]

@@ -33,7 +33,7 @@ class AsyncEngine:
         self.on_step = on_step
         self.on_load = on_load
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._outputs: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._outputs: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # by seq_id
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
 
@@ -49,7 +49,7 @@ class AsyncEngine:
         """Submit `seq` and yield its chunks; leaving early (cancel, error) aborts it in the engine."""
         loop = asyncio.get_running_loop()
         out: asyncio.Queue = asyncio.Queue()
-        self._outputs[seq.request_id] = (loop, out)
+        self._outputs[seq.seq_id] = (loop, out)
         self._inbox.put(seq)
         done = False
         try:
@@ -62,13 +62,13 @@ class AsyncEngine:
                     done = True
                     return
         finally:
-            self._outputs.pop(seq.request_id, None)
+            self._outputs.pop(seq.seq_id, None)
             if not done:
-                self._inbox.put((_ABORT, seq.request_id))
+                self._inbox.put((_ABORT, seq.seq_id))
 
     # ---- engine thread ---------------------------------------------------------------------------
-    def _deliver(self, request_id: str, item) -> None:
-        target = self._outputs.get(request_id)
+    def _deliver(self, seq_id: int, item) -> None:
+        target = self._outputs.get(seq_id)
         if target is not None:
             loop, out = target
             loop.call_soon_threadsafe(out.put_nowait, item)
@@ -83,7 +83,7 @@ class AsyncEngine:
                     try:
                         self.engine.add(item)
                     except ServiceError as err:  # e.g. a busy session: refused, nothing kept
-                        self._deliver(item.request_id, err)
+                        self._deliver(item.seq_id, err)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
@@ -101,12 +101,12 @@ class AsyncEngine:
                 self._fail_all(exc)
                 continue
             for chunk in chunks:
-                self._deliver(chunk.request_id, chunk)
+                self._deliver(chunk.seq_id, chunk)
             self.on_step(self.engine.last_step)
             self.on_load(self.engine.load())
 
     def _fail_all(self, exc: Exception) -> None:
         err = exc if isinstance(exc, ServiceError) else Internal(f"engine step failed: {exc}")
-        for request_id in list(self.engine.sequences):
-            self.engine.abort(request_id)
-            self._deliver(request_id, err)
+        for seq_id in list(self.engine.sequences):
+            self.engine.abort(seq_id)
+            self._deliver(seq_id, err)

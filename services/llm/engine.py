@@ -20,7 +20,7 @@ from services.llm.model_runner import ModelRunner
 from services.llm.prompt import PromptBuilder
 from services.llm.sampler import Sampler
 from services.llm.scheduler import Scheduler
-from services.llm.sequence import Chunk, FinishReason, Sequence
+from services.llm.sequence import Chunk, FinishReason, Mode, Sequence
 from services.llm.session import SessionStore
 
 
@@ -96,7 +96,7 @@ class LLMEngine:
                                    reclaim=self.sessions.reclaim)
         self.runner = ModelRunner(model, num_blocks, config.block_size, device)
         self.sampler = Sampler(self.cfg)
-        self.sequences: dict[str, Sequence] = {}
+        self.sequences: dict[int, Sequence] = {}  # by seq_id
         self.counters = EngineCounters()
         self.last_step = StepStats()
         self.on_logits = None  # optional observer (seqs, text logits, audio logits), for reference checks
@@ -144,20 +144,18 @@ class LLMEngine:
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence (engine thread). A session's turn joins its history here; errors leave nothing behind."""
-        if seq.request_id in self.sequences:
-            raise InvalidArgument("request_id", f"{seq.request_id!r} is already running")
         if seq.session_id:
             history = self.sessions.history_len(seq.session_id)
             if history:
                 turn = len(seq) - seq.turn_start
                 self._check_length(history + turn, seq.sampling.max_new_tokens, what="session history plus this turn")
             self.sessions.begin(seq, seq.turn_start)
-        self.sequences[seq.request_id] = seq
+        self.sequences[seq.seq_id] = seq
         self.scheduler.add(seq)
 
-    def abort(self, request_id: str) -> bool:
-        """Drop a request wherever it is and free its blocks at once."""
-        seq = self.sequences.pop(request_id, None)
+    def abort(self, seq_id: int) -> bool:
+        """Drop a sequence wherever it is and free its blocks at once."""
+        seq = self.sequences.pop(seq_id, None)
         if seq is None:
             return False
         seq.finish(FinishReason.ABORTED)
@@ -224,9 +222,12 @@ class LLMEngine:
 
     def _retire(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)
-        self.sequences.pop(seq.request_id, None)
+        self.sequences.pop(seq.seq_id, None)
         if seq.session_id:
-            self.sessions.end(seq, *self.turn_end)
+            text, audio = self.turn_end
+            if seq.mode is Mode.AUDIO:  # cut off mid-speech (length limit): close the segment first
+                text, audio = [self.cfg.modality_pad_token_id, *text], [self.cfg.eosp_token_id, *audio]
+            self.sessions.end(seq, text, audio)
         else:
             self.block_manager.free(seq)
 

@@ -8,7 +8,9 @@ batch size and the KV pool allow; the first that does not fit stops admission (n
 
 When a running sequence needs a block and none is free, `reclaim` is asked first (idle sessions' blocks),
 then the newest running sequence is preempted: its blocks are freed and it waits at the front of the
-queue, to be recomputed (mostly from cached blocks) when there is room again.
+queue, to be recomputed (mostly from cached blocks) when there is room again. When the head of the queue
+does not fit, idle sessions and then sequences waiting behind it give up the blocks they hold (a
+session's turn brings its history's blocks), so admission in order can never deadlock.
 """
 
 from __future__ import annotations
@@ -64,10 +66,8 @@ class Scheduler:
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.block_manager.can_allocate(seq):
-                needed = self.block_manager.blocks_needed(len(seq)) - len(seq.block_table)
-                if not (self.reclaim(needed) and self.block_manager.can_allocate(seq)):
-                    break
+            if not self._room_for(seq):
+                break
             self.waiting.popleft()
             self.block_manager.allocate(seq)
             seq.status = Status.RUNNING
@@ -78,6 +78,21 @@ class Scheduler:
             batch.num_tokens.append(n)
             budget -= n
         return batch
+
+    def _room_for(self, head: Sequence) -> bool:
+        """Free enough blocks to admit the head of the queue, if idle sessions or the sequences
+        waiting behind it hold them."""
+        bm = self.block_manager
+        if bm.can_allocate(head):
+            return True
+        needed = bm.blocks_needed(len(head)) - len(head.block_table)
+        self.reclaim(needed)
+        for seq in reversed(self.waiting):
+            if bm.num_free >= needed:
+                break
+            if seq is not head and seq.block_table:
+                bm.free(seq)  # recomputed on admission, mostly from its hashed blocks
+        return bm.can_allocate(head)
 
     def _make_room(self, seq: Sequence) -> bool:
         """Ensure a decoding seq has a block for its next position; False if seq had to be preempted."""

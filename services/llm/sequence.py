@@ -55,6 +55,7 @@ class GenerationStats:
 
 @dataclass
 class Chunk:
+    seq_id: int       # the engine's own id: client request ids are for logs and need not be unique
     request_id: str
     index: int
     audio_tokens: list[int]
@@ -177,7 +178,7 @@ class Sequence:
         due = self.chunking.chunk_tokens if self.chunks_sent else self.chunking.first_chunk_tokens
         if not self.finished and pending < due:
             return None
-        chunk = Chunk(self.request_id, self.chunks_sent, self.pending_audio, self.pending_text, self.finished)
+        chunk = Chunk(self.seq_id, self.request_id, self.chunks_sent, self.pending_audio, self.pending_text, self.finished)
         if self.finished:
             chunk.stats = self.stats()
         self.pending_audio, self.pending_text = [], []
