@@ -317,3 +317,23 @@ def test_text_reply_streams_text_tokens(model):
     streamed = [t for ch in chunks for t in ch.text_tokens] + [t for ch in chunks for t in ch.audio_tokens]
     assert streamed and len(streamed) == seq.num_text + seq.num_audio
     assert chunks[0].first and chunks[-1].final
+
+
+def test_preemption_takes_the_newest_and_a_readmitted_request_keeps_its_place(model):
+    engine = make_engine(model, kv_cache_bytes=8 * 16 * CFG.kv_bytes_per_token, max_num_seqs=4)
+    prompts = [[i] + [7] * 30 + [CFG.sosp_token_id] for i in range(3)]  # 2 blocks each
+    seqs = [engine.make_sequence(GenerationRequest(f"r{i}", SamplingSettings(temperature=0.0, max_new_tokens=60, min_new_tokens=0),
+                                                   ChunkSettings(), text_ids=p)) for i, p in enumerate(prompts)]
+    for s in seqs:
+        engine.add(s)
+    order = []
+    while engine.has_work():
+        before = engine.scheduler.num_preemptions
+        running = list(engine.scheduler.running)
+        engine.step()
+        if engine.scheduler.num_preemptions > before:
+            victims = [s for s in running if s not in engine.scheduler.running and not s.finished]
+            order += [s.request_id for s in victims]
+        assert [s.arrival for s in engine.scheduler.running] == sorted(s.arrival for s in engine.scheduler.running)
+    assert order and "r0" not in order  # the oldest request is never the one preempted
+    assert all(s.finish_reason is FinishReason.LENGTH for s in seqs) and engine.block_manager.num_used == 0

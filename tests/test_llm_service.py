@@ -153,3 +153,17 @@ def test_clients_may_reuse_request_ids(llm):
     first, second = asyncio.run(asyncio.wait_for(both(), 60))
     assert first[-1].final and second[-1].final
     assert first[-1].stats.audio_tokens == second[-1].stats.audio_tokens == 16
+
+
+def test_engine_metrics_are_exported(llm):
+    target, metrics_port = llm
+    before = metric_value(wait_idle(metrics_port), "llm_prefix_cache_hit_tokens_total")
+    asyncio.run(generate(target, text="A question", sampling=GREEDY))
+    asyncio.run(generate(target, text="Another question", sampling=GREEDY))  # same system prompt: cached
+    text = wait_idle(metrics_port)
+    assert metric_value(text, "llm_prefix_cache_hit_tokens_total") > before
+    assert metric_value(text, "llm_prefix_cache_queried_tokens_total") >= metric_value(text, "llm_prefix_cache_hit_tokens_total")
+    assert metric_value(text, "llm_kv_blocks_used") + metric_value(text, "llm_kv_blocks_free") > 0
+    for name in ("llm_preemptions_total", "llm_step_seconds_count", "llm_batch_size_count", "llm_prefill_seconds_count",
+                 "llm_time_to_first_audio_token_seconds_count", "llm_requests_waiting", "llm_sessions"):
+        assert f"\n{name} " in text, name

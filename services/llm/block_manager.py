@@ -124,8 +124,12 @@ class BlockManager:
             self._evict_hash(block_id)
             seq.block_table.append(block_id)
 
-    def commit(self, seq: Sequence) -> None:
-        """Register the hashes of seq's blocks that are full and computed, for later sequences."""
+    def commit(self, *seqs: Sequence) -> None:
+        """Register the hashes of the sequences' blocks that are full and computed, for later sequences."""
+        for seq in seqs:
+            self._commit(seq)
+
+    def _commit(self, seq: Sequence) -> None:
         while (len(seq.block_hashes) + 1) * self.block_size <= seq.num_cached:
             i = len(seq.block_hashes)
             start, end = i * self.block_size, (i + 1) * self.block_size

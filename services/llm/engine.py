@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from tokenizers import Tokenizer
 
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.block_manager import BlockManager
 from services.llm.model import MossSpeechForCausalLM
@@ -177,21 +177,24 @@ class LLMEngine:
 
     # ---- the loop --------------------------------------------------------------------------------
     def step(self) -> list[Chunk]:
-        start = time.perf_counter()
-        before = (self.scheduler.num_preemptions, self.block_manager.hit_tokens, self.block_manager.queried_tokens)
+        start, marks = time.perf_counter(), self._marks()
         batch = self.scheduler.schedule(start)
-        if not batch.seqs:
+        if not batch.seqs:  # work queued but none admissible: unreachable while every request fits
+            if self.has_work():  # the pool alone (make_sequence checks), but never spin on it
+                raise ResourceExhausted("KV cache: the next request cannot be admitted")
             return []
         stats = self.count_tokens(batch)
         sampled, text_logits, audio_logits = self.runner.run(batch)
-        for seq in batch.seqs:
-            self.block_manager.commit(seq)
+        self.block_manager.commit(*batch.seqs)
         seqs = [batch.seqs[i] for i in sampled]
         if self.on_logits is not None:
             self.on_logits(seqs, text_logits, audio_logits)
         chunks = self.postprocess(seqs, self.sampler(seqs, text_logits, audio_logits), time.perf_counter(), stats)
-        self.record(stats, start, len(batch.seqs), before)
+        self.record(stats, start, len(batch.seqs), marks)
         return chunks
+
+    def _marks(self) -> tuple[int, int, int]:
+        return self.scheduler.num_preemptions, self.block_manager.hit_tokens, self.block_manager.queried_tokens
 
     def count_tokens(self, batch) -> StepStats:
         stats = StepStats()

@@ -15,6 +15,7 @@ session's turn brings its history's blocks), so admission in order can never dea
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.reclaim = reclaim
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # in arrival order: the last is the newest
+        self.running: list[Sequence] = []  # in arrival order (a preempted one returns to its place): the last is the newest
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -72,7 +73,7 @@ class Scheduler:
             self.block_manager.allocate(seq)
             seq.status = Status.RUNNING
             seq.scheduled = seq.scheduled or now
-            self.running.append(seq)
+            bisect.insort(self.running, seq, key=lambda s: s.arrival)
             n = min(len(seq) - seq.num_cached, budget)
             batch.seqs.append(seq)
             batch.num_tokens.append(n)
