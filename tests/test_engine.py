@@ -337,3 +337,17 @@ def test_preemption_takes_the_newest_and_a_readmitted_request_keeps_its_place(mo
         assert [s.arrival for s in engine.scheduler.running] == sorted(s.arrival for s in engine.scheduler.running)
     assert order and "r0" not in order  # the oldest request is never the one preempted
     assert all(s.finish_reason is FinishReason.LENGTH for s in seqs) and engine.block_manager.num_used == 0
+
+
+def test_repetition_penalty_history_tracks_each_channel():
+    from services.llm.sampler import PenaltyHistory, apply_repetition_penalty
+
+    c = CFG
+    seq = new_seq([c.im_start_token_id, 65, c.sosp_token_id], audio_reply=True)
+    forced(seq, [(1, 5), (1, 6)])
+    seen = PenaltyHistory().update(seq, c.modality_pad_token_id)
+    assert seen.text == {c.im_start_token_id, 65, c.sosp_token_id} and seen.audio == {5, 6}
+    forced(seq, [(1, 5), (1, 9)])
+    assert seen.update(seq, c.modality_pad_token_id).audio == {5, 6, 9} and seen.upto == len(seq)
+    logits = torch.tensor([2.0, -2.0, 1.0])
+    assert apply_repetition_penalty(logits, {0, 1}, 2.0).tolist() == [1.0, -4.0, 1.0]

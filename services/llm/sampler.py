@@ -13,11 +13,31 @@ from services.llm.config import MossSpeechConfig
 from services.llm.sequence import Sequence
 
 
-def apply_repetition_penalty(logits: torch.Tensor, history: list[int], penalty: float) -> torch.Tensor:
+class PenaltyHistory:
+    """Tokens a sequence has seen, per channel, updated with each new position instead of rescanning.
+    Text: every text-channel id but modality_pad. Audio: the codes of audio segments (positions whose
+    text channel is modality_pad); the audio_pad of text positions is not a code the model chose."""
+
+    def __init__(self):
+        self.upto = 0
+        self.text: set[int] = set()
+        self.audio: set[int] = set()
+
+    def update(self, seq: Sequence, modality_pad: int) -> "PenaltyHistory":
+        for t, a in zip(seq.text_ids[self.upto :], seq.audio_ids[self.upto :]):
+            if t == modality_pad:
+                self.audio.add(a)
+            else:
+                self.text.add(t)
+        self.upto = len(seq)
+        return self
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: set[int], penalty: float) -> torch.Tensor:
     """HF convention: a seen token's positive logit is divided by the penalty, a negative one multiplied."""
-    if penalty == 1.0 or not history:
+    if penalty == 1.0 or not seen:
         return logits
-    idx = torch.tensor(sorted(set(history)), dtype=torch.long, device=logits.device)
+    idx = torch.tensor(sorted(seen), dtype=torch.long, device=logits.device)
     idx = idx[idx < logits.shape[-1]]
     seen = logits[idx]
     logits = logits.clone()
@@ -60,7 +80,10 @@ class Sampler:
         out = []
         for i, seq in enumerate(seqs):
             s = seq.sampling
-            t = apply_repetition_penalty(text_logits[i], seq.text_history(self.cfg), s.repetition_penalty)
-            a = apply_repetition_penalty(self.audio_mask(audio_logits[i], seq), seq.audio_history(self.cfg), s.repetition_penalty)
+            if seq.penalty_history is None:
+                seq.penalty_history = PenaltyHistory()
+            seen = seq.penalty_history.update(seq, self.cfg.modality_pad_token_id)
+            t = apply_repetition_penalty(text_logits[i], seen.text, s.repetition_penalty)
+            a = apply_repetition_penalty(self.audio_mask(audio_logits[i], seq), seen.audio, s.repetition_penalty)
             out.append((sample_logits(t, s, seq.generator), sample_logits(a, s, seq.generator)))
         return out

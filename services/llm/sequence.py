@@ -94,6 +94,7 @@ class Sequence:
     num_text: int = 0
     chunks_sent: int = 0
     generator: torch.Generator | None = None
+    penalty_history: object = None  # the sampler's incremental record of seen tokens
     # Monotonic timestamps (time.perf_counter()).
     arrival: float = field(default_factory=time.perf_counter)
     scheduled: float | None = None
@@ -199,11 +200,3 @@ class Sequence:
             first_audio_token_seconds=(self.first_audio - self.arrival) if self.first_audio else 0.0,
             finish_reason=self.finish_reason or FinishReason.ABORTED,
         )
-
-    # ---- sampling history ------------------------------------------------------------------------
-    def text_history(self, cfg: MossSpeechConfig) -> list[int]:
-        return [t for t in self.text_ids if t != cfg.modality_pad_token_id]
-
-    def audio_history(self, cfg: MossSpeechConfig) -> list[int]:
-        """Codes of audio segments (positions whose text channel is modality_pad)."""
-        return [a for t, a in zip(self.text_ids, self.audio_ids) if t == cfg.modality_pad_token_id]
