@@ -118,11 +118,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--kv-cache-gb", type=float, default=4.0)
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--check-only", action="store_true", help="only compare paged with dense logits")
     p.add_argument("--json")
     args = p.parse_args()
     device = torch.device(args.device)
     cfg = preset(args.preset)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     t = time.perf_counter()
     model = random_model(cfg, device=device, dtype=dtype)
     build_s = time.perf_counter() - t
@@ -131,6 +133,10 @@ def main() -> None:
     engine = LLMEngine(model, tokenizer, EngineConfig(kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)), max_num_seqs=64,
                                                       max_num_batched_tokens=max(2048, args.prompt_len + 1)))
     rel_err = check_paged_against_dense(model, engine, min(args.prompt_len, 200), 4, device)
+    if args.check_only:
+        print(f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, {args.preset}, {dtype}: "
+              f"paged vs dense logits, max rel err {rel_err:.2e}")
+        return
     rows = []
     prefill_s, _ = time_engine(engine, cfg, args.prompt_len, 1, 2, device)  # warm-up
     for batch in [int(b) for b in args.batches.split(",")]:
