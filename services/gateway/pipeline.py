@@ -41,14 +41,15 @@ def stage_error(stage: str, err: grpc.aio.AioRpcError) -> ServiceError:
     return StageError(stage, code.name, err.details() or code.name)
 
 
-def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits) -> llm_pb2.GenerateRequest:
-    """Everything a client can get wrong is refused here, before any stage is called."""
+def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits) -> tuple[llm_pb2.GenerateRequest, int]:
+    """Everything a client can get wrong is refused here, before any stage is called.
+    → (the llm request, the resolved audio format)."""
     if not req.text.strip():
         raise InvalidArgument("text", "must not be empty")
     if len(req.text) > limits.max_text_chars:
         raise InvalidArgument("text", f"{len(req.text)} characters is over the limit of {limits.max_text_chars}")
     voice = resolve_voice(req.voice)
-    resolve_format(req.format, "format")
+    fmt = resolve_format(req.format, "format")
     sampling = resolve_sampling(req.sampling if req.HasField("sampling") else None, limits.max_new_tokens)
     chunking = resolve_chunking(req.chunking if req.HasField("chunking") else None)
     return llm_pb2.GenerateRequest(
@@ -58,7 +59,7 @@ def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits) -> llm_pb2.
         sampling=common_pb2.SamplingParams(**sampling_to_fields(sampling)),
         chunking=common_pb2.ChunkPolicy(first_chunk_tokens=chunking.first_chunk_tokens, chunk_tokens=chunking.chunk_tokens),
         output_mode=llm_pb2.OUTPUT_MODE_AUDIO,
-    )
+    ), fmt
 
 
 class Turn:
@@ -74,8 +75,7 @@ class Turn:
         self.first_tokens_sent: float | None = None
 
     async def run(self):
-        gen_req = validate(self.req, self.limits)
-        fmt = resolve_format(self.req.format, "format")
+        gen_req, fmt = validate(self.req, self.limits)
         llm_call = self.llm.Generate(gen_req, timeout=self.timeout)
         voc_call = self.vocoder.Vocode(timeout=self.timeout)
         pump = None
@@ -88,7 +88,7 @@ class Turn:
             yield gateway_pb2.SynthesizeResponse(metadata=gateway_pb2.StreamMetadata(
                 request_id=gen_req.request_id, sample_rate=header.sample_rate, format=header.format, channels=1))
             pump = asyncio.create_task(self._pump(llm_call, voc_call))
-            async for msg in self._pcm(voc_call, pump):
+            async for msg in self._pcm(voc_call, pump, BYTES_PER_SAMPLE[fmt]):
                 yield msg
             await pump  # the llm's final chunk has been forwarded; surfaces any pump error
             yield gateway_pb2.SynthesizeResponse(summary=self._finish(header.sample_rate))
@@ -135,8 +135,7 @@ class Turn:
             voc_call.cancel()
             raise
 
-    async def _pcm(self, voc_call, pump: asyncio.Task):
-        bytes_per_sample = BYTES_PER_SAMPLE[resolve_format(self.req.format, "format")]
+    async def _pcm(self, voc_call, pump: asyncio.Task, bytes_per_sample: int):
         while True:
             try:
                 msg = await voc_call.read()

@@ -183,7 +183,7 @@ class LLMEngine:
             if self.has_work():  # the pool alone (make_sequence checks), but never spin on it
                 raise ResourceExhausted("KV cache: the next request cannot be admitted")
             return []
-        stats = self.count_tokens(batch)
+        stats = self._count_tokens(batch)
         sampled, text_logits, audio_logits = self.runner.run(batch)
         self.block_manager.commit(*batch.seqs)
         seqs = [batch.seqs[i] for i in sampled]
@@ -196,7 +196,7 @@ class LLMEngine:
     def _marks(self) -> tuple[int, int, int]:
         return self.scheduler.num_preemptions, self.block_manager.hit_tokens, self.block_manager.queried_tokens
 
-    def count_tokens(self, batch) -> StepStats:
+    def _count_tokens(self, batch) -> StepStats:
         stats = StepStats()
         for seq, n in zip(batch.seqs, batch.num_tokens):
             if seq.num_cached == len(seq) - 1 and seq.num_steps:
@@ -206,8 +206,7 @@ class LLMEngine:
                 seq.num_prefilled += n
         return stats
 
-    def postprocess(self, seqs: list[Sequence], samples, now: float, stats: StepStats | None = None) -> list[Chunk]:
-        stats = stats or StepStats()
+    def postprocess(self, seqs: list[Sequence], samples, now: float, stats: StepStats) -> list[Chunk]:
         chunks = []
         for seq, (text_token, audio_token) in zip(seqs, samples):
             if seq.first_token is None:

@@ -75,20 +75,22 @@ def load_vocoder(directory: str | Path | None, preset: str = "tiny", device: str
     dev = torch.device(device)
     if directory is None:
         h = gen.preset_config(preset)
-        codebook = TINY_CODEBOOK if preset == "tiny" else 16384
-        mel = gen.mel_format(h)
-        decoder = random_token_decoder(
-            TokenDecoderConfig(codebook_size=codebook, num_mels=mel.num_mels, sampling_rate=mel.sampling_rate,
-                               hop_size=mel.hop_size, embed_dim=64 if preset == "tiny" else 512),
-            seed=seed,
-        )
+        tiny = preset == "tiny"
+        decoder = _random_decoder_for(h, TINY_CODEBOOK if tiny else 16384, 64 if tiny else 512, seed)
         log.warning("no --vocoder-dir: %r vocoder preset with RANDOM weights (output is noise)", preset)
         return TokenVocoder(decoder, gen.build_generator(h, seed=seed), dev)
     generator, h = gen.load_generator(directory)
     if (Path(directory) / "token_decoder.json").exists():
         decoder = load_token_decoder(directory)
     else:
-        mel = gen.mel_format(h)
-        decoder = random_token_decoder(TokenDecoderConfig(num_mels=mel.num_mels, sampling_rate=mel.sampling_rate, hop_size=mel.hop_size))
-        log.warning("%s has no token_decoder.json: using a RANDOM token decoder for %s", directory, mel)
+        decoder = _random_decoder_for(h, 16384, 512, seed)
+        log.warning("%s has no token_decoder.json: using a RANDOM token decoder for %s", directory, gen.mel_format(h))
     return TokenVocoder(decoder, generator, dev)
+
+
+def _random_decoder_for(h, codebook_size: int, embed_dim: int, seed: int) -> TokenDecoder:
+    """A random token decoder producing the mel format the BigVGAN config `h` consumes."""
+    mel = gen.mel_format(h)
+    cfg = TokenDecoderConfig(codebook_size=codebook_size, num_mels=mel.num_mels, sampling_rate=mel.sampling_rate,
+                             hop_size=mel.hop_size, embed_dim=embed_dim)
+    return random_token_decoder(cfg, seed=seed)
