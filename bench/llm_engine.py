@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from services.common.sampling import ChunkSettings, SamplingSettings
-from services.llm.checkpoint import random_model
-from services.llm.config import preset
-from services.llm.engine import EngineConfig, GenerationRequest, LLMEngine, dense_logits, traced_generation
-from services.llm.tokenizer import tiny_tokenizer
+from services.llm.model.checkpoint import random_model
+from services.llm.model.config import preset
+from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine, dense_logits, traced_generation
+from services.llm.model.tokenizer import tiny_tokenizer
 
 
 def sync(device):

@@ -1,8 +1,8 @@
 """Block manager: reference counts, full-block hashing, what may hit and when."""
 
 from services.common.sampling import ChunkSettings, SamplingSettings
-from services.llm.block_manager import BlockManager
-from services.llm.sequence import Sequence
+from services.llm.engine.block_manager import BlockManager
+from services.llm.engine.sequence import Sequence
 
 
 def seq_of(text: list[int], request_id: str = "r") -> Sequence:

@@ -6,12 +6,12 @@ import torch
 
 from services.common.errors import InvalidArgument
 from services.common.sampling import ChunkSettings, SamplingSettings
-from services.llm.checkpoint import random_model
-from services.llm.config import tiny_config
-from services.llm.engine import EngineConfig, GenerationRequest, LLMEngine, dense_logits, traced_generation
-from services.llm.prompt import PromptBuilder
-from services.llm.sequence import FinishReason, Mode, Sequence
-from services.llm.tokenizer import tiny_tokenizer
+from services.llm.model.checkpoint import random_model
+from services.llm.model.config import tiny_config
+from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine, dense_logits, traced_generation
+from services.llm.model.prompt import PromptBuilder
+from services.llm.engine.sequence import FinishReason, Mode, Sequence
+from services.llm.model.tokenizer import tiny_tokenizer
 
 CFG = tiny_config()
 GREEDY = SamplingSettings(temperature=0.0, repetition_penalty=1.0, max_new_tokens=40, min_new_tokens=0)
@@ -340,7 +340,7 @@ def test_preemption_takes_the_newest_and_a_readmitted_request_keeps_its_place(mo
 
 
 def test_repetition_penalty_history_tracks_each_channel():
-    from services.llm.sampler import PenaltyHistory, apply_repetition_penalty
+    from services.llm.engine.sampler import PenaltyHistory, apply_repetition_penalty
 
     c = CFG
     seq = new_seq([c.im_start_token_id, 65, c.sosp_token_id], audio_reply=True)

@@ -12,10 +12,10 @@ from moss.speech.v1 import common_pb2, llm_pb2, llm_pb2_grpc
 
 from conftest import metric_value, scrape
 from services.common.sampling import ChunkSettings, SamplingSettings
-from services.llm.checkpoint import random_model, save_pretrained
-from services.llm.config import tiny_config
-from services.llm.engine import EngineConfig, GenerationRequest, LLMEngine
-from services.llm.tokenizer import tiny_tokenizer
+from services.llm.model.checkpoint import random_model, save_pretrained
+from services.llm.model.config import tiny_config
+from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
+from services.llm.model.tokenizer import tiny_tokenizer
 from services.stack import free_port, is_serving
 
 GREEDY = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=16, min_new_tokens=0, repetition_penalty=1.0)

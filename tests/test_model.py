@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from services.llm.checkpoint import CheckpointError, load_pretrained, random_model, save_pretrained
-from services.llm.config import MossSpeechConfig, preset, tiny_config
-from services.llm.model import MossSpeechForCausalLM
+from services.llm.model.checkpoint import CheckpointError, load_pretrained, random_model, save_pretrained
+from services.llm.model.config import MossSpeechConfig, preset, tiny_config
+from services.llm.model.model import MossSpeechForCausalLM
 
 
 def test_real_preset_has_the_published_tensors():

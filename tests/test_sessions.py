@@ -4,10 +4,10 @@ import pytest
 
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.common.sampling import ChunkSettings, SamplingSettings
-from services.llm.checkpoint import random_model
-from services.llm.config import tiny_config
-from services.llm.engine import EngineConfig, GenerationRequest, LLMEngine
-from services.llm.tokenizer import tiny_tokenizer
+from services.llm.model.checkpoint import random_model
+from services.llm.model.config import tiny_config
+from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
+from services.llm.model.tokenizer import tiny_tokenizer
 
 CFG = tiny_config()
 GREEDY = SamplingSettings(temperature=0.0, repetition_penalty=1.0, max_new_tokens=20, min_new_tokens=0)

@@ -14,8 +14,8 @@ import threading
 from collections.abc import AsyncIterator, Callable
 
 from services.common.errors import Internal, ServiceError
-from services.llm.engine import EngineLoad, LLMEngine, StepStats
-from services.llm.sequence import Chunk, Sequence
+from services.llm.engine.engine import EngineLoad, LLMEngine, StepStats
+from services.llm.engine.sequence import Chunk, Sequence
 
 log = logging.getLogger(__name__)
 

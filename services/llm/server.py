@@ -12,11 +12,11 @@ from services.common.metrics import start_metrics_server
 from services.common.server import serve
 from services.llm import metrics
 from services.llm.async_engine import AsyncEngine
-from services.llm.checkpoint import load_pretrained, random_model
-from services.llm.config import preset
-from services.llm.engine import EngineConfig, LLMEngine
+from services.llm.model.checkpoint import load_pretrained, random_model
+from services.llm.model.config import preset
+from services.llm.engine.engine import EngineConfig, LLMEngine
 from services.llm.servicer import LlmServicer
-from services.llm.tokenizer import load_tokenizer, tiny_tokenizer
+from services.llm.model.tokenizer import load_tokenizer, tiny_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from services.llm.config import (
+from services.llm.model.config import (
     ENDOFTEXT_OFFSET,
     IM_END_OFFSET,
     IM_START_OFFSET,

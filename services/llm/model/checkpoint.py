@@ -9,8 +9,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from services.llm.config import MossSpeechConfig
-from services.llm.model import MossSpeechForCausalLM
+from services.llm.model.config import MossSpeechConfig
+from services.llm.model.model import MossSpeechForCausalLM
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from services.common.sampling import SamplingSettings
-from services.llm.config import MossSpeechConfig
-from services.llm.sequence import Sequence
+from services.llm.model.config import MossSpeechConfig
+from services.llm.engine.sequence import Sequence
 
 
 class PenaltyHistory:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.llm.config import MossSpeechConfig
+from services.llm.model.config import MossSpeechConfig
 
 
 class AttentionBackend(Protocol):

@@ -20,8 +20,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.llm.block_manager import BlockManager
-from services.llm.sequence import Sequence, Status
+from services.llm.engine.block_manager import BlockManager
+from services.llm.engine.sequence import Sequence, Status
 
 
 @dataclass

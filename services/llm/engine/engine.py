@@ -14,14 +14,14 @@ from tokenizers import Tokenizer
 
 from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling import ChunkSettings, SamplingSettings
-from services.llm.block_manager import BlockManager
-from services.llm.model import MossSpeechForCausalLM
-from services.llm.model_runner import ModelRunner
-from services.llm.prompt import PromptBuilder
-from services.llm.sampler import Sampler
-from services.llm.scheduler import Scheduler
-from services.llm.sequence import Chunk, FinishReason, Mode, Sequence
-from services.llm.session import SessionStore
+from services.llm.engine.block_manager import BlockManager
+from services.llm.model.model import MossSpeechForCausalLM
+from services.llm.runner.torch_runner import ModelRunner
+from services.llm.model.prompt import PromptBuilder
+from services.llm.engine.sampler import Sampler
+from services.llm.engine.scheduler import Scheduler
+from services.llm.engine.sequence import Chunk, FinishReason, Mode, Sequence
+from services.llm.engine.session import SessionStore
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from services.common.errors import FailedPrecondition
-from services.llm.block_manager import BlockManager
-from services.llm.sequence import Sequence
+from services.llm.engine.block_manager import BlockManager
+from services.llm.engine.sequence import Sequence
 
 
 @dataclass

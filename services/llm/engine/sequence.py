@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.common.sampling import ChunkSettings, SamplingSettings
-from services.llm.config import MossSpeechConfig
+from services.llm.model.config import MossSpeechConfig
 
 
 class Mode(enum.Enum):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
-from services.llm.config import MossSpeechConfig
+from services.llm.model.config import MossSpeechConfig
 
 AUDIO_SYSTEM_PROMPT = "You are a helpful voice assistant. Answer the user's questions with spoken responses."
 TEXT_SYSTEM_PROMPT = "You are a helpful assistant. Answer the user's questions with text."

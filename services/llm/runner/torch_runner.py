@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from services.llm.model import MossSpeechForCausalLM, causal_attention
-from services.llm.scheduler import ScheduledBatch
+from services.llm.model.model import MossSpeechForCausalLM, causal_attention
+from services.llm.engine.scheduler import ScheduledBatch
 
 
 class PagedAttention:

@@ -1,0 +1,1 @@
+"""The model: configuration and token ids, the PyTorch modules, checkpoints, tokenizer, prompts."""
