@@ -101,7 +101,7 @@ class AsyncEngine:
                 self._fail_all(exc)
                 continue
             for chunk in chunks:
-                self._deliver(chunk.seq_id, chunk)
+                self._deliver(chunk.seq_id, chunk if chunk.error is None else Internal(chunk.error))
             self.on_step(self.engine.last_step)
             self.on_load(self.engine.load())
 

@@ -6,6 +6,7 @@ own thread (async_engine.py) and turns the `StepStats` each step records into me
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +23,8 @@ from services.llm.engine.sampler import Sampler
 from services.llm.engine.scheduler import Scheduler
 from services.llm.engine.sequence import Chunk, FinishReason, Mode, Sequence
 from services.llm.engine.session import SessionStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    reclaim=self.sessions.reclaim)
         self.runner = ModelRunner(model, num_blocks, config.block_size, device)
-        self.sampler = Sampler(self.cfg)
+        self.sampler = Sampler(self.cfg, config.max_num_seqs, device)
         self.sequences: dict[int, Sequence] = {}  # by seq_id
         self.counters = EngineCounters()
         self.last_step = StepStats()
@@ -160,6 +163,7 @@ class LLMEngine:
             return False
         seq.finish(FinishReason.ABORTED)
         self.scheduler.finish(seq)
+        self.sampler.release(seq)
         self.block_manager.free(seq)
         if seq.session_id:
             self.sessions.abort(seq)
@@ -179,6 +183,8 @@ class LLMEngine:
     def step(self) -> list[Chunk]:
         start, marks = time.perf_counter(), self._marks()
         batch = self.scheduler.schedule(start)
+        for seq in self.scheduler.take_preempted():
+            self.sampler.release(seq)
         if not batch.seqs:  # work queued but none admissible: unreachable while every request fits
             if self.has_work():  # the pool alone (make_sequence checks), but never spin on it
                 raise ResourceExhausted("KV cache: the next request cannot be admitted")
@@ -206,15 +212,23 @@ class LLMEngine:
                 seq.num_prefilled += n
         return stats
 
-    def postprocess(self, seqs: list[Sequence], samples, now: float, stats: StepStats) -> list[Chunk]:
+    def postprocess(self, seqs: list[Sequence], samples: list[tuple[int, bool]], now: float, stats: StepStats) -> list[Chunk]:
         chunks = []
-        for seq, (text_token, audio_token) in zip(seqs, samples):
+        for seq, (token, ok) in zip(seqs, samples):
+            if not ok:  # this request's logits were not finite: it alone ends, the batch goes on
+                chunks.append(self._fail(seq, "numerical fault: the model's logits for this request were not finite"))
+                continue
             if seq.first_token is None:
                 stats.prefill_durations.append(now - seq.scheduled)
             else:
                 stats.token_intervals.append(now - seq.last_token)
-            seq.append_sampled(text_token, audio_token, self.cfg, now)
-            chunk = seq.take_chunk()
+            try:
+                seq.append_sampled(token, self.cfg, now)
+                chunk = seq.take_chunk()
+            except Exception as exc:  # a bug that one request's state hit must not end the others
+                log.exception("request %s failed in postprocess", seq.request_id)
+                chunks.append(self._fail(seq, f"engine fault: {exc}"))
+                continue
             if chunk is not None:
                 chunks.append(chunk)
             if seq.finished:
@@ -222,8 +236,14 @@ class LLMEngine:
         self.last_step = stats
         return chunks
 
+    def _fail(self, seq: Sequence, message: str) -> Chunk:
+        self.abort(seq.seq_id)
+        seq.finish_reason = FinishReason.FAILED
+        return Chunk(seq.seq_id, seq.request_id, seq.chunks_sent, [], [], final=True, error=message)
+
     def _retire(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)
+        self.sampler.release(seq)
         self.sequences.pop(seq.seq_id, None)
         if seq.session_id:
             text, audio = self.turn_end
@@ -244,13 +264,19 @@ class LLMEngine:
         self.counters.steps += 1
 
 
-def traced_generation(engine: LLMEngine, seq: Sequence) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Reference check: run `seq` to the end, keeping the logits of each step that sampled it
-    (text [V], audio [V]). Other queued sequences run along as usual."""
+def traced_generation(engine: LLMEngine, seq: Sequence) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
+    """Reference check: run `seq` to the end, keeping the logits of each step that sampled it:
+    (text [V], None) in text mode, (None, audio [V]) in audio mode — each step computes only the head
+    its mode samples. Other queued sequences run along as usual."""
     logits = []
 
     def keep(seqs, text, audio):
-        logits.extend((text[row].clone(), audio[row].clone()) for row, s in enumerate(seqs) if s is seq)
+        text_rows = [s for s in seqs if s.mode is Mode.TEXT]
+        audio_rows = [s for s in seqs if s.mode is Mode.AUDIO]
+        if seq in text_rows:
+            logits.append((text[text_rows.index(seq)].clone(), None))
+        elif seq in audio_rows:
+            logits.append((None, audio[audio_rows.index(seq)].clone()))
 
     engine.on_logits = keep
     engine.add(seq)

@@ -1,89 +1,201 @@
-"""Sampling both heads: repetition penalty, temperature, top-k, top-p, seeded per request.
+"""Sampling on the device, batched over rows, with no host synchronisation.
 
-Both heads are sampled every step (the state machine in sequence.py decides which sample is used).
-The audio head is masked above the last valid id, and eosp is suppressed before min_new_tokens.
+Each step samples one head per sequence: the text head for a sequence in text mode, the audio head for
+one in audio mode (the other head's sample would be ignored by the state machine in sequence.py, so it
+is neither computed nor sampled). Per row: repetition penalty, audio masks, temperature, top-k, top-p,
+then one draw. Everything is a tensor op over [rows, vocab]; the engine reads the chosen ids back once.
+
+**Noise is a function of (seed, step, token id)** — a counter-based hash, not a stateful generator — so
+a row's sample depends only on its own logits and settings, never on which other requests share the
+batch, whether the batch took the top-k or the full-sort path, or a preemption and recompute. A draw is
+Gumbel-max: argmax over kept tokens of z + g, z the tempered logits and g = -log(-log u) with u the
+hashed uniform; that is an exact sample from softmax(z) over the kept tokens.
+
+**Numerically safe for every value the API accepts** (temperature in [0, 2], top_p in (0, 1], any
+top_k >= 0, repetition penalty in (0, 10], any logits): logits are masked and clamped to finite values
+after the penalty (a penalty of 1e-45 turns 5.0 into inf), the row maximum is subtracted before
+dividing by the temperature, and temperatures below `GREEDY_BELOW` pick the argmax (the distribution's
+limit; 1e-45 would otherwise divide by a denormal). A row whose model logits are not finite is reported
+as faulty (`ok` False) and the engine ends that request alone.
+
+**Repetition penalty** (HF convention: a seen token's positive logit is divided by the penalty, a
+negative one multiplied) uses per-slot seen-token masks kept on the device: slot = a running sequence's
+row in `seen_text [slots, text_vocab]` / `seen_audio [slots, audio_vocab]` (bool). Text: every
+text-channel id but modality_pad. Audio: the codes of audio segments (positions whose text channel is
+modality_pad); the audio_pad of text positions is not a code the model chose.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from services.common.sampling import SamplingSettings
+from services.common.tensors import upload
+from services.llm.engine.sequence import Mode, Sequence
 from services.llm.model.config import MossSpeechConfig
-from services.llm.engine.sequence import Sequence
+
+GREEDY_BELOW = 1e-5   # temperatures under this sample greedily
+TOPK_CAP = 64         # when every sampling row has 0 < top_k <= TOPK_CAP // 2, only TOPK_CAP candidates are sorted
+FINITE_MAX = 3.0e38   # float32 max is 3.4e38: room to subtract a row maximum without overflow to NaN
+MASK32 = 0xFFFFFFFF
+TEXT_SALT, AUDIO_SALT = 0x68E31DA4, 0x1B56C4E9
 
 
-class PenaltyHistory:
-    """Tokens a sequence has seen, per channel, updated with each new position instead of rescanning.
-    Text: every text-channel id but modality_pad. Audio: the codes of audio segments (positions whose
-    text channel is modality_pad); the audio_pad of text positions is not a code the model chose."""
-
-    def __init__(self):
-        self.upto = 0
-        self.text: set[int] = set()
-        self.audio: set[int] = set()
-
-    def update(self, seq: Sequence, modality_pad: int) -> "PenaltyHistory":
-        for t, a in zip(seq.text_ids[self.upto :], seq.audio_ids[self.upto :]):
-            if t == modality_pad:
-                self.audio.add(a)
-            else:
-                self.text.add(t)
-        self.upto = len(seq)
-        return self
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finaliser on int64 tensors holding values in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & MASK32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & MASK32
+    return x ^ (x >> 16)
 
 
-def apply_repetition_penalty(logits: torch.Tensor, seen: set[int], penalty: float) -> torch.Tensor:
-    """HF convention: a seen token's positive logit is divided by the penalty, a negative one multiplied."""
-    if penalty == 1.0 or not seen:
-        return logits
-    idx = torch.tensor(sorted(seen), dtype=torch.long, device=logits.device)
-    idx = idx[idx < logits.shape[-1]]
-    seen = logits[idx]
-    logits = logits.clone()
-    logits[idx] = torch.where(seen > 0, seen / penalty, seen * penalty)
-    return logits
+def hashed_uniform(seed: torch.Tensor, step: torch.Tensor, token: torch.Tensor, salt: int) -> torch.Tensor:
+    """u in (0, 1), float32, for each (row, token): seed, step [R] int64; token [R, K] int64."""
+    row = _fmix32(((seed & MASK32) ^ salt) & MASK32)
+    row = _fmix32(row ^ ((seed >> 32) & MASK32) ^ ((step * 0x9E3779B9) & MASK32))  # [R]
+    h = _fmix32(row[:, None] ^ ((token * 0x27D4EB2F) & MASK32))  # [R, K]
+    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
 
 
-def sample_logits(logits: torch.Tensor, s: SamplingSettings, generator: torch.Generator | None) -> int:
-    """logits [vocab] float32 (already penalised and masked) → one token id."""
-    if s.temperature == 0.0:
-        return int(torch.argmax(logits))
-    logits = logits / s.temperature
-    if 0 < s.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, s.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if s.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, -1)
-        # Drop a token when the tokens ranked above it already cover top_p (the first always stays).
-        drop = probs.cumsum(-1) - probs > s.top_p
-        logits = logits.clone()
-        logits[order[drop]] = float("-inf")
-    probs = torch.softmax(logits, -1).cpu()
-    return int(torch.multinomial(probs, 1, generator=generator))
+@dataclass
+class RowSettings:
+    """Per-row sampling settings on the device, all [R]."""
+
+    temperature: torch.Tensor  # float32
+    top_p: torch.Tensor        # float32
+    penalty: torch.Tensor      # float32
+    top_k: torch.Tensor        # int64, 0 → the whole vocabulary
+    seed: torch.Tensor         # int64
+    step: torch.Tensor         # int64: tokens the request has sampled so far
+    slot: torch.Tensor         # int64: row in the seen-token masks
+    block_eosp: torch.Tensor   # bool: eosp suppressed (before min_new_tokens)
+
+
+def sample_rows(logits: torch.Tensor, rows: RowSettings, seen: torch.Tensor, salt: int,
+                candidates: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [R, V] float32 (already masked), seen [R, V] bool → (token ids [R] int64, ok [R] bool).
+
+    candidates: sort only the top `candidates` logits (every row's top_k must fit, see TOPK_CAP), or
+    None to sort the whole vocabulary (a row with top_k 0 or a large top_k)."""
+    vocab = logits.shape[1]
+    ok = ~torch.isnan(logits).any(1) & ~torch.isposinf(logits).any(1)
+    pen = rows.penalty[:, None]
+    x = torch.where(seen, torch.where(logits > 0, logits / pen, logits * pen), logits)
+    x = torch.nan_to_num(x, nan=float("-inf"), posinf=FINITE_MAX).clamp(max=FINITE_MAX)
+    greedy = x.argmax(1)
+    # Tempered logits relative to the row maximum: <= 0 everywhere, 0 at the maximum, -inf where masked.
+    z = (x - x.max(1, keepdim=True).values) / rows.temperature.clamp(min=GREEDY_BELOW)[:, None]
+    if candidates is None:
+        z_sorted, order = torch.sort(z, dim=1, descending=True)
+    else:
+        z_sorted, order = torch.topk(z, min(candidates, vocab), dim=1)
+    k = torch.where((rows.top_k <= 0) | (rows.top_k > vocab), vocab, rows.top_k).clamp(max=z_sorted.shape[1])
+    kth = z_sorted.gather(1, (k - 1)[:, None])                       # [R, 1]
+    z_sorted = z_sorted.masked_fill(z_sorted < kth, float("-inf"))   # top-k, ties at the k-th value kept
+    probs = torch.softmax(z_sorted, dim=1)
+    # top-p: keep a token unless the tokens ranked above it already cover top_p (the first always stays);
+    # the cut is by value, so tokens tied with the last kept one stay whatever order the sort gave them.
+    covered = probs.cumsum(1) - probs
+    last_kept = ((covered <= rows.top_p[:, None]) & (z_sorted > float("-inf"))).sum(1).clamp(min=1) - 1
+    z_sorted = z_sorted.masked_fill(z_sorted < z_sorted.gather(1, last_kept[:, None]), float("-inf"))
+    u = hashed_uniform(rows.seed, rows.step, order, salt)
+    pick = (z_sorted - torch.log(-torch.log(u))).argmax(1)
+    sampled = order.gather(1, pick[:, None]).squeeze(1)
+    return torch.where(rows.temperature < GREEDY_BELOW, greedy, sampled), ok
 
 
 class Sampler:
-    def __init__(self, cfg: MossSpeechConfig):
-        self.cfg = cfg
+    """Samples each sequence's current head. Owns the seen-token masks, one slot per running sequence."""
 
-    def audio_mask(self, logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
-        logits = logits.clone()
-        logits[self.cfg.audio_logits_limit:] = float("-inf")
-        if seq.num_steps < seq.sampling.min_new_tokens:
-            logits[self.cfg.eosp_token_id] = float("-inf")
-        return logits
+    def __init__(self, cfg: MossSpeechConfig, max_slots: int, device: torch.device):
+        self.cfg = cfg
+        self.device = device
+        self.seen_text = torch.zeros(max_slots, cfg.vocab_size, dtype=torch.bool, device=device)
+        self.seen_audio = torch.zeros(max_slots, cfg.audio_vocab_size, dtype=torch.bool, device=device)
+        self.free_slots = list(range(max_slots - 1, -1, -1))
+
+    # ---- slots ---------------------------------------------------------------------------------
+    def release(self, seq: Sequence) -> None:
+        """The sequence left the running batch (finished, aborted or preempted)."""
+        if seq.slot is not None:
+            self.free_slots.append(seq.slot)
+            seq.slot, seq.seen_upto = None, 0
+
+    def _observe(self, seqs: list[Sequence]) -> None:
+        """Bring each sequence's seen masks up to its current tokens: one copy and two scatters for the batch."""
+        fresh, text_hits, audio_hits = [], [], []  # slots; (slot, id) pairs
+        pad = self.cfg.modality_pad_token_id
+        for seq in seqs:
+            if seq.slot is None:
+                seq.slot, seq.seen_upto = self.free_slots.pop(), 0
+                fresh.append(seq.slot)
+            for t, a in zip(seq.text_ids[seq.seen_upto :], seq.audio_ids[seq.seen_upto :]):
+                if t == pad:
+                    audio_hits.append((seq.slot, a))
+                else:
+                    text_hits.append((seq.slot, t))
+            seq.seen_upto = len(seq)
+        if fresh:
+            idx = upload(torch.tensor(fresh), self.device)
+            self.seen_text[idx] = False
+            self.seen_audio[idx] = False
+        if text_hits or audio_hits:
+            hits = upload(torch.tensor(text_hits + audio_hits, dtype=torch.long), self.device)
+            t, a = hits[: len(text_hits)], hits[len(text_hits) :]
+            self.seen_text[t[:, 0], t[:, 1]] = True
+            self.seen_audio[a[:, 0], a[:, 1]] = True
+
+    # ---- sampling ------------------------------------------------------------------------------
+    def _settings(self, seqs: list[Sequence]) -> RowSettings:
+        floats = torch.tensor([[s.sampling.temperature, s.sampling.top_p, s.sampling.repetition_penalty] for s in seqs],
+                              dtype=torch.float32)
+        floats = upload(floats, self.device)
+        ints = torch.tensor([[s.sampling.top_k, s.noise_seed, s.num_steps, s.slot,
+                              int(s.num_steps < s.sampling.min_new_tokens)] for s in seqs],
+                            dtype=torch.long)
+        ints = upload(ints, self.device)
+        return RowSettings(floats[:, 0], floats[:, 1], floats[:, 2], ints[:, 0], ints[:, 1], ints[:, 2], ints[:, 3],
+                           ints[:, 4].bool())
+
+    @staticmethod
+    def _candidates(seqs: list[Sequence]) -> int | None:
+        """TOPK_CAP when every non-greedy row's top_k fits well inside it (ties at the k-th value are
+        kept, so leave room for them), else None: sort the whole vocabulary."""
+        fits = all(s.sampling.temperature < GREEDY_BELOW or 0 < s.sampling.top_k <= TOPK_CAP // 2 for s in seqs)
+        return TOPK_CAP if fits else None
+
+    def sample_text(self, seqs: list[Sequence], logits: torch.Tensor):
+        """logits [R, text_vocab] of sequences in text mode → (ids [R], ok [R]) on the device."""
+        rows = self._settings(seqs)
+        logits = logits.float()
+        return sample_rows(logits, rows, self.seen_text[rows.slot], TEXT_SALT, self._candidates(seqs))
+
+    def sample_audio(self, seqs: list[Sequence], logits: torch.Tensor):
+        """logits [R, audio_vocab] of sequences in audio mode → (ids [R], ok [R]) on the device.
+        Ids at or above audio_logits_limit are masked, and eosp while a row is before min_new_tokens."""
+        rows = self._settings(seqs)
+        logits = logits.float().clone()
+        logits[:, self.cfg.audio_logits_limit :] = float("-inf")
+        eosp = logits[:, self.cfg.eosp_token_id]
+        logits[:, self.cfg.eosp_token_id] = torch.where(rows.block_eosp, float("-inf"), eosp)
+        return sample_rows(logits, rows, self.seen_audio[rows.slot], AUDIO_SALT, self._candidates(seqs))
 
     def __call__(self, seqs: list[Sequence], text_logits: torch.Tensor, audio_logits: torch.Tensor):
-        """text_logits [B, text_vocab], audio_logits [B, audio_vocab] → [(text_token, audio_token)] * B."""
-        out = []
-        for i, seq in enumerate(seqs):
-            s = seq.sampling
-            if seq.penalty_history is None:
-                seq.penalty_history = PenaltyHistory()
-            seen = seq.penalty_history.update(seq, self.cfg.modality_pad_token_id)
-            t = apply_repetition_penalty(text_logits[i], seen.text, s.repetition_penalty)
-            a = apply_repetition_penalty(self.audio_mask(audio_logits[i], seq), seen.audio, s.repetition_penalty)
-            out.append((sample_logits(t, s, seq.generator), sample_logits(a, s, seq.generator)))
-        return out
+        """Sample the current head of each sequence. text_logits [T, V] hold the rows of the sequences
+        in text mode, audio_logits [A, V_audio] those in audio mode, each in `seqs` order.
+        → [(token, ok)] per sequence, read back from the device once."""
+        self._observe(seqs)
+        text_seqs = [s for s in seqs if s.mode is Mode.TEXT]
+        audio_seqs = [s for s in seqs if s.mode is Mode.AUDIO]
+        parts = []
+        if text_seqs:
+            parts.append(torch.stack(self.sample_text(text_seqs, text_logits)).long())
+        if audio_seqs:
+            parts.append(torch.stack(self.sample_audio(audio_seqs, audio_logits)).long())
+        if not parts:
+            return []
+        ids, ok = torch.cat(parts, 1).tolist()  # the step's one device → host read
+        by_seq = dict(zip([s.seq_id for s in text_seqs + audio_seqs], zip(ids, ok)))
+        return [(by_seq[s.seq_id][0], bool(by_seq[s.seq_id][1])) for s in seqs]

@@ -46,6 +46,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in arrival order (a preempted one returns to its place): the last is the newest
         self.num_preemptions = 0
+        self.preempted: list[Sequence] = []  # since the last take_preempted(): their per-run state goes
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -114,6 +115,11 @@ class Scheduler:
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        self.preempted.append(seq)
+
+    def take_preempted(self) -> list[Sequence]:
+        taken, self.preempted = self.preempted, []
+        return taken
 
     def finish(self, seq: Sequence) -> None:
         """Take a finished or aborted sequence out of the queues (its blocks are the caller's to free)."""

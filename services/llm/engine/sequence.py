@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import enum
 import itertools
+import random
 import time
 from dataclasses import dataclass, field
-
-import torch
 
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.model.config import MossSpeechConfig
@@ -38,6 +37,7 @@ class FinishReason(enum.IntEnum):  # values match moss.speech.v1.FinishReason
     LENGTH = 2
     END_OF_SPEECH = 3
     ABORTED = 100  # never sent: an aborted request has no reader
+    FAILED = 101   # never sent: the request ends with an error status
 
 
 @dataclass
@@ -62,6 +62,7 @@ class Chunk:
     text_tokens: list[int]
     final: bool
     stats: GenerationStats | None = None
+    error: str | None = None  # set on a final chunk when this request alone failed (its stream ends INTERNAL)
 
     @property
     def first(self) -> bool:
@@ -71,7 +72,7 @@ class Chunk:
 _ids = itertools.count()
 
 
-@dataclass
+@dataclass(eq=False)  # identity: queues find and remove *this* request, in O(1) per comparison
 class Sequence:
     request_id: str
     text_ids: list[int]          # text channel, prompt then generated
@@ -93,8 +94,9 @@ class Sequence:
     num_audio: int = 0
     num_text: int = 0
     chunks_sent: int = 0
-    generator: torch.Generator | None = None
-    penalty_history: object = None  # the sampler's incremental record of seen tokens
+    noise_seed: int = 0          # the sampler's noise key: the request's seed, or a random one
+    slot: int | None = None      # the sampler's seen-token row while running
+    seen_upto: int = 0           # positions already recorded in that row
     # Monotonic timestamps (time.perf_counter()).
     arrival: float = field(default_factory=time.perf_counter)
     scheduled: float | None = None
@@ -106,8 +108,11 @@ class Sequence:
         self.num_prompt = len(self.text_ids)
         self.turn_start = 0      # where this turn's own tokens begin (a session prepends its history)
         self.num_prefilled = 0   # prompt positions computed by this request (not served from the cache)
-        if self.sampling.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.sampling.seed)
+        # The sampler's noise is a hash of (noise_seed, step, token): a request's seed reproduces its
+        # samples whatever else shares the batch; without one, a random key.
+        # (A uint64 seed is kept as the int64 with the same bits.)
+        seed = self.sampling.seed if self.sampling.seed is not None else random.getrandbits(64)
+        self.noise_seed = seed - (1 << 64) if seed >= 1 << 63 else seed
 
     def __len__(self) -> int:
         return len(self.text_ids)
@@ -129,33 +134,32 @@ class Sequence:
         self.mode = Mode.AUDIO if in_audio else Mode.TEXT
 
     # ---- the state machine ---------------------------------------------------------------------
-    def append_sampled(self, text_token: int, audio_token: int, cfg: MossSpeechConfig, now: float) -> None:
-        """Apply one step's samples from both heads."""
+    def append_sampled(self, token: int, cfg: MossSpeechConfig, now: float) -> None:
+        """Apply one step's sample: the audio head's in audio mode, the text head's in text mode (each
+        step samples only the head the current mode reads; the other's sample would be ignored)."""
         self.num_steps += 1
         self.first_token = self.first_token or now
         self.last_token = now
         if self.mode is Mode.AUDIO:
-            if audio_token == cfg.eosp_token_id:
-                self._push(cfg.modality_pad_token_id, audio_token)
+            self._push(cfg.modality_pad_token_id, token)
+            if token == cfg.eosp_token_id:
                 self.mode = Mode.TEXT
                 if self.audio_reply:
                     return self.finish(FinishReason.END_OF_SPEECH)
-            else:
-                self._push(cfg.modality_pad_token_id, audio_token)
-                # The official mask leaves eosp + 1 sampleable; it is no codec code, so the model
-                # sees it (as upstream) but the vocoder never gets it.
-                if audio_token < cfg.audio_codebook_size:
-                    self.pending_audio.append(audio_token)
-                    self.num_audio += 1
-                    self.first_audio = self.first_audio or now
+            # The official mask leaves eosp + 1 sampleable; it is no codec code, so the model
+            # sees it (as upstream) but the vocoder never gets it.
+            elif token < cfg.audio_codebook_size:
+                self.pending_audio.append(token)
+                self.num_audio += 1
+                self.first_audio = self.first_audio or now
         else:
-            if text_token in cfg.stop_token_ids:
+            if token in cfg.stop_token_ids:
                 return self.finish(FinishReason.STOP)
-            self._push(text_token, cfg.audio_pad_token_id)
-            if text_token == cfg.sosp_token_id:
+            self._push(token, cfg.audio_pad_token_id)
+            if token == cfg.sosp_token_id:
                 self.mode = Mode.AUDIO
             else:
-                self.pending_text.append(text_token)
+                self.pending_text.append(token)
                 self.num_text += 1
         if self.num_steps >= self.sampling.max_new_tokens:
             self.finish(FinishReason.LENGTH)

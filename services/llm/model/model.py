@@ -170,13 +170,29 @@ class MossSpeechForCausalLM(nn.Module):
         self.audio_lm_head = nn.Linear(cfg.hidden_size, cfg.audio_vocab_size, bias=False)
 
     @torch.inference_mode()
-    def forward(self, text_ids, audio_ids, positions, attn: AttentionBackend | None = None, rows=None):
+    def forward(self, text_ids, audio_ids, positions, attn: AttentionBackend | None = None, rows=None,
+                text_rows=None, audio_rows=None):
         """One sequence's positions [n] (both channels) → (text logits, audio logits), float32.
 
-        `rows` selects the positions whose logits are wanted (default: all) — a prefill needs only its
-        last row, and skipping the rest saves n × (151680 + 16512) × hidden multiply-adds.
+        `rows` selects the positions whose logits are wanted from both heads (default: all) — a prefill
+        needs only its last row, and skipping the rest saves n × (151680 + 16512) × hidden multiply-adds.
+        `text_rows` / `audio_rows`, when given, select rows per head instead: a sequence in audio mode
+        samples only the audio head, one in text mode only the text head (1.24 GB of text head weights
+        not read in an audio step).
         """
         text, audio = self.model(text_ids, audio_ids, positions, attn or DenseAttention())
+        if text_rows is not None or audio_rows is not None:
+            return self.heads(text, audio, text_rows, audio_rows)
         if rows is not None:
             text, audio = text[rows], audio[rows]
         return self.text_lm_head(text).float(), self.audio_lm_head(audio).float()
+
+    def heads(self, text, audio, text_rows, audio_rows):
+        """Final hidden states [n, hidden] of each branch → (text logits [T, V], audio logits [A, V_audio])
+        for the selected rows (an empty selection gives an empty [0, V] tensor and reads no weights)."""
+        def head(linear, hidden, rows):
+            if rows is None or len(rows) == 0:
+                return hidden.new_zeros(0, linear.out_features, dtype=torch.float32)
+            return linear(hidden[rows]).float()
+
+        return head(self.text_lm_head, text, text_rows), head(self.audio_lm_head, audio, audio_rows)

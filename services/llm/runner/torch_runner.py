@@ -17,6 +17,7 @@ import torch
 
 from services.llm.model.model import MossSpeechForCausalLM, causal_attention
 from services.llm.engine.scheduler import ScheduledBatch
+from services.llm.engine.sequence import Mode
 
 
 class PagedAttention:
@@ -58,8 +59,9 @@ class ModelRunner:
 
     def run(self, batch: ScheduledBatch) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """Compute the scheduled positions; → (indices into batch.seqs of the sequences whose last
-        position was computed — they sample next —, text logits [S, V], audio logits [S, V_audio])."""
-        text, audio, positions, segments, last_rows, sampled = [], [], [], [], [], []
+        position was computed — they sample next —, text logits [T, V] of those in text mode, audio
+        logits [A, V_audio] of those in audio mode, each in batch order)."""
+        text, audio, positions, segments, text_rows, audio_rows, sampled = [], [], [], [], [], [], []
         row = 0
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens)):
             start = seq.num_cached
@@ -71,14 +73,15 @@ class ModelRunner:
             row += n
             if start + n == len(seq):
                 sampled.append(i)
-                last_rows.append(row - 1)
+                (text_rows if seq.mode is Mode.TEXT else audio_rows).append(row - 1)
         dev = self.device
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         block_ids = torch.cat([table[pos[r : r + n] // self.block_size] for r, n, _, table in segments])
         attn = PagedAttention(self.kv_cache, block_ids, pos % self.block_size, segments)
         text_logits, audio_logits = self.model(
             torch.tensor(text, device=dev), torch.tensor(audio, device=dev), pos, attn,
-            rows=torch.tensor(last_rows, dtype=torch.long, device=dev),
+            text_rows=torch.tensor(text_rows, dtype=torch.long, device=dev),
+            audio_rows=torch.tensor(audio_rows, dtype=torch.long, device=dev),
         )
         for seq, n in zip(batch.seqs, batch.num_tokens):
             seq.num_cached += n
