@@ -1,36 +1,97 @@
-"""llm engine: prefill and per-step decode time of the reference runner, against the GEMM-only floor
-measured in the same run (shared/DESIGN.md §5 defines it: the audio path's weight matrices, 32 shared
-layers + 4 audio layers + audio head, multiplied in a CUDA graph with nothing else).
+"""llm engine benchmark: our engine's prefill and decode-step times against the floor measured in the same run
+and against a Hugging Face transformers peer (shared/DESIGN.md §5), one GPU, real dimensions, random weights.
 
-Also checks, before timing, that paged prefill + decode logits equal a dense forward on this device.
+GPU run (one H100/H200, ~6-8 minutes; everything prints as it goes, the table comes last):
 
-    python bench/llm_engine.py --preset moss-speech --device cuda --json out.json
-    python bench/llm_engine.py --preset tiny --device cpu          # smoke run
+    PYTHONUNBUFFERED=1 python3 bench/llm_engine.py --preset moss-speech --device cuda --json "$OUT/llm_engine.json"
 
-Random weights (timing does not depend on their values). Prints a table last; writes JSON.
+Smoke run on a CPU (tiny model, seconds):
+
+    python bench/llm_engine.py --preset tiny --device cpu --batches 1,8 --contexts 64,128 --prefills 32,64
+
+Phases, in order (model and peer never share the device):
+1. copy bandwidth: a large device-to-device copy; bandwidth = (bytes read + bytes written) / time.
+2. GEMM floor: the audio path's weight matrices (32 shared + 4 audio layers' q,k,v,o,gate,up,down + the audio
+   head), one F.linear each at the step's row count, replayed from a CUDA graph (`gemm_floor`).
+3. paged-vs-dense check: paged prefill + 4 decode steps against one dense forward (`--check-only` stops here).
+4. ours, through the public engine API (LLMEngine.step()):
+   - prefill P: one request of P positions ((P-1) random ids < 150000, then sosp), alone in its step;
+     median over --prefill-reps fresh prompts after one warm-up (fresh prompts: no prefix-cache hits).
+   - decode B x C: B requests with C-position prompts, stepped until all B are decoding, then --warmup
+     steps, then the median of --steps steps, each between torch.cuda.synchronize() calls; every timed
+     step is checked to be a pure decode step of all B sequences. min_new_tokens = max_new_tokens, so no
+     sequence ends early; the remaining sequences are aborted afterwards.
+5. the HF peer (bench/hf_peer.py), after our model and KV pool are freed: prefill forwards, a decode forward at
+   each batch at the peer contexts, `generate` at batch 1 and 32.
+
+Floors: decode B x C = GEMM chain at B rows + the time to read the step's K/V once at the measured copy
+bandwidth (bytes = sum over the B sequences of the positions attended x 36 audio-path layers x 2 x kv_heads x
+head_dim x itemsize; the positions attended are counted during the timed steps, ~C + a few). Prefill P = GEMM
+chain at P rows + writing P positions' K/V at the same bandwidth.
+
+Targets (computed from the numbers, printed after the table): decode <= 1.15 x floor at batch 1 and <= 1.3 x
+floor at batch 64 (context 512); prefill 512 <= 1.5 x floor; every decode step >= 6 x faster than the peer's
+decode forward at the same batch and context.
+
+Flags: --batches, --contexts (decode cells, all pairs), --prefills, --steps, --warmup, --prefill-reps,
+--kv-cache-gb (default: what the largest cell needs, capped by free device memory less --headroom-gb; cells
+that do not fit are skipped with the reason), --max-batched-tokens (the step budget while filling),
+--max-seconds (time guard: no new cell starts after it, a cell in progress stops early), --peer-seconds
+(share of --max-seconds kept for the peer), --peer-contexts, --peer-generate-batches, --no-peer,
+--skip-check, --check-only, --dtype, --json.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import gc
 import json
+import math
+import re
+import shlex
 import statistics
+import sys
 import time
+import traceback
 
 import torch
 import torch.nn.functional as F
 
 from services.common.sampling import ChunkSettings, SamplingSettings
+from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine, dense_logits, traced_generation
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import preset
-from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine, dense_logits, traced_generation
 from services.llm.model.tokenizer import tiny_tokenizer
+
+try:
+    from bench.hf_peer import measure_peer, transformers_version
+except ImportError:  # run as a script: bench/ itself is on sys.path
+    from hf_peer import measure_peer, transformers_version
+
+T0 = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
 
 
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
 
+
+def free_device(device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def device_name(device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+# ---- floors ---------------------------------------------------------------------------------------------------
 
 def audio_path_weights(model):
     m = model.model
@@ -51,23 +112,52 @@ def gemm_floor(model, tokens: int, device, reps: int = 20) -> float:
         for w in ws:
             F.linear(inputs[w.shape[1]], w)
 
-    run()
-    if device.type == "cuda":
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+    with torch.inference_mode():
+        run()
+        graph = None
+        if device.type == "cuda":
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                run()
+            run = graph.replay
+            for _ in range(3):
+                run()
+        times = []
+        for _ in range(reps):
+            sync(device)
+            t = time.perf_counter()
             run()
-        run = graph.replay
-        for _ in range(3):
-            run()
+            sync(device)
+            times.append(time.perf_counter() - t)
+    del graph, inputs
+    return statistics.median(times)
+
+
+def copy_bandwidth(device, nbytes: int | None = None, reps: int = 5, copies: int = 10) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read + bytes written."""
+    nbytes = nbytes or ((1 << 30) if device.type == "cuda" else (64 << 20))
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
     times = []
     for _ in range(reps):
         sync(device)
         t = time.perf_counter()
-        run()
+        for _ in range(copies):
+            dst.copy_(src)
         sync(device)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        times.append((time.perf_counter() - t) / copies)
+    del src, dst
+    return 2 * nbytes / statistics.median(times)
 
+
+def audio_kv_bytes_per_position(cfg, dtype) -> int:
+    """K and V of one position over the audio path's layers (32 shared + 4 audio)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return (cfg.num_shared_layers + cfg.num_modality_layers) * 2 * cfg.num_key_value_heads * cfg.head_dim * itemsize
+
+
+# ---- correctness ----------------------------------------------------------------------------------------------
 
 def check_paged_against_dense(model, engine, prompt_len: int, steps: int, device) -> float:
     """Max relative error of the logits of `steps` incremental positions vs one dense forward."""
@@ -78,84 +168,454 @@ def check_paged_against_dense(model, engine, prompt_len: int, steps: int, device
     seq = engine.make_sequence(GenerationRequest("check", greedy, ChunkSettings(), text_ids=text + [cfg.sosp_token_id]))
     got = traced_generation(engine, seq)
     dense_t, dense_a = dense_logits(model, seq.text_ids, seq.audio_ids)
-    worst = 0.0
+    worst, compared = 0.0, 0
     for i, (t, a) in enumerate(got):
         pos = seq.num_prompt - 1 + i
         for mine, ref in ((t, dense_t[pos]), (a, dense_a[pos])):
+            if mine is None:  # the engine computes only the head its mode samples
+                continue
+            compared += 1
             assert torch.isfinite(mine).all(), "non-finite logits"
             worst = max(worst, float((mine - ref).norm() / ref.norm()))
+    assert compared >= steps, f"only {compared} logit vectors to compare for {steps} steps"
     assert engine.block_manager.num_used == 0
     return worst
 
 
-def time_engine(engine, cfg, prompt_len: int, batch: int, steps: int, device) -> tuple[float, float]:
-    """→ (median prefill seconds per request, median decode step seconds) at this batch size."""
-    s = SamplingSettings(temperature=0.6, max_new_tokens=steps + 1, min_new_tokens=steps + 1, seed=0)
-    g = torch.Generator().manual_seed(1)
-    prefill, decode = [], []
-    for b in range(batch):  # prefill one by one (the reference runner's prefill is per sequence anyway)
-        text = torch.randint(0, min(cfg.vocab_size, 150000), (prompt_len,), generator=g).tolist()
-        engine.add(engine.make_sequence(GenerationRequest(f"r{b}", s, ChunkSettings(), text_ids=text + [cfg.sosp_token_id])))
+# ---- ours -----------------------------------------------------------------------------------------------------
+
+class Prompts:
+    """Fresh random prompts of a given number of positions: (n-1) random ids, then sosp."""
+
+    def __init__(self, cfg, seed: int = 1):
+        self.cfg = cfg
+        self.limit = min(cfg.vocab_size, 150000, cfg.endoftext_token_id)  # below every special token
+        self.g = torch.Generator().manual_seed(seed)
+        self.count = 0
+
+    def request(self, positions: int, new_tokens: int, name: str = "r") -> GenerationRequest:
+        self.count += 1
+        text = torch.randint(0, self.limit, (positions - 1,), generator=self.g).tolist() + [self.cfg.sosp_token_id]
+        s = SamplingSettings(temperature=0.6, max_new_tokens=new_tokens, min_new_tokens=new_tokens, seed=self.count)
+        return GenerationRequest(f"{name}{self.count}", s, ChunkSettings(), text_ids=text)
+
+
+def timed_step(engine, device) -> float:
+    sync(device)
+    t = time.perf_counter()
+    engine.step()
+    sync(device)
+    return time.perf_counter() - t
+
+
+def running_seqs(engine) -> list:
+    return list(engine.scheduler.running)
+
+
+def all_decoding(engine, batch: int) -> bool:
+    """True when the next step is a pure decode step of `batch` sequences."""
+    run = running_seqs(engine)
+    return (not engine.scheduler.waiting and len(run) == batch
+            and all(s.num_steps > 0 and s.num_cached == len(s) - 1 for s in run))
+
+
+def abort_all(engine) -> None:
+    for seq_id in list(engine.sequences):
+        engine.abort(seq_id)
+
+
+def time_prefill(engine, prompts: Prompts, positions: int, reps: int, device, time_left) -> dict:
+    """One request of `positions` positions alone in its step: warm-up, then the median of `reps`."""
+    times = []
+    for i in range(1 + reps):
+        if time_left() <= 0 and len(times) >= 1:
+            break
+        engine.add(engine.make_sequence(prompts.request(positions, 1, "p")))
+        dt = timed_step(engine, device)
+        st = engine.last_step
+        if st.prefill_tokens != positions or st.batch_size != 1:
+            raise RuntimeError(f"prefill step computed {st.prefill_tokens} positions for {st.batch_size} sequences, "
+                               f"expected {positions} for 1")
+        if engine.has_work():  # a one-token request ends with its prefill step
+            abort_all(engine)
+            raise RuntimeError("the prefill request did not finish in its step")
+        if i > 0:
+            times.append(dt)
+    return {"positions": positions, "ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3,
+            "reps": len(times)}
+
+
+def time_decode(engine, prompts: Prompts, batch: int, context: int, steps: int, warmup: int, new_tokens: int,
+                device, time_left) -> dict:
+    """B sequences at context C, all decoding: median step time over `steps` pure decode steps."""
+    t_fill = time.perf_counter()
+    for _ in range(batch):
+        engine.add(engine.make_sequence(prompts.request(context, new_tokens, "d")))
+    fill_steps = 0
+    try:
+        while not all_decoding(engine, batch):
+            if time_left() <= 0:
+                raise TimeoutError(f"time guard while filling ({fill_steps} steps)")
+            if not engine.has_work():
+                raise RuntimeError("the sequences finished before all were decoding")
+            engine.step()
+            fill_steps += 1
         sync(device)
-        t = time.perf_counter()
-        engine.step()  # prefills the new one (and decodes the ones before it)
-        sync(device)
-        prefill.append(time.perf_counter() - t)
-    while engine.has_work():
-        sync(device)
-        t = time.perf_counter()
-        engine.step()
-        sync(device)
-        decode.append(time.perf_counter() - t)
-    return prefill[0], statistics.median(decode[1:] or decode)  # prefill[0]: the only one alone in its step
+        fill_s = time.perf_counter() - t_fill
+        times, contexts, note = [], [], ""
+        for i in range(warmup + steps):
+            if time_left() <= 0:
+                note = f"time guard after {len(times)} timed steps"
+                break
+            attended = sum(len(s) for s in running_seqs(engine))  # positions each sequence attends, this step
+            dt = timed_step(engine, device)
+            st = engine.last_step
+            if st.prefill_tokens or st.batch_size != batch or st.decode_tokens != batch:
+                note = (f"step {i} was not a pure decode step of {batch} (batch {st.batch_size}, decode "
+                        f"{st.decode_tokens}, prefill {st.prefill_tokens}, preemptions {st.preemptions}); stopped")
+                break
+            if i >= warmup:
+                times.append(dt)
+                contexts.append(attended)
+        if len(times) < 3:
+            raise (TimeoutError if note.startswith("time guard") else RuntimeError)(note or "no step timed")
+    finally:
+        abort_all(engine)
+    return {"batch": batch, "context": context, "ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3,
+            "max_ms": max(times) * 1e3, "steps": len(times), "warmup": warmup, "fill_steps": fill_steps,
+            "fill_seconds": fill_s, "mean_attended_positions": statistics.fmean(contexts) / batch,
+            "attended_positions_per_step": statistics.fmean(contexts), "note": note}
+
+
+# ---- report ---------------------------------------------------------------------------------------------------
+
+def fmt(x, spec="8.2f", unit="") -> str:
+    if x is None:
+        width = int(re.match(r"\d*", spec).group() or 0) + len(unit)
+        return f"{'—':>{width}}"
+    return f"{x:{spec}}{unit}"
+
+
+def why_missing(result, what: str) -> str | None:
+    return result["skipped"].get(what) or result["errors"].get(what)
+
+
+def build_rows(result) -> list[dict]:
+    rows = []
+    bw = result["copy_bandwidth_bytes_per_s"]
+    kvpp = result["audio_kv_bytes_per_position"]
+    peer = result.get("peer") or {}
+    for p in result["prefill_lengths"]:
+        ours = result["ours"]["prefill"].get(str(p))
+        gemm = result["gemm_floor_ms"].get(str(p))
+        kv = p * kvpp / bw * 1e3  # writing its K/V once
+        rows.append({"what": f"prefill {p}", "kind": "prefill", "tokens": p,
+                     "ours_ms": ours and ours["ms"], "gemm_floor_ms": gemm, "kv_floor_ms": kv,
+                     "peer_ms": (peer.get("prefill") or {}).get(str(p)), "skipped": why_missing(result, f"prefill {p}")})
+    for c in result["contexts"]:
+        for b in result["batches"]:
+            key = f"{b}x{c}"
+            ours = result["ours"]["decode"].get(key)
+            gemm = result["gemm_floor_ms"].get(str(b))
+            attended = ours["attended_positions_per_step"] if ours else b * (c + 1)
+            rows.append({"what": f"decode b{b} ctx{c}", "kind": "decode", "batch": b, "context": c,
+                         "ours_ms": ours and ours["ms"], "gemm_floor_ms": gemm, "kv_floor_ms": attended * kvpp / bw * 1e3,
+                         "peer_ms": (peer.get("decode") or {}).get(key), "skipped": why_missing(result, f"decode {key}")})
+    for r in rows:
+        r["floor_ms"] = None if r["gemm_floor_ms"] is None else r["gemm_floor_ms"] + r["kv_floor_ms"]
+        r["ours_over_floor"] = r["ours_ms"] / r["floor_ms"] if r["ours_ms"] and r["floor_ms"] else None
+        r["peer_over_ours"] = r["peer_ms"] / r["ours_ms"] if r["ours_ms"] and r["peer_ms"] else None
+    return rows
+
+
+def targets(rows) -> list[dict]:
+    def row(kind, **kw):
+        return next((r for r in rows if r["kind"] == kind and all(r.get(k) == v for k, v in kw.items())), None)
+
+    out = []
+
+    def ratio_target(name, r, limit):
+        if r is None or r["ours_over_floor"] is None:
+            out.append({"target": name, "status": "n/a", "detail": "not measured"})
+        else:
+            ok = r["ours_over_floor"] <= limit
+            out.append({"target": name, "status": "PASS" if ok else "MISS", "value": r["ours_over_floor"],
+                        "detail": f"{r['ours_ms']:.2f} ms = {r['ours_over_floor']:.2f} x floor {r['floor_ms']:.2f} ms"})
+
+    ratio_target("decode batch 1, ctx 512: <= 1.15 x floor", row("decode", batch=1, context=512), 1.15)
+    ratio_target("decode batch 64, ctx 512: <= 1.3 x floor", row("decode", batch=64, context=512), 1.3)
+    ratio_target("prefill 512: <= 1.5 x floor", row("prefill", tokens=512), 1.5)
+    with_peer = [r for r in rows if r["kind"] == "decode" and r["peer_over_ours"] is not None]
+    name = "every decode step >= 6 x faster than the peer's decode forward (same batch and context)"
+    if not with_peer:
+        out.append({"target": name, "status": "n/a", "detail": "no decode cell with a peer number"})
+    else:
+        worst = min(with_peer, key=lambda r: r["peer_over_ours"])
+        misses = [r["what"] for r in with_peer if r["peer_over_ours"] < 6]
+        out.append({"target": name, "status": "MISS" if misses else "PASS", "value": worst["peer_over_ours"],
+                    "detail": f"{len(with_peer)} cells; worst {worst['what']}: {worst['peer_over_ours']:.1f}x"
+                              + (f"; misses: {', '.join(misses)}" if misses else "")})
+    return out
+
+
+def print_report(result) -> None:
+    rows, tg = result["rows"], result["targets"]
+    peer = result.get("peer") or {}
+    print(f"\n{result['device']}, torch {result['torch']}, transformers {result.get('transformers')}, "
+          f"{result['preset']} {result['dtype']}, {result['date']}", flush=True)
+    print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.3f} TB/s (read + write); "
+          f"paged vs dense max rel err {fmt(result.get('paged_vs_dense_max_rel_err'), '.2e')}; "
+          f"audio-path weights {result['audio_path_weight_bytes'] / 1e9:.2f} GB; KV pool {result['kv_pool_gb']:.2f} GiB")
+    hdr = (f"{'':20} {'ours':>10} {'floor':>10} {'GEMM':>9} {'K/V':>8} {'ours/floor':>10} {'peer':>10} {'peer/ours':>9}")
+    print(hdr)
+    for r in rows:
+        line = (f"{r['what']:20} {fmt(r['ours_ms'], '8.2f', 'ms')} {fmt(r['floor_ms'], '8.2f', 'ms')} "
+                f"{fmt(r['gemm_floor_ms'], '7.2f', 'ms')} {fmt(r['kv_floor_ms'], '6.2f', 'ms')} "
+                f"{fmt(r['ours_over_floor'], '9.2f', 'x')} {fmt(r['peer_ms'], '8.2f', 'ms')} {fmt(r['peer_over_ours'], '8.1f', 'x')}")
+        if r["ours_ms"] is None and r["skipped"]:
+            line += f"  (skipped: {r['skipped']})"
+        print(line)
+    for b, gen in sorted((peer.get("generate") or {}).items(), key=lambda kv: int(kv[0])):
+        print(f"peer generate batch {b}: {gen['ms_per_token']:.1f} ms per token, {gen['tokens_per_s']:.0f} tokens/s "
+              f"({gen['new_tokens']} new from {gen['prompt']}-token prompts)")
+    for s in (peer.get("skipped") or []):
+        print(f"peer skipped: {s}")
+    print("targets:")
+    for t in tg:
+        print(f"  {t['status']:4} {t['target']}: {t['detail']}")
+    print(f"total {result['total_seconds']:.0f}s", flush=True)
+
+
+# ---- main -----------------------------------------------------------------------------------------------------
+
+def ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="tiny")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--steps", type=int, default=32)
-    p.add_argument("--batches", default="1,8,32")
-    p.add_argument("--kv-cache-gb", type=float, default=4.0)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--batches", default="1,8,32,64,128", help="decode batch sizes")
+    p.add_argument("--contexts", default="512,2048", help="decode contexts (prompt positions)")
+    p.add_argument("--prefills", default="128,512,2048", help="prefill lengths (positions, sosp included)")
+    p.add_argument("--steps", type=int, default=24, help="timed decode steps per cell (median)")
+    p.add_argument("--warmup", type=int, default=4, help="untimed decode steps per cell")
+    p.add_argument("--prefill-reps", type=int, default=5, help="timed prefills per length (after one warm-up)")
+    p.add_argument("--kv-cache-gb", type=float, help="KV pool; default: what the largest cell needs, capped by free memory")
+    p.add_argument("--headroom-gb", type=float, default=8.0, help="device memory left free beside the auto-sized pool")
+    p.add_argument("--max-batched-tokens", type=int, default=8192, help="the engine's step budget (fills B x C quickly)")
+    p.add_argument("--max-seconds", type=float, default=450.0, help="time guard for the whole run")
+    p.add_argument("--peer-seconds", type=float, default=100.0, help="part of --max-seconds kept for the peer")
+    p.add_argument("--peer-contexts", help="contexts of the peer's decode forward; default 512 (or the first context)")
+    p.add_argument("--peer-generate-batches", default="1,32")
+    p.add_argument("--peer-reps", type=int, default=8)
+    p.add_argument("--no-peer", action="store_true")
+    p.add_argument("--skip-check", action="store_true", help="skip the paged-vs-dense check")
     p.add_argument("--check-only", action="store_true", help="only compare paged with dense logits")
     p.add_argument("--json")
     args = p.parse_args()
+
     device = torch.device(args.device)
     cfg = preset(args.preset)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    batches, contexts, prefills = sorted(set(ints(args.batches))), sorted(set(ints(args.contexts))), sorted(set(ints(args.prefills)))
+    peer_contexts = ints(args.peer_contexts) if args.peer_contexts else ([512] if 512 in contexts or not contexts else contexts[:1])
+    deadline = T0 + args.max_seconds
+    peer_on = not args.no_peer and transformers_version() is not None
+    ours_deadline = deadline - (args.peer_seconds if peer_on else 0.0)
+
+    def ours_left() -> float:
+        return ours_deadline - time.perf_counter()
+
+    result = {
+        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]), "argv": sys.argv,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"), "preset": args.preset,
+        "device": device_name(device), "dtype": str(dtype), "torch": torch.__version__,
+        "transformers": transformers_version(), "cuda": torch.version.cuda, "args": vars(args),
+        "batches": batches, "contexts": contexts, "prefill_lengths": prefills, "peer_contexts": peer_contexts,
+        "ours": {"prefill": {}, "decode": {}}, "gemm_floor_ms": {}, "skipped": {}, "errors": {}, "phases": {},
+    }
+
+    def save() -> None:
+        result["total_seconds"] = time.perf_counter() - T0
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2, default=str)
+
+    def skip(what: str, why: str) -> None:
+        result["skipped"][what] = why
+        log(f"{what}: skipped: {why}")
+
+    if device.type == "cuda":
+        result["device_memory_gib"] = torch.cuda.get_device_properties(device).total_memory / 2**30
+    log(f"{result['device']}, torch {torch.__version__}, transformers {result['transformers']}, {args.preset} {dtype}")
+    log(f"command: {result['command']}")
+
+    # ---- model
     t = time.perf_counter()
     model = random_model(cfg, device=device, dtype=dtype)
-    build_s = time.perf_counter() - t
-    tokenizer = tiny_tokenizer(preset("tiny")) if args.preset != "tiny" else tiny_tokenizer(cfg)  # prompts are token ids
-    # a step budget above the prompt: the timed prefill is one step
-    engine = LLMEngine(model, tokenizer, EngineConfig(kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)), max_num_seqs=64,
-                                                      max_num_batched_tokens=max(2048, args.prompt_len + 1)))
-    rel_err = check_paged_against_dense(model, engine, min(args.prompt_len, 200), 4, device)
+    sync(device)
+    result["phases"]["build_model_s"] = time.perf_counter() - t
+    result["parameters"] = sum(x.numel() for x in model.parameters())
+    result["audio_path_weight_bytes"] = sum(w.numel() * w.element_size() for w in audio_path_weights(model))
+    log(f"model built: {result['parameters'] / 1e9:.2f}B parameters in {result['phases']['build_model_s']:.1f}s")
+
+    kvpp = audio_kv_bytes_per_position(cfg, dtype)
+    result["audio_kv_bytes_per_position"] = kvpp
+    if not args.check_only:
+        # ---- floors
+        t = time.perf_counter()
+        bw = copy_bandwidth(device)
+        result["copy_bandwidth_bytes_per_s"] = bw
+        log(f"copy bandwidth: {bw / 1e12:.3f} TB/s (read + write)")
+        for rows_ in sorted(set(batches) | set(prefills)):
+            result["gemm_floor_ms"][str(rows_)] = gemm_floor(model, rows_, device, reps=20 if rows_ <= 256 else 10) * 1e3
+            log(f"GEMM floor at {rows_} rows: {result['gemm_floor_ms'][str(rows_)]:.3f} ms")
+        free_device(device)
+        result["phases"]["floors_s"] = time.perf_counter() - t
+        save()
+
+    # ---- engine: a pool for the largest cell (or --kv-cache-gb)
+    block = EngineConfig().block_size
+    budget = max(args.max_batched_tokens, max(prefills, default=0) + 1, max(batches, default=1))
+
+    def new_tokens_for(b: int, c: int) -> int:  # fill steps (the first ones decode meanwhile) + warm-up + timed + margin
+        return math.ceil(b * (c + 1) / budget) + 2 + args.warmup + args.steps + 4
+
+    def positions_for(b: int, c: int) -> int:  # blocks' worth of positions for b sequences
+        return b * (math.ceil((c + new_tokens_for(b, c)) / block) + 1) * block
+
+    need = max([positions_for(b, c) for b in batches for c in contexts] + [max(prefills, default=0) + 2 * block, 512])
     if args.check_only:
-        print(f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, {args.preset}, {dtype}: "
-              f"paged vs dense logits, max rel err {rel_err:.2e}")
-        return
-    rows = []
-    prefill_s, _ = time_engine(engine, cfg, args.prompt_len, 1, 2, device)  # warm-up
-    for batch in [int(b) for b in args.batches.split(",")]:
-        prefill_s, step_s = time_engine(engine, cfg, args.prompt_len, batch, args.steps, device)
-        rows.append({"what": f"decode step, batch {batch}", "ours_ms": step_s * 1e3, "floor_ms": gemm_floor(model, batch, device) * 1e3})
-    rows.insert(0, {"what": f"prefill {args.prompt_len} tokens", "ours_ms": prefill_s * 1e3,
-                    "floor_ms": gemm_floor(model, args.prompt_len, device, reps=5) * 1e3})
-    result = {
-        "preset": args.preset, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "dtype": str(dtype), "torch": torch.__version__, "build_seconds": build_s,
-        "paged_vs_dense_max_rel_err": rel_err, "rows": rows, "date": time.strftime("%Y-%m-%d"),
-    }
+        need = 4096
+    if args.kv_cache_gb:
+        pool_bytes = int(args.kv_cache_gb * (1 << 30))
+    else:
+        pool_bytes = need * cfg.kv_bytes_per_token
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            real_per_token = cfg.num_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
+            cap_tokens = max(0, free - int(args.headroom_gb * (1 << 30))) // real_per_token
+            if need > cap_tokens:
+                log(f"KV pool: the largest cell needs {need * real_per_token / 2**30:.1f} GiB, "
+                    f"{free / 2**30:.1f} GiB free: capped at {cap_tokens * real_per_token / 2**30:.1f} GiB")
+                pool_bytes = cap_tokens * cfg.kv_bytes_per_token
+    max_len = max([c + new_tokens_for(b, c) + block for b in batches for c in contexts] + [4096])
+    config = EngineConfig(kv_cache_bytes=pool_bytes, max_num_seqs=max(batches + [16]),
+                          max_num_batched_tokens=budget, max_model_len=max_len)
+    tokenizer = tiny_tokenizer(preset("tiny")) if args.preset != "tiny" else tiny_tokenizer(cfg)  # prompts are token ids
+    t = time.perf_counter()
+    engine = LLMEngine(model, tokenizer, config)
+    sync(device)
+    result["phases"]["build_engine_s"] = time.perf_counter() - t
+    num_blocks = engine.block_manager.num_blocks
+    result["kv_pool_gb"] = pool_bytes / 2**30
+    result["kv_pool_blocks"] = num_blocks
+    result["engine_config"] = {k: getattr(config, k) for k in config.__dataclass_fields__}
+    log(f"engine: {num_blocks} blocks of {block} ({num_blocks * block} positions, {pool_bytes / 2**30:.1f} GiB budget), "
+        f"max_num_seqs {config.max_num_seqs}, step budget {budget}")
+
+    # ---- correctness
+    if not args.skip_check or args.check_only:
+        t = time.perf_counter()
+        try:
+            rel_err = check_paged_against_dense(model, engine, min(200, max(contexts + prefills + [16])), 4, device)
+            result["paged_vs_dense_max_rel_err"] = rel_err
+            log(f"paged vs dense logits: max rel err {rel_err:.2e} ({time.perf_counter() - t:.1f}s)")
+        except Exception as e:  # noqa: BLE001 — report and go on to the timings
+            result["errors"]["check"] = f"{type(e).__name__}: {e}"
+            log(f"paged vs dense check FAILED: {type(e).__name__}: {e}")
+            traceback.print_exc()
+            abort_all(engine)
+        if args.check_only:
+            print(f"{result['device']}, {args.preset}, {dtype}: paged vs dense logits, max rel err "
+                  f"{fmt(result.get('paged_vs_dense_max_rel_err'), '.2e')}", flush=True)
+            save()
+            return
+
+    # ---- ours: prefill
+    prompts = Prompts(cfg)
+    t = time.perf_counter()
+    for length in prefills:
+        what = f"prefill {length}"
+        if ours_left() <= 0:
+            skip(what, "time guard")
+            continue
+        if length > num_blocks * block:
+            skip(what, f"{length} positions do not fit the pool of {num_blocks * block}")
+            continue
+        try:
+            r = time_prefill(engine, prompts, length, args.prefill_reps, device, ours_left)
+            result["ours"]["prefill"][str(length)] = r
+            log(f"ours: {what}: {r['ms']:.2f} ms (median of {r['reps']}, min {r['min_ms']:.2f})")
+        except Exception as e:  # noqa: BLE001
+            result["errors"][what] = f"{type(e).__name__}: {e}"
+            log(f"ours: {what} FAILED: {type(e).__name__}: {e}")
+            traceback.print_exc()
+            abort_all(engine)
+        save()
+    result["phases"]["ours_prefill_s"] = time.perf_counter() - t
+
+    # ---- ours: decode
+    t = time.perf_counter()
+    for c in contexts:
+        for b in batches:
+            what = f"decode {b}x{c}"
+            blocks_needed = positions_for(b, c) // block
+            if ours_left() <= 0:
+                skip(what, "time guard")
+                continue
+            if blocks_needed > num_blocks:
+                skip(what, f"needs {blocks_needed} KV blocks ({blocks_needed * block * cfg.kv_bytes_per_token / 2**30:.1f} GiB), "
+                           f"the pool has {num_blocks}")
+                continue
+            if c + new_tokens_for(b, c) > engine.context_limit:
+                skip(what, f"context {c} + {new_tokens_for(b, c)} new tokens exceeds the engine's limit {engine.context_limit}")
+                continue
+            try:
+                r = time_decode(engine, prompts, b, c, args.steps, args.warmup, new_tokens_for(b, c), device, ours_left)
+                result["ours"]["decode"][f"{b}x{c}"] = r
+                log(f"ours: {what}: {r['ms']:.2f} ms per step (median of {r['steps']}, min {r['min_ms']:.2f}, "
+                    f"max {r['max_ms']:.2f}; mean context {r['mean_attended_positions']:.0f}; filled in "
+                    f"{r['fill_steps']} steps, {r['fill_seconds']:.1f}s){'; ' + r['note'] if r['note'] else ''}")
+            except Exception as e:  # noqa: BLE001
+                result["errors"][what] = f"{type(e).__name__}: {e}"
+                log(f"ours: {what} FAILED: {type(e).__name__}: {e}")
+                if not isinstance(e, TimeoutError):
+                    traceback.print_exc()
+                abort_all(engine)
+                free_device(device)
+            save()
+    result["phases"]["ours_decode_s"] = time.perf_counter() - t
+
+    # ---- the peer, alone on the device
+    del engine, model
+    free_device(device)
+    if device.type == "cuda":
+        log(f"ours freed: {torch.cuda.memory_allocated(device) / 2**30:.2f} GiB still allocated, "
+            f"{torch.cuda.mem_get_info(device)[0] / 2**30:.1f} GiB free")
+    if args.no_peer:
+        result["peer"] = {"skipped": ["--no-peer"]}
+    else:
+        t = time.perf_counter()
+        result["peer"] = measure_peer(
+            cfg, device, dtype, prefills=prefills, batches=batches, contexts=peer_contexts,
+            generate_batches=ints(args.peer_generate_batches), reps=args.peer_reps,
+            time_left=lambda: deadline - time.perf_counter(), log=log,
+            vocab_limit=min(cfg.vocab_size, 150000, cfg.endoftext_token_id))
+        # JSON keys as strings, like ours
+        for k in ("prefill", "decode", "generate"):
+            result["peer"][k] = {str(key): v for key, v in result["peer"].get(k, {}).items()}
+        result["phases"]["peer_s"] = time.perf_counter() - t
+
+    result["rows"] = build_rows(result)
+    result["targets"] = targets(result["rows"])
+    save()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    print(f"\n{result['device']}, {args.preset}, {dtype}; paged vs dense logits: max rel err {rel_err:.2e}")
-    print(f"{'':28} {'ours':>10} {'GEMM floor':>11} {'ours/floor':>11}")
-    for r in rows:
-        print(f"{r['what']:28} {r['ours_ms']:8.2f}ms {r['floor_ms']:9.2f}ms {r['ours_ms'] / r['floor_ms']:10.1f}x")
+        log(f"JSON: {args.json}")
+    print_report(result)
 
 
 if __name__ == "__main__":

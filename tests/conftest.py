@@ -3,12 +3,43 @@ as real processes on free loopback ports."""
 
 from __future__ import annotations
 
+import os
 import re
 import urllib.request
 
 import pytest
+import torch
+
+# Without a GPU, the Triton kernels' tests run in Triton's CPU interpreter (set before triton is imported).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from services.stack import Ports, Stack
+
+
+def _interpreter_loop_bounds() -> None:
+    """CPU interpreter only (TRITON_INTERPRET=1): Triton 3.6's interpreter holds scalars as 1-element arrays
+    and turns a loop bound into an int with int(array), which NumPy >= 2.4 refuses; these kernels loop up to
+    loaded lengths (range(start, ctx, ...)), so take the element explicitly. No effect on compiled kernels."""
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "takes_element", False):
+        return
+
+    def patch_with_index(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patch_with_index.takes_element = True
+    interpreter._patch_lang_tensor = patch_with_index
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    try:
+        _interpreter_loop_bounds()
+    except ImportError:  # no triton: the kernel tests skip themselves
+        pass
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.engine.block_manager import BlockManager
 from services.llm.model.model import MossSpeechForCausalLM
+from services.llm.runner.kernel_runner import KernelRunner
 from services.llm.runner.torch_runner import ModelRunner
 from services.llm.model.prompt import PromptBuilder
 from services.llm.engine.sampler import Sampler
@@ -36,6 +37,9 @@ class EngineConfig:
     max_model_len: int = 4096           # prompt (with session history) + generated positions
     max_new_tokens_limit: int = 2048
     max_sessions: int = 1024
+    runner: str = "auto"                # "kernels" (fused kernels, CUDA graphs), "reference", or auto: kernels on CUDA
+    kernels: str = "auto"               # the kernel runner's ops: "triton", "torch", or auto: triton on CUDA
+    cuda_graphs: bool = True            # decode steps replay captured graphs (CUDA only)
 
 
 @dataclass
@@ -84,6 +88,16 @@ class EngineCounters:
     steps: int = 0
 
 
+def make_runner(model: MossSpeechForCausalLM, num_blocks: int, device: torch.device, config: EngineConfig):
+    kind = config.runner if config.runner != "auto" else ("kernels" if device.type == "cuda" else "reference")
+    if kind == "reference":
+        return ModelRunner(model, num_blocks, config.block_size, device)
+    if kind == "kernels":
+        return KernelRunner(model, num_blocks, config.block_size, device, config.max_num_seqs, config.max_model_len,
+                            kernels=config.kernels, cuda_graphs=config.cuda_graphs)
+    raise ValueError(f"unknown runner {config.runner!r}: kernels, reference or auto")
+
+
 class LLMEngine:
     def __init__(self, model: MossSpeechForCausalLM, tokenizer: Tokenizer, config: EngineConfig = EngineConfig()):
         self.cfg = model.cfg
@@ -97,7 +111,7 @@ class LLMEngine:
         self.sessions = SessionStore(self.block_manager, config.max_sessions)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    reclaim=self.sessions.reclaim)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, device)
+        self.runner = make_runner(model, num_blocks, device, config)
         self.sampler = Sampler(self.cfg, config.max_num_seqs, device)
         self.sequences: dict[int, Sequence] = {}  # by seq_id
         self.counters = EngineCounters()
@@ -185,6 +199,7 @@ class LLMEngine:
         batch = self.scheduler.schedule(start)
         for seq in self.scheduler.take_preempted():
             self.sampler.release(seq)
+        self.sampler.assign(batch.seqs)
         if not batch.seqs:  # work queued but none admissible: unreachable while every request fits
             if self.has_work():  # the pool alone (make_sequence checks), but never spin on it
                 raise ResourceExhausted("KV cache: the next request cannot be admitted")

@@ -115,6 +115,7 @@ class Sampler:
         self.seen_text = torch.zeros(max_slots, cfg.vocab_size, dtype=torch.bool, device=device)
         self.seen_audio = torch.zeros(max_slots, cfg.audio_vocab_size, dtype=torch.bool, device=device)
         self.free_slots = list(range(max_slots - 1, -1, -1))
+        self.fresh: list[int] = []  # slots handed out whose masks still hold a previous owner's tokens
 
     # ---- slots ---------------------------------------------------------------------------------
     def release(self, seq: Sequence) -> None:
@@ -123,14 +124,20 @@ class Sampler:
             self.free_slots.append(seq.slot)
             seq.slot, seq.seen_upto = None, 0
 
-    def _observe(self, seqs: list[Sequence]) -> None:
-        """Bring each sequence's seen masks up to its current tokens: one copy and two scatters for the batch."""
-        fresh, text_hits, audio_hits = [], [], []  # slots; (slot, id) pairs
-        pad = self.cfg.modality_pad_token_id
+    def assign(self, seqs: list[Sequence]) -> None:
+        """Give each running sequence without one a slot (the runner keys its block-table rows by it too)."""
         for seq in seqs:
             if seq.slot is None:
                 seq.slot, seq.seen_upto = self.free_slots.pop(), 0
-                fresh.append(seq.slot)
+                self.fresh.append(seq.slot)
+
+    def _observe(self, seqs: list[Sequence]) -> None:
+        """Bring each sequence's seen masks up to its current tokens: one copy and two scatters for the batch."""
+        text_hits, audio_hits = [], []  # (slot, id) pairs
+        pad = self.cfg.modality_pad_token_id
+        self.assign(seqs)
+        fresh, self.fresh = self.fresh, []
+        for seq in seqs:
             for t, a in zip(seq.text_ids[seq.seen_upto :], seq.audio_ids[seq.seen_upto :]):
                 if t == pad:
                     audio_hits.append((seq.slot, a))

@@ -1,0 +1,115 @@
+"""The model's forward over one packed step, built from fused ops (runner/ops.py) and the model's weights.
+
+Per layer: 3 GEMMs' worth of launches less than the reference: q, k and v are one GEMM over a packed
+[(H + 2·KH)·D, hidden] weight, gate and up one over [2·I, hidden]. The packed weights are the storage
+and the model's own q/k/v/gate/up parameters become views into them, so nothing is held twice and the
+reference model (the test oracle) still reads the same numbers.
+
+The residual stream is carried as (x, residual) and added inside the next RMSNorm (one kernel for
+add + norm). The shared trunk's output feeds both branches: the text branch gets a copy of the residual,
+because the fused norm updates it in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from services.llm.model.model import DecoderLayer, MossSpeechForCausalLM
+
+
+def pack_weights(layer: DecoderLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Re-home q/k/v and gate/up into two packed tensors and make the modules' parameters views of them."""
+    a, m = layer.self_attn, layer.mlp
+    qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
+    gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()
+    rows = [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]
+    for linear, view in zip((a.q_proj, a.k_proj, a.v_proj), qkv.split(rows)):
+        linear.weight = torch.nn.Parameter(view, requires_grad=False)
+    for linear, view in zip((m.gate_proj, m.up_proj), gate_up.chunk(2)):
+        linear.weight = torch.nn.Parameter(view, requires_grad=False)
+    return qkv, gate_up
+
+
+@dataclass
+class LayerWeights:
+    layer_id: int          # its index in the KV pool's layer axis
+    input_norm: torch.Tensor
+    qkv: torch.Tensor      # [(H + 2·KH)·D, hidden]
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2·I, hidden]
+    down: torch.Tensor
+
+    @classmethod
+    def of(cls, layer: DecoderLayer, layer_id: int) -> "LayerWeights":
+        qkv, gate_up = pack_weights(layer)
+        a = layer.self_attn
+        return cls(layer_id, layer.input_layernorm.weight, qkv, a.q_norm.weight, a.k_norm.weight, a.o_proj.weight,
+                   layer.post_attention_layernorm.weight, gate_up, layer.mlp.down_proj.weight)
+
+
+@dataclass
+class StepTensors:
+    """One step's packed inputs on the device (N rows)."""
+
+    text_ids: torch.Tensor      # [N] int64
+    audio_ids: torch.Tensor     # [N] int64
+    positions: torch.Tensor     # [N] int64
+    slot_mapping: torch.Tensor  # [N] int64: block_id · block_size + offset; -1 for a padding row
+    block_tables: torch.Tensor  # [S, max_blocks] int32 (S = N in decode)
+    context_lens: torch.Tensor  # [S] int32: positions after this step (0: padding row)
+    cu_seqlens_q: torch.Tensor | None = None  # [S+1] int32, prefill only (None: one row per sequence)
+    max_seqlen_q: int = 1
+
+
+class PackedForward:
+    def __init__(self, model: MossSpeechForCausalLM, kv_cache: torch.Tensor, ops):
+        self.model, self.kv_cache, self.ops = model, kv_cache, ops
+        m = model.model
+        self.shared = [LayerWeights.of(layer, m.shared_block.first_layer + i) for i, layer in enumerate(m.shared_block.layers)]
+        self.text = [LayerWeights.of(layer, m.text_block.first_layer + i) for i, layer in enumerate(m.text_block.layers)]
+        self.audio = [LayerWeights.of(layer, m.audio_block.first_layer + i) for i, layer in enumerate(m.audio_block.layers)]
+        self.cfg = model.cfg
+
+    def _attend(self, q: torch.Tensor, layer_id: int, t: StepTensors) -> torch.Tensor:
+        if t.cu_seqlens_q is None:
+            return self.ops.decode_attention(q, self.kv_cache, layer_id, t.block_tables, t.context_lens)
+        return self.ops.prefill_attention(q, self.kv_cache, layer_id, t.block_tables, t.cu_seqlens_q, t.context_lens,
+                                          t.max_seqlen_q)
+
+    def _layer(self, w: LayerWeights, x: torch.Tensor, residual: torch.Tensor, t: StepTensors):
+        """(x, residual) [N, hidden] each, the stream being x + residual → the same after this layer."""
+        ops, n = self.ops, x.shape[0]
+        h, residual = ops.rms_norm(x, w.input_norm, residual=residual)
+        q = ops.qk_norm_rope_store(F.linear(h, w.qkv), w.q_norm, w.k_norm, t.positions, self.kv_cache, w.layer_id,
+                                   t.slot_mapping)
+        x = F.linear(self._attend(q, w.layer_id, t).reshape(n, -1), w.o)
+        h, residual = ops.rms_norm(x, w.post_norm, residual=residual)
+        return F.linear(ops.silu_mul(F.linear(h, w.gate_up)), w.down), residual
+
+    def _branch(self, layers, x, residual, t):
+        for w in layers:
+            x, residual = self._layer(w, x, residual, t)
+        return x, residual
+
+    def __call__(self, t: StepTensors, text: bool = True, audio: bool = True):
+        """→ (text stream, audio stream), each (x, residual) [N, hidden] before the branch's final norm;
+        a branch not asked for is not computed (None): see `final_hidden`."""
+        x = self.model.model.embed(t.text_ids, t.audio_ids)
+        residual = torch.zeros_like(x)
+        x, residual = self._branch(self.shared, x, residual, t)
+        text_out = self._branch(self.text, x, residual.clone(), t) if text else None
+        audio_out = self._branch(self.audio, x, residual, t) if audio else None
+        return text_out, audio_out
+
+    def final_hidden(self, stream, norm: torch.Tensor, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
+        """A branch's (x, residual) → its final-norm hidden states [rows, hidden] for the selected rows."""
+        x, residual = stream
+        if rows is not None:
+            x, residual = x[rows], residual[rows]
+        return self.ops.rms_norm(x, norm, residual=residual.clone())[0]  # the stream itself stays as it was

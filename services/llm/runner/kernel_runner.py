@@ -1,0 +1,190 @@
+"""The fast step runner: fused kernels over the paged pool, CUDA graphs for decode.
+
+A pure decode step (every scheduled sequence computes exactly its last position) runs from static
+buffers padded to a bucket size (1, 2, 4, ..., max_num_seqs): on CUDA each bucket is one captured graph
+(embedding → 40 layers → final norms), replayed with the step's ids, positions, slots, block tables and
+context lengths copied in; padding rows have slot -1 (no K/V stored) and context 0 (attention writes
+zeros). Prefill and mixed steps run the same forward eagerly over the packed rows. The heads run after
+the trunk, only for the rows whose mode samples them (runner contract in torch_runner.py).
+
+Host work per step is list building and two or three pinned copies; the only device → host read of the
+step is the sampler's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from services.common.tensors import upload
+from services.llm.engine.scheduler import ScheduledBatch
+from services.llm.engine.sequence import Mode, Sequence
+from services.llm.model.model import MossSpeechForCausalLM
+from services.llm.runner.forward import PackedForward, StepTensors
+from services.llm.runner.ops import make_ops
+
+DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def decode_buckets(max_num_seqs: int) -> list[int]:
+    return sorted({b for b in DECODE_BUCKETS if b < max_num_seqs} | {max_num_seqs})
+
+
+class BlockTableMirror:
+    """Each running sequence's block table as a row of a host array [slots, max_blocks] int32, kept by
+    appending new entries (a decoding sequence gains one block every block_size steps) instead of
+    rebuilding B rows each step. A row is rewritten whole when its sequence's table list is a new
+    object (admission, preemption and readmission, a session's turn)."""
+
+    def __init__(self, slots: int, max_blocks: int):
+        self.table = np.zeros((slots, max_blocks), dtype=np.int32)
+        self.known = [0] * slots
+        self.owner: list[list | None] = [None] * slots
+
+    def rows(self, seqs: list[Sequence]) -> np.ndarray:
+        slots = []
+        for seq in seqs:
+            slot, table = seq.slot, seq.block_table
+            if self.owner[slot] is not table:
+                self.owner[slot], self.known[slot] = table, 0
+            if len(table) > self.known[slot]:
+                self.table[slot, self.known[slot] : len(table)] = table[self.known[slot] :]
+                self.known[slot] = len(table)
+            slots.append(slot)
+        return self.table[slots]
+
+
+class KernelRunner:
+    def __init__(self, model: MossSpeechForCausalLM, num_blocks: int, block_size: int, device: torch.device,
+                 max_num_seqs: int, max_model_len: int, kernels: str = "auto", cuda_graphs: bool = True):
+        cfg = model.cfg
+        self.cfg, self.model, self.device, self.block_size = cfg, model, device, block_size
+        dtype = next(model.parameters()).dtype
+        self.kv_cache = torch.zeros(num_blocks, cfg.num_layers, 2, cfg.num_key_value_heads, block_size, cfg.head_dim,
+                                    dtype=dtype, device=device)
+        if kernels == "auto":
+            kernels = "triton" if device.type == "cuda" else "torch"
+        self.forward = PackedForward(model, self.kv_cache, make_ops(kernels, cfg, max_model_len, device))
+        self.max_blocks = -(-max_model_len // block_size)
+        self.tables = BlockTableMirror(max_num_seqs, self.max_blocks)
+        self.buckets = decode_buckets(max_num_seqs)
+        self.static = self._static_inputs(self.buckets[-1])
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        if cuda_graphs and device.type == "cuda":
+            self.capture()
+
+    # ---- decode: static buffers and graphs ---------------------------------------------------------
+    def _static_inputs(self, rows: int) -> StepTensors:
+        z = lambda dtype, *shape: torch.zeros(*shape, dtype=dtype, device=self.device)  # noqa: E731
+        return StepTensors(z(torch.long, rows), z(torch.long, rows), z(torch.long, rows),
+                           torch.full((rows,), -1, dtype=torch.long, device=self.device),
+                           z(torch.int32, rows, self.max_blocks), z(torch.int32, rows))
+
+    def _bucket_view(self, bucket: int) -> StepTensors:
+        s = self.static
+        return StepTensors(s.text_ids[:bucket], s.audio_ids[:bucket], s.positions[:bucket], s.slot_mapping[:bucket],
+                           s.block_tables[:bucket], s.context_lens[:bucket])
+
+    def _decode_forward(self, t: StepTensors) -> tuple[torch.Tensor, torch.Tensor]:
+        """Trunk, both branches and final norms for every row → (text hidden, audio hidden) [bucket, hidden]."""
+        text, audio = self.forward(t)
+        m = self.model.model
+        return self.forward.final_hidden(text, m.text_norm.weight), self.forward.final_hidden(audio, m.audio_norm.weight)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """One graph per bucket, largest first so that smaller ones reuse its memory pool. The static
+        buffers hold padding rows (slot -1, context 0) while capturing: nothing is written to the pool."""
+        pool = None
+        for bucket in reversed(self.buckets):
+            t = self._bucket_view(bucket)
+            self._decode_forward(t)  # compiles the kernels outside capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = self._decode_forward(t)
+            pool = graph.pool()
+            self.graphs[bucket] = (graph, out)
+        torch.cuda.synchronize()
+
+    def _run_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(seqs)
+        bucket = next(b for b in self.buckets if b >= n)
+        bs, pad = self.block_size, bucket - n
+        pos = [seq.num_cached for seq in seqs]
+        ints = torch.tensor([
+            [seq.text_ids[p] for seq, p in zip(seqs, pos)] + [0] * pad,
+            [seq.audio_ids[p] for seq, p in zip(seqs, pos)] + [0] * pad,
+            pos + [0] * pad,
+            [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, pos)] + [-1] * pad,
+        ], dtype=torch.long)
+        tables = np.zeros((bucket, self.max_blocks + 1), dtype=np.int32)  # last column: context length
+        tables[:n, :-1] = self.tables.rows(seqs)
+        tables[:n, -1] = [p + 1 for p in pos]
+        ints, tables = upload(ints, self.device), upload(torch.from_numpy(tables), self.device)
+        t = self._bucket_view(bucket)
+        for dst, src in zip((t.text_ids, t.audio_ids, t.positions, t.slot_mapping), ints):
+            dst.copy_(src, non_blocking=True)
+        t.block_tables.copy_(tables[:, :-1], non_blocking=True)
+        t.context_lens.copy_(tables[:, -1], non_blocking=True)
+        if bucket in self.graphs:
+            graph, out = self.graphs[bucket]
+            graph.replay()
+            return out
+        return self._decode_forward(t)
+
+    # ---- prefill and mixed steps -------------------------------------------------------------------
+    def _run_packed(self, batch: ScheduledBatch, text_rows: list[int], audio_rows: list[int]):
+        bs = self.block_size
+        text, audio, positions, slots, cu, ctx = [], [], [], [], [0], []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            start = seq.num_cached
+            text += seq.text_ids[start : start + n]
+            audio += seq.audio_ids[start : start + n]
+            positions += range(start, start + n)
+            slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, start + n)]
+            cu.append(cu[-1] + n)
+            ctx.append(start + n)
+        ints = upload(torch.tensor([text, audio, positions, slots], dtype=torch.long), self.device)
+        meta = upload(torch.tensor(cu + ctx, dtype=torch.int32), self.device)
+        tables = upload(torch.from_numpy(self.tables.rows(batch.seqs)), self.device)
+        s = len(batch.seqs)
+        t = StepTensors(ints[0], ints[1], ints[2], ints[3], tables, meta[s + 1 :], meta[: s + 1],
+                        max_seqlen_q=max(batch.num_tokens))
+        want_text, want_audio = bool(text_rows), bool(audio_rows)
+        text_stream, audio_stream = self.forward(t)
+        m, dev = self.model.model, self.device
+        text_h = self.forward.final_hidden(text_stream, m.text_norm.weight, torch.tensor(text_rows, device=dev)) if want_text else None
+        audio_h = self.forward.final_hidden(audio_stream, m.audio_norm.weight, torch.tensor(audio_rows, device=dev)) if want_audio else None
+        return text_h, audio_h
+
+    # ---- the runner contract -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """Compute the scheduled positions (every sequence holds a sampler slot); → (indices into
+        batch.seqs of the sequences that sample, text logits [T, V] of those in text mode, audio logits
+        [A, V_audio] of those in audio mode, in batch order)."""
+        sampled, text_rows, audio_rows = [], [], []
+        row = 0
+        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens)):
+            row += n
+            if seq.num_cached + n == len(seq):
+                sampled.append(i)
+                (text_rows if seq.mode is Mode.TEXT else audio_rows).append(row - 1)
+        decode = all(n == 1 for n in batch.num_tokens) and len(sampled) == len(batch.seqs)
+        if decode:
+            text_h, audio_h = self._run_decode(batch.seqs)
+            text_h = text_h[torch.tensor(text_rows, device=self.device)] if text_rows else None
+            audio_h = audio_h[: len(audio_rows)] if audio_rows == list(range(len(audio_rows))) else (
+                audio_h[torch.tensor(audio_rows, device=self.device)] if audio_rows else None)
+        else:
+            text_h, audio_h = self._run_packed(batch, text_rows, audio_rows)
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.num_cached += n
+        return sampled, self._head(self.model.text_lm_head.weight, text_h), self._head(self.model.audio_lm_head.weight, audio_h)
+
+    def _head(self, weight: torch.Tensor, hidden: torch.Tensor | None) -> torch.Tensor:
+        if hidden is None:
+            return torch.zeros(0, weight.shape[0], device=self.device)
+        return F.linear(hidden, weight).float()

@@ -1,0 +1,271 @@
+"""Paged attention over the shared KV pool: a split-K decode kernel and a varlen causal prefill kernel.
+
+The pool is TensorRT-LLM's layout (shared/DESIGN.md §3), read in place, never gathered:
+    kv_cache [num_blocks, num_layers, 2, kv_heads, block_size, head_dim]   (2: K then V)
+Position p of a sequence lives in block block_table[p // block_size] at offset p % block_size.
+
+Both kernels are flash attention: scores for a tile of keys, an online softmax (running max m, running
+sum l, unnormalised output acc, all float32) and tl.dot for both products. Scores are kept in log2 units
+(scale * log2(e)) so the kernels can use exp2. GQA: a program owns one KV head and computes every query
+head of its group together, so each K/V tile is loaded once per group, not once per query head.
+
+Decode (one query per sequence) is "flash-decoding": the context is cut into fixed PARTITION-token
+slices, one program per (slice, kv head, sequence), and a small second kernel merges the partial
+(m, l, acc) of a head's slices. The grid depends only on the batch size, the shapes and `max_context`,
+never on the values in context_lens, so a call can be captured in a CUDA graph and replayed with new
+lengths; slices past a sequence's context return at once and the merge never reads them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Decode slice length. At the real shape (8 KV heads) batch 1 at context 2048 gives 16 slices x 8 heads
+# = 128 programs, about one per SM of an H100/H200 (132); the merge adds ~6% of the KV traffic.
+PARTITION = 128
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _kv_offsets(table_ptr, pos, valid, stride_block, stride_token,
+                BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Element offsets [BLOCK_N, HEAD_DIM] of positions `pos` [BLOCK_N] inside one (layer, K, kv head)
+    plane of the pool; V is the same offsets plus the K/V stride. int64: the pool exceeds 2**31 elements."""
+    block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    row = block * stride_block + (pos % BLOCK_SIZE).to(tl.int64) * stride_token
+    return row[:, None] + tl.arange(0, HEAD_DIM)[None, :]
+
+
+@triton.jit
+def _attend_tile(q, k, v, mask, m, l, acc, qk_scale):
+    """One online-softmax step. q [M, D]; k, v [N, D]; mask [M, N] or [1, N]; m, l [M]; acc [M, D] float32.
+    Callers guarantee every row sees a valid key in its first tile, so m is finite from then on (no NaN).
+    "ieee" keeps float32 exact (no tf32); 16-bit inputs use tensor cores regardless."""
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+    s = tl.where(mask, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m - m_new)  # rescales what was accumulated under the old max (0 on the first tile)
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return m_new, l, acc
+
+
+@triton.jit
+def _decode_partition_kernel(
+    q_ptr, kv_ptr, table_ptr, ctx_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+    layer, qk_scale, num_parts,
+    stride_qb, stride_qh,
+    stride_kv_block, stride_kv_layer, stride_kv_kv, stride_kv_head, stride_kv_token, stride_table,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Grid (num_parts, kv_heads, B): positions [part * PARTITION, +PARTITION) of sequence b for the GROUP
+    query heads of one KV head → partial m, l [B, H, num_parts] and acc [B, H, num_parts, D]."""
+    part, kv_head, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    ctx = tl.load(ctx_ptr + b)
+    start = part * PARTITION
+    if start >= ctx:  # past this sequence's context, or a padding row (ctx 0): nothing to add
+        return
+    end = tl.minimum(start + PARTITION, ctx)
+
+    # The group's query heads as the rows of a tl.dot tile, padded to GROUP_PAD >= 16 rows (zeros).
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    heads = kv_head * GROUP + g
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+                mask=(g < GROUP)[:, None], other=0.0)  # [GROUP_PAD, D]
+
+    k_plane = kv_ptr + layer * stride_kv_layer + kv_head * stride_kv_head
+    table = table_ptr + b * stride_table
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    for n in range(start, end, BLOCK_N):
+        pos = n + tl.arange(0, BLOCK_N)
+        valid = pos < end
+        offs = _kv_offsets(table, pos, valid, stride_kv_block, stride_kv_token, BLOCK_SIZE, HEAD_DIM)
+        k = tl.load(k_plane + offs, mask=valid[:, None], other=0.0)  # [BLOCK_N, D]
+        v = tl.load(k_plane + stride_kv_kv + offs, mask=valid[:, None], other=0.0)
+        m, l, acc = _attend_tile(q, k, v, valid[None, :], m, l, acc, qk_scale)
+
+    row = (b * tl.num_programs(1) * GROUP + heads) * num_parts + part  # [GROUP_PAD] into [B, H, num_parts]
+    live = g < GROUP
+    tl.store(part_m_ptr + row, m, mask=live)
+    tl.store(part_l_ptr + row, l, mask=live)
+    tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=live[:, None])
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    part_m_ptr, part_l_ptr, part_acc_ptr, ctx_ptr, out_ptr, num_parts,
+    stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, PARTITION: tl.constexpr, PARTS_PAD: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """Grid (H, B): merge the slices of one (sequence, head) that the first kernel computed:
+    out = sum_p 2^(m_p - M) acc_p / sum_p 2^(m_p - M) l_p with M = max_p m_p; a ctx-0 row gets zeros."""
+    head, b = tl.program_id(0), tl.program_id(1)
+    ctx = tl.load(ctx_ptr + b)
+    n_parts = tl.cdiv(ctx, PARTITION)  # slices written for this row; only these are read
+    row = (b * tl.num_programs(0) + head) * num_parts
+
+    p = tl.arange(0, PARTS_PAD)
+    m = tl.load(part_m_ptr + row + p, mask=p < n_parts, other=float("-inf"))
+    m_max = tl.where(n_parts > 0, tl.max(m, 0), 0.0)
+    total = tl.sum(tl.load(part_l_ptr + row + p, mask=p < n_parts, other=0.0) * tl.exp2(m - m_max), 0)
+
+    d = tl.arange(0, HEAD_DIM)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for c in range(0, n_parts, CHUNK):  # [CHUNK, D] at a time: bounded registers for long contexts
+        pc = c + tl.arange(0, CHUNK)
+        live = pc < n_parts
+        w = tl.exp2(tl.load(part_m_ptr + row + pc, mask=live, other=float("-inf")) - m_max)
+        a = tl.load(part_acc_ptr + (row + pc)[:, None] * HEAD_DIM + d[None, :], mask=live[:, None], other=0.0)
+        acc += tl.sum(a * w[:, None], 0)
+    out = acc / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + b * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, kv_ptr, table_ptr, cu_q_ptr, ctx_ptr, out_ptr,
+    layer, qk_scale,
+    stride_qn, stride_qh, stride_on, stride_oh,
+    stride_kv_block, stride_kv_layer, stride_kv_kv, stride_kv_head, stride_kv_token, stride_table,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Grid (cdiv(max_seqlen_q, BLOCK_M // GROUP), S, kv_heads). A tile's BLOCK_M rows are BLOCK_M // GROUP
+    query positions x the GROUP heads of one KV head (row r: position r // GROUP, head r % GROUP), so each
+    K/V tile is loaded once per group and a q_len-1 row still fills GROUP rows of the tile."""
+    tile, seq, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    POSITIONS: tl.constexpr = BLOCK_M // GROUP
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    if tile * POSITIONS >= q_len:  # this sequence has fewer new rows than the longest one
+        return
+    ctx = tl.load(ctx_ptr + seq)
+
+    r = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, HEAD_DIM)
+    q_idx = tile * POSITIONS + r // GROUP  # [BLOCK_M] index among the sequence's new rows
+    heads = kv_head * GROUP + r % GROUP
+    row_ok = (r < POSITIONS * GROUP) & (q_idx < q_len)
+    q_pos = ctx - q_len + q_idx  # absolute position: attends to keys 0..q_pos (key 0 always, so no NaN)
+    q = tl.load(q_ptr + (q_start + q_idx)[:, None] * stride_qn + heads[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None], other=0.0)  # [BLOCK_M, D]
+
+    k_plane = kv_ptr + layer * stride_kv_layer + kv_head * stride_kv_head
+    table = table_ptr + seq * stride_table
+    kv_end = tl.minimum(ctx, ctx - q_len + (tile + 1) * POSITIONS)  # one past the tile's last position
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for n in range(0, kv_end, BLOCK_N):
+        pos = n + tl.arange(0, BLOCK_N)
+        valid = pos < kv_end
+        offs = _kv_offsets(table, pos, valid, stride_kv_block, stride_kv_token, BLOCK_SIZE, HEAD_DIM)
+        k = tl.load(k_plane + offs, mask=valid[:, None], other=0.0)  # [BLOCK_N, D]
+        v = tl.load(k_plane + stride_kv_kv + offs, mask=valid[:, None], other=0.0)
+        causal = valid[None, :] & (pos[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
+        m, l, acc = _attend_tile(q, k, v, causal, m, l, acc, qk_scale)
+
+    out = acc / l[:, None]
+    tl.store(out_ptr + (q_start + q_idx)[:, None] * stride_on + heads[:, None] * stride_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def _check(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor | None) -> tuple[int, int]:
+    """Check q, the pool and a given out against each other; → (kv_heads, block_size)."""
+    _, _, two, kv_heads, block_size, head_dim = kv_cache.shape
+    heads = q.shape[1]
+    assert kv_cache.is_contiguous() and two == 2, "kv_cache must be a contiguous [blocks, layers, 2, KH, bs, D] pool"
+    assert q.shape[2] == head_dim and q.stride(2) == 1 and q.dtype == kv_cache.dtype
+    assert heads % kv_heads == 0, "query heads must be a multiple of kv heads"
+    assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, "head_dim must be a power of two >= 16"
+    assert block_size >= 16 and block_size & (block_size - 1) == 0, "block_size must be a power of two >= 16"
+    assert out is None or (out.shape == q.shape and out.dtype == q.dtype and out.stride(2) == 1)
+    return kv_heads, block_size
+
+
+def _tiles(q: torch.Tensor) -> tuple[int, int, int]:
+    """→ (decode BLOCK_N, prefill BLOCK_M, prefill BLOCK_N), checked with ptxas for sm_90 (no spills at
+    head_dim 128): 16-bit dots run on tensor cores with 64-wide tiles; float32 "ieee" dots run on FMA units
+    and hold more per thread, so above head_dim 32 they take smaller tiles."""
+    if q.element_size() == 2 or q.shape[2] <= 32:
+        return 64, 64, 64
+    return 32, 32, 16
+
+
+def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale, out=None, max_context=None):
+    """One query per sequence over its paged context. CUDA-graph safe: no host sync, and the grid depends
+    only on B, the shapes and `max_context` (an upper bound on context_lens; default: what block_tables holds).
+
+    q [B, H, D]; block_tables [B, max_blocks] int32; context_lens [B] int32 (0: padding row → zeros)
+    → out [B, H, D] in q's dtype.
+    """
+    batch, heads, head_dim = q.shape
+    kv_heads, block_size = _check(q, kv_cache, out)
+    group = heads // kv_heads
+    if out is None:
+        out = torch.empty((batch, heads, head_dim), dtype=q.dtype, device=q.device)
+    if max_context is None:
+        max_context = block_tables.shape[1] * block_size
+    num_parts = max(1, triton.cdiv(max_context, PARTITION))
+    # Partials in float32; slices a row does not reach are left unwritten and never read.
+    part_m = torch.empty((batch, heads, num_parts), dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
+    part_acc = torch.empty((batch, heads, num_parts, head_dim), dtype=torch.float32, device=q.device)
+    block_n, _, _ = _tiles(q)
+    s = kv_cache.stride()
+    _decode_partition_kernel[(num_parts, kv_heads, batch)](
+        q, kv_cache, block_tables, context_lens, part_m, part_l, part_acc,
+        layer, scale * LOG2E, num_parts,
+        q.stride(0), q.stride(1),
+        s[0], s[1], s[2], s[3], s[4], block_tables.stride(0),
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, PARTITION=PARTITION, BLOCK_N=block_n, num_warps=4, num_stages=2,
+    )
+    parts_pad = triton.next_power_of_2(num_parts)
+    _decode_reduce_kernel[(heads, batch)](
+        part_m, part_l, part_acc, context_lens, out, num_parts,
+        out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, PARTITION=PARTITION, PARTS_PAD=parts_pad, CHUNK=min(16, parts_pad), num_warps=4,
+    )
+    return out
+
+
+def paged_prefill_attention(q, kv_cache, layer, block_tables, cu_seqlens_q, context_lens, scale, out=None,
+                            max_seqlen_q=None):
+    """Causal attention of packed new rows over their sequences' paged contexts (prefix hits, chunked
+    prefill and q_len-1 decode rows alike). Eager only: computes max_seqlen_q on the host if not given.
+
+    q [N, H, D]: the new rows of S sequences back to back; cu_seqlens_q [S+1] int32; context_lens [S] int32
+    (positions after this step: sequence s's rows sit at context_lens[s] - q_len_s .. context_lens[s] - 1,
+    their K/V already in the pool); block_tables [S, max_blocks] int32 → out [N, H, D] in q's dtype.
+    """
+    rows, heads, head_dim = q.shape
+    kv_heads, block_size = _check(q, kv_cache, out)
+    group = heads // kv_heads
+    if out is None:
+        out = torch.empty((rows, heads, head_dim), dtype=q.dtype, device=q.device)
+    num_seqs = context_lens.shape[0]
+    if rows == 0 or num_seqs == 0:
+        return out
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    _, block_m, block_n = _tiles(q)
+    assert group <= block_m, "a tile holds at least one position's whole group"
+    s = kv_cache.stride()
+    grid = (triton.cdiv(max_seqlen_q, block_m // group), num_seqs, kv_heads)
+    _prefill_kernel[grid](
+        q, kv_cache, block_tables, cu_seqlens_q, context_lens, out,
+        layer, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        s[0], s[1], s[2], s[3], s[4], block_tables.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=4, num_stages=2,
+    )
+    return out
