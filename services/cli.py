@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import signal
 import sys
 import time
+
+from services.llm.model.config import PRESETS
+
+# The llm engine's options: `moss-serve llm` takes them, `moss-serve up` forwards them to its llm.
+ENGINE_OPTIONS = ("preset", "dtype", "kv_cache_gb", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+VOCODER_PRESETS = ("tiny", "moss-speech")  # services/vocoder/generator.py PRESETS (not imported: it pulls in torch)
 
 
 def _common(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
@@ -19,6 +26,41 @@ def _common(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
     p.add_argument("--port", type=int, default=port, help=f"gRPC port (default {port})")
     p.add_argument("--metrics-port", type=int, default=metrics_port, help=f"Prometheus /metrics port (default {metrics_port}; 0: off)")
     p.add_argument("--log-level", default="INFO")
+
+
+def _positive(kind):
+    """An argparse type: a positive, finite `kind` (argparse turns the error into a usage message)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a{'n integer' if kind is int else ' number'}: {text!r}") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+    return parse
+
+
+def _power_of_two(text: str) -> int:
+    value = _positive(int)(text)
+    if value & (value - 1):
+        raise argparse.ArgumentTypeError(f"must be a power of two, got {value}")
+    return value
+
+
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    """ENGINE_OPTIONS, with the same names and defaults for `llm` and `up`."""
+    p.add_argument("--preset", default="tiny", choices=list(PRESETS),
+                   help="model preset used without --model-dir: random weights at its dimensions (default tiny)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="weights and KV cache; auto: the checkpoint's, or bfloat16 on CUDA and float32 on CPU")
+    p.add_argument("--kv-cache-gb", type=_positive(float), default=1.0, help="memory budget of the KV-cache pool (default 1)")
+    p.add_argument("--block-size", type=_power_of_two, default=16, help="positions per KV-cache block (default 16)")
+    p.add_argument("--max-num-seqs", type=_positive(int), default=16, help="requests in the running batch (default 16)")
+    p.add_argument("--max-num-batched-tokens", type=_positive(int), default=512,
+                   help="positions per engine step; longer prompts are prefilled in chunks (default 512)")
+    p.add_argument("--max-model-len", type=_positive(int), default=4096,
+                   help="prompt + history + generated positions (default 4096)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -29,19 +71,14 @@ def parser() -> argparse.ArgumentParser:
     _common(llm, 50052, 9092)
     llm.add_argument("--model-dir", help="HF-format MOSS-Speech checkpoint (config.json, safetensors, tokenizer.json); "
                                          "without it: the --preset with random weights")
-    llm.add_argument("--preset", default="tiny", help="model preset used without --model-dir (tiny)")
     llm.add_argument("--device", default="cpu", help="cpu or cuda")
-    llm.add_argument("--kv-cache-gb", type=float, default=1.0, help="memory budget of the KV-cache pool")
-    llm.add_argument("--max-num-seqs", type=int, default=16, help="requests in the running batch")
-    llm.add_argument("--max-num-batched-tokens", type=int, default=512,
-                     help="positions per engine step; longer prompts are prefilled in chunks")
-    llm.add_argument("--max-model-len", type=int, default=4096, help="prompt + history + generated positions")
+    _engine_options(llm)
 
     voc = sub.add_parser("vocoder", help="the vocoder service")
     _common(voc, 50053, 9093)
     voc.add_argument("--vocoder-dir", help="BigVGAN-v2 directory (config.json, bigvgan_generator.pt[, token_decoder.*]); "
                                            "without it: the --preset with random weights")
-    voc.add_argument("--preset", default="tiny", help="tiny or moss-speech (24 kHz, 80 bands, hop 480)")
+    voc.add_argument("--preset", default="tiny", choices=VOCODER_PRESETS, help="tiny or moss-speech (24 kHz, 80 bands, hop 480)")
     voc.add_argument("--device", default="cpu")
     voc.add_argument("--left-context", type=int, default=16, help="mel frames of left context per chunk")
     voc.add_argument("--lookahead", type=int, default=4, help="mel frames held back for the next chunk")
@@ -57,9 +94,11 @@ def parser() -> argparse.ArgumentParser:
     for service, port, metrics_port in (("gateway", 50051, 9091), ("llm", 50052, 9092), ("vocoder", 50053, 9093)):
         up.add_argument(f"--{service}-port", type=int, default=port)
         up.add_argument(f"--{service}-metrics-port", type=int, default=metrics_port)
-    up.add_argument("--model-dir")
-    up.add_argument("--vocoder-dir")
-    up.add_argument("--device", default="cpu")
+    up.add_argument("--model-dir", help="the llm's checkpoint; without it: the --preset with random weights")
+    up.add_argument("--vocoder-dir", help="the vocoder's BigVGAN-v2 directory; without it: the vocoder preset matching "
+                                          "the llm (--preset, or moss-speech with --model-dir) with random weights")
+    up.add_argument("--device", default="cpu", help="cpu or cuda, for llm and vocoder")
+    _engine_options(up.add_argument_group("llm engine (as in `moss-serve llm`)"))
 
     say = sub.add_parser("say", help="synthesize text through the gateway into a WAV file")
     say.add_argument("text")
@@ -81,7 +120,8 @@ def run_service(args) -> int:
         from services.llm.server import LlmSettings, run
 
         settings = LlmSettings(args.host, args.port, args.metrics_port, args.model_dir, args.preset, args.device,
-                               args.kv_cache_gb, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len)
+                               args.kv_cache_gb, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len,
+                               dtype=args.dtype, block_size=args.block_size)
     elif args.command == "vocoder":
         from services.vocoder.server import VocoderSettings, run
 
@@ -96,16 +136,34 @@ def run_service(args) -> int:
     return 0
 
 
+def up_service_args(args) -> dict[str, list[str]]:
+    """The llm's and the vocoder's flags under `moss-serve up`."""
+    llm = ["--device", args.device]
+    for name in ENGINE_OPTIONS:
+        llm += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    vocoder = ["--device", args.device, "--preset", vocoder_preset(args)]
+    if args.model_dir:
+        llm += ["--model-dir", args.model_dir]
+    if args.vocoder_dir:
+        vocoder += ["--vocoder-dir", args.vocoder_dir]
+    return {"llm": llm, "vocoder": vocoder}
+
+
+def vocoder_preset(args) -> str:
+    """The vocoder's codebook must cover the llm's audio codes: the llm's preset, or the real one
+    (which covers the tiny codes too) for a checkpoint."""
+    return "moss-speech" if args.model_dir or args.preset not in VOCODER_PRESETS else args.preset
+
+
 def run_up(args) -> int:
     from services.stack import SERVICES, Ports, Stack
 
-    extra = {"llm": ["--device", args.device], "vocoder": ["--device", args.device]}
-    if args.model_dir:
-        extra["llm"] += ["--model-dir", args.model_dir]
-    if args.vocoder_dir:
-        extra["vocoder"] += ["--vocoder-dir", args.vocoder_dir]
-    if not (args.model_dir and args.vocoder_dir):
-        print("moss-serve up: no --model-dir/--vocoder-dir: serving the tiny preset with RANDOM weights", file=sys.stderr)
+    extra = up_service_args(args)
+    if not args.model_dir:
+        print(f"moss-serve up: no --model-dir: the llm serves the {args.preset!r} preset with RANDOM weights", file=sys.stderr)
+    if not args.vocoder_dir:
+        print(f"moss-serve up: no --vocoder-dir: the vocoder serves the {vocoder_preset(args)!r} preset with RANDOM weights",
+              file=sys.stderr)
     ports = Ports({s: getattr(args, f"{s}_port") for s in SERVICES}, {s: getattr(args, f"{s}_metrics_port") for s in SERVICES})
     stack = Stack(ports, host=args.host, extra_args=extra)
     stopping = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -12,11 +13,11 @@ from services.common.metrics import start_metrics_server
 from services.common.server import serve
 from services.llm import metrics
 from services.llm.async_engine import AsyncEngine
-from services.llm.model.checkpoint import load_pretrained, random_model
+from services.llm.model.checkpoint import DTYPES, load_pretrained, random_model
 from services.llm.model.config import preset
 from services.llm.engine.engine import EngineConfig, LLMEngine
 from services.llm.servicer import LlmServicer
-from services.llm.model.tokenizer import load_tokenizer, tiny_tokenizer
+from services.llm.model.tokenizer import load_tokenizer, preset_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -34,27 +35,47 @@ class LlmSettings:
     max_num_batched_tokens: int = 512
     max_model_len: int = 4096
     seed: int = 0
+    dtype: str = "auto"      # weights and KV cache; auto: the checkpoint's, or bfloat16 on CUDA / float32 on CPU
+    block_size: int = 16     # positions per KV block
+
+
+def resolve_dtype(name: str, device: torch.device, model_dir: str | None) -> torch.dtype | None:
+    """The dtype to build in; None: the checkpoint's own (config.json's torch_dtype)."""
+    if name != "auto":
+        return DTYPES[name]
+    if model_dir:
+        return None
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 def build_engine(s: LlmSettings) -> LLMEngine:
     device = torch.device(s.device)
+    dtype = resolve_dtype(s.dtype, device, s.model_dir)
     if s.model_dir:
-        model = load_pretrained(s.model_dir, device=device)
+        model = load_pretrained(s.model_dir, device=device, dtype=dtype)
         tokenizer = load_tokenizer(s.model_dir)
         log.info("loaded %s from %s on %s", model.cfg.to_dict()["architectures"][0], s.model_dir, device)
     else:
         cfg = preset(s.preset)
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model = random_model(cfg, device=device, dtype=dtype, seed=s.seed)
-        tokenizer = tiny_tokenizer(cfg) if s.preset == "tiny" else None
-        if tokenizer is None:
-            raise ValueError(f"preset {s.preset!r} with random weights has no tokenizer: give --model-dir")
+        tokenizer = preset_tokenizer(cfg)
         log.warning("no --model-dir: serving the %r preset with RANDOM weights (speech will be noise)", s.preset)
+    _match_config_dtype(model)
+    log.info("weights and KV cache in %s", next(model.parameters()).dtype)
     config = EngineConfig(
-        kv_cache_bytes=int(s.kv_cache_gb * (1 << 30)), max_num_seqs=s.max_num_seqs,
+        kv_cache_bytes=int(s.kv_cache_gb * (1 << 30)), block_size=s.block_size, max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len,
     )
     return LLMEngine(model, tokenizer, config)
+
+
+def _match_config_dtype(model) -> None:
+    """The engine sizes the KV pool by cfg.kv_bytes_per_token, which reads cfg.torch_dtype; the pool is
+    allocated in the weights' dtype. Built in another dtype than the config's (float32 weights of a
+    bfloat16 preset), the pool would be twice --kv-cache-gb: make the config say what was built."""
+    name = {v: k for k, v in DTYPES.items()}[next(model.parameters()).dtype]
+    if model.cfg.torch_dtype != name:
+        model.cfg = dataclasses.replace(model.cfg, torch_dtype=name)
 
 
 async def run(s: LlmSettings) -> None:

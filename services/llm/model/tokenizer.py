@@ -1,7 +1,8 @@
 """Text tokenizer: the checkpoint's tokenizer.json through the `tokenizers` library.
 
-For the tiny preset, `tiny_tokenizer` builds a byte-level tokenizer whose 256 byte tokens are followed
-by the special tokens at the ids the tiny config uses.
+Without a checkpoint, `preset_tokenizer` builds a byte-level tokenizer for any config: 256 byte tokens,
+unreachable filler tokens up to <|endoftext|>, then the special tokens at the config's ids (for the
+`moss-speech` preset: the real ids and vocabulary size, so a random model runs at the real size).
 """
 
 from __future__ import annotations
@@ -36,23 +37,31 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     return Tokenizer.from_file(str(path))
 
 
-def tiny_tokenizer(cfg: MossSpeechConfig) -> Tokenizer:
-    """Byte-level: ids 0..255 are bytes, then the specials at cfg's ids (endoftext = 256 in `tiny`)."""
+def preset_tokenizer(cfg: MossSpeechConfig) -> Tokenizer:
+    """Byte-level: ids 0..255 are bytes, 256..endoftext-1 fillers, then the specials at cfg's ids."""
     # ByteLevel maps every byte to one printable char; its alphabet() is unordered, so rebuild the
     # table to give byte b the id b.
     table = _bytes_to_unicode()
     vocab = {table[b]: b for b in range(256)}
     assert set(vocab) == set(pre_tokenizers.ByteLevel.alphabet())
+    base = cfg.endoftext_token_id
+    # Fillers keep the specials at their real ids. With no merges BPE never produces a multi-char
+    # token, so no text encodes to a filler; decoding one gives its name.
+    vocab.update({f"<|filler_{i}|>": i for i in range(256, base)})
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    base = cfg.endoftext_token_id
     specials = [SPECIAL_NAMES.get(i, f"<|reserved_{i}|>") for i in range(NUM_SPECIAL_TEXT_TOKENS)]
     tok.add_special_tokens(specials)
     for offset, name in SPECIAL_NAMES.items():
         if tok.token_to_id(name) != base + offset:
-            raise AssertionError(f"tiny tokenizer: {name} landed at {tok.token_to_id(name)}, want {base + offset}")
+            raise AssertionError(f"preset tokenizer: {name} landed at {tok.token_to_id(name)}, want {base + offset}")
+    if tok.get_vocab_size() != cfg.vocab_size:
+        raise ValueError(f"preset tokenizer: {tok.get_vocab_size()} tokens, config says vocab_size={cfg.vocab_size}")
     return tok
+
+
+tiny_tokenizer = preset_tokenizer  # the tiny preset's name for it (endoftext = 256: no fillers)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
