@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 
 from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling import ChunkSettings, SamplingSettings
+from services.common.tensors import Uploader
 from services.llm.engine.block_manager import BlockManager
 from services.llm.model.model import MossSpeechForCausalLM
 from services.llm.runner.kernel_runner import KernelRunner
@@ -88,13 +89,14 @@ class EngineCounters:
     steps: int = 0
 
 
-def make_runner(model: MossSpeechForCausalLM, num_blocks: int, device: torch.device, config: EngineConfig):
+def make_runner(model: MossSpeechForCausalLM, num_blocks: int, device: torch.device, config: EngineConfig,
+                upload: Uploader | None = None):
     kind = config.runner if config.runner != "auto" else ("kernels" if device.type == "cuda" else "reference")
     if kind == "reference":
         return ModelRunner(model, num_blocks, config.block_size, device)
     if kind == "kernels":
         return KernelRunner(model, num_blocks, config.block_size, device, config.max_num_seqs, config.max_model_len,
-                            kernels=config.kernels, cuda_graphs=config.cuda_graphs)
+                            kernels=config.kernels, cuda_graphs=config.cuda_graphs, upload=upload)
     raise ValueError(f"unknown runner {config.runner!r}: kernels, reference or auto")
 
 
@@ -111,8 +113,9 @@ class LLMEngine:
         self.sessions = SessionStore(self.block_manager, config.max_sessions)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    reclaim=self.sessions.reclaim)
-        self.runner = make_runner(model, num_blocks, device, config)
-        self.sampler = Sampler(self.cfg, config.max_num_seqs, device)
+        self.upload = Uploader(device)  # one pinned staging buffer for the step's host → device copies
+        self.runner = make_runner(model, num_blocks, device, config, self.upload)
+        self.sampler = Sampler(self.cfg, config.max_num_seqs, device, self.upload)
         self.sequences: dict[int, Sequence] = {}  # by seq_id
         self.counters = EngineCounters()
         self.last_step = StepStats()
@@ -196,6 +199,7 @@ class LLMEngine:
     # ---- the loop --------------------------------------------------------------------------------
     def step(self) -> list[Chunk]:
         start, marks = time.perf_counter(), self._marks()
+        self.upload.reset()  # the last step's copies are done: its samples were read back after them
         batch = self.scheduler.schedule(start)
         for seq in self.scheduler.take_preempted():
             self.sampler.release(seq)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.common.tensors import upload
+from services.common.tensors import Uploader
 from services.llm.engine.sequence import Mode, Sequence
 from services.llm.model.config import MossSpeechConfig
 
@@ -109,9 +109,11 @@ def sample_rows(logits: torch.Tensor, rows: RowSettings, seen: torch.Tensor, sal
 class Sampler:
     """Samples each sequence's current head. Owns the seen-token masks, one slot per running sequence."""
 
-    def __init__(self, cfg: MossSpeechConfig, max_slots: int, device: torch.device):
+    def __init__(self, cfg: MossSpeechConfig, max_slots: int, device: torch.device, upload: Uploader | None = None):
         self.cfg = cfg
         self.device = device
+        self.upload = upload or Uploader(device)
+        self.true = torch.ones((), dtype=torch.bool, device=device)  # a device value: a host scalar would sync
         self.seen_text = torch.zeros(max_slots, cfg.vocab_size, dtype=torch.bool, device=device)
         self.seen_audio = torch.zeros(max_slots, cfg.audio_vocab_size, dtype=torch.bool, device=device)
         self.free_slots = list(range(max_slots - 1, -1, -1))
@@ -145,24 +147,26 @@ class Sampler:
                     text_hits.append((seq.slot, t))
             seq.seen_upto = len(seq)
         if fresh:
-            idx = upload(torch.tensor(fresh), self.device)
-            self.seen_text[idx] = False
-            self.seen_audio[idx] = False
+            idx = self.upload(torch.tensor(fresh))
+            self.seen_text.index_fill_(0, idx, False)
+            self.seen_audio.index_fill_(0, idx, False)
         if text_hits or audio_hits:
-            hits = upload(torch.tensor(text_hits + audio_hits, dtype=torch.long), self.device)
+            hits = self.upload(torch.tensor(text_hits + audio_hits, dtype=torch.long))
             t, a = hits[: len(text_hits)], hits[len(text_hits) :]
-            self.seen_text[t[:, 0], t[:, 1]] = True
-            self.seen_audio[a[:, 0], a[:, 1]] = True
+            if text_hits:
+                self.seen_text.index_put_((t[:, 0], t[:, 1]), self.true)
+            if audio_hits:
+                self.seen_audio.index_put_((a[:, 0], a[:, 1]), self.true)
 
     # ---- sampling ------------------------------------------------------------------------------
     def _settings(self, seqs: list[Sequence]) -> RowSettings:
         floats = torch.tensor([[s.sampling.temperature, s.sampling.top_p, s.sampling.repetition_penalty] for s in seqs],
                               dtype=torch.float32)
-        floats = upload(floats, self.device)
+        floats = self.upload(floats)
         ints = torch.tensor([[s.sampling.top_k, s.noise_seed, s.num_steps, s.slot,
                               int(s.num_steps < s.sampling.min_new_tokens)] for s in seqs],
                             dtype=torch.long)
-        ints = upload(ints, self.device)
+        ints = self.upload(ints)
         return RowSettings(floats[:, 0], floats[:, 1], floats[:, 2], ints[:, 0], ints[:, 1], ints[:, 2], ints[:, 3],
                            ints[:, 4].bool())
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from services.common.tensors import upload
+from services.common.tensors import Uploader
 from services.llm.engine.scheduler import ScheduledBatch
 from services.llm.engine.sequence import Mode, Sequence
 from services.llm.model.model import MossSpeechForCausalLM
@@ -57,8 +57,10 @@ class BlockTableMirror:
 
 class KernelRunner:
     def __init__(self, model: MossSpeechForCausalLM, num_blocks: int, block_size: int, device: torch.device,
-                 max_num_seqs: int, max_model_len: int, kernels: str = "auto", cuda_graphs: bool = True):
+                 max_num_seqs: int, max_model_len: int, kernels: str = "auto", cuda_graphs: bool = True,
+                 upload: Uploader | None = None):
         cfg = model.cfg
+        self.upload = upload or Uploader(device)
         self.cfg, self.model, self.device, self.block_size = cfg, model, device, block_size
         dtype = next(model.parameters()).dtype
         self.kv_cache = torch.zeros(num_blocks, cfg.num_layers, 2, cfg.num_key_value_heads, block_size, cfg.head_dim,
@@ -122,7 +124,7 @@ class KernelRunner:
         tables = np.zeros((bucket, self.max_blocks + 1), dtype=np.int32)  # last column: context length
         tables[:n, :-1] = self.tables.rows(seqs)
         tables[:n, -1] = [p + 1 for p in pos]
-        ints, tables = upload(ints, self.device), upload(torch.from_numpy(tables), self.device)
+        ints, tables = self.upload(ints), self.upload(torch.from_numpy(tables))
         t = self._bucket_view(bucket)
         for dst, src in zip((t.text_ids, t.audio_ids, t.positions, t.slot_mapping), ints):
             dst.copy_(src, non_blocking=True)
@@ -146,17 +148,17 @@ class KernelRunner:
             slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, start + n)]
             cu.append(cu[-1] + n)
             ctx.append(start + n)
-        ints = upload(torch.tensor([text, audio, positions, slots], dtype=torch.long), self.device)
-        meta = upload(torch.tensor(cu + ctx, dtype=torch.int32), self.device)
-        tables = upload(torch.from_numpy(self.tables.rows(batch.seqs)), self.device)
+        ints = self.upload(torch.tensor([text, audio, positions, slots], dtype=torch.long))
+        meta = self.upload(torch.tensor(cu + ctx, dtype=torch.int32))
+        tables = self.upload(torch.from_numpy(self.tables.rows(batch.seqs)))
         s = len(batch.seqs)
         t = StepTensors(ints[0], ints[1], ints[2], ints[3], tables, meta[s + 1 :], meta[: s + 1],
                         max_seqlen_q=max(batch.num_tokens))
         want_text, want_audio = bool(text_rows), bool(audio_rows)
         text_stream, audio_stream = self.forward(t)
-        m, dev = self.model.model, self.device
-        text_h = self.forward.final_hidden(text_stream, m.text_norm.weight, torch.tensor(text_rows, device=dev)) if want_text else None
-        audio_h = self.forward.final_hidden(audio_stream, m.audio_norm.weight, torch.tensor(audio_rows, device=dev)) if want_audio else None
+        m = self.model.model
+        text_h = self.forward.final_hidden(text_stream, m.text_norm.weight, self._rows(text_rows)) if want_text else None
+        audio_h = self.forward.final_hidden(audio_stream, m.audio_norm.weight, self._rows(audio_rows)) if want_audio else None
         return text_h, audio_h
 
     # ---- the runner contract -----------------------------------------------------------------------
@@ -175,14 +177,19 @@ class KernelRunner:
         decode = all(n == 1 for n in batch.num_tokens) and len(sampled) == len(batch.seqs)
         if decode:
             text_h, audio_h = self._run_decode(batch.seqs)
-            text_h = text_h[torch.tensor(text_rows, device=self.device)] if text_rows else None
-            audio_h = audio_h[: len(audio_rows)] if audio_rows == list(range(len(audio_rows))) else (
-                audio_h[torch.tensor(audio_rows, device=self.device)] if audio_rows else None)
+            text_h = text_h[self._rows(text_rows)] if text_rows else None
+            audio_h = audio_h[self._rows(audio_rows)] if audio_rows else None
         else:
             text_h, audio_h = self._run_packed(batch, text_rows, audio_rows)
         for seq, n in zip(batch.seqs, batch.num_tokens):
             seq.num_cached += n
         return sampled, self._head(self.model.text_lm_head.weight, text_h), self._head(self.model.audio_lm_head.weight, audio_h)
+
+    def _rows(self, rows: list[int]) -> torch.Tensor | slice:
+        """Row indices on the device (a slice when they are 0..n-1: no copy, no gather)."""
+        if rows == list(range(len(rows))):
+            return slice(0, len(rows))
+        return self.upload(torch.tensor(rows, dtype=torch.long))
 
     def _head(self, weight: torch.Tensor, hidden: torch.Tensor | None) -> torch.Tensor:
         if hidden is None:
