@@ -150,6 +150,25 @@ def test_prefill_ragged_batch(request, dtype, heads, kv_heads, head_dim):
     check(out, ref, dtype)
 
 
+def test_prefill_padded_like_a_graph_bucket(request):
+    """A captured prefill replays with N rows and S sequences fixed: padding sequences (q_len 0, ctx 0)
+    and rows after the last sequence's are left alone, and any split of the rows is found by the tiles."""
+    gen = rng(request)
+    heads, kv_heads, head_dim = 8, 2, 16
+    seqs = [(1, 30)] * 9 + [(37, 37), (1, 3), (20, 70)] + [(0, 0)] * 4  # 4 padding sequences
+    q_lens, ctx_lens = [n for n, _ in seqs], [c for _, c in seqs]
+    kv, tables = make_pool(gen, ctx_lens, kv_heads, head_dim, torch.float32)
+    cu = [0]
+    for n in q_lens:
+        cu.append(cu[-1] + n)
+    q = randn(gen, cu[-1] + 11, heads, head_dim)  # 11 padding rows
+    out = torch.full_like(q, float("nan"))
+    paged_prefill_attention(q, kv, LAYER, tables, torch.tensor(cu, dtype=torch.int32, device=DEVICE),
+                            torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE), head_dim**-0.5, out=out)
+    check(out[: cu[-1]], reference(q[: cu[-1]], kv, tables, cu, ctx_lens), torch.float32)
+    assert out[cu[-1] :].isnan().all(), "a padding row was written"
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_prefill_chunked_equals_one_pass(request, dtype):
     gen = rng(request)
@@ -178,7 +197,7 @@ def test_prefill_of_single_rows_equals_decode(request):
     lens = torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE)
     cu = torch.arange(len(ctx_lens) + 1, dtype=torch.int32, device=DEVICE)
     decode = paged_decode_attention(q, kv, LAYER, tables, lens, head_dim**-0.5)
-    prefill = paged_prefill_attention(q, kv, LAYER, tables, cu, lens, head_dim**-0.5, max_seqlen_q=1)
+    prefill = paged_prefill_attention(q, kv, LAYER, tables, cu, lens, head_dim**-0.5)
     torch.testing.assert_close(prefill, decode, **TOL[torch.float32])
 
 

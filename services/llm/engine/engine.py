@@ -40,7 +40,7 @@ class EngineConfig:
     max_sessions: int = 1024
     runner: str = "auto"                # "kernels" (fused kernels, CUDA graphs), "reference", or auto: kernels on CUDA
     kernels: str = "auto"               # the kernel runner's ops: "triton", "torch", or auto: triton on CUDA
-    cuda_graphs: bool = True            # decode steps replay captured graphs (CUDA only)
+    cuda_graphs: bool = True            # steps replay captured graphs (CUDA, Triton kernels)
 
 
 @dataclass
@@ -96,7 +96,8 @@ def make_runner(model: MossSpeechForCausalLM, num_blocks: int, device: torch.dev
         return ModelRunner(model, num_blocks, config.block_size, device)
     if kind == "kernels":
         return KernelRunner(model, num_blocks, config.block_size, device, config.max_num_seqs, config.max_model_len,
-                            kernels=config.kernels, cuda_graphs=config.cuda_graphs, upload=upload)
+                            kernels=config.kernels, cuda_graphs=config.cuda_graphs, upload=upload,
+                            max_num_batched_tokens=config.max_num_batched_tokens)
     raise ValueError(f"unknown runner {config.runner!r}: kernels, reference or auto")
 
 

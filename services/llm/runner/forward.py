@@ -63,8 +63,7 @@ class StepTensors:
     slot_mapping: torch.Tensor  # [N] int64: block_id · block_size + offset; -1 for a padding row
     block_tables: torch.Tensor  # [S, max_blocks] int32 (S = N in decode)
     context_lens: torch.Tensor  # [S] int32: positions after this step (0: padding row)
-    cu_seqlens_q: torch.Tensor | None = None  # [S+1] int32, prefill only (None: one row per sequence)
-    max_seqlen_q: int = 1
+    cu_seqlens_q: torch.Tensor | None = None  # [S+1] int32, packed steps only (None: one row per sequence)
 
 
 class PackedForward:
@@ -79,8 +78,7 @@ class PackedForward:
     def _attend(self, q: torch.Tensor, layer_id: int, t: StepTensors) -> torch.Tensor:
         if t.cu_seqlens_q is None:
             return self.ops.decode_attention(q, self.kv_cache, layer_id, t.block_tables, t.context_lens)
-        return self.ops.prefill_attention(q, self.kv_cache, layer_id, t.block_tables, t.cu_seqlens_q, t.context_lens,
-                                          t.max_seqlen_q)
+        return self.ops.prefill_attention(q, self.kv_cache, layer_id, t.block_tables, t.cu_seqlens_q, t.context_lens)
 
     def _layer(self, w: LayerWeights, x: torch.Tensor, residual: torch.Tensor, t: StepTensors):
         """(x, residual) [N, hidden] each, the stream being x + residual → the same after this layer."""

@@ -1,11 +1,15 @@
-"""The fast step runner: fused kernels over the paged pool, CUDA graphs for decode.
+"""The fast step runner: fused kernels over the paged pool, CUDA graphs for every step that fits one.
 
-A pure decode step (every scheduled sequence computes exactly its last position) runs from static
-buffers padded to a bucket size (1, 2, 4, ..., max_num_seqs): on CUDA each bucket is one captured graph
-(embedding → 40 layers → final norms), replayed with the step's ids, positions, slots, block tables and
-context lengths copied in; padding rows have slot -1 (no K/V stored) and context 0 (attention writes
-zeros). Prefill and mixed steps run the same forward eagerly over the packed rows. The heads run after
-the trunk, only for the rows whose mode samples them (runner contract in torch_runner.py).
+Two kinds of step, each run from static buffers padded to a bucket and, on CUDA, replayed from one
+captured graph per bucket (embedding → 40 layers; launching the ~400 kernels of a forward one by one
+costs the host ~20 ms, more than the GPU needs for a 512-token prefill):
+- decode (every scheduled sequence computes exactly its last position): buckets of sequences
+  (1, 2, 4, ..., max_num_seqs), split-K decode attention, final norms inside the graph;
+- packed (prefill chunks, prefix hits, mixed prefill + decode): buckets of rows (16, 32, 64, ...,
+  up to PACKED_GRAPH_ROWS), the sequence axis padded to max_num_seqs, varlen prefill attention whose
+  grid depends only on those two sizes. Larger packed steps run eagerly: their GEMMs outlast the launches.
+Padding rows have slot -1 (no K/V stored) and context 0; padding sequences have no rows. The heads run
+after the trunk, only for the rows whose mode samples them (runner contract in torch_runner.py).
 
 Host work per step is list building and two or three pinned copies; the only device → host read of the
 step is the sampler's.
@@ -25,10 +29,17 @@ from services.llm.runner.forward import PackedForward, StepTensors
 from services.llm.runner.ops import make_ops
 
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PACKED_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024)
+PACKED_GRAPH_ROWS = PACKED_BUCKETS[-1]  # above this, a packed step's GEMMs take longer than its eager launches
 
 
 def decode_buckets(max_num_seqs: int) -> list[int]:
     return sorted({b for b in DECODE_BUCKETS if b < max_num_seqs} | {max_num_seqs})
+
+
+def packed_buckets(max_num_batched_tokens: int) -> list[int]:
+    top = min(max_num_batched_tokens, PACKED_GRAPH_ROWS)
+    return sorted({b for b in PACKED_BUCKETS if b < top} | {top})
 
 
 class BlockTableMirror:
@@ -58,7 +69,7 @@ class BlockTableMirror:
 class KernelRunner:
     def __init__(self, model: MossSpeechForCausalLM, num_blocks: int, block_size: int, device: torch.device,
                  max_num_seqs: int, max_model_len: int, kernels: str = "auto", cuda_graphs: bool = True,
-                 upload: Uploader | None = None):
+                 upload: Uploader | None = None, max_num_batched_tokens: int = 512):
         cfg = model.cfg
         self.upload = upload or Uploader(device)
         self.cfg, self.model, self.device, self.block_size = cfg, model, device, block_size
@@ -70,23 +81,36 @@ class KernelRunner:
         self.forward = PackedForward(model, self.kv_cache, make_ops(kernels, cfg, max_model_len, device))
         self.max_blocks = -(-max_model_len // block_size)
         self.tables = BlockTableMirror(max_num_seqs, self.max_blocks)
+        self.max_num_seqs = max_num_seqs
         self.buckets = decode_buckets(max_num_seqs)
-        self.static = self._static_inputs(self.buckets[-1])
+        self.static = self._static_inputs(self.buckets[-1], self.buckets[-1])
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
-        if cuda_graphs and device.type == "cuda":
+        self.packed_buckets = packed_buckets(max_num_batched_tokens)
+        self.packed = self._static_inputs(self.packed_buckets[-1], max_num_seqs, packed=True)
+        self.packed_graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        if cuda_graphs and device.type == "cuda" and kernels == "triton":  # the torch ops sync: not capturable
             self.capture()
 
-    # ---- decode: static buffers and graphs ---------------------------------------------------------
-    def _static_inputs(self, rows: int) -> StepTensors:
+    # ---- static buffers and graphs ------------------------------------------------------------------
+    def _static_inputs(self, rows: int, seqs: int, packed: bool = False) -> StepTensors:
+        """Zeroed step inputs: every row a padding row (slot -1), every sequence a padding one (context 0,
+        and in a packed step no rows: cu_seqlens_q all 0), so a capture writes nothing to the pool."""
         z = lambda dtype, *shape: torch.zeros(*shape, dtype=dtype, device=self.device)  # noqa: E731
         return StepTensors(z(torch.long, rows), z(torch.long, rows), z(torch.long, rows),
                            torch.full((rows,), -1, dtype=torch.long, device=self.device),
-                           z(torch.int32, rows, self.max_blocks), z(torch.int32, rows))
+                           z(torch.int32, seqs, self.max_blocks), z(torch.int32, seqs),
+                           z(torch.int32, seqs + 1) if packed else None)
 
     def _bucket_view(self, bucket: int) -> StepTensors:
         s = self.static
         return StepTensors(s.text_ids[:bucket], s.audio_ids[:bucket], s.positions[:bucket], s.slot_mapping[:bucket],
                            s.block_tables[:bucket], s.context_lens[:bucket])
+
+    def _packed_view(self, bucket: int) -> StepTensors:
+        """The first `bucket` rows; the sequence axis stays whole (max_num_seqs)."""
+        s = self.packed
+        return StepTensors(s.text_ids[:bucket], s.audio_ids[:bucket], s.positions[:bucket], s.slot_mapping[:bucket],
+                           s.block_tables, s.context_lens, s.cu_seqlens_q)
 
     def _decode_forward(self, t: StepTensors) -> tuple[torch.Tensor, torch.Tensor]:
         """Trunk, both branches and final norms for every row → (text hidden, audio hidden) [bucket, hidden]."""
@@ -96,18 +120,25 @@ class KernelRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """One graph per bucket, largest first so that smaller ones reuse its memory pool. The static
-        buffers hold padding rows (slot -1, context 0) while capturing: nothing is written to the pool."""
+        """One graph per bucket, largest first so that smaller ones reuse its memory pool (one pool for
+        all: a step replays one graph and consumes its outputs before the next replay). The static
+        buffers hold padding while capturing: nothing is written to the pool."""
         pool = None
-        for bucket in reversed(self.buckets):
-            t = self._bucket_view(bucket)
-            self._decode_forward(t)  # compiles the kernels outside capture
+
+        def record(fn, t):
+            nonlocal pool
+            fn(t)  # compiles the kernels outside capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                out = self._decode_forward(t)
+                out = fn(t)
             pool = graph.pool()
-            self.graphs[bucket] = (graph, out)
+            return graph, out
+
+        for bucket in reversed(self.packed_buckets):
+            self.packed_graphs[bucket] = record(self.forward, self._packed_view(bucket))
+        for bucket in reversed(self.buckets):
+            self.graphs[bucket] = record(self._decode_forward, self._bucket_view(bucket))
         torch.cuda.synchronize()
 
     def _run_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,17 +179,38 @@ class KernelRunner:
             slots += [seq.block_table[p // bs] * bs + p % bs for p in range(start, start + n)]
             cu.append(cu[-1] + n)
             ctx.append(start + n)
-        ints = self.upload(torch.tensor([text, audio, positions, slots], dtype=torch.long))
-        meta = self.upload(torch.tensor(cu + ctx, dtype=torch.int32))
-        tables = self.upload(torch.from_numpy(self.tables.rows(batch.seqs)))
-        s = len(batch.seqs)
-        t = StepTensors(ints[0], ints[1], ints[2], ints[3], tables, meta[s + 1 :], meta[: s + 1],
-                        max_seqlen_q=max(batch.num_tokens))
-        want_text, want_audio = bool(text_rows), bool(audio_rows)
-        text_stream, audio_stream = self.forward(t)
+        rows, num_seqs = cu[-1], len(batch.seqs)
+        bucket = next((b for b in self.packed_buckets if b >= rows), None)
+        if bucket is None:  # eager, unpadded
+            ints = self.upload(torch.tensor([text, audio, positions, slots], dtype=torch.long))
+            meta = self.upload(torch.tensor(cu + ctx, dtype=torch.int32))
+            tables = self.upload(torch.from_numpy(self.tables.rows(batch.seqs)))
+            t = StepTensors(ints[0], ints[1], ints[2], ints[3], tables, meta[num_seqs + 1 :], meta[: num_seqs + 1])
+            streams = self.forward(t)
+        else:  # padded to (bucket rows, max_num_seqs sequences) in the static buffers; a graph on CUDA
+            pad, seq_pad = bucket - rows, self.max_num_seqs - num_seqs
+            ints = self.upload(torch.tensor([text + [0] * pad, audio + [0] * pad, [*positions] + [0] * pad,
+                                             slots + [-1] * pad], dtype=torch.long))
+            meta = np.zeros((self.max_num_seqs, self.max_blocks + 1), dtype=np.int32)  # last column: context
+            meta[:num_seqs, :-1] = self.tables.rows(batch.seqs)
+            meta[:num_seqs, -1] = ctx
+            meta = self.upload(torch.from_numpy(meta))
+            cu_dev = self.upload(torch.tensor(cu + [rows] * seq_pad, dtype=torch.int32))
+            t = self._packed_view(bucket)
+            for dst, src in zip((t.text_ids, t.audio_ids, t.positions, t.slot_mapping), ints):
+                dst.copy_(src, non_blocking=True)
+            t.block_tables.copy_(meta[:, :-1], non_blocking=True)
+            t.context_lens.copy_(meta[:, -1], non_blocking=True)
+            t.cu_seqlens_q.copy_(cu_dev, non_blocking=True)
+            if bucket in self.packed_graphs:
+                graph, streams = self.packed_graphs[bucket]
+                graph.replay()
+            else:
+                streams = self.forward(t)
+        text_stream, audio_stream = streams
         m = self.model.model
-        text_h = self.forward.final_hidden(text_stream, m.text_norm.weight, self._rows(text_rows)) if want_text else None
-        audio_h = self.forward.final_hidden(audio_stream, m.audio_norm.weight, self._rows(audio_rows)) if want_audio else None
+        text_h = self.forward.final_hidden(text_stream, m.text_norm.weight, self._rows(text_rows)) if text_rows else None
+        audio_h = self.forward.final_hidden(audio_stream, m.audio_norm.weight, self._rows(audio_rows)) if audio_rows else None
         return text_h, audio_h
 
     # ---- the runner contract -----------------------------------------------------------------------

@@ -10,7 +10,8 @@ Contracts (N packed rows, H heads, KH kv heads, D head_dim, pool [blocks, layers
     silu_mul(gate_up [N, 2I])                               → [N, I]
     decode_attention(q [B, H, D], layer, block_tables [B, max_blocks], context_lens [B])      → [B, H, D]
     prefill_attention(q [N, H, D], layer, block_tables [S, max_blocks], cu_seqlens_q [S+1],
-                      context_lens [S], max_seqlen_q)                                         → [N, H, D]
+                      context_lens [S])                                                       → [N, H, D]
+        (sequences with no rows and rows after cu_seqlens_q[S] are padding: their outputs are unspecified)
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ class TritonOps:
         return self.attention.paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, self.scale,
                                                      max_context=self.max_model_len)
 
-    def prefill_attention(self, q, kv_cache, layer, block_tables, cu_seqlens_q, context_lens, max_seqlen_q):
+    def prefill_attention(self, q, kv_cache, layer, block_tables, cu_seqlens_q, context_lens):
         return self.attention.paged_prefill_attention(q, kv_cache, layer, block_tables, cu_seqlens_q, context_lens,
-                                                      self.scale, max_seqlen_q=max_seqlen_q)
+                                                      self.scale)
 
 
 class TorchOps:
@@ -101,11 +102,13 @@ class TorchOps:
                 out[b : b + 1] = causal_attention(q[b : b + 1], k, v, start=ctx - 1)
         return out
 
-    def prefill_attention(self, q, kv_cache, layer, block_tables, cu_seqlens_q, context_lens, max_seqlen_q):
-        out = torch.empty_like(q)
+    def prefill_attention(self, q, kv_cache, layer, block_tables, cu_seqlens_q, context_lens):
+        out = torch.zeros_like(q)
         cu = cu_seqlens_q.tolist()
         for s, ctx in enumerate(context_lens.tolist()):
             rows = slice(cu[s], cu[s + 1])
+            if cu[s + 1] == cu[s]:
+                continue
             k, v = self._context(kv_cache, layer, block_tables[s], ctx)
             out[rows] = causal_attention(q[rows], k, v, start=ctx - (cu[s + 1] - cu[s]))
         return out

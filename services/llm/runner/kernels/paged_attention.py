@@ -131,20 +131,34 @@ def _decode_reduce_kernel(
 @triton.jit
 def _prefill_kernel(
     q_ptr, kv_ptr, table_ptr, cu_q_ptr, ctx_ptr, out_ptr,
-    layer, qk_scale,
+    layer, qk_scale, num_seqs,
     stride_qn, stride_qh, stride_on, stride_oh,
     stride_kv_block, stride_kv_layer, stride_kv_kv, stride_kv_head, stride_kv_token, stride_table,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Grid (cdiv(max_seqlen_q, BLOCK_M // GROUP), S, kv_heads). A tile's BLOCK_M rows are BLOCK_M // GROUP
-    query positions x the GROUP heads of one KV head (row r: position r // GROUP, head r % GROUP), so each
-    K/V tile is loaded once per group and a q_len-1 row still fills GROUP rows of the tile."""
-    tile, seq, kv_head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """Grid (num_rows // POSITIONS + S, kv_heads), POSITIONS = BLOCK_M // GROUP. A tile's BLOCK_M rows are
+    POSITIONS query positions x the GROUP heads of one KV head (row r: position r // GROUP, head r % GROUP),
+    so each K/V tile is loaded once per group and a q_len-1 row still fills GROUP rows of the tile.
+
+    Tiles are numbered across sequences: sequence s owns tiles from first(s) = cu_q[s] // POSITIONS + s,
+    which leaves it at least cdiv(q_len_s, POSITIONS) of them, so the grid depends only on the number of
+    rows and sequences, never on how the rows split (a graph captured once serves every split); a
+    program finds its sequence by binary search over first(s) and returns if its tile has no rows."""
+    pid, kv_head = tl.program_id(0), tl.program_id(1)
     POSITIONS: tl.constexpr = BLOCK_M // GROUP
+    lo = pid * 0  # int32 scalars (num_seqs 1 is specialised to a constant)
+    hi = lo + num_seqs - 1
+    while lo < hi:  # the last sequence whose first tile is <= pid
+        mid = (lo + hi + 1) // 2
+        before = tl.load(cu_q_ptr + mid) // POSITIONS + mid <= pid
+        lo = tl.where(before, mid, lo)
+        hi = tl.where(before, hi, mid - 1)
+    seq = lo
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
-    if tile * POSITIONS >= q_len:  # this sequence has fewer new rows than the longest one
+    tile = pid - (q_start // POSITIONS + seq)
+    if tile * POSITIONS >= q_len:  # a tile beyond this sequence's rows (or a padding sequence, q_len 0)
         return
     ctx = tl.load(ctx_ptr + seq)
 
@@ -237,10 +251,10 @@ def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale
     return out
 
 
-def paged_prefill_attention(q, kv_cache, layer, block_tables, cu_seqlens_q, context_lens, scale, out=None,
-                            max_seqlen_q=None):
+def paged_prefill_attention(q, kv_cache, layer, block_tables, cu_seqlens_q, context_lens, scale, out=None):
     """Causal attention of packed new rows over their sequences' paged contexts (prefix hits, chunked
-    prefill and q_len-1 decode rows alike). Eager only: computes max_seqlen_q on the host if not given.
+    prefill and q_len-1 decode rows alike). CUDA-graph safe: the grid depends only on N and S; padding
+    sequences (q_len 0) and rows after cu_seqlens_q[S] are left alone (those rows of out unwritten).
 
     q [N, H, D]: the new rows of S sequences back to back; cu_seqlens_q [S+1] int32; context_lens [S] int32
     (positions after this step: sequence s's rows sit at context_lens[s] - q_len_s .. context_lens[s] - 1,
@@ -254,15 +268,13 @@ def paged_prefill_attention(q, kv_cache, layer, block_tables, cu_seqlens_q, cont
     num_seqs = context_lens.shape[0]
     if rows == 0 or num_seqs == 0:
         return out
-    if max_seqlen_q is None:
-        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     _, block_m, block_n = _tiles(q)
     assert group <= block_m, "a tile holds at least one position's whole group"
     s = kv_cache.stride()
-    grid = (triton.cdiv(max_seqlen_q, block_m // group), num_seqs, kv_heads)
+    grid = (rows // (block_m // group) + num_seqs, kv_heads)
     _prefill_kernel[grid](
         q, kv_cache, block_tables, cu_seqlens_q, context_lens, out,
-        layer, scale * LOG2E,
+        layer, scale * LOG2E, num_seqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         s[0], s[1], s[2], s[3], s[4], block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
