@@ -272,7 +272,7 @@ class ForcedRunner:
     def __init__(self, engine, script):
         self.engine, self.script = engine, list(script)
 
-    def run(self, batch):
+    def run(self, batch, feed=None):
         for seq, n in zip(batch.seqs, batch.num_tokens):
             seq.num_cached += n
         text = torch.zeros(1, CFG.vocab_size)
@@ -286,7 +286,7 @@ class ForcedRunner:
 
 def test_state_machine_under_forced_logits(model):
     c = CFG
-    engine = make_engine(model)
+    engine = make_engine(model, overlap=False)  # one scripted step per launch: no steps launched ahead
     seq = engine.make_sequence(GenerationRequest("f", SamplingSettings(temperature=0.0, repetition_penalty=1.0,
                                                                         max_new_tokens=50, min_new_tokens=3),
                                                  ChunkSettings(first_chunk_tokens=1, chunk_tokens=1), text="hi", audio_reply=False))

@@ -168,8 +168,8 @@ class NaNForOne:
     def __init__(self, runner, victim):
         self.runner, self.victim = runner, victim
 
-    def run(self, batch):
-        sampled, text, audio = self.runner.run(batch)
+    def run(self, batch, feed=None):
+        sampled, text, audio = self.runner.run(batch, feed)
         audio = audio.clone()
         for row, i in enumerate(sampled):
             if batch.seqs[i].request_id == self.victim:

@@ -114,12 +114,13 @@ class BlockManager:
         self.queried_tokens += len(seq) - 1
         self.hit_tokens += seq.num_cached
 
-    def can_append(self, seq: Sequence) -> bool:
-        return self.blocks_needed(len(seq)) - len(seq.block_table) <= self.num_free
+    def can_append(self, seq: Sequence, num_tokens: int | None = None) -> bool:
+        return self.blocks_needed(num_tokens or len(seq)) - len(seq.block_table) <= self.num_free
 
-    def append(self, seq: Sequence) -> None:
-        """Grow the table to cover every position of seq (one more block at most, in decode)."""
-        while len(seq.block_table) < self.blocks_needed(len(seq)):
+    def append(self, seq: Sequence, num_tokens: int | None = None) -> None:
+        """Grow the table to cover every position of seq, or its first num_tokens (one more block at
+        most, in decode; a step launched ahead asks for the position its pending sample will take)."""
+        while len(seq.block_table) < self.blocks_needed(num_tokens or len(seq)):
             block_id = self._take()
             self._evict_hash(block_id)
             seq.block_table.append(block_id)
@@ -130,7 +131,8 @@ class BlockManager:
             self._commit(seq)
 
     def _commit(self, seq: Sequence) -> None:
-        while (len(seq.block_hashes) + 1) * self.block_size <= seq.num_cached:
+        known = min(seq.num_cached, len(seq))  # a step launched ahead computes a position the host has no token for yet
+        while (len(seq.block_hashes) + 1) * self.block_size <= known:
             i = len(seq.block_hashes)
             start, end = i * self.block_size, (i + 1) * self.block_size
             text, audio = seq.text_ids[start:end], seq.audio_ids[start:end]

@@ -21,8 +21,8 @@ from services.llm.model.model import MossSpeechForCausalLM
 from services.llm.runner.kernel_runner import KernelRunner
 from services.llm.runner.torch_runner import ModelRunner
 from services.llm.model.prompt import PromptBuilder
-from services.llm.engine.sampler import Sampler
-from services.llm.engine.scheduler import Scheduler
+from services.llm.engine.sampler import Sampler, Samples
+from services.llm.engine.scheduler import ScheduledBatch, Scheduler
 from services.llm.engine.sequence import Chunk, FinishReason, Mode, Sequence
 from services.llm.engine.session import SessionStore
 
@@ -41,6 +41,7 @@ class EngineConfig:
     runner: str = "auto"                # "kernels" (fused kernels, CUDA graphs), "reference", or auto: kernels on CUDA
     kernels: str = "auto"               # the kernel runner's ops: "triton", "torch", or auto: triton on CUDA
     cuda_graphs: bool = True            # steps replay captured graphs (CUDA, Triton kernels)
+    overlap: bool = True                # launch decode step N+1 before step N's samples reach the host
 
 
 @dataclass
@@ -87,6 +88,22 @@ class EngineCounters:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     steps: int = 0
+    steps_ahead: int = 0     # decode steps launched before the previous step's samples reached the host
+    voided_samples: int = 0  # samples of such steps thrown away: the previous sample switched mode or ended
+
+
+@dataclass(eq=False)
+class InFlight:
+    """A step launched on the device whose samples the host has not applied yet."""
+
+    batch: ScheduledBatch
+    seqs: list[Sequence]           # the sequences that sample, in batch order
+    samples: Samples
+    stats: StepStats
+    start: float
+    marks: tuple[int, int, int]
+    modes: list[Mode]              # each sampling sequence's mode at launch: the head it samples
+    void: set[int] = field(default_factory=set)  # seq_ids whose samples here are thrown away
 
 
 def make_runner(model: MossSpeechForCausalLM, num_blocks: int, device: torch.device, config: EngineConfig,
@@ -120,6 +137,8 @@ class LLMEngine:
         self.sequences: dict[int, Sequence] = {}  # by seq_id
         self.counters = EngineCounters()
         self.last_step = StepStats()
+        self.inflight: InFlight | None = None  # launched, samples not applied (see `step`)
+        self.last_done = time.perf_counter()
         self.on_logits = None  # optional observer (seqs, text logits, audio logits), for reference checks
 
     @property
@@ -185,13 +204,15 @@ class LLMEngine:
         self.block_manager.free(seq)
         if seq.session_id:
             self.sessions.abort(seq)
+        if self.inflight is not None and not any(self.sequences.get(s.seq_id) is s for s in self.inflight.batch.seqs):
+            self.inflight = None  # nobody is left to apply the step in flight to (stream order keeps it harmless)
         return True
 
     def close_session(self, session_id: str) -> bool:
         return self.sessions.close(session_id)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self.inflight is not None
 
     def load(self) -> EngineLoad:
         bm = self.block_manager
@@ -199,33 +220,112 @@ class LLMEngine:
 
     # ---- the loop --------------------------------------------------------------------------------
     def step(self) -> list[Chunk]:
+        """Apply one step's samples → the chunks they complete.
+
+        Overlapped: while a decode step runs on the device, the next one is launched with the samples
+        it will produce as its input ids (they never leave the device), assuming each sequence goes
+        on in its mode; only then does the host wait for the first step's samples and apply them. So
+        the host's work (applying samples, chunking, building the next step's inputs) runs while the
+        GPU computes, and at batch 1 a step costs what the GPU takes. A sequence whose sample ended
+        it or switched its mode had its next sample drawn from the wrong head: that sample is thrown
+        away (its K/V position is right and is recomputed anyway), and the next step is scheduled
+        normally. Prefill and mixed steps, and steps with requests waiting for admission, run one at
+        a time."""
+        try:
+            if self.inflight is None:
+                self.inflight = self._launch_scheduled()
+                if self.inflight is None:
+                    return []
+            current = self.inflight
+            self.inflight = self._launch_ahead(current)
+            return self._complete(current, self.inflight)
+        except Exception:
+            self.inflight = None  # the caller fails every sequence; nothing may wait on this step
+            raise
+
+    def _launch_scheduled(self) -> InFlight | None:
         start, marks = time.perf_counter(), self._marks()
-        self.upload.reset()  # the last step's copies are done: its samples were read back after them
+        self.upload.reset()
         batch = self.scheduler.schedule(start)
         for seq in self.scheduler.take_preempted():
             self.sampler.release(seq)
         self.sampler.assign(batch.seqs)
         if not batch.seqs:  # work queued but none admissible: unreachable while every request fits
-            if self.has_work():  # the pool alone (make_sequence checks), but never spin on it
+            if self.scheduler.has_work():  # the pool alone (make_sequence checks), but never spin on it
                 raise ResourceExhausted("KV cache: the next request cannot be admitted")
-            return []
-        stats = self._count_tokens(batch)
-        sampled, text_logits, audio_logits = self.runner.run(batch)
+            return None
+        return self._launch(batch, start, marks)
+
+    def _launch_ahead(self, current: InFlight) -> InFlight | None:
+        """Launch the decode step after `current` before its samples reach the host, when it is sure to
+        be the same batch: every sequence sampled and is alive, none can end by length, nobody waits
+        for admission, and the pool has the blocks."""
+        seqs, bm = current.batch.seqs, self.block_manager
+        if (not self.config.overlap or self.on_logits is not None or current.void or self.scheduler.waiting
+                or len(current.seqs) != len(seqs)):
+            return None
+        for seq in seqs:
+            if self.sequences.get(seq.seq_id) is not seq or seq.num_steps + 1 >= seq.sampling.max_new_tokens:
+                return None
+        if sum(bm.blocks_needed(len(s) + 1) - len(s.block_table) for s in seqs) > bm.num_free:
+            return None
+        for seq in seqs:
+            bm.append(seq, len(seq) + 1)  # the position the pending sample will take
+        start, marks = time.perf_counter(), self._marks()
+        self.upload.reset()
+        self.counters.steps_ahead += 1
+        return self._launch(ScheduledBatch(list(seqs), [1] * len(seqs)), start, marks, previous=current)
+
+    def _launch(self, batch: ScheduledBatch, start: float, marks: tuple[int, int, int],
+                previous: InFlight | None = None) -> InFlight:
+        stats = self._count_tokens(batch, ahead=previous is not None)
+        feed = None
+        if previous is not None:
+            self.sampler.observe_ahead(previous.samples)
+            feed = self._feed(previous)
+        sampled, text_logits, audio_logits = self.runner.run(batch, feed)
         self.block_manager.commit(*batch.seqs)
         seqs = [batch.seqs[i] for i in sampled]
         if self.on_logits is not None:
             self.on_logits(seqs, text_logits, audio_logits)
-        chunks = self.postprocess(seqs, self.sampler(seqs, text_logits, audio_logits), time.perf_counter(), stats)
-        self.record(stats, start, len(batch.seqs), marks)
+        samples = self.sampler.launch(seqs, text_logits, audio_logits, ahead=int(previous is not None))
+        return InFlight(batch, seqs, samples, stats, start, marks, [s.mode for s in seqs])
+
+    def _feed(self, previous: InFlight) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next input ids [B] per channel from the previous step's samples, on the device: in text
+        mode (sample, audio_pad), in audio mode (modality_pad, sample) — what `append_sampled` appends."""
+        cfg, ids = self.cfg, previous.samples.ids
+        in_audio = self.upload(torch.tensor([mode is Mode.AUDIO for mode in previous.modes]))
+        return (torch.where(in_audio, cfg.modality_pad_token_id, ids), torch.where(in_audio, ids, cfg.audio_pad_token_id))
+
+    def _complete(self, current: InFlight, ahead: InFlight | None) -> list[Chunk]:
+        """Wait for `current`'s samples and apply them. The step launched ahead computed one more
+        position per sequence: counted only for the sequences that go on in the mode it assumed."""
+        results = current.samples.result()
+        now = time.perf_counter()
+        if ahead is not None:
+            for seq in ahead.batch.seqs:
+                seq.num_cached -= 1  # unconfirmed while this step's samples are applied (a session may end)
+        live = [(seq, r) for seq, r in zip(current.seqs, results)
+                if seq.seq_id not in current.void and self.sequences.get(seq.seq_id) is seq]
+        chunks = self.postprocess([seq for seq, _ in live], [r for _, r in live], now, current.stats)
+        if ahead is not None:
+            for seq, mode in zip(ahead.seqs, ahead.modes):
+                if self.sequences.get(seq.seq_id) is seq and seq.mode is mode:
+                    seq.num_cached += 1
+                else:
+                    ahead.void.add(seq.seq_id)
+                    self.counters.voided_samples += 1
+        self.record(current.stats, current.start, len(current.batch.seqs), current.marks, now)
         return chunks
 
     def _marks(self) -> tuple[int, int, int]:
         return self.scheduler.num_preemptions, self.block_manager.hit_tokens, self.block_manager.queried_tokens
 
-    def _count_tokens(self, batch) -> StepStats:
+    def _count_tokens(self, batch: ScheduledBatch, ahead: bool = False) -> StepStats:
         stats = StepStats()
         for seq, n in zip(batch.seqs, batch.num_tokens):
-            if seq.num_cached == len(seq) - 1 and seq.num_steps:
+            if ahead or (seq.num_cached == len(seq) - 1 and seq.num_steps):
                 stats.decode_tokens += 1
             else:
                 stats.prefill_tokens += n
@@ -273,8 +373,10 @@ class LLMEngine:
         else:
             self.block_manager.free(seq)
 
-    def record(self, stats: StepStats, start: float, batch_size: int, before: tuple[int, int, int]) -> None:
-        stats.duration = time.perf_counter() - start
+    def record(self, stats: StepStats, start: float, batch_size: int, before: tuple[int, int, int], now: float) -> None:
+        """stats.duration: from the step's launch, or the previous step's end if later (steps overlap)."""
+        stats.duration = now - max(start, self.last_done)
+        self.last_done = now
         stats.batch_size = batch_size
         stats.preemptions = self.scheduler.num_preemptions - before[0]
         stats.prefix_hit_tokens = self.block_manager.hit_tokens - before[1]

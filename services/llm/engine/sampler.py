@@ -106,6 +106,31 @@ def sample_rows(logits: torch.Tensor, rows: RowSettings, seen: torch.Tensor, sal
     return torch.where(rows.temperature < GREEDY_BELOW, greedy, sampled), ok
 
 
+class Samples:
+    """One step's samples: on the device for feeding the next step at once, on their way to the host.
+
+    ids [R] int64 on the device, in the order of `seqs`; `result()` waits for this step alone (an event
+    after its copy into pinned memory, not the stream, which may already run the next step)."""
+
+    def __init__(self, seqs: list[Sequence], ids: torch.Tensor, ok: torch.Tensor, host: torch.Tensor):
+        self.seqs, self.ids = seqs, ids
+        both = torch.stack([ids, ok.long()])  # [2, R]
+        if ids.is_cuda:
+            self.host = host[:, : len(seqs)]
+            self.host.copy_(both, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host, self.event = both, None
+
+    def result(self) -> list[tuple[int, bool]]:
+        """→ [(token, ok)] per sequence: the step's one device → host read."""
+        if self.event is not None:
+            self.event.synchronize()
+        ids, ok = self.host.tolist()
+        return [(token, bool(good)) for token, good in zip(ids, ok)]
+
+
 class Sampler:
     """Samples each sequence's current head. Owns the seen-token masks, one slot per running sequence."""
 
@@ -118,6 +143,10 @@ class Sampler:
         self.seen_audio = torch.zeros(max_slots, cfg.audio_vocab_size, dtype=torch.bool, device=device)
         self.free_slots = list(range(max_slots - 1, -1, -1))
         self.fresh: list[int] = []  # slots handed out whose masks still hold a previous owner's tokens
+        # Pinned landing places for the samples of the steps in flight (at most two, plus one spare).
+        pinned = device.type == "cuda"
+        self.landing = [torch.zeros(2, max_slots, dtype=torch.long, pin_memory=pinned) for _ in range(3)]
+        self.launches = 0
 
     # ---- slots ---------------------------------------------------------------------------------
     def release(self, seq: Sequence) -> None:
@@ -158,13 +187,33 @@ class Sampler:
             if audio_hits:
                 self.seen_audio.index_put_((a[:, 0], a[:, 1]), self.true)
 
+    def observe_ahead(self, previous: Samples) -> None:
+        """Record the previous step's samples in the seen masks on the device, before the host has them:
+        a step launched ahead samples with them counted. The same rule as `_observe` (a text-mode
+        modality_pad counts as the audio channel's audio_pad), as read-modify-writes (slots are distinct
+        rows), so that the host's later `_observe` of the same tokens changes nothing."""
+        seqs, ids = previous.seqs, previous.ids
+        text = [i for i, s in enumerate(seqs) if s.mode is Mode.TEXT]
+        audio = [i for i, s in enumerate(seqs) if s.mode is Mode.AUDIO]
+        slots = self.upload(torch.tensor([s.slot for s in seqs], dtype=torch.long))
+        if text:
+            rows = self.upload(torch.tensor(text, dtype=torch.long))
+            slot, tok = slots[rows], ids[rows]
+            is_pad = tok == self.cfg.modality_pad_token_id
+            self.seen_text.index_put_((slot, tok), self.seen_text[slot, tok] | ~is_pad)
+            pad = torch.full_like(tok, self.cfg.audio_pad_token_id)
+            self.seen_audio.index_put_((slot, pad), self.seen_audio[slot, pad] | is_pad)
+        if audio:
+            rows = self.upload(torch.tensor(audio, dtype=torch.long))
+            self.seen_audio.index_put_((slots[rows], ids[rows]), self.true)
+
     # ---- sampling ------------------------------------------------------------------------------
-    def _settings(self, seqs: list[Sequence]) -> RowSettings:
+    def _settings(self, seqs: list[Sequence], ahead: int = 0) -> RowSettings:
         floats = torch.tensor([[s.sampling.temperature, s.sampling.top_p, s.sampling.repetition_penalty] for s in seqs],
                               dtype=torch.float32)
         floats = self.upload(floats)
-        ints = torch.tensor([[s.sampling.top_k, s.noise_seed, s.num_steps, s.slot,
-                              int(s.num_steps < s.sampling.min_new_tokens)] for s in seqs],
+        ints = torch.tensor([[s.sampling.top_k, s.noise_seed, s.num_steps + ahead, s.slot,
+                              int(s.num_steps + ahead < s.sampling.min_new_tokens)] for s in seqs],
                             dtype=torch.long)
         ints = self.upload(ints)
         return RowSettings(floats[:, 0], floats[:, 1], floats[:, 2], ints[:, 0], ints[:, 1], ints[:, 2], ints[:, 3],
@@ -177,36 +226,50 @@ class Sampler:
         fits = all(s.sampling.temperature < GREEDY_BELOW or 0 < s.sampling.top_k <= TOPK_CAP // 2 for s in seqs)
         return TOPK_CAP if fits else None
 
-    def sample_text(self, seqs: list[Sequence], logits: torch.Tensor):
-        """logits [R, text_vocab] of sequences in text mode → (ids [R], ok [R]) on the device."""
-        rows = self._settings(seqs)
+    def sample_text(self, seqs: list[Sequence], logits: torch.Tensor, ahead: int = 0):
+        """logits [R, text_vocab] of sequences in text mode → (ids [R], ok [R]) on the device.
+        ahead: 1 when the sequences' previous samples are not applied on the host yet."""
+        rows = self._settings(seqs, ahead)
         logits = logits.float()
         return sample_rows(logits, rows, self.seen_text[rows.slot], TEXT_SALT, self._candidates(seqs))
 
-    def sample_audio(self, seqs: list[Sequence], logits: torch.Tensor):
+    def sample_audio(self, seqs: list[Sequence], logits: torch.Tensor, ahead: int = 0):
         """logits [R, audio_vocab] of sequences in audio mode → (ids [R], ok [R]) on the device.
         Ids at or above audio_logits_limit are masked, and eosp while a row is before min_new_tokens."""
-        rows = self._settings(seqs)
+        rows = self._settings(seqs, ahead)
         logits = logits.float().clone()
         logits[:, self.cfg.audio_logits_limit :] = float("-inf")
         eosp = logits[:, self.cfg.eosp_token_id]
         logits[:, self.cfg.eosp_token_id] = torch.where(rows.block_eosp, float("-inf"), eosp)
         return sample_rows(logits, rows, self.seen_audio[rows.slot], AUDIO_SALT, self._candidates(seqs))
 
-    def __call__(self, seqs: list[Sequence], text_logits: torch.Tensor, audio_logits: torch.Tensor):
-        """Sample the current head of each sequence. text_logits [T, V] hold the rows of the sequences
-        in text mode, audio_logits [A, V_audio] those in audio mode, each in `seqs` order.
-        → [(token, ok)] per sequence, read back from the device once."""
+    def launch(self, seqs: list[Sequence], text_logits: torch.Tensor, audio_logits: torch.Tensor,
+               ahead: int = 0) -> Samples:
+        """Sample the current head of each sequence, without waiting for anything. text_logits [T, V] hold
+        the rows of the sequences in text mode, audio_logits [A, V_audio] those in audio mode, each in
+        `seqs` order. ahead: 1 for a step launched before the previous one's samples reached the host
+        (`observe_ahead` has recorded them on the device)."""
         self._observe(seqs)
         text_seqs = [s for s in seqs if s.mode is Mode.TEXT]
         audio_seqs = [s for s in seqs if s.mode is Mode.AUDIO]
         parts = []
         if text_seqs:
-            parts.append(torch.stack(self.sample_text(text_seqs, text_logits)).long())
+            parts.append(self.sample_text(text_seqs, text_logits, ahead))
         if audio_seqs:
-            parts.append(torch.stack(self.sample_audio(audio_seqs, audio_logits)).long())
+            parts.append(self.sample_audio(audio_seqs, audio_logits, ahead))
+        landing = self.landing[self.launches % len(self.landing)]
+        self.launches += 1
         if not parts:
-            return []
-        ids, ok = torch.cat(parts, 1).tolist()  # the step's one device → host read
-        by_seq = dict(zip([s.seq_id for s in text_seqs + audio_seqs], zip(ids, ok)))
-        return [(by_seq[s.seq_id][0], bool(by_seq[s.seq_id][1])) for s in seqs]
+            empty = torch.zeros(0, dtype=torch.long, device=self.device)
+            return Samples(seqs, empty, empty.bool(), landing)
+        ids, ok = (torch.cat([p[i] for p in parts]) for i in (0, 1))
+        order = text_seqs + audio_seqs
+        if order != seqs:  # both modes in one step: back to batch order
+            where = {s.seq_id: i for i, s in enumerate(order)}
+            perm = self.upload(torch.tensor([where[s.seq_id] for s in seqs], dtype=torch.long))
+            ids, ok = ids[perm], ok[perm]
+        return Samples(seqs, ids, ok, landing)
+
+    def __call__(self, seqs: list[Sequence], text_logits: torch.Tensor, audio_logits: torch.Tensor):
+        """`launch` and wait: → [(token, ok)] per sequence."""
+        return self.launch(seqs, text_logits, audio_logits).result()

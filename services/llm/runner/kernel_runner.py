@@ -141,14 +141,16 @@ class KernelRunner:
             self.graphs[bucket] = record(self._decode_forward, self._bucket_view(bucket))
         torch.cuda.synchronize()
 
-    def _run_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run_decode(self, seqs: list[Sequence], feed: tuple[torch.Tensor, torch.Tensor] | None = None):
         n = len(seqs)
         bucket = next(b for b in self.buckets if b >= n)
         bs, pad = self.block_size, bucket - n
         pos = [seq.num_cached for seq in seqs]
+        ids = ([0] * n, [0] * n) if feed is not None else ([seq.text_ids[p] for seq, p in zip(seqs, pos)],
+                                                           [seq.audio_ids[p] for seq, p in zip(seqs, pos)])
         ints = torch.tensor([
-            [seq.text_ids[p] for seq, p in zip(seqs, pos)] + [0] * pad,
-            [seq.audio_ids[p] for seq, p in zip(seqs, pos)] + [0] * pad,
+            ids[0] + [0] * pad,
+            ids[1] + [0] * pad,
             pos + [0] * pad,
             [seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, pos)] + [-1] * pad,
         ], dtype=torch.long)
@@ -161,6 +163,9 @@ class KernelRunner:
             dst.copy_(src, non_blocking=True)
         t.block_tables.copy_(tables[:, :-1], non_blocking=True)
         t.context_lens.copy_(tables[:, -1], non_blocking=True)
+        if feed is not None:  # this step's input ids are the previous step's samples, still on the device
+            t.text_ids[:n].copy_(feed[0])
+            t.audio_ids[:n].copy_(feed[1])
         if bucket in self.graphs:
             graph, out = self.graphs[bucket]
             graph.replay()
@@ -215,20 +220,24 @@ class KernelRunner:
 
     # ---- the runner contract -----------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    def run(self, batch: ScheduledBatch, feed: tuple[torch.Tensor, torch.Tensor] | None = None
+            ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """Compute the scheduled positions (every sequence holds a sampler slot); → (indices into
         batch.seqs of the sequences that sample, text logits [T, V] of those in text mode, audio logits
-        [A, V_audio] of those in audio mode, in batch order)."""
+        [A, V_audio] of those in audio mode, in batch order).
+
+        feed: (text ids [B], audio ids [B]) on the device for a decode step launched ahead: each
+        sequence computes position num_cached == len(seq), whose tokens the host does not have yet."""
         sampled, text_rows, audio_rows = [], [], []
         row = 0
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens)):
             row += n
-            if seq.num_cached + n == len(seq):
+            if seq.num_cached + n == len(seq) or feed is not None:
                 sampled.append(i)
                 (text_rows if seq.mode is Mode.TEXT else audio_rows).append(row - 1)
         decode = all(n == 1 for n in batch.num_tokens) and len(sampled) == len(batch.seqs)
         if decode:
-            text_h, audio_h = self._run_decode(batch.seqs)
+            text_h, audio_h = self._run_decode(batch.seqs, feed)
             text_h = text_h[self._rows(text_rows)] if text_rows else None
             audio_h = audio_h[self._rows(audio_rows)] if audio_rows else None
         else:

@@ -57,29 +57,35 @@ class ModelRunner:
             num_blocks, cfg.num_layers, 2, cfg.num_key_value_heads, block_size, cfg.head_dim, dtype=dtype, device=device
         )
 
-    def run(self, batch: ScheduledBatch) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    def run(self, batch: ScheduledBatch, feed: tuple[torch.Tensor, torch.Tensor] | None = None
+            ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """Compute the scheduled positions; → (indices into batch.seqs of the sequences whose last
         position was computed — they sample next —, text logits [T, V] of those in text mode, audio
-        logits [A, V_audio] of those in audio mode, each in batch order)."""
+        logits [A, V_audio] of those in audio mode, each in batch order).
+
+        feed: (text ids [B], audio ids [B]) on the device for a decode step launched ahead (one position
+        per sequence, at num_cached == len(seq): the previous step's samples, not on the host yet)."""
         text, audio, positions, segments, text_rows, audio_rows, sampled = [], [], [], [], [], [], []
         row = 0
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_tokens)):
             start = seq.num_cached
-            text += seq.text_ids[start : start + n]
-            audio += seq.audio_ids[start : start + n]
+            if feed is None:
+                text += seq.text_ids[start : start + n]
+                audio += seq.audio_ids[start : start + n]
             positions += range(start, start + n)
             table = torch.tensor(seq.block_table, dtype=torch.long, device=self.device)
             segments.append((row, n, start, table))
             row += n
-            if start + n == len(seq):
+            if start + n == len(seq) or feed is not None:
                 sampled.append(i)
                 (text_rows if seq.mode is Mode.TEXT else audio_rows).append(row - 1)
         dev = self.device
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         block_ids = torch.cat([table[pos[r : r + n] // self.block_size] for r, n, _, table in segments])
         attn = PagedAttention(self.kv_cache, block_ids, pos % self.block_size, segments)
+        text_ids, audio_ids = feed if feed is not None else (torch.tensor(text, device=dev), torch.tensor(audio, device=dev))
         text_logits, audio_logits = self.model(
-            torch.tensor(text, device=dev), torch.tensor(audio, device=dev), pos, attn,
+            text_ids, audio_ids, pos, attn,
             text_rows=torch.tensor(text_rows, dtype=torch.long, device=dev),
             audio_rows=torch.tensor(audio_rows, dtype=torch.long, device=dev),
         )
