@@ -1,5 +1,6 @@
-"""Where a decode step's time goes: host preparation, the captured graph's GPU time, heads + sampling, and
-the host's postprocessing, per batch size; then the top kernels of one eager step (torch profiler).
+"""Where a decode step's GPU time goes, in the engine's steady state (steps back to back, overlapped):
+wall time per step, kernel time per step, the GPU's idle share, and the kernels by total time, with those
+replayed from the decode graph told apart from those launched outside it. A Chrome trace goes to --trace.
 
     python bench/llm_step_profile.py --preset moss-speech --device cuda --batches 1,64 --context 512
 """
@@ -7,10 +8,11 @@ the host's postprocessing, per batch size; then the top kernels of one eager ste
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
+from collections import defaultdict
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
@@ -27,39 +29,18 @@ def fill(engine, cfg, batch, context, steps):
         engine.add(engine.make_sequence(GenerationRequest(f"r{b}", s, ChunkSettings(), text_ids=ids)))
     while any(seq.num_steps == 0 for seq in engine.sequences.values()):
         engine.step()
+    for _ in range(5):  # reach the steady state (steps launched ahead)
+        engine.step()
 
 
-def timed_steps(engine, steps):
-    """Wrap the runner's graph replay with CUDA events; → per-step dicts of milliseconds."""
+def graph_kernel_names(engine) -> set[str]:
+    """Names of the kernels one captured decode forward launches (eager run under the profiler)."""
     runner = engine.runner
-    rows = []
-    original = runner._run_decode
-
-    def run_decode(seqs):
-        t0 = time.perf_counter()
-        ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-        ev[0].record()
-        out = original(seqs)
-        ev[1].record()
-        rows[-1]["host_prep_and_launch_ms"] = (time.perf_counter() - t0) * 1e3
-        rows[-1]["events"] = ev
-        return out
-
-    runner._run_decode = run_decode
-    try:
-        for _ in range(steps):
-            rows.append({})
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            engine.step()
-            torch.cuda.synchronize()
-            rows[-1]["step_ms"] = (time.perf_counter() - t) * 1e3
-    finally:
-        runner._run_decode = original
-    for r in rows:
-        ev = r.pop("events", None)
-        r["graph_gpu_ms"] = ev[0].elapsed_time(ev[1]) if ev else float("nan")
-    return rows
+    t = runner._bucket_view(runner.buckets[0])
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        runner._decode_forward(t)
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type.name == "CUDA"}
 
 
 def main():
@@ -70,33 +51,46 @@ def main():
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--kv-cache-gb", type=float, default=8.0)
+    p.add_argument("--trace", default="", help="write a Chrome trace per batch size here (prefix)")
     args = p.parse_args()
     cfg = preset(args.preset)
-    device = torch.device(args.device)
-    model = random_model(cfg, device=device, dtype=torch.bfloat16)
+    model = random_model(cfg, device=torch.device(args.device), dtype=torch.bfloat16)
     tok = tiny_tokenizer(preset("tiny"))
-    print(f"{'batch':>5} {'step':>8} {'graph GPU':>10} {'host prep':>10} {'rest':>8}")
     for batch in [int(b) for b in args.batches.split(",")]:
-        for graphs in (True, False):
-            engine = LLMEngine(model, tok, EngineConfig(kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)), max_num_seqs=max(batch, 8),
-                                                       max_num_batched_tokens=8192, cuda_graphs=graphs))
-            fill(engine, cfg, batch, args.context, args.steps)
-            rows = timed_steps(engine, args.steps)[3:]
-            med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-            print(f"{batch:5d} {med['step_ms']:7.2f}ms {med['graph_gpu_ms']:8.2f}ms {med['host_prep_and_launch_ms']:8.2f}ms "
-                  f"{med['step_ms'] - med['graph_gpu_ms']:6.2f}ms  {'graphs' if graphs else 'eager'}")
-            from torch.profiler import ProfilerActivity, profile
-
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                for _ in range(4):
-                    engine.step()
-                torch.cuda.synchronize()
-            sort = "cuda_time_total" if not graphs else "cpu_time_total"
-            print(prof.key_averages().table(sort_by=sort, row_limit=22, max_name_column_width=50))
-            for sid in list(engine.sequences):
-                engine.abort(sid)
-            del engine
-            torch.cuda.empty_cache()
+        engine = LLMEngine(model, tok, EngineConfig(kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)), max_num_seqs=max(batch, 8),
+                                                   max_num_batched_tokens=8192))
+        fill(engine, cfg, batch, args.context, args.steps)
+        in_graph = graph_kernel_names(engine)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t = time.perf_counter()
+            for _ in range(args.steps):
+                engine.step()
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - t) / args.steps * 1e3
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        per_name = defaultdict(lambda: [0, 0.0])
+        for e in kernels:
+            per_name[e.name][0] += 1
+            per_name[e.name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        busy = sum(v[1] for v in per_name.values()) / args.steps / 1e3
+        outside = {k: v for k, v in per_name.items() if k not in in_graph}
+        out_ms = sum(v[1] for v in outside.values()) / args.steps / 1e3
+        out_n = sum(v[0] for v in outside.values()) / args.steps
+        print(f"\n== batch {batch}, context {args.context}: {wall:.2f} ms per step (profiled); kernels {busy:.2f} ms per step "
+              f"(graph {busy - out_ms:.2f}, outside the graph {out_ms:.2f} ms in {out_n:.0f} launches); "
+              f"GPU idle {max(0.0, wall - busy):.2f} ms")
+        print(f"{'kernel (outside the graph)':70s} {'per step':>8s} {'µs/step':>9s}")
+        for name, (n, us) in sorted(outside.items(), key=lambda kv: -kv[1][1])[:30]:
+            print(f"{name[:70]:70s} {n / args.steps:8.1f} {us / args.steps:9.1f}")
+        if args.trace:
+            prof.export_chrome_trace(f"{args.trace}_b{batch}.json")
+        for sid in list(engine.sequences):
+            engine.abort(sid)
+        while engine.has_work():
+            engine.step()
+        del engine
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
-from services.llm.engine.sampler import GREEDY_BELOW, TOPK_CAP, RowSettings, hashed_uniform, sample_rows
+from services.llm.engine.sampler import GREEDY_BELOW, TOPK_CAP, RowSettings, hashed_uniform, sample_rows, top_candidates
 from services.llm.engine.sequence import FinishReason
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import tiny_config
@@ -191,3 +191,16 @@ def test_a_request_whose_logits_fail_ends_alone(model, innocent_alone):
 def test_greedy_threshold_is_documented_in_the_proto():
     proto = open("protos/moss/speech/v1/common.proto").read()
     assert f"{GREEDY_BELOW:g}" in proto and not math.isnan(GREEDY_BELOW)
+
+
+@pytest.mark.parametrize("vocab", [16512, 151680, 3000, 700])
+def test_two_stage_top_candidates_equal_topk(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    z = torch.randn(6, vocab, generator=g)
+    z[0, : vocab - 10] = float("-inf")  # a row with fewer finite logits than a slice holds
+    z[1, 5] = float("inf")
+    vals, ids = top_candidates(z, 64)
+    ref_vals, ref_ids = torch.topk(z, 64, dim=1)
+    assert torch.equal(vals, ref_vals)
+    finite = ref_vals > float("-inf")
+    assert torch.equal(ids[finite], ref_ids[finite]) and (ids < vocab).all()
