@@ -11,7 +11,7 @@ def seq_of(text: list[int], request_id: str = "r") -> Sequence:
 
 def computed(bm: BlockManager, seq: Sequence) -> None:
     """As if the runner had computed every position of seq."""
-    seq.num_cached = len(seq)
+    seq.num_cached = seq.text_kv_upto = len(seq)  # every layer, both branches
     bm.commit(seq)
 
 

@@ -274,6 +274,7 @@ class ForcedRunner:
 
     def run(self, batch, feed=None):
         for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.record_text_kv(seq.num_cached, n, computed=True)
             seq.num_cached += n
         text = torch.zeros(1, CFG.vocab_size)
         audio = torch.zeros(1, CFG.audio_vocab_size)

@@ -111,6 +111,7 @@ class BlockManager:
                 seq.num_cached = end
                 seq.block_hashes.append(parent)
             seq.block_table.append(block_id)
+        seq.text_kv_upto = seq.num_cached  # a cached block holds every layer's K/V (see _commit)
         self.queried_tokens += len(seq) - 1
         self.hit_tokens += seq.num_cached
 
@@ -131,7 +132,9 @@ class BlockManager:
             self._commit(seq)
 
     def _commit(self, seq: Sequence) -> None:
-        known = min(seq.num_cached, len(seq))  # a step launched ahead computes a position the host has no token for yet
+        # Only blocks whose tokens the host has (a step launched ahead computes a position whose token is
+        # still on the device) and whose K/V are complete in every layer (the text branch's may be pending).
+        known = min(seq.num_cached, len(seq), seq.text_kv_upto)
         while (len(seq.block_hashes) + 1) * self.block_size <= known:
             i = len(seq.block_hashes)
             start, end = i * self.block_size, (i + 1) * self.block_size
@@ -152,4 +155,4 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         self.release(seq.block_table)
         seq.block_table, seq.block_hashes = [], []
-        seq.num_cached = 0
+        seq.num_cached = seq.text_kv_upto = 0

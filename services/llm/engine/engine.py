@@ -42,6 +42,7 @@ class EngineConfig:
     kernels: str = "auto"               # the kernel runner's ops: "triton", "torch", or auto: triton on CUDA
     cuda_graphs: bool = True            # steps replay captured graphs (CUDA, Triton kernels)
     overlap: bool = True                # launch decode step N+1 before step N's samples reach the host
+    text_skip: bool = True              # kernel runner: leave the text branch out of speaking steps, fill it in later
 
 
 @dataclass
@@ -114,7 +115,7 @@ def make_runner(model: MossSpeechForCausalLM, num_blocks: int, device: torch.dev
     if kind == "kernels":
         return KernelRunner(model, num_blocks, config.block_size, device, config.max_num_seqs, config.max_model_len,
                             kernels=config.kernels, cuda_graphs=config.cuda_graphs, upload=upload,
-                            max_num_batched_tokens=config.max_num_batched_tokens)
+                            max_num_batched_tokens=config.max_num_batched_tokens, text_skip=config.text_skip)
     raise ValueError(f"unknown runner {config.runner!r}: kernels, reference or auto")
 
 
@@ -126,7 +127,7 @@ class LLMEngine:
         self.prompts = PromptBuilder(tokenizer, self.cfg)
         self.turn_end = self.prompts.turn_end()
         device = next(model.parameters()).device
-        num_blocks = max(1, config.kv_cache_bytes // (config.block_size * self.cfg.kv_bytes_per_token))
+        num_blocks = max(1, config.kv_cache_bytes // (config.block_size * self.bytes_per_position(device)))
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.sessions = SessionStore(self.block_manager, config.max_sessions)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
@@ -140,6 +141,14 @@ class LLMEngine:
         self.inflight: InFlight | None = None  # launched, samples not applied (see `step`)
         self.last_done = time.perf_counter()
         self.on_logits = None  # optional observer (seqs, text logits, audio logits), for reference checks
+
+    def bytes_per_position(self, device: torch.device) -> int:
+        """What the pool holds per position: K/V of every layer, and for a text branch skipped while
+        speaking the kept trunk output (hidden_size values, ~5% more at the real size)."""
+        kind = self.config.runner if self.config.runner != "auto" else ("kernels" if device.type == "cuda" else "reference")
+        c = self.cfg
+        itemsize = c.kv_bytes_per_token // (c.num_layers * 2 * c.num_key_value_heads * c.head_dim)
+        return c.kv_bytes_per_token + (c.hidden_size * itemsize if kind == "kernels" and self.config.text_skip else 0)
 
     @property
     def context_limit(self) -> int:

@@ -86,6 +86,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     session_id: str = ""
     num_cached: int = 0          # positions whose K/V are in the cache
+    text_kv_upto: int = 0        # positions whose text-branch K/V are too (the kernel runner may skip them while speaking)
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # of the leading full, computed blocks
     num_steps: int = 0           # tokens sampled (each step samples both heads once)
@@ -163,6 +164,16 @@ class Sequence:
                 self.num_text += 1
         if self.num_steps >= self.sampling.max_new_tokens:
             self.finish(FinishReason.LENGTH)
+
+    def record_text_kv(self, start: int, n: int, computed: bool) -> None:
+        """A step computed positions [start, start + n); `computed`: with the text branch. Text K/V are
+        valid below text_kv_upto: a text branch computed over a gap attended to missing K/V, so it only
+        counts when nothing before `start` is missing; a step without it invalidates any claim from
+        `start` on (a position recomputed after a rollback may hold a different token)."""
+        if computed and self.text_kv_upto >= start:
+            self.text_kv_upto = start + n
+        elif not computed:
+            self.text_kv_upto = min(self.text_kv_upto, start)
 
     def _push(self, text_token: int, audio_token: int) -> None:
         self.text_ids.append(text_token)

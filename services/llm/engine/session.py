@@ -28,6 +28,7 @@ class Session:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     num_cached: int = 0
+    text_kv_upto: int = 0
     busy: bool = False
 
 
@@ -59,7 +60,8 @@ class SessionStore:
             seq.audio_ids = session.audio_ids + seq.audio_ids[turn_start:]
             seq.num_prompt = len(seq.text_ids)
         seq.block_table, seq.block_hashes, seq.num_cached = session.block_table, session.block_hashes, session.num_cached
-        session.block_table, session.block_hashes, session.num_cached = [], [], 0
+        seq.text_kv_upto = session.text_kv_upto
+        session.block_table, session.block_hashes, session.num_cached, session.text_kv_upto = [], [], 0, 0
 
     def end(self, seq: Sequence, closing_text: list[int], closing_audio: list[int]) -> None:
         """The turn finished: keep its tokens, closed, and its blocks for the next turn."""
@@ -67,7 +69,8 @@ class SessionStore:
         session.text_ids = seq.text_ids + closing_text
         session.audio_ids = seq.audio_ids + closing_audio
         session.block_table, session.block_hashes, session.num_cached = seq.block_table, seq.block_hashes, seq.num_cached
-        seq.block_table, seq.block_hashes, seq.num_cached = [], [], 0
+        session.text_kv_upto = min(seq.text_kv_upto, seq.num_cached)
+        seq.block_table, seq.block_hashes, seq.num_cached, seq.text_kv_upto = [], [], 0, 0
         session.busy = False
 
     def abort(self, seq: Sequence) -> None:
@@ -98,7 +101,7 @@ class SessionStore:
 
     def _release(self, session: Session) -> None:
         self.block_manager.release(session.block_table)
-        session.block_table, session.block_hashes, session.num_cached = [], [], 0
+        session.block_table, session.block_hashes, session.num_cached, session.text_kv_upto = [], [], 0, 0
 
     def _cap(self) -> None:
         for session_id, session in list(self.sessions.items()):

@@ -67,8 +67,11 @@ class StepTensors:
 
 
 class PackedForward:
-    def __init__(self, model: MossSpeechForCausalLM, kv_cache: torch.Tensor, ops):
-        self.model, self.kv_cache, self.ops = model, kv_cache, ops
+    def __init__(self, model: MossSpeechForCausalLM, kv_cache: torch.Tensor, ops, trunk: torch.Tensor | None = None):
+        """trunk: [pool slots + 1, hidden], or None: where each computed position's shared-trunk output
+        (the text branch's input) is kept, by KV slot (the last row takes padding rows' writes), so that
+        a text branch skipped while speaking can be computed later from it (`text_branch`)."""
+        self.model, self.kv_cache, self.ops, self.trunk = model, kv_cache, ops, trunk
         m = model.model
         self.shared = [LayerWeights.of(layer, m.shared_block.first_layer + i) for i, layer in enumerate(m.shared_block.layers)]
         self.text = [LayerWeights.of(layer, m.text_block.first_layer + i) for i, layer in enumerate(m.text_block.layers)]
@@ -97,13 +100,25 @@ class PackedForward:
 
     def __call__(self, t: StepTensors, text: bool = True, audio: bool = True):
         """→ (text stream, audio stream), each (x, residual) [N, hidden] before the branch's final norm;
-        a branch not asked for is not computed (None): see `final_hidden`."""
+        a branch not asked for is not computed (None): see `final_hidden`. The trunk output is kept
+        (when there is a `trunk`) whichever branches run."""
         x = self.model.model.embed(t.text_ids, t.audio_ids)
         residual = torch.zeros_like(x)
         x, residual = self._branch(self.shared, x, residual, t)
+        if self.trunk is not None:
+            # The stream x + residual, rounded as the next fused norm rounds it: fed back as (it, 0), the
+            # text branch's first norm sees the same numbers.
+            last = self.trunk.shape[0] - 1
+            self.trunk.index_copy_(0, torch.where(t.slot_mapping < 0, last, t.slot_mapping), x + residual)
         text_out = self._branch(self.text, x, residual.clone(), t) if text else None
         audio_out = self._branch(self.audio, x, residual, t) if audio else None
         return text_out, audio_out
+
+    def text_branch(self, t: StepTensors) -> None:
+        """Compute the text branch's K/V for t's rows (positions whose text branch was skipped) from the
+        kept trunk outputs at t.slot_mapping; their outputs are not needed. t.text_ids/audio_ids unused."""
+        x = self.trunk[t.slot_mapping]
+        self._branch(self.text, x, torch.zeros_like(x), t)
 
     def final_hidden(self, stream, norm: torch.Tensor, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
         """A branch's (x, residual) → its final-norm hidden states [rows, hidden] for the selected rows."""

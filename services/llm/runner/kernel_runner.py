@@ -69,7 +69,7 @@ class BlockTableMirror:
 class KernelRunner:
     def __init__(self, model: MossSpeechForCausalLM, num_blocks: int, block_size: int, device: torch.device,
                  max_num_seqs: int, max_model_len: int, kernels: str = "auto", cuda_graphs: bool = True,
-                 upload: Uploader | None = None, max_num_batched_tokens: int = 512):
+                 upload: Uploader | None = None, max_num_batched_tokens: int = 512, text_skip: bool = True):
         cfg = model.cfg
         self.upload = upload or Uploader(device)
         self.cfg, self.model, self.device, self.block_size = cfg, model, device, block_size
@@ -78,13 +78,17 @@ class KernelRunner:
                                     dtype=dtype, device=device)
         if kernels == "auto":
             kernels = "triton" if device.type == "cuda" else "torch"
-        self.forward = PackedForward(model, self.kv_cache, make_ops(kernels, cfg, max_model_len, device))
+        self.text_skip = text_skip
+        trunk = torch.zeros(num_blocks * block_size + 1, cfg.hidden_size, dtype=dtype, device=device) if text_skip else None
+        self.forward = PackedForward(model, self.kv_cache, make_ops(kernels, cfg, max_model_len, device), trunk)
+        self.skipped_steps = 0      # decode steps that left the text branch out
+        self.filled_positions = 0   # text-branch positions computed later, in fills
         self.max_blocks = -(-max_model_len // block_size)
         self.tables = BlockTableMirror(max_num_seqs, self.max_blocks)
         self.max_num_seqs = max_num_seqs
         self.buckets = decode_buckets(max_num_seqs)
         self.static = self._static_inputs(self.buckets[-1], self.buckets[-1])
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple]] = {}  # by (bucket, with text branch)
         self.packed_buckets = packed_buckets(max_num_batched_tokens)
         self.packed = self._static_inputs(self.packed_buckets[-1], max_num_seqs, packed=True)
         self.packed_graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple]] = {}
@@ -112,11 +116,12 @@ class KernelRunner:
         return StepTensors(s.text_ids[:bucket], s.audio_ids[:bucket], s.positions[:bucket], s.slot_mapping[:bucket],
                            s.block_tables, s.context_lens, s.cu_seqlens_q)
 
-    def _decode_forward(self, t: StepTensors) -> tuple[torch.Tensor, torch.Tensor]:
-        """Trunk, both branches and final norms for every row → (text hidden, audio hidden) [bucket, hidden]."""
-        text, audio = self.forward(t)
+    def _decode_forward(self, t: StepTensors, with_text: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Trunk, branches and final norms for every row → (text hidden or None, audio hidden) [bucket, hidden]."""
+        text, audio = self.forward(t, text=with_text)
         m = self.model.model
-        return self.forward.final_hidden(text, m.text_norm.weight), self.forward.final_hidden(audio, m.audio_norm.weight)
+        text_h = self.forward.final_hidden(text, m.text_norm.weight) if with_text else None
+        return text_h, self.forward.final_hidden(audio, m.audio_norm.weight)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -138,10 +143,12 @@ class KernelRunner:
         for bucket in reversed(self.packed_buckets):
             self.packed_graphs[bucket] = record(self.forward, self._packed_view(bucket))
         for bucket in reversed(self.buckets):
-            self.graphs[bucket] = record(self._decode_forward, self._bucket_view(bucket))
+            for with_text in (True, False) if self.text_skip else (True,):
+                self.graphs[bucket, with_text] = record(lambda t: self._decode_forward(t, with_text), self._bucket_view(bucket))
         torch.cuda.synchronize()
 
-    def _run_decode(self, seqs: list[Sequence], feed: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def _run_decode(self, seqs: list[Sequence], feed: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    with_text: bool = True):
         n = len(seqs)
         bucket = next(b for b in self.buckets if b >= n)
         bs, pad = self.block_size, bucket - n
@@ -166,11 +173,11 @@ class KernelRunner:
         if feed is not None:  # this step's input ids are the previous step's samples, still on the device
             t.text_ids[:n].copy_(feed[0])
             t.audio_ids[:n].copy_(feed[1])
-        if bucket in self.graphs:
-            graph, out = self.graphs[bucket]
+        if (bucket, with_text) in self.graphs:
+            graph, out = self.graphs[bucket, with_text]
             graph.replay()
             return out
-        return self._decode_forward(t)
+        return self._decode_forward(t, with_text)
 
     # ---- prefill and mixed steps -------------------------------------------------------------------
     def _run_packed(self, batch: ScheduledBatch, text_rows: list[int], audio_rows: list[int]):
@@ -218,6 +225,28 @@ class KernelRunner:
         audio_h = self.forward.final_hidden(audio_stream, m.audio_norm.weight, self._rows(audio_rows)) if audio_rows else None
         return text_h, audio_h
 
+    # ---- the text branch, skipped while speaking and filled in later -------------------------------
+    def _fill_text_branch(self, seqs: list[Sequence]) -> None:
+        """Compute the text branch over each sequence's positions [text_kv_upto, num_cached), in one
+        packed pass from the kept trunk outputs, so that its text K/V are complete again (eager: once per
+        switch back to text, not per step)."""
+        bs = self.block_size
+        positions, slots, cu, ctx = [], [], [0], []
+        for seq in seqs:
+            span = range(seq.text_kv_upto, seq.num_cached)
+            positions += span
+            slots += [seq.block_table[p // bs] * bs + p % bs for p in span]
+            cu.append(cu[-1] + len(span))
+            ctx.append(seq.num_cached)
+        ints = self.upload(torch.tensor([positions, slots], dtype=torch.long))
+        meta = self.upload(torch.tensor(cu + ctx, dtype=torch.int32))
+        tables = self.upload(torch.from_numpy(self.tables.rows(seqs)))
+        s = len(seqs)
+        self.forward.text_branch(StepTensors(None, None, ints[0], ints[1], tables, meta[s + 1 :], meta[: s + 1]))
+        for seq in seqs:
+            seq.text_kv_upto = seq.num_cached
+        self.filled_positions += cu[-1]
+
     # ---- the runner contract -----------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, feed: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -236,13 +265,22 @@ class KernelRunner:
                 sampled.append(i)
                 (text_rows if seq.mode is Mode.TEXT else audio_rows).append(row - 1)
         decode = all(n == 1 for n in batch.num_tokens) and len(sampled) == len(batch.seqs)
+        # A pure decode step in which every sequence speaks leaves the text branch out (its K/V are
+        # filled in from the kept trunk outputs before a sequence next samples text); otherwise both run.
+        with_text = not (self.text_skip and decode and not text_rows)
+        gaps = [batch.seqs[i] for i in sampled if batch.seqs[i].mode is Mode.TEXT
+                and batch.seqs[i].text_kv_upto < batch.seqs[i].num_cached]
+        if gaps:
+            self._fill_text_branch(gaps)
         if decode:
-            text_h, audio_h = self._run_decode(batch.seqs, feed)
+            text_h, audio_h = self._run_decode(batch.seqs, feed, with_text)
             text_h = text_h[self._rows(text_rows)] if text_rows else None
             audio_h = audio_h[self._rows(audio_rows)] if audio_rows else None
+            self.skipped_steps += not with_text
         else:
             text_h, audio_h = self._run_packed(batch, text_rows, audio_rows)
         for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.record_text_kv(seq.num_cached, n, with_text)
             seq.num_cached += n
         return sampled, self._head(self.model.text_lm_head.weight, text_h), self._head(self.model.audio_lm_head.weight, audio_h)
 

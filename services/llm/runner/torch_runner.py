@@ -90,5 +90,6 @@ class ModelRunner:
             audio_rows=torch.tensor(audio_rows, dtype=torch.long, device=dev),
         )
         for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.record_text_kv(seq.num_cached, n, computed=True)  # both branches, always
             seq.num_cached += n
         return sampled, text_logits, audio_logits

@@ -1,0 +1,50 @@
+"""The kernel runner leaves the text branch (4 layers) out of decode steps in which every sequence speaks,
+keeps each position's shared-trunk output, and computes the skipped text K/V in one pass before a
+sequence next samples text. Tokens — the speech and the text after it, in later turns too — are those of
+always computing both branches (float32; mode switches forced as in forcing.py)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from forcing import CFG, converse, make_engine
+
+from services.llm.model.checkpoint import random_model
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_skipping_the_text_branch_while_speaking_changes_no_token():
+    model = random_model(CFG, device=DEVICE, dtype=torch.float32, seed=23)
+    both = make_engine(model, "kernels", text_skip=False, echo=0.0)  # the model's own logits decide the text
+    skipping = make_engine(model, "kernels", text_skip=True, echo=0.0)
+    assert converse(skipping) == converse(both)
+    runner = skipping.runner.runner  # inside the forcing wrapper
+    assert runner.skipped_steps > 0 and runner.filled_positions > 0
+    assert both.runner.runner.skipped_steps == 0
+    # Speech blocks join the prefix cache once their text K/V are filled in: as many blocks hashed.
+    assert len(skipping.block_manager.hash_to_block) == len(both.block_manager.hash_to_block)
+    for engine in (both, skipping):
+        for session in list(engine.sessions.sessions):
+            assert engine.close_session(session)
+        assert engine.block_manager.num_used == 0
+
+
+def test_a_fill_recomputes_exactly_the_skipped_text_kv():
+    """After a speaking stretch and a fill, the text-branch K/V in the pool equal those of a run that
+    computed both branches every step (same positions, same blocks)."""
+    model = random_model(CFG, device=DEVICE, dtype=torch.float32, seed=24)
+    text_layers = slice(CFG.num_shared_layers, CFG.num_shared_layers + CFG.num_modality_layers)
+    pools = []
+    for skip in (False, True):
+        engine = make_engine(model, "kernels", text_skip=skip, overlap=False)
+        converse(engine, [["Hello there, how are you?"]])  # session s0: text, speech, text, speech, text
+        session = engine.sessions.sessions["s0"]
+        assert session.text_kv_upto == session.num_cached
+        pools.append(engine.runner.runner.kv_cache[session.block_table][:, text_layers])
+    torch.testing.assert_close(pools[1], pools[0], rtol=1e-4, atol=1e-5)
