@@ -60,7 +60,8 @@ import torch
 import torch.nn.functional as F
 
 from services.common.sampling import ChunkSettings, SamplingSettings
-from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine, dense_logits, traced_generation
+from services.llm.engine.engine import (EngineConfig, GenerationRequest, LLMEngine, bytes_per_position, dense_logits,
+                                       traced_generation)
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import preset
 from services.llm.model.tokenizer import tiny_tokenizer
@@ -501,18 +502,20 @@ def main() -> None:
     need = max([positions_for(b, c) for b in batches for c in contexts] + [max(prefills, default=0) + 2 * block, 512])
     if args.check_only:
         need = 4096
+    per_position = bytes_per_position(cfg, EngineConfig(), device)  # K/V (+ the kept trunk output), in cfg's dtype
     if args.kv_cache_gb:
         pool_bytes = int(args.kv_cache_gb * (1 << 30))
     else:
-        pool_bytes = need * cfg.kv_bytes_per_token
+        pool_bytes = need * per_position
         if device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(device)
-            real_per_token = cfg.num_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
+            cfg_itemsize = cfg.kv_bytes_per_token // (cfg.num_layers * 2 * cfg.num_key_value_heads * cfg.head_dim)
+            real_per_token = per_position * torch.empty((), dtype=dtype).element_size() // cfg_itemsize
             cap_tokens = max(0, free - int(args.headroom_gb * (1 << 30))) // real_per_token
             if need > cap_tokens:
                 log(f"KV pool: the largest cell needs {need * real_per_token / 2**30:.1f} GiB, "
                     f"{free / 2**30:.1f} GiB free: capped at {cap_tokens * real_per_token / 2**30:.1f} GiB")
-                pool_bytes = cap_tokens * cfg.kv_bytes_per_token
+                pool_bytes = cap_tokens * per_position
     max_len = max([c + new_tokens_for(b, c) + block for b in batches for c in contexts] + [4096])
     config = EngineConfig(kv_cache_bytes=pool_bytes, max_num_seqs=max(batches + [16]),
                           max_num_batched_tokens=budget, max_model_len=max_len)
@@ -520,6 +523,8 @@ def main() -> None:
     t = time.perf_counter()
     engine = LLMEngine(model, tokenizer, config)
     sync(device)
+    gc.collect()
+    gc.freeze()  # as the llm server does after startup: collections skip the model's objects
     result["phases"]["build_engine_s"] = time.perf_counter() - t
     num_blocks = engine.block_manager.num_blocks
     result["kv_pool_gb"] = pool_bytes / 2**30
@@ -579,7 +584,7 @@ def main() -> None:
                 skip(what, "time guard")
                 continue
             if blocks_needed > num_blocks:
-                skip(what, f"needs {blocks_needed} KV blocks ({blocks_needed * block * cfg.kv_bytes_per_token / 2**30:.1f} GiB), "
+                skip(what, f"needs {blocks_needed} KV blocks ({blocks_needed * block * per_position / 2**30:.1f} GiB), "
                            f"the pool has {num_blocks}")
                 continue
             if c + new_tokens_for(b, c) > engine.context_limit:

@@ -204,3 +204,41 @@ def test_two_stage_top_candidates_equal_topk(vocab):
     assert torch.equal(vals, ref_vals)
     finite = ref_vals > float("-inf")
     assert torch.equal(ids[finite], ref_ids[finite]) and (ids < vocab).all()
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_fused_candidate_kernels_draw_what_the_torch_path_draws(case):
+    """runner/kernels/sampling.py (Triton; the interpreter on CPU) against sample_rows over random logits
+    with NaN, +inf and huge values, masked ranges, eosp blocking, seen tokens and every kind of setting."""
+    from services.llm.runner.kernels.sampling import sample_candidates
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(case)
+    n, vocab, slots = 16, (3000, 16512)[case % 2], 20
+    limit, eosp = vocab - 100, vocab - 150
+    logits = torch.randn(n, vocab, generator=g) * (1 + 4 * case)
+    logits[0, 5] = float("nan")
+    logits[1, 7] = float("inf")
+    logits[2, limit + 3] = float("nan")  # masked: not a fault
+    logits[3, :50] = 3e38
+    logits[4, 9] = logits[4, 11] = logits[4].max() + 1  # a tie for the greedy pick
+    seen = torch.rand(slots, vocab, generator=g) < 0.05
+    r = RowSettings(
+        temperature=torch.tensor([0.0, 1e-45, 0.3, 1.0, 2.0, 0.7, 1e-6, 0.9] * 2),
+        top_p=torch.tensor([1.0, 0.5, 0.9, 1e-9, 0.99, 0.3, 1.0, 0.8] * 2),
+        penalty=torch.tensor([1.0, 1e-45, 1.3, 10.0, 0.5, 1.0, 2.0, 1.1] * 2),
+        top_k=torch.randint(1, TOPK_CAP // 2 + 1, (n,), generator=g),
+        seed=torch.randint(-(2**62), 2**62, (n,), generator=g),
+        step=torch.randint(0, 500, (n,), generator=g),
+        slot=torch.randperm(slots, generator=g)[:n],
+        block_eosp=torch.rand(n, generator=g) < 0.5,
+    )
+    masked = logits.clone()
+    masked[:, limit:] = float("-inf")
+    masked[:, eosp] = torch.where(r.block_eosp, float("-inf"), masked[:, eosp])
+    ref_ids, ref_ok = sample_rows(masked, r, seen[r.slot], 12345, TOPK_CAP)
+    on = lambda t: t.to(device)  # noqa: E731
+    r_dev = RowSettings(*(on(getattr(r, f)) for f in RowSettings.__dataclass_fields__))
+    ids, ok = sample_candidates(on(logits), on(seen), r_dev, 12345, TOPK_CAP, limit=limit, eosp=eosp)
+    assert ok.cpu().tolist() == ref_ok.tolist()
+    assert ids.cpu()[ref_ok].tolist() == ref_ids[ref_ok].tolist()

@@ -17,6 +17,7 @@ from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.common.tensors import Uploader
 from services.llm.engine.block_manager import BlockManager
+from services.llm.model.config import MossSpeechConfig
 from services.llm.model.model import MossSpeechForCausalLM
 from services.llm.runner.kernel_runner import KernelRunner
 from services.llm.runner.torch_runner import ModelRunner
@@ -107,6 +108,14 @@ class InFlight:
     void: set[int] = field(default_factory=set)  # seq_ids whose samples here are thrown away
 
 
+def bytes_per_position(cfg: MossSpeechConfig, config: EngineConfig, device: torch.device) -> int:
+    """What the KV budget pays per position: K/V of every layer, and for a text branch skipped while
+    speaking the kept trunk output (hidden_size values: ~5% more at the real size)."""
+    kind = config.runner if config.runner != "auto" else ("kernels" if device.type == "cuda" else "reference")
+    itemsize = cfg.kv_bytes_per_token // (cfg.num_layers * 2 * cfg.num_key_value_heads * cfg.head_dim)
+    return cfg.kv_bytes_per_token + (cfg.hidden_size * itemsize if kind == "kernels" and config.text_skip else 0)
+
+
 def make_runner(model: MossSpeechForCausalLM, num_blocks: int, device: torch.device, config: EngineConfig,
                 upload: Uploader | None = None):
     kind = config.runner if config.runner != "auto" else ("kernels" if device.type == "cuda" else "reference")
@@ -127,7 +136,7 @@ class LLMEngine:
         self.prompts = PromptBuilder(tokenizer, self.cfg)
         self.turn_end = self.prompts.turn_end()
         device = next(model.parameters()).device
-        num_blocks = max(1, config.kv_cache_bytes // (config.block_size * self.bytes_per_position(device)))
+        num_blocks = max(1, config.kv_cache_bytes // (config.block_size * bytes_per_position(self.cfg, config, device)))
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.sessions = SessionStore(self.block_manager, config.max_sessions)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
@@ -141,14 +150,6 @@ class LLMEngine:
         self.inflight: InFlight | None = None  # launched, samples not applied (see `step`)
         self.last_done = time.perf_counter()
         self.on_logits = None  # optional observer (seqs, text logits, audio logits), for reference checks
-
-    def bytes_per_position(self, device: torch.device) -> int:
-        """What the pool holds per position: K/V of every layer, and for a text branch skipped while
-        speaking the kept trunk output (hidden_size values, ~5% more at the real size)."""
-        kind = self.config.runner if self.config.runner != "auto" else ("kernels" if device.type == "cuda" else "reference")
-        c = self.cfg
-        itemsize = c.kv_bytes_per_token // (c.num_layers * 2 * c.num_key_value_heads * c.head_dim)
-        return c.kv_bytes_per_token + (c.hidden_size * itemsize if kind == "kernels" and self.config.text_skip else 0)
 
     @property
     def context_limit(self) -> int:

@@ -151,9 +151,16 @@ class Samples:
 class Sampler:
     """Samples each sequence's current head. Owns the seen-token masks, one slot per running sequence."""
 
-    def __init__(self, cfg: MossSpeechConfig, max_slots: int, device: torch.device, upload: Uploader | None = None):
+    def __init__(self, cfg: MossSpeechConfig, max_slots: int, device: torch.device, upload: Uploader | None = None,
+                 fused: bool | None = None):
+        """fused: the candidate path in Triton kernels (runner/kernels/sampling.py); default: on CUDA."""
         self.cfg = cfg
         self.device = device
+        self.fused = None  # the fused candidate path: runner/kernels/sampling.sample_candidates, or None
+        if (device.type == "cuda") if fused is None else fused:
+            from services.llm.runner.kernels.sampling import sample_candidates  # Triton: imported only when used
+
+            self.fused = sample_candidates
         self.upload = upload or Uploader(device)
         self.true = torch.ones((), dtype=torch.bool, device=device)  # a device value: a host scalar would sync
         self.seen_text = torch.zeros(max_slots, cfg.vocab_size, dtype=torch.bool, device=device)
@@ -226,15 +233,14 @@ class Sampler:
 
     # ---- sampling ------------------------------------------------------------------------------
     def _settings(self, seqs: list[Sequence], ahead: int = 0) -> RowSettings:
-        floats = torch.tensor([[s.sampling.temperature, s.sampling.top_p, s.sampling.repetition_penalty] for s in seqs],
-                              dtype=torch.float32)
-        floats = self.upload(floats)
-        ints = torch.tensor([[s.sampling.top_k, s.noise_seed, s.num_steps + ahead, s.slot,
-                              int(s.num_steps + ahead < s.sampling.min_new_tokens)] for s in seqs],
-                            dtype=torch.long)
-        ints = self.upload(ints)
-        return RowSettings(floats[:, 0], floats[:, 1], floats[:, 2], ints[:, 0], ints[:, 1], ints[:, 2], ints[:, 3],
-                           ints[:, 4].bool())
+        # One upload per dtype, a field per row (each field contiguous, as the fused kernels read them).
+        floats = self.upload(torch.tensor([[s.sampling.temperature for s in seqs], [s.sampling.top_p for s in seqs],
+                                           [s.sampling.repetition_penalty for s in seqs]], dtype=torch.float32))
+        ints = self.upload(torch.tensor([[s.sampling.top_k for s in seqs], [s.noise_seed for s in seqs],
+                                         [s.num_steps + ahead for s in seqs], [s.slot for s in seqs],
+                                         [int(s.num_steps + ahead < s.sampling.min_new_tokens) for s in seqs]],
+                                        dtype=torch.long))
+        return RowSettings(*floats, *ints[:4], ints[4].bool())
 
     @staticmethod
     def _candidates(seqs: list[Sequence]) -> int | None:
@@ -243,17 +249,29 @@ class Sampler:
         fits = all(s.sampling.temperature < GREEDY_BELOW or 0 < s.sampling.top_k <= TOPK_CAP // 2 for s in seqs)
         return TOPK_CAP if fits else None
 
+    def _fused_candidates(self, seqs: list[Sequence], logits: torch.Tensor) -> int | None:
+        """The candidate count when the fused kernels take this batch (CUDA, every row's top_k fits), else None."""
+        k = self._candidates(seqs)
+        if not self.fused or k is None or logits.shape[1] < k:
+            return None
+        return k
+
     def sample_text(self, seqs: list[Sequence], logits: torch.Tensor, ahead: int = 0):
         """logits [R, text_vocab] of sequences in text mode → (ids [R], ok [R]) on the device.
         ahead: 1 when the sequences' previous samples are not applied on the host yet."""
         rows = self._settings(seqs, ahead)
         logits = logits.float()
+        if (k := self._fused_candidates(seqs, logits)) is not None:
+            return self.fused(logits, self.seen_text, rows, TEXT_SALT, k)
         return sample_rows(logits, rows, self.seen_text[rows.slot], TEXT_SALT, self._candidates(seqs))
 
     def sample_audio(self, seqs: list[Sequence], logits: torch.Tensor, ahead: int = 0):
         """logits [R, audio_vocab] of sequences in audio mode → (ids [R], ok [R]) on the device.
         Ids at or above audio_logits_limit are masked, and eosp while a row is before min_new_tokens."""
         rows = self._settings(seqs, ahead)
+        if (k := self._fused_candidates(seqs, logits)) is not None:
+            return self.fused(logits.float(), self.seen_audio, rows, AUDIO_SALT, k,
+                                     limit=self.cfg.audio_logits_limit, eosp=self.cfg.eosp_token_id)
         logits = logits.float().clone()
         logits[:, self.cfg.audio_logits_limit :] = float("-inf")
         eosp = logits[:, self.cfg.eosp_token_id]
