@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-FINITE_MAX = 3.0e38
-GREEDY_BELOW = 1e-5
+FINITE_MAX = tl.constexpr(3.0e38)   # as engine/sampler.py
+GREEDY_BELOW = tl.constexpr(1e-5)
 
 
 @triton.jit
@@ -70,7 +70,7 @@ def _prepare_kernel(logits_ptr, seen_ptr, slot_ptr, penalty_ptr, temperature_ptr
 
 @triton.jit
 def _pick_kernel(z_ptr, order_ptr, top_k_ptr, top_p_ptr, temperature_ptr, seed_ptr, step_ptr, greedy_ptr,
-                 out_ptr, vocab, salt: tl.int64, stride_z, stride_o, K: tl.constexpr):
+                 out_ptr, vocab, salt, stride_z, stride_o, K: tl.constexpr):
     """Grid (R,). Row r's K candidates (tempered logits, descending, and their ids) → the drawn id:
     top-k cut (ties at the k-th value kept), top-p cut by value, Gumbel-max with hashed uniforms."""
     r = tl.program_id(0).to(tl.int64)
