@@ -1,0 +1,84 @@
+"""Compile every Triton kernel of the project for an H100 (sm_90) without a GPU: triton.compile down to
+PTX and cubin with the ptxas that ships in the triton wheel. The CPU interpreter runs the kernels' math
+in the tests; only the compiler sees what it refuses (globals that are not constexpr, type mixes, ...).
+Run by tests/test_kernel_compile.py in a fresh process (the interpreter must be off when the kernels
+are defined). Prints one line per kernel; exits 1 if any fails."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from services.llm.runner.kernels import fused, paged_attention, sampling  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def signature(kernel, ptrs: dict[str, str], floats=(), constexprs: dict | None = None) -> tuple[dict, dict]:
+    """Every argument of `kernel`: a pointer of the given dtype, a float32, a constexpr, or else an int32."""
+    constexprs = constexprs or {}
+    sig = {}
+    for name in kernel.arg_names:
+        sig[name] = "constexpr" if name in constexprs else ptrs.get(name) or ("fp32" if name in floats else "i32")
+    return sig, constexprs
+
+
+BF16 = "*bf16"
+ATTN = dict(GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16)
+KERNELS = {
+    "decode partition": (paged_attention._decode_partition_kernel, *signature(
+        paged_attention._decode_partition_kernel,
+        {"q_ptr": BF16, "kv_ptr": BF16, "table_ptr": "*i32", "ctx_ptr": "*i32", "part_m_ptr": "*fp32",
+         "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32"}, ("qk_scale",),
+        dict(ATTN, GROUP_PAD=16, PARTITION=paged_attention.PARTITION, BLOCK_N=64)), 4),
+    "decode reduce": (paged_attention._decode_reduce_kernel, *signature(
+        paged_attention._decode_reduce_kernel,
+        {"part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "ctx_ptr": "*i32", "out_ptr": BF16}, (),
+        dict(HEAD_DIM=128, PARTITION=paged_attention.PARTITION, PARTS_PAD=32, CHUNK=16)), 4),
+    "prefill": (paged_attention._prefill_kernel, *signature(
+        paged_attention._prefill_kernel,
+        {"q_ptr": BF16, "kv_ptr": BF16, "table_ptr": "*i32", "cu_q_ptr": "*i32", "ctx_ptr": "*i32", "out_ptr": BF16},
+        ("qk_scale",), dict(ATTN, BLOCK_M=64, BLOCK_N=64)), 4),
+    "rms_norm + residual": (fused._rms_norm_kernel, *signature(
+        fused._rms_norm_kernel, {"x_ptr": BF16, "res_ptr": BF16, "w_ptr": BF16, "out_ptr": BF16}, ("eps",),
+        dict(HAS_RESIDUAL=True, BLOCK=4096)), 8),
+    "qk norm + rope + store": (fused._qk_norm_rope_store_kernel, *signature(
+        fused._qk_norm_rope_store_kernel,
+        {"qkv_ptr": BF16, "qw_ptr": BF16, "kw_ptr": BF16, "pos_ptr": "*i64", "cs_ptr": "*fp32", "kv_ptr": BF16,
+         "slot_ptr": "*i64", "q_ptr": BF16}, ("eps",), dict(H=32, KH=8, D=128, HALF_BLOCK=64)), 1),
+    "silu * mul": (fused._silu_mul_kernel, *signature(
+        fused._silu_mul_kernel, {"gu_ptr": BF16, "out_ptr": BF16}, (), dict(BLOCK=2048)), 8),
+    "sampling: prepare": (sampling._prepare_kernel, *signature(
+        sampling._prepare_kernel,
+        {"logits_ptr": "*fp32", "seen_ptr": "*u8", "slot_ptr": "*i64", "penalty_ptr": "*fp32",
+         "temperature_ptr": "*fp32", "block_eosp_ptr": "*u8", "z_ptr": "*fp32", "greedy_ptr": "*i64", "ok_ptr": "*i8"},
+        (), dict(BLOCK=1024)), 4),
+    "sampling: pick": (sampling._pick_kernel, *signature(
+        sampling._pick_kernel,
+        {"z_ptr": "*fp32", "order_ptr": "*i64", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "temperature_ptr": "*fp32",
+         "seed_ptr": "*i64", "step_ptr": "*i64", "greedy_ptr": "*i64", "out_ptr": "*i64"}, (), dict(K=64)), 1),
+}
+
+
+def main() -> int:
+    failed = 0
+    for name, (kernel, sig, constexprs, warps) in KERNELS.items():
+        try:
+            compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs), target=TARGET,
+                                      options={"num_warps": warps})
+            print(f"ok   {name}: {len(compiled.asm['cubin'])} bytes of sm_90 cubin")
+        except Exception:  # noqa: BLE001
+            failed += 1
+            print(f"FAIL {name}:\n{traceback.format_exc(limit=2)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
