@@ -41,6 +41,17 @@ def _positive(kind):
     return parse
 
 
+def _frames(text: str) -> int:
+    """An argparse type: a number of mel frames, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
 def _power_of_two(text: str) -> int:
     value = _positive(int)(text)
     if value & (value - 1):
@@ -80,8 +91,10 @@ def parser() -> argparse.ArgumentParser:
                                            "without it: the --preset with random weights")
     voc.add_argument("--preset", default="tiny", choices=VOCODER_PRESETS, help="tiny or moss-speech (24 kHz, 80 bands, hop 480)")
     voc.add_argument("--device", default="cpu")
-    voc.add_argument("--left-context", type=int, default=16, help="mel frames of left context per chunk")
-    voc.add_argument("--lookahead", type=int, default=4, help="mel frames held back for the next chunk")
+    voc.add_argument("--left-context", type=_frames, default=None,
+                     help="mel frames of left context per chunk (default: the generator's receptive field)")
+    voc.add_argument("--lookahead", type=_frames, default=None,
+                     help="mel frames held back for the next chunk (default 6: 120 ms at hop 480)")
 
     gw = sub.add_parser("gateway", help="the public gateway")
     _common(gw, 50051, 9091)

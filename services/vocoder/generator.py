@@ -42,18 +42,37 @@ def mel_format(h) -> MelFormat:
     return MelFormat(int(h["sampling_rate"]), int(h["num_mels"]), hop)
 
 
+def _weight_norm_form(state_dict: dict) -> str:
+    """How a checkpoint stores its conv weights: "g_v" (the package's weight_norm: weight_g/weight_v),
+    "parametrizations" (torch's parametrize API: parametrizations.weight.original0/1) or "plain" (folded)."""
+    keys = state_dict.keys()
+    if any(k.endswith(".weight_g") for k in keys):
+        return "g_v"
+    if any(".parametrizations.weight.original0" in k for k in keys):
+        return "parametrizations"
+    return "plain"
+
+
 def build_generator(h, state_dict: dict | None = None, seed: int = 0):
-    """→ BigVGAN in eval mode with weight norm folded in (inference form), on the CPU in float32."""
+    """→ BigVGAN in eval mode with weight norm folded in (inference form), on the CPU in float32.
+    `state_dict` may hold weight norm in either torch form, or have it removed already."""
     import bigvgan
 
     torch.manual_seed(seed)
+    form = _weight_norm_form(state_dict) if state_dict is not None else "g_v"
+    if form == "parametrizations":  # same tensors, the older names
+        state_dict = {k.replace(".parametrizations.weight.original0", ".weight_g")
+                       .replace(".parametrizations.weight.original1", ".weight_v"): v for k, v in state_dict.items()}
     # The package prints progress on stdout and builds with the deprecated weight_norm API.
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         model = bigvgan.BigVGAN(h, use_cuda_kernel=False)
+        if form == "plain":
+            model.remove_weight_norm()
         if state_dict is not None:
-            model.load_state_dict(state_dict)
-        model.remove_weight_norm()
+            model.load_state_dict(state_dict)  # strict: a key missing or left over names the mismatch
+        if form != "plain":
+            model.remove_weight_norm()
     return model.eval()
 
 
@@ -69,7 +88,7 @@ def load_generator(directory: str | Path):
 
 
 def save_generator(model, h, directory: str | Path) -> None:
-    """The package's format, for tests: weights saved before weight norm is folded in."""
+    """The package's format, for tests: the model's state dict as it is (with or without weight norm)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(dict(h), indent=2) + "\n")

@@ -21,8 +21,8 @@ class VocoderSettings:
     vocoder_dir: str | None = None
     preset: str = "tiny"
     device: str = "cpu"
-    left_context: int = 16   # mel frames
-    lookahead: int = 4       # mel frames (one token)
+    left_context: int | None = None   # mel frames; None: the generator's receptive field
+    lookahead: int | None = None      # mel frames; None: streamer.DEFAULT_LOOKAHEAD
     seed: int = 0
 
 

@@ -23,7 +23,8 @@ MAX_TOKENS_PER_MESSAGE = 4096
 
 
 class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
-    def __init__(self, vocoder: TokenVocoder, left_context: int = 16, lookahead: int = 4):
+    def __init__(self, vocoder: TokenVocoder, left_context: int | None = None, lookahead: int | None = None):
+        """left_context / lookahead in mel frames: None takes MelStreamer's defaults."""
         self.vocoder = vocoder
         self.left_context, self.lookahead = left_context, lookahead
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vocoder")

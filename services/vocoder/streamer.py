@@ -4,7 +4,12 @@ BigVGAN's output near a chunk edge depends on mel frames beyond it, so each call
 frames with `left_context` frames before them and `lookahead` frames after them, and keeps only the
 new frames' samples. The last `lookahead` frames wait for the next chunk (or the end of the stream).
 Emitted samples always total frames × hop: exactly tokens × samples_per_token once flushed.
-How close the stream comes to offline synthesis depends on the context (benchmarked later).
+
+With the generator's whole receptive field as context (receptive_field.py) a stream equals offline
+synthesis to float error. The defaults take the whole field on the left (it costs compute, not
+latency) and DEFAULT_LOOKAHEAD frames on the right (each frame of lookahead delays audio by a frame):
+≥ 46 dB streamed-vs-offline for every chunk schedule at the 24 kHz hop-480 preset (random weights;
+docs/benchmarks.md), 37 dB with one frame less per side of a token.
 """
 
 from __future__ import annotations
@@ -15,11 +20,16 @@ import torch
 from services.vocoder.vocoder import TokenVocoder
 
 
+DEFAULT_LOOKAHEAD = 6  # mel frames: 120 ms at hop 480, 1.5 tokens
+
+
 class MelStreamer:
-    def __init__(self, vocoder: TokenVocoder, left_context: int = 16, lookahead: int = 4):
+    def __init__(self, vocoder: TokenVocoder, left_context: int | None = None, lookahead: int | None = None):
+        """left_context: frames before each chunk (default: the generator's receptive field);
+        lookahead: frames held back for the next chunk (default DEFAULT_LOOKAHEAD)."""
         self.vocoder = vocoder
-        self.left_context = left_context
-        self.lookahead = lookahead
+        self.left_context = vocoder.receptive_field[0] if left_context is None else left_context
+        self.lookahead = DEFAULT_LOOKAHEAD if lookahead is None else lookahead
         self.mel: torch.Tensor | None = None  # [num_mels, kept frames]; kept frames start at frame `base`
         self.base = 0
         self.emitted = 0                      # frames whose samples have been returned

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from services.vocoder import generator as gen
+from services.vocoder.receptive_field import receptive_field
 from services.vocoder.token_decoder import (
     TokenDecoder,
     TokenDecoderConfig,
@@ -56,6 +57,11 @@ class TokenVocoder:
         return self.decoder.cfg.codebook_size
 
     @property
+    def receptive_field(self) -> tuple[int, int]:
+        """Mel frames (before, after) that a frame's samples depend on."""
+        return receptive_field(self.generator.h)
+
+    @property
     def samples_per_token(self) -> int:
         return self.decoder.cfg.samples_per_token
 
@@ -65,8 +71,10 @@ class TokenVocoder:
 
     @torch.inference_mode()
     def waveform(self, mel: torch.Tensor) -> np.ndarray:
-        """mel [num_mels, frames] → float32 samples [frames * hop] in [-1, 1]."""
-        return self.generator(mel[None])[0, 0].float().cpu().numpy()
+        """mel [num_mels, frames] → float32 samples [frames * hop] in [-1, 1]. (A config whose upsample
+        kernels exceed their strides by an odd number, as the 24 kHz hop-480 preset's do, yields a few
+        samples more, after the last frame's: they are cut.)"""
+        return self.generator(mel[None])[0, 0, : mel.shape[1] * self.hop_size].float().cpu().numpy()
 
 
 def load_vocoder(directory: str | Path | None, preset: str = "tiny", device: str = "cpu", seed: int = 0) -> TokenVocoder:

@@ -1,0 +1,127 @@
+"""Seamless streaming: the receptive field the streamer's context is sized from, streamed against offline
+synthesis for several chunk schedules (1-token chunks included), exact lengths, and generator checkpoints
+in every weight-norm form. CPU, float32, random weights: the tiny preset, and the 24 kHz hop-480 preset
+at 64 channels (same kernels, strides and dilations: same receptive field and length rules)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from services.vocoder import generator as gen
+from services.vocoder.receptive_field import receptive_field
+from services.vocoder.streamer import DEFAULT_LOOKAHEAD, MelStreamer
+from services.vocoder.vocoder import TokenVocoder, _random_decoder_for
+
+SCHEDULES = {"1-token chunks": [1] * 24, "irregular": [3, 1, 5, 2, 1, 7, 4, 1], "one chunk": [24]}
+
+
+def config(preset: str, channels: int | None = None):
+    h = gen.preset_config(preset)
+    if channels:
+        h["upsample_initial_channel"] = channels
+    return h
+
+
+def vocoder_for(h, seed: int = 0) -> TokenVocoder:
+    return TokenVocoder(_random_decoder_for(h, 1024, 32, seed), gen.build_generator(h, seed=seed), torch.device("cpu"))
+
+
+@pytest.fixture(scope="module", params=[("tiny", None), ("moss-speech", 64)], ids=["tiny", "hop480"])
+def vocoder(request):
+    return vocoder_for(config(*request.param))
+
+
+def snr_db(reference: np.ndarray, x: np.ndarray) -> float:
+    return float(10 * np.log10(np.sum(reference**2) / max(np.sum((reference - x) ** 2), 1e-30)))
+
+
+def stream(vocoder, tokens, schedule, **context) -> np.ndarray:
+    streamer, pieces, i = MelStreamer(vocoder, **context), [], 0
+    for n in schedule:
+        pieces.append(streamer.push(tokens[i : i + n]))
+        i += n
+    return np.concatenate(pieces + [streamer.flush()])
+
+
+def tokens_for(vocoder, n=24, seed=0) -> list[int]:
+    return np.random.default_rng(seed).integers(0, vocoder.codebook_size, n).tolist()
+
+
+@pytest.mark.parametrize("preset", [("tiny", None), ("moss-speech", 64)])
+def test_receptive_field_is_what_the_gradient_sees(preset):
+    """Frames whose mel reaches one frame's samples (a gradient probe through the real generator)."""
+    h = config(*preset)
+    model = gen.build_generator(h, seed=1).double()
+    hop, frames, probe = vocoder_for(h).hop_size, 101, 50
+    mel = torch.randn(1, h["num_mels"], frames, dtype=torch.float64, requires_grad=True)
+    model(mel)[0, 0, probe * hop : (probe + 1) * hop].sum().backward()
+    reached = (mel.grad[0].abs().sum(0) > 0).nonzero().flatten()
+    assert (probe - int(reached.min()), int(reached.max()) - probe) == receptive_field(h)
+
+
+def test_receptive_fields_of_the_presets():
+    assert receptive_field(config("tiny")) == (8, 8)
+    assert receptive_field(config("moss-speech")) == (30, 29)  # 600 ms before, 580 ms after
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES.values(), ids=SCHEDULES.keys())
+def test_with_the_whole_receptive_field_a_stream_is_offline_synthesis(vocoder, schedule):
+    tokens = tokens_for(vocoder)
+    offline = vocoder.waveform(vocoder.mel(tokens))
+    left, right = vocoder.receptive_field
+    streamed = stream(vocoder, tokens, schedule, left_context=left, lookahead=right)
+    assert len(streamed) == len(offline) == len(tokens) * vocoder.samples_per_token
+    np.testing.assert_allclose(streamed, offline, rtol=0, atol=2e-5 * np.abs(offline).max())
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES.values(), ids=SCHEDULES.keys())
+def test_default_context_stays_above_40_db(vocoder, schedule):
+    tokens = tokens_for(vocoder, seed=1)
+    offline = vocoder.waveform(vocoder.mel(tokens))
+    streamed = stream(vocoder, tokens, schedule)
+    assert len(streamed) == len(offline)
+    assert snr_db(offline, streamed) >= 40.0
+    # … and the context is what does it: without any, the same schedule is far worse (1-token chunks).
+    if schedule == SCHEDULES["1-token chunks"]:
+        assert snr_db(offline, stream(vocoder, tokens, schedule, left_context=0, lookahead=0)) < 30.0
+
+
+def test_defaults_come_from_the_generator(vocoder):
+    streamer = MelStreamer(vocoder)
+    assert (streamer.left_context, streamer.lookahead) == (vocoder.receptive_field[0], DEFAULT_LOOKAHEAD)
+
+
+def test_the_hop480_preset_yields_frames_times_hop_samples():
+    """Its upsample kernels exceed their strides by odd numbers (10-5, 6-3): the generator itself adds
+    104 samples after the last frame's, which the vocoder cuts."""
+    v = vocoder_for(config("moss-speech", 64))
+    mel = v.mel([1, 2, 3])
+    with torch.no_grad():
+        raw = v.generator(mel[None]).shape[-1]
+    assert raw == 12 * 480 + 104 and len(v.waveform(mel)) == 12 * 480
+
+
+@pytest.mark.parametrize("form", ["g_v", "parametrizations", "plain"])
+def test_generator_checkpoints_in_every_weight_norm_form(form):
+    h = config("tiny")
+    import bigvgan
+
+    torch.manual_seed(3)
+    trained = bigvgan.BigVGAN(h)  # the package's weight_norm (weight_g / weight_v)
+    state = trained.state_dict()
+    if form == "parametrizations":
+        state = {k.replace(".weight_g", ".parametrizations.weight.original0")
+                  .replace(".weight_v", ".parametrizations.weight.original1"): v for k, v in state.items()}
+    with torch.no_grad():
+        trained.remove_weight_norm()
+    if form == "plain":
+        state = trained.state_dict()
+    mel = torch.randn(1, h["num_mels"], 9)
+    with torch.no_grad():
+        want = trained.eval()(mel)
+        got = gen.build_generator(h, state)(mel)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(RuntimeError, match="Missing key"):
+        gen.build_generator(h, {k: v for k, v in state.items() if not k.startswith("conv_post")})
