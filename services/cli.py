@@ -94,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
     voc.add_argument("--left-context", type=_frames, default=None,
                      help="mel frames of left context per chunk (default: the generator's receptive field)")
     voc.add_argument("--lookahead", type=_frames, default=None,
-                     help="mel frames held back for the next chunk (default 6: 120 ms at hop 480)")
+                     help="mel frames held back for the next chunk (default 4: one token, 80 ms at hop 480)")
 
     gw = sub.add_parser("gateway", help="the public gateway")
     _common(gw, 50051, 9091)

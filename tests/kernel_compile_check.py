@@ -17,6 +17,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from services.llm.runner.kernels import fused, paged_attention, sampling  # noqa: E402
+from services.vocoder import activation  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -64,6 +65,10 @@ KERNELS = {
         sampling._pick_kernel,
         {"z_ptr": "*fp32", "order_ptr": "*i64", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "temperature_ptr": "*fp32",
          "seed_ptr": "*i64", "step_ptr": "*i64", "greedy_ptr": "*i64", "out_ptr": "*i64"}, (), dict(K=64)), 1),
+    "vocoder: anti-aliased snake": (activation._anti_aliased_snake_kernel, *signature(
+        activation._anti_aliased_snake_kernel,
+        {"x_ptr": BF16, "f_ptr": "*fp32", "g_ptr": "*fp32", "alpha_ptr": "*fp32", "inv_beta_ptr": "*fp32",
+         "out_ptr": BF16}, (), dict(BC=2, BT=128)), 4),
 }
 
 

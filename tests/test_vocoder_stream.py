@@ -125,3 +125,19 @@ def test_generator_checkpoints_in_every_weight_norm_form(form):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     with pytest.raises(RuntimeError, match="Missing key"):
         gen.build_generator(h, {k: v for k, v in state.items() if not k.startswith("conv_post")})
+
+
+def test_a_window_gives_the_same_samples_alone_or_batched(vocoder):
+    """Windows of several lengths (several frames buckets, one past the largest) in one call: each equals
+    its run alone; a stream's last window equals plain synthesis of it."""
+    g = torch.Generator().manual_seed(4)
+    windows = [torch.randn(80, n, generator=g) - 5 for n in (3, 12, 12, 16, 40, 130, 7)]
+    last = [False, False, False, True, False, False, True]
+    together = vocoder.runner(windows, last)
+    for w, is_last, got in zip(windows, last, together):
+        alone = vocoder.runner([w], [is_last])[0]
+        assert got.shape == (w.shape[1] * vocoder.hop_size,)
+        torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        plain = vocoder.generator(windows[3][None])[0, 0, : 16 * vocoder.hop_size]
+    torch.testing.assert_close(together[3], plain, rtol=1e-5, atol=1e-6)

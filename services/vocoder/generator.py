@@ -18,7 +18,8 @@ import torch
 from services.vocoder.token_decoder import MelFormat
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-PRESETS = {"tiny": "tiny.json", "moss-speech": "bigvgan_24khz_80band_480x.json"}
+PRESETS = {"tiny": "tiny.json", "moss-speech": "bigvgan_24khz_80band_480x.json",
+           "bigvgan-v2-22khz-80band-256x": "bigvgan_v2_22khz_80band_256x.json"}  # the published v2 layout (bench)
 
 
 def read_config(path: str | Path):

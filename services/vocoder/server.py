@@ -28,6 +28,7 @@ class VocoderSettings:
 
 async def run(s: VocoderSettings) -> None:
     vocoder = load_vocoder(s.vocoder_dir, s.preset, s.device, s.seed)
+    vocoder.runner.warm_up((1,))  # on CUDA: a stream's first chunk must not wait for a graph capture
     servicer = VocoderServicer(vocoder, s.left_context, s.lookahead)
     start_metrics_server(s.host, s.metrics_port)
     await serve(

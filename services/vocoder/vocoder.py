@@ -11,6 +11,7 @@ import torch
 
 from services.vocoder import generator as gen
 from services.vocoder.receptive_field import receptive_field
+from services.vocoder.runner import GeneratorRunner
 from services.vocoder.token_decoder import (
     TokenDecoder,
     TokenDecoderConfig,
@@ -42,7 +43,7 @@ class TokenVocoder:
                 "use a vocoder trained for the token decoder's mel format"
             )
         self.decoder.to(self.device)
-        self.generator.to(self.device)
+        self.runner = GeneratorRunner(self.generator, self.hop_size, self.device)
 
     @property
     def sample_rate(self) -> int:
@@ -69,12 +70,16 @@ class TokenVocoder:
         """tokens → log-mel [num_mels, len(tokens) * frames_per_token]."""
         return self.decoder(torch.tensor(tokens, dtype=torch.long, device=self.device))
 
-    @torch.inference_mode()
+    def vocode(self, windows: list[torch.Tensor], last: list[bool]) -> list[np.ndarray]:
+        """Windows of mel [num_mels, F_i] (any streams) → float32 samples [F_i * hop] each, in [-1, 1];
+        last[i]: window i ends its stream. Batched and padded as runner.py describes. (A config whose
+        upsample kernels exceed their strides by an odd number, as the 24 kHz hop-480 preset's do,
+        yields a few samples after the last frame's: they are cut.)"""
+        return [wav.numpy() for wav in self.runner(windows, last)]
+
     def waveform(self, mel: torch.Tensor) -> np.ndarray:
-        """mel [num_mels, frames] → float32 samples [frames * hop] in [-1, 1]. (A config whose upsample
-        kernels exceed their strides by an odd number, as the 24 kHz hop-480 preset's do, yields a few
-        samples more, after the last frame's: they are cut.)"""
-        return self.generator(mel[None])[0, 0, : mel.shape[1] * self.hop_size].float().cpu().numpy()
+        """Offline synthesis: mel [num_mels, frames] → float32 samples [frames * hop]."""
+        return self.vocode([mel], [True])[0]
 
 
 def load_vocoder(directory: str | Path | None, preset: str = "tiny", device: str = "cpu", seed: int = 0) -> TokenVocoder:

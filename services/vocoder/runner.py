@@ -1,0 +1,112 @@
+"""Runs the BigVGAN generator over windows of mel frames, several streams' windows as one batch.
+
+On CUDA: bfloat16 weights, the fused anti-aliased activation (activation.py) and one CUDA graph per
+(batch bucket, frames bucket), captured on first use (`warm_up` captures the batch-1 ones at start, so a
+stream's first chunk never waits for a capture). On CPU: the same padding and grouping, eager, float32.
+
+**Padding never mixes streams.** A window is padded to the smallest frames bucket that holds it by
+repeating its last frame, so its padded content is a function of the window alone; only windows of the
+same frames bucket share a batch (padding rows of the batch axis are zeros and are dropped). A stream's
+samples are therefore the same alone or batched, whatever its batch mates. The repeated frames lie after
+the window's end, inside the lookahead the streamer holds back; with a lookahead as wide as the
+generator's right receptive field they cannot reach a kept sample at all.
+
+**A stream's last window runs at its exact length** (`exact=True`), eagerly: offline synthesis ends with
+each layer's zero padding, which no padding of the mel input reproduces.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+FRAME_BUCKETS = (8, 16, 24, 32, 48, 64, 80, 96, 128)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def smallest(buckets, n: int) -> int | None:
+    return next((b for b in buckets if b >= n), None)
+
+
+class GeneratorRunner:
+    def __init__(self, generator: torch.nn.Module, hop: int, device: torch.device, dtype: torch.dtype | None = None,
+                 graphs: bool | None = None, fuse: bool | None = None,
+                 frame_buckets=FRAME_BUCKETS, batch_buckets=BATCH_BUCKETS):
+        cuda = device.type == "cuda"
+        self.hop, self.device = hop, device
+        self.dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
+        self.fused = 0
+        if cuda if fuse is None else fuse:
+            from services.vocoder.activation import fuse_activations
+
+            # Before the cast: the fused modules keep Snake's alpha and 1/beta in float32 from the weights.
+            self.fused = fuse_activations(generator)  # Activation1d modules replaced
+        self.generator = generator.to(device=device, dtype=self.dtype).eval()
+        self.use_graphs = cuda if graphs is None else graphs
+        self.frame_buckets, self.batch_buckets = tuple(frame_buckets), tuple(batch_buckets)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.pool = None
+
+    @property
+    def num_mels(self) -> int:
+        return self.generator.conv_pre.in_channels
+
+    # ---- graphs ----------------------------------------------------------------------------------
+    def _graph(self, batch: int, frames: int):
+        key = (batch, frames)
+        if key not in self.graphs:
+            static_in = torch.zeros(batch, self.num_mels, frames, dtype=self.dtype, device=self.device)
+            self.generator(static_in)  # warm-up outside capture (kernel compilation, cuDNN choices)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                static_out = self.generator(static_in)
+            self.pool = graph.pool()  # one pool: a batch's samples are copied out before the next replay
+            self.graphs[key] = (graph, static_in, static_out)
+        return self.graphs[key]
+
+    @torch.inference_mode()
+    def warm_up(self, batches=(1,)) -> None:
+        """Capture the graphs of these batch buckets for every frames bucket."""
+        if self.use_graphs:
+            for batch in batches:
+                for frames in self.frame_buckets:
+                    self._graph(batch, frames)
+
+    # ---- running ---------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def __call__(self, windows: list[torch.Tensor], exact: list[bool] | None = None) -> list[torch.Tensor]:
+        """windows: mel [num_mels, F_i] each → float32 samples [F_i * hop] each, on the CPU.
+        exact[i]: window i is its stream's last (run at its exact length)."""
+        exact = exact or [False] * len(windows)
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, (mel, last) in enumerate(zip(windows, exact)):
+            frames = mel.shape[1]
+            bucket = None if last else smallest(self.frame_buckets, frames)
+            groups[("bucket", bucket) if bucket else ("exact", frames)].append(i)
+        out: list[torch.Tensor | None] = [None] * len(windows)
+        for (kind, frames), members in groups.items():
+            for start in range(0, len(members), self.batch_buckets[-1]):
+                part = members[start : start + self.batch_buckets[-1]]
+                samples = self._run([windows[i] for i in part], frames, padded=kind == "bucket")
+                for i, wav in zip(part, samples):
+                    out[i] = wav[: windows[i].shape[1] * self.hop]
+        return out
+
+    def _run(self, mels: list[torch.Tensor], frames: int, padded: bool) -> torch.Tensor:
+        """Same-bucket (or same exact length) windows → float32 samples [len(mels), frames * hop] on the CPU."""
+        batch = smallest(self.batch_buckets, len(mels)) if padded else len(mels)
+        x = torch.zeros(batch, self.num_mels, frames, dtype=self.dtype, device=self.device)
+        for row, mel in enumerate(mels):
+            n = mel.shape[1]
+            x[row, :, :n] = mel.to(self.device, self.dtype)
+            x[row, :, n:] = x[row, :, n - 1 : n]  # repeat the last frame (see the module docstring)
+        if padded and self.use_graphs:
+            graph, static_in, static_out = self._graph(batch, frames)
+            static_in.copy_(x)
+            graph.replay()
+            y = static_out
+        else:
+            y = self.generator(x)
+        return y[: len(mels), 0, : frames * self.hop].float().cpu()
