@@ -17,7 +17,7 @@ if [[ $what == all || $what == tests ]]; then
   echo "== GPU tests"
   python3 -m pytest -q -p no:cacheprovider tests/test_paged_attention.py tests/test_fused_kernels.py \
     tests/test_kernel_runner.py tests/test_sampler.py tests/test_overlap.py tests/test_text_skip.py \
-    tests/test_vocoder_activation.py tests/test_vocoder_stream.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+    tests/test_vocoder_activation.py tests/test_vocoder_stream.py tests/test_vocoder_worker.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 fi
 if [[ $what == suite ]]; then
   echo "== whole suite"

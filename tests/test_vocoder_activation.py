@@ -225,7 +225,7 @@ def test_the_480x_preset_has_109_activations():
 def test_cuda_real_shapes_fp32_and_bf16(c, t):
     """fp32 vs eager fp32; bf16 input vs eager fp32 on the same (bf16-rounded) input: only the output rounding
     differs, as the kernel computes in fp32 (eager bf16 would round after every op)."""
-    m = _activation("snakebeta", True, c)
+    m = _activation("snakebeta", c, True)
     fused = FusedActivation1d.of(m)
     x = torch.randn(2, c, t, device="cuda") * 2
     with torch.no_grad():
@@ -238,7 +238,7 @@ def test_cuda_real_shapes_fp32_and_bf16(c, t):
 
 @needs_cuda
 def test_cuda_graph_replay():
-    m = _activation("snakebeta", True, 64)
+    m = _activation("snakebeta", 64, True)
     fused = FusedActivation1d.of(m)
     static_x = torch.randn(2, 64, 500, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():

@@ -12,6 +12,9 @@ FIRST_CHUNK = Histogram(
     "vocoder_first_chunk_seconds", "First tokens of a stream received to its first PCM ready", buckets=LATENCY_BUCKETS
 )
 ACTIVE_STREAMS = Gauge("vocoder_active_streams", "Vocode streams open")
+BATCH_SIZE = Histogram("vocoder_batch_size", "Windows vocoded together in one model call",
+                       buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+BATCH = Histogram("vocoder_batch_seconds", "Duration of one model call (all of its windows)", buckets=LATENCY_BUCKETS)
 AUDIO_SECONDS = Counter("vocoder_audio_seconds_total", "Seconds of audio synthesized")
 REQUESTS = Counter("vocoder_requests_total", "Finished Vocode calls, by gRPC status code", ["code"])
 
@@ -19,6 +22,11 @@ REQUESTS = Counter("vocoder_requests_total", "Finished Vocode calls, by gRPC sta
 def observe_chunk(queue_seconds: float, compute_seconds: float) -> None:
     QUEUE_WAIT.observe(queue_seconds)
     CHUNK.observe(compute_seconds)
+
+
+def observe_batch(size: int, seconds: float) -> None:
+    BATCH_SIZE.observe(size)
+    BATCH.observe(seconds)
 
 
 def observe_first_chunk(seconds: float) -> None:

@@ -38,5 +38,5 @@ async def run(s: VocoderSettings) -> None:
         port=s.port,
         add_servicer=lambda server: vocoder_pb2_grpc.add_VocoderServicer_to_server(servicer, server),
         on_done=metrics.observe_request,
-        on_stop=lambda: servicer.executor.shutdown(wait=True),
+        on_stop=servicer.worker.stop,
     )

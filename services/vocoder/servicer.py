@@ -1,14 +1,14 @@
 """moss.speech.v1.Vocoder: one config message, token chunks, end → PCM chunks as each is ready.
 
-The model runs on one worker thread shared by all streams (batching across streams comes later), so the
-event loop keeps serving while a chunk is synthesized.
+The model runs on one worker thread shared by all streams (worker.py), which vocodes the chunks that are
+ready together, first chunks first and the others by how soon their listeners would run out of audio;
+the event loop only awaits futures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
@@ -18,16 +18,19 @@ from services.common.errors import InvalidArgument
 from services.vocoder import metrics
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import TokenVocoder
+from services.vocoder.worker import Done, Job, VocoderWorker
 
 MAX_TOKENS_PER_MESSAGE = 4096
 
 
 class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
-    def __init__(self, vocoder: TokenVocoder, left_context: int | None = None, lookahead: int | None = None):
-        """left_context / lookahead in mel frames: None takes MelStreamer's defaults."""
+    def __init__(self, vocoder: TokenVocoder, left_context: int | None = None, lookahead: int | None = None,
+                 max_batch: int = 64, max_wait: float = 0.002):
+        """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
+        model call; a chunk waits at most max_wait seconds for others to join it."""
         self.vocoder = vocoder
         self.left_context, self.lookahead = left_context, lookahead
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vocoder")
+        self.worker = VocoderWorker(vocoder, max_batch, max_wait, on_batch=metrics.observe_batch)
 
     def _check_tokens(self, tokens) -> list[int]:
         if len(tokens) > MAX_TOKENS_PER_MESSAGE:
@@ -37,18 +40,10 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
             raise InvalidArgument("tokens.tokens", f"codes must be in [0, {self.vocoder.codebook_size}), got {bad[0]}")
         return list(tokens)
 
-    async def _compute(self, fn, *args) -> tuple[np.ndarray, float, float]:
-        """Run fn on the model thread → (samples, queue seconds, compute seconds)."""
-        submitted = time.perf_counter()
-        started = []
-
-        def timed():
-            started.append(time.perf_counter())
-            return fn(*args)
-
-        samples = await asyncio.get_running_loop().run_in_executor(self.executor, timed)
-        done = time.perf_counter()
-        return samples, started[0] - submitted, done - started[0]
+    async def _vocode(self, streamer: MelStreamer, tokens: list[int] | None, started: float | None,
+                      sent: float) -> Done:
+        """Hand a chunk (or the end, tokens None) to the worker and await its samples."""
+        return await asyncio.wrap_future(self.worker.submit(Job(streamer, tokens, started, sent)))
 
     async def Vocode(self, request_iterator, context):
         first = await anext(aiter(request_iterator), None)
@@ -60,6 +55,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         stats = vocoder_pb2.VocodeStats()
         offset = 0
         first_tokens_at: float | None = None
+        audio_started: float | None = None  # when the first samples went out: the listener's clock
 
         def message(samples: np.ndarray, final: bool) -> vocoder_pb2.VocodeResponse:
             nonlocal offset
@@ -81,21 +77,22 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                 if not tokens:
                     continue
                 first_tokens_at = first_tokens_at or time.perf_counter()
-                samples, queued, compute = await self._compute(streamer.push, tokens)
+                done = await self._vocode(streamer, tokens, audio_started, offset / rate)
                 stats.chunks += 1
                 stats.tokens += len(tokens)
-                stats.compute_seconds += compute
-                stats.queue_seconds += queued
-                metrics.observe_chunk(queued, compute)
-                if stats.chunks == 1:
-                    stats.first_chunk_compute_seconds = compute
-                    metrics.observe_first_chunk(time.perf_counter() - first_tokens_at)
-                if len(samples):
-                    yield message(samples, final=False)
-            samples, queued, compute = await self._compute(streamer.flush)
-            stats.compute_seconds += compute
-            stats.queue_seconds += queued
-            final = message(samples, final=True)
+                stats.compute_seconds += done.compute_seconds
+                stats.queue_seconds += done.queue_seconds
+                metrics.observe_chunk(done.queue_seconds, done.compute_seconds)
+                if len(done.samples):
+                    if audio_started is None:  # the stream's first audio
+                        audio_started = time.perf_counter()
+                        stats.first_chunk_compute_seconds = done.compute_seconds
+                        metrics.observe_first_chunk(audio_started - first_tokens_at)
+                    yield message(done.samples, final=False)
+            done = await self._vocode(streamer, None, audio_started, offset / rate)
+            stats.compute_seconds += done.compute_seconds
+            stats.queue_seconds += done.queue_seconds
+            final = message(done.samples, final=True)
             final.stats.CopyFrom(stats)
             metrics.observe_audio(offset / rate)
             yield final

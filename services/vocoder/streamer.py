@@ -15,10 +15,23 @@ for every chunk schedule, one-token chunks included, at the 24 kHz hop-480 prese
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from services.vocoder.vocoder import TokenVocoder
+
+
+@dataclass
+class Window:
+    """Mel frames [start, start + frames) of one stream to vocode; its samples of frames [emitted, upto)
+    are kept. mel None: nothing is due. last: the stream's final window (vocoded at its exact length)."""
+
+    mel: torch.Tensor | None
+    start: int
+    upto: int
+    last: bool
 
 
 DEFAULT_LOOKAHEAD = 4  # mel frames: one token, 80 ms at hop 480
@@ -40,28 +53,42 @@ class MelStreamer:
     def total_frames(self) -> int:
         return self.base + (0 if self.mel is None else self.mel.shape[1])
 
-    def push(self, tokens: list[int]) -> np.ndarray:
-        """Add tokens; return the samples that are now final (possibly none)."""
-        frames = self.vocoder.mel(tokens)
-        self.mel = frames if self.mel is None else torch.cat([self.mel, frames], dim=1)
-        self.tokens += len(tokens)
-        return self._emit(self.total_frames - self.lookahead)
-
-    def flush(self) -> np.ndarray:
-        """End of stream: return every remaining sample."""
-        return self._emit(self.total_frames, last=True)
-
-    def _emit(self, upto: int, last: bool = False) -> np.ndarray:
+    # ---- in two halves, for a worker that vocodes many streams' windows as one batch ---------------
+    def prepare(self, tokens: list[int] | None) -> Window:
+        """Add tokens (None: the end of the stream) → the window that is now due (its mel None if none)."""
+        if tokens:
+            frames = self.vocoder.mel(tokens)
+            self.mel = frames if self.mel is None else torch.cat([self.mel, frames], dim=1)
+            self.tokens += len(tokens)
+        last = tokens is None
+        upto = self.total_frames if last else self.total_frames - self.lookahead
         if upto <= self.emitted:
-            return np.zeros(0, dtype=np.float32)
+            return Window(None, self.emitted, self.emitted, last)
         start = max(self.base, self.emitted - self.left_context)
         end = min(self.total_frames, upto + self.lookahead)
-        wav = self.vocoder.vocode([self.mel[:, start - self.base : end - self.base]], [last])[0]
+        return Window(self.mel[:, start - self.base : end - self.base], start, upto, last)
+
+    def commit(self, window: Window, wav: np.ndarray | None) -> np.ndarray:
+        """The window's samples (frames × hop) → the samples now final; frees the mel no call will read."""
+        if window.mel is None:
+            return np.zeros(0, dtype=np.float32)
         hop = self.vocoder.hop_size
-        out = wav[(self.emitted - start) * hop : (upto - start) * hop]
-        self.emitted = upto
-        # Keep only the frames a later call can still read as left context.
-        keep_from = max(self.base, self.emitted - self.left_context)
+        out = wav[(self.emitted - window.start) * hop : (window.upto - window.start) * hop]
+        self.emitted = window.upto
+        keep_from = max(self.base, self.emitted - self.left_context)  # what a later window can still read
         self.mel = self.mel[:, keep_from - self.base :]
         self.base = keep_from
         return out
+
+    # ---- one stream alone ---------------------------------------------------------------------------
+    def push(self, tokens: list[int]) -> np.ndarray:
+        """Add tokens; return the samples that are now final (possibly none)."""
+        return self._run(self.prepare(tokens))
+
+    def flush(self) -> np.ndarray:
+        """End of stream: return every remaining sample."""
+        return self._run(self.prepare(None))
+
+    def _run(self, window: Window) -> np.ndarray:
+        wav = None if window.mel is None else self.vocoder.vocode([window.mel], [window.last])[0]
+        return self.commit(window, wav)

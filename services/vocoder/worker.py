@@ -1,0 +1,138 @@
+"""One thread owns the vocoder's device and vocodes the chunks of many streams together.
+
+Streams hand in jobs (a stream's new tokens, or its end) and await the samples. The worker takes every
+job that is ready, prepares each stream's window (token decoding included: all of a stream's state is
+touched on this thread only, one job per stream at a time), vocodes the windows in one call (runner.py
+batches those of a frames bucket) and returns each stream its samples.
+
+Order, when more is ready than one batch takes: a stream's first chunk goes first (nothing is playing
+yet: it is time to first audio), by arrival; then later chunks by slack, the audio a stream has already
+sent that its listener has not yet heard (least first). A job waits for company at most `max_wait`
+seconds, and never when a first chunk or a chunk with less slack than that is queued.
+
+No asyncio here: `submit` returns a concurrent future; the servicer wraps it (asyncio.wrap_future), so
+the gRPC event loop never blocks on the model.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.vocoder.streamer import MelStreamer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Job:
+    streamer: MelStreamer
+    tokens: list[int] | None           # None: the end of the stream
+    audio_started: float | None        # when the stream's first samples went out (None: not yet)
+    audio_sent: float                  # seconds of audio sent so far
+    submitted: float = field(default_factory=time.perf_counter)
+    future: Future = field(default_factory=Future)
+
+    @property
+    def first(self) -> bool:
+        return self.audio_started is None
+
+    def slack(self, now: float) -> float:
+        """Seconds until the stream's listener runs out of audio (first chunks: -inf, they go first)."""
+        return float("-inf") if self.audio_started is None else self.audio_started + self.audio_sent - now
+
+
+@dataclass
+class Done:
+    samples: np.ndarray
+    queue_seconds: float    # submitted → its batch started
+    compute_seconds: float  # its batch's duration
+    batch_size: int
+
+
+class VocoderWorker:
+    def __init__(self, vocoder, max_batch: int = 64, max_wait: float = 0.002,
+                 on_batch: Callable[[int, float], None] = lambda size, seconds: None):
+        """vocoder: TokenVocoder (its `vocode(windows, last)` runs a batch); on_batch(size, seconds) per batch."""
+        self.vocoder, self.max_batch, self.max_wait, self.on_batch = vocoder, max_batch, max_wait, on_batch
+        self.pending: list[Job] = []
+        self.cv = threading.Condition()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._loop, name="vocoder-worker", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Job) -> Future:
+        with self.cv:
+            if self.stopping:
+                raise RuntimeError("the vocoder worker has stopped")
+            self.pending.append(job)
+            self.cv.notify()
+        return job.future
+
+    def stop(self) -> None:
+        with self.cv:
+            self.stopping = True
+            self.cv.notify()
+        self.thread.join(timeout=10)
+
+    # ---- the thread ------------------------------------------------------------------------------
+    def _take(self) -> list[Job] | None:
+        """Wait for work → the next batch, most urgent first (None: stopping)."""
+        with self.cv:
+            while not self.pending and not self.stopping:
+                self.cv.wait()
+            if self.stopping:
+                for job in self.pending:
+                    job.future.set_exception(RuntimeError("the vocoder worker has stopped"))
+                return None
+            deadline = self.pending[0].submitted + self.max_wait
+            while len(self.pending) < self.max_batch and not self.stopping:
+                now = time.perf_counter()
+                if now >= deadline or min(j.slack(now) for j in self.pending) < self.max_wait:
+                    break  # a first chunk (slack -inf) or an urgent one is waiting: go now
+                self.cv.wait(deadline - now)
+            now = time.perf_counter()
+            self.pending.sort(key=lambda j: (not j.first, j.submitted if j.first else j.slack(now)))
+            batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
+            return batch
+
+    def _loop(self) -> None:
+        while (batch := self._take()) is not None:
+            # A stream whose caller went away (a cancelled await cancels its future) is dropped here.
+            batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
+            try:
+                self._run(batch)
+            except Exception as exc:  # noqa: BLE001  a bug here must not stop the thread every stream waits on
+                log.exception("vocoder: a batch failed")
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+
+    def _run(self, batch: list[Job]) -> None:
+        """Prepare each stream's window, vocode the due ones in one call, hand each stream its samples.
+        A stream's own fault (its tokens, its state) ends that stream alone; a failed model call fails
+        the streams of this batch (the caller's loop reports it)."""
+        started = time.perf_counter()
+        jobs, windows = [], []
+        for job in batch:
+            try:
+                windows.append(job.streamer.prepare(job.tokens))
+                jobs.append(job)
+            except Exception as exc:  # noqa: BLE001
+                log.exception("vocoder: preparing a chunk failed")
+                job.future.set_exception(exc)
+        due = [i for i, w in enumerate(windows) if w.mel is not None]
+        wavs = self.vocoder.vocode([windows[i].mel for i in due], [windows[i].last for i in due]) if due else []
+        seconds = time.perf_counter() - started
+        if due:
+            self.on_batch(len(due), seconds)
+        by_index = dict(zip(due, wavs))
+        for i, (job, window) in enumerate(zip(jobs, windows)):
+            samples = job.streamer.commit(window, by_index.get(i))
+            job.future.set_result(Done(samples, started - job.submitted, seconds, len(due)))

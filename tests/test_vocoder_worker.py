@@ -1,0 +1,134 @@
+"""The vocoder's batching worker: first chunks first, then by slack; many streams in one model call with the
+audio each gives alone; a bad stream fails alone; a cancelled chunk is dropped; waits are bounded."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from services.vocoder.streamer import MelStreamer
+from services.vocoder.vocoder import load_vocoder
+from services.vocoder.worker import Job, VocoderWorker
+
+
+class Recording:
+    """A TokenVocoder stand-in: records each call's streams and can hold a call until released."""
+
+    def __init__(self, vocoder):
+        self.vocoder, self.calls, self.gate = vocoder, [], threading.Event()
+        self.gate.set()
+
+    def __getattr__(self, name):
+        return getattr(self.vocoder, name)
+
+    def vocode(self, windows, last):
+        self.calls.append([w.shape[1] for w in windows])
+        self.gate.wait(10)
+        return self.vocoder.vocode(windows, last)
+
+
+@pytest.fixture(scope="module")
+def vocoder():
+    return load_vocoder(None, "tiny")
+
+
+def tokens(n, seed):
+    return np.random.default_rng(seed).integers(0, 1024, n).tolist()
+
+
+def test_first_chunks_go_first_then_the_least_slack(vocoder):
+    rec = Recording(vocoder)
+    worker = VocoderWorker(rec, max_batch=1, max_wait=0.0)
+    try:
+        rec.gate.clear()
+        blocker = worker.submit(Job(MelStreamer(rec), tokens(2, 0), None, 0.0))  # holds the model
+        while not rec.calls:
+            time.sleep(0.001)
+        now = time.perf_counter()
+        # Window lengths tell the calls apart: 3, 4 and 5 tokens → 8, 12 and 16 frames (lookahead 4 held back
+        # but computed), each a stream's first window (audio_started says what the listener has).
+        relaxed = worker.submit(Job(MelStreamer(rec), tokens(3, 1), now - 1.0, 6.0))   # 5 s of slack
+        urgent = worker.submit(Job(MelStreamer(rec), tokens(4, 2), now - 1.0, 1.1))    # 0.1 s of slack
+        first = worker.submit(Job(MelStreamer(rec), tokens(5, 3), None, 0.0))          # nothing playing yet
+        rec.gate.set()
+        for f in (blocker, relaxed, urgent, first):
+            f.result(timeout=20)
+        assert rec.calls == [[8], [20], [16], [12]]
+    finally:
+        worker.stop()
+
+
+def test_streams_vocoded_together_give_what_each_gives_alone(vocoder):
+    schedules = [[3, 10, 10, 2], [3, 1, 1, 7], [5, 10], [2]]
+    alone = []
+    for i, schedule in enumerate(schedules):
+        s = MelStreamer(vocoder)
+        ids = tokens(sum(schedule), i)
+        parts, at = [], 0
+        for n in schedule:
+            parts.append(s.push(ids[at : at + n]))
+            at += n
+        alone.append(np.concatenate(parts + [s.flush()]))
+    rec = Recording(vocoder)
+    worker = VocoderWorker(rec, max_batch=64, max_wait=0.01)
+    try:
+        streamers = [MelStreamer(rec) for _ in schedules]
+        out = [[] for _ in schedules]
+        at = [0] * len(schedules)
+        for step in range(max(len(s) for s in schedules) + 1):
+            futures = []
+            for i, schedule in enumerate(schedules):
+                if step < len(schedule):
+                    ids = tokens(sum(schedule), i)[at[i] : at[i] + schedule[step]]
+                    at[i] += schedule[step]
+                    futures.append((i, worker.submit(Job(streamers[i], ids, None, 0.0))))
+                elif step == len(schedule):
+                    futures.append((i, worker.submit(Job(streamers[i], None, None, 0.0))))
+            for i, f in futures:
+                out[i].append(f.result(timeout=30).samples)
+        for i in range(len(schedules)):
+            np.testing.assert_allclose(np.concatenate(out[i]), alone[i], rtol=1e-5, atol=1e-6)
+        assert max(len(c) for c in rec.calls) > 1, "no call batched several streams"
+    finally:
+        worker.stop()
+
+
+def test_a_bad_stream_fails_alone_and_a_cancelled_chunk_is_dropped(vocoder):
+    rec = Recording(vocoder)
+    worker = VocoderWorker(rec, max_batch=8, max_wait=0.05)
+    try:
+        rec.gate.clear()
+        blocker = worker.submit(Job(MelStreamer(rec), tokens(2, 0), None, 0.0))
+        while not rec.calls:
+            time.sleep(0.001)
+        good = worker.submit(Job(MelStreamer(rec), tokens(3, 1), None, 0.0))
+        bad = worker.submit(Job(MelStreamer(rec), [5, 10**6], None, 0.0))  # not a code: the decoder raises
+        gone = worker.submit(Job(MelStreamer(rec), tokens(3, 2), None, 0.0))
+        assert gone.cancel()
+        rec.gate.set()
+        blocker.result(timeout=20)
+        assert len(good.result(timeout=20).samples) > 0
+        with pytest.raises(IndexError):
+            bad.result(timeout=20)
+        assert rec.calls[1:] == [[12]], "the bad and the cancelled stream reached the model"
+        assert len(worker.submit(Job(MelStreamer(rec), tokens(2, 3), None, 0.0)).result(timeout=20).samples) > 0
+    finally:
+        worker.stop()
+
+
+def test_waits_for_company_are_bounded(vocoder):
+    worker = VocoderWorker(Recording(vocoder), max_batch=64, max_wait=0.2)
+    try:
+        t = time.perf_counter()
+        worker.submit(Job(MelStreamer(vocoder), tokens(3, 0), None, 0.0)).result(timeout=20)
+        assert time.perf_counter() - t < 0.15, "a first chunk waited for company"
+        s = MelStreamer(vocoder)
+        s.push(tokens(3, 1))
+        t = time.perf_counter()
+        worker.submit(Job(s, tokens(3, 2), time.perf_counter(), 10.0)).result(timeout=20)  # 10 s of slack
+        assert 0.15 <= time.perf_counter() - t < 1.0
+    finally:
+        worker.stop()
