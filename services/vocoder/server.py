@@ -28,7 +28,9 @@ class VocoderSettings:
 
 async def run(s: VocoderSettings) -> None:
     vocoder = load_vocoder(s.vocoder_dir, s.preset, s.device, s.seed)
-    vocoder.runner.warm_up((1,))  # on CUDA: a stream's first chunk must not wait for a graph capture
+    # On CUDA: capture the graphs of the batch sizes a few streams make, so that no chunk of theirs waits
+    # for a capture (larger batches are captured on first use).
+    vocoder.runner.warm_up((1, 2, 4, 8))
     servicer = VocoderServicer(vocoder, s.left_context, s.lookahead)
     start_metrics_server(s.host, s.metrics_port)
     await serve(
