@@ -93,6 +93,16 @@ def bench_config(name: str, preset: str, args, device) -> dict:
         our = timed(lambda: ours([mel]), args.reps, device)
         ref = theirs(mel[None])[0, 0, : frames * hop].float().cpu()
         mine = ours([mel], [True])[0]
+        if args.profile and tokens == 2 and device.type == "cuda":
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                ours([mel])
+                sync(device)
+            kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+            busy = sum(e.device_time_total for e in kernels) / 1e3
+            print(f"[{name}] one 2-token first chunk: {len(kernels)} kernels, {busy:.2f} ms of kernel time")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
         out["first_chunk"][tokens] = {"frames": frames, "package_ms": statistics.median(pkg) * 1e3,
                                       "ours_ms": statistics.median(our) * 1e3, "snr_bf16_vs_fp32_db": snr_db(ref, mine)}
         print(f"[{name}] first chunk {tokens} tokens ({frames} frames): package {out['first_chunk'][tokens]['package_ms']:.2f} ms, "
@@ -126,10 +136,14 @@ def main():
     p.add_argument("--streams", default="8,32,64,128")
     p.add_argument("--chunk-tokens", type=int, default=10, help="tokens per later chunk (the gateway's default)")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per shape")
+    p.add_argument("--profile", action="store_true", help="print the kernels of one first-chunk replay")
     p.add_argument("--json")
     args = p.parse_args()
     device = torch.device(args.device)
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     result = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
+              "cudnn_benchmark": args.cudnn_benchmark,
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "configs": {}}
     for name in args.configs.split(","):
         result["configs"][name] = bench_config(name, CONFIGS[name], args, device)
