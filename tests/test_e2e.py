@@ -114,3 +114,43 @@ def test_moss_serve_up_starts_and_stops_cleanly(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_request_sets_the_vocoders_lookahead(stack):
+    """chunking.lookahead_frames travels gateway → vocoder: the tiny vocoder's whole right receptive field
+    (8 frames) works; a value outside [0, 64] is refused with INVALID_ARGUMENT naming the field."""
+
+    async def run(lookahead):
+        request = gateway_pb2.SynthesizeRequest(text="Hello there", sampling=common_pb2.SamplingParams(max_new_tokens=10, seed=3),
+                                                chunking=common_pb2.ChunkPolicy(lookahead_frames=lookahead))
+        async with grpc.aio.insecure_channel(stack.target("gateway")) as channel:
+            return [m async for m in gateway_pb2_grpc.GatewayStub(channel).Synthesize(request, timeout=60)]
+
+    messages = asyncio.run(run(8))
+    summary = messages[-1].summary
+    assert summary.num_samples == summary.audio_tokens * SAMPLES_PER_TOKEN > 0
+    for bad in (65, -1):
+        try:
+            asyncio.run(run(bad))
+        except grpc.aio.AioRpcError as err:
+            assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "chunking.lookahead_frames" in err.details()
+        else:
+            raise AssertionError(f"lookahead_frames={bad} was accepted")
+
+
+def test_the_vocoder_refuses_a_bad_lookahead_itself(stack):
+    from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
+
+    async def run():
+        async with grpc.aio.insecure_channel(stack.target("vocoder")) as channel:
+            call = vocoder_pb2_grpc.VocoderStub(channel).Vocode(timeout=30)
+            await call.write(vocoder_pb2.VocodeRequest(config=vocoder_pb2.VocodeConfig(request_id="x", lookahead_frames=99)))
+            await call.done_writing()
+            return [m async for m in call]
+
+    try:
+        asyncio.run(run())
+    except grpc.aio.AioRpcError as err:
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "config.lookahead_frames" in err.details()
+    else:
+        raise AssertionError("lookahead_frames=99 was accepted")

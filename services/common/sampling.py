@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from services.common.errors import InvalidArgument
 
 MAX_CHUNK_TOKENS = 256
+MAX_LOOKAHEAD_FRAMES = 64
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class SamplingSettings:
 class ChunkSettings:
     first_chunk_tokens: int = 3   # 240 ms of audio: small, for a low time to first audio
     chunk_tokens: int = 10        # 800 ms: fewer, larger vocoder calls once audio is flowing
+    lookahead_frames: int | None = None  # the vocoder's; None: its default (ChunkPolicy in common.proto)
 
 
 def _get(msg, name):
@@ -83,7 +85,17 @@ def resolve_chunking(msg, prefix: str = "chunking") -> ChunkSettings:
     return ChunkSettings(
         first_chunk_tokens=d.first_chunk_tokens if first is None else first,
         chunk_tokens=d.chunk_tokens if later is None else later,
+        lookahead_frames=resolve_lookahead(msg, prefix),
     )
+
+
+def resolve_lookahead(msg, prefix: str) -> int | None:
+    """A message's optional lookahead_frames, checked: [0, MAX_LOOKAHEAD_FRAMES] or None (the default)."""
+    value = _get(msg, "lookahead_frames")
+    if value is not None:
+        _check(0 <= value <= MAX_LOOKAHEAD_FRAMES, f"{prefix}.lookahead_frames",
+               f"must be in [0, {MAX_LOOKAHEAD_FRAMES}], got {value}")
+    return value
 
 
 def sampling_to_fields(s: SamplingSettings) -> dict:

@@ -57,7 +57,8 @@ def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits) -> tuple[ll
         text=req.text,
         system_prompt=voice.system_prompt,
         sampling=common_pb2.SamplingParams(**sampling_to_fields(sampling)),
-        chunking=common_pb2.ChunkPolicy(first_chunk_tokens=chunking.first_chunk_tokens, chunk_tokens=chunking.chunk_tokens),
+        chunking=common_pb2.ChunkPolicy(first_chunk_tokens=chunking.first_chunk_tokens, chunk_tokens=chunking.chunk_tokens,
+                                        lookahead_frames=chunking.lookahead_frames),
         output_mode=llm_pb2.OUTPUT_MODE_AUDIO,
     ), fmt
 
@@ -81,7 +82,9 @@ class Turn:
         pump = None
         try:
             header = await self._vocoder_io(voc_call.write(vocoder_pb2.VocodeRequest(
-                config=vocoder_pb2.VocodeConfig(request_id=gen_req.request_id, format=fmt))))
+                config=vocoder_pb2.VocodeConfig(request_id=gen_req.request_id, format=fmt,
+                                                lookahead_frames=gen_req.chunking.lookahead_frames
+                                                if gen_req.chunking.HasField("lookahead_frames") else None))))
             header = await self._vocoder_io(voc_call.read())
             if header is grpc.aio.EOF:
                 raise Unavailable("vocoder", "stream closed before its header")

@@ -15,6 +15,7 @@ from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
 from services.common.audio import encode_pcm, resolve_format
 from services.common.errors import InvalidArgument
+from services.common.sampling import resolve_lookahead
 from services.vocoder import metrics
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import TokenVocoder
@@ -50,8 +51,9 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         if first is None or first.WhichOneof("kind") != "config":
             raise InvalidArgument("config", "the first message of a Vocode stream must be a config")
         fmt = resolve_format(first.config.format, "config.format")
+        lookahead = resolve_lookahead(first.config, "config")  # this stream's trade of latency for exactness
         rate = self.vocoder.sample_rate
-        streamer = MelStreamer(self.vocoder, self.left_context, self.lookahead)
+        streamer = MelStreamer(self.vocoder, self.left_context, self.lookahead if lookahead is None else lookahead)
         stats = vocoder_pb2.VocodeStats()
         offset = 0
         first_tokens_at: float | None = None

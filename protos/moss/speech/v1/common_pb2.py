@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmoss/speech/v1/common.proto\x12\x0emoss.speech.v1\"\xaa\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x1b\n\x0emax_new_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x1b\n\x0emin_new_tokens\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x06\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x15\n\x13_repetition_penaltyB\x11\n\x0f_max_new_tokensB\x11\n\x0f_min_new_tokensB\x07\n\x05_seed\"q\n\x0b\x43hunkPolicy\x12\x1f\n\x12\x66irst_chunk_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x19\n\x0c\x63hunk_tokens\x18\x02 \x01(\x05H\x01\x88\x01\x01\x42\x15\n\x13_first_chunk_tokensB\x0f\n\r_chunk_tokens*]\n\x0b\x41udioFormat\x12\x1c\n\x18\x41UDIO_FORMAT_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41UDIO_FORMAT_PCM16\x10\x01\x12\x18\n\x14\x41UDIO_FORMAT_FLOAT32\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmoss/speech/v1/common.proto\x12\x0emoss.speech.v1\"\xaa\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x1b\n\x0emax_new_tokens\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x1b\n\x0emin_new_tokens\x18\x06 \x01(\x05H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x06\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x15\n\x13_repetition_penaltyB\x11\n\x0f_max_new_tokensB\x11\n\x0f_min_new_tokensB\x07\n\x05_seed\"\xa5\x01\n\x0b\x43hunkPolicy\x12\x1f\n\x12\x66irst_chunk_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x19\n\x0c\x63hunk_tokens\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x1d\n\x10lookahead_frames\x18\x03 \x01(\x05H\x02\x88\x01\x01\x42\x15\n\x13_first_chunk_tokensB\x0f\n\r_chunk_tokensB\x13\n\x11_lookahead_frames*]\n\x0b\x41udioFormat\x12\x1c\n\x18\x41UDIO_FORMAT_UNSPECIFIED\x10\x00\x12\x16\n\x12\x41UDIO_FORMAT_PCM16\x10\x01\x12\x18\n\x14\x41UDIO_FORMAT_FLOAT32\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'moss.speech.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_AUDIOFORMAT']._serialized_start=463
-  _globals['_AUDIOFORMAT']._serialized_end=556
+  _globals['_AUDIOFORMAT']._serialized_start=516
+  _globals['_AUDIOFORMAT']._serialized_end=609
   _globals['_SAMPLINGPARAMS']._serialized_start=48
   _globals['_SAMPLINGPARAMS']._serialized_end=346
-  _globals['_CHUNKPOLICY']._serialized_start=348
-  _globals['_CHUNKPOLICY']._serialized_end=461
+  _globals['_CHUNKPOLICY']._serialized_start=349
+  _globals['_CHUNKPOLICY']._serialized_end=514
 # @@protoc_insertion_point(module_scope)

@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class VocodeConfig(_message.Message):
-    __slots__ = ("request_id", "format")
+    __slots__ = ("request_id", "format", "lookahead_frames")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
+    LOOKAHEAD_FRAMES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     format: _common_pb2.AudioFormat
-    def __init__(self, request_id: _Optional[str] = ..., format: _Optional[_Union[_common_pb2.AudioFormat, str]] = ...) -> None: ...
+    lookahead_frames: int
+    def __init__(self, request_id: _Optional[str] = ..., format: _Optional[_Union[_common_pb2.AudioFormat, str]] = ..., lookahead_frames: _Optional[int] = ...) -> None: ...
 
 class AudioTokens(_message.Message):
     __slots__ = ("tokens",)
