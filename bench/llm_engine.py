@@ -49,7 +49,6 @@ import datetime
 import gc
 import json
 import math
-import re
 import shlex
 import statistics
 import sys
@@ -57,30 +56,28 @@ import time
 import traceback
 
 import torch
-import torch.nn.functional as F
 
 from services.common.sampling import ChunkSettings, SamplingSettings
-from services.llm.engine.engine import (EngineConfig, GenerationRequest, LLMEngine, bytes_per_position, dense_logits,
-                                       traced_generation)
+from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine, bytes_per_position
+from services.llm.engine.reference import dense_logits, traced_generation
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import preset
 from services.llm.model.tokenizer import tiny_tokenizer
 
 try:
     from bench.hf_peer import measure_peer, transformers_version
+    from bench.llm_floor import audio_kv_bytes_per_position, audio_path_weights, copy_bandwidth, gemm_floor, sync
+    from bench.llm_report import build_rows, fmt, print_report, targets
 except ImportError:  # run as a script: bench/ itself is on sys.path
     from hf_peer import measure_peer, transformers_version
+    from llm_floor import audio_kv_bytes_per_position, audio_path_weights, copy_bandwidth, gemm_floor, sync
+    from llm_report import build_rows, fmt, print_report, targets
 
 T0 = time.perf_counter()
 
 
 def log(msg: str) -> None:
     print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def free_device(device) -> None:
@@ -91,72 +88,6 @@ def free_device(device) -> None:
 
 def device_name(device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
-# ---- floors ---------------------------------------------------------------------------------------------------
-
-def audio_path_weights(model):
-    m = model.model
-    layers = list(m.shared_block.layers) + list(m.audio_block.layers)
-    ws = []
-    for layer in layers:
-        a, f = layer.self_attn, layer.mlp
-        ws += [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight, f.gate_proj.weight, f.up_proj.weight, f.down_proj.weight]
-    return ws + [model.audio_lm_head.weight]
-
-
-def gemm_floor(model, tokens: int, device, reps: int = 20) -> float:
-    """Seconds for the audio path's GEMMs alone at `tokens` rows (CUDA graph on GPU)."""
-    ws = audio_path_weights(model)
-    inputs = {w.shape[1]: torch.randn(tokens, w.shape[1], device=device, dtype=w.dtype) for w in ws}
-
-    def run():
-        for w in ws:
-            F.linear(inputs[w.shape[1]], w)
-
-    with torch.inference_mode():
-        run()
-        graph = None
-        if device.type == "cuda":
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                run()
-            run = graph.replay
-            for _ in range(3):
-                run()
-        times = []
-        for _ in range(reps):
-            sync(device)
-            t = time.perf_counter()
-            run()
-            sync(device)
-            times.append(time.perf_counter() - t)
-    del graph, inputs
-    return statistics.median(times)
-
-
-def copy_bandwidth(device, nbytes: int | None = None, reps: int = 5, copies: int = 10) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read + bytes written."""
-    nbytes = nbytes or ((1 << 30) if device.type == "cuda" else (64 << 20))
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(reps):
-        sync(device)
-        t = time.perf_counter()
-        for _ in range(copies):
-            dst.copy_(src)
-        sync(device)
-        times.append((time.perf_counter() - t) / copies)
-    del src, dst
-    return 2 * nbytes / statistics.median(times)
-
-
-def audio_kv_bytes_per_position(cfg, dtype) -> int:
-    """K and V of one position over the audio path's layers (32 shared + 4 audio)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return (cfg.num_shared_layers + cfg.num_modality_layers) * 2 * cfg.num_key_value_heads * cfg.head_dim * itemsize
 
 
 # ---- correctness ----------------------------------------------------------------------------------------------
@@ -297,105 +228,6 @@ def time_decode(engine, prompts: Prompts, batch: int, context: int, steps: int, 
             "min_ms": min(times) * 1e3, "max_ms": max(times) * 1e3, "steps": len(times), "warmup": warmup, "fill_steps": fill_steps,
             "fill_seconds": fill_s, "mean_attended_positions": statistics.fmean(contexts) / batch,
             "attended_positions_per_step": statistics.fmean(contexts), "note": note}
-
-
-# ---- report ---------------------------------------------------------------------------------------------------
-
-def fmt(x, spec="8.2f", unit="") -> str:
-    if x is None:
-        width = int(re.match(r"\d*", spec).group() or 0) + len(unit)
-        return f"{'—':>{width}}"
-    return f"{x:{spec}}{unit}"
-
-
-def why_missing(result, what: str) -> str | None:
-    return result["skipped"].get(what) or result["errors"].get(what)
-
-
-def build_rows(result) -> list[dict]:
-    rows = []
-    bw = result["copy_bandwidth_bytes_per_s"]
-    kvpp = result["audio_kv_bytes_per_position"]
-    peer = result.get("peer") or {}
-    for p in result["prefill_lengths"]:
-        ours = result["ours"]["prefill"].get(str(p))
-        gemm = result["gemm_floor_ms"].get(str(p))
-        kv = p * kvpp / bw * 1e3  # writing its K/V once
-        rows.append({"what": f"prefill {p}", "kind": "prefill", "tokens": p,
-                     "ours_ms": ours and ours["ms"], "gemm_floor_ms": gemm, "kv_floor_ms": kv,
-                     "peer_ms": (peer.get("prefill") or {}).get(str(p)), "skipped": why_missing(result, f"prefill {p}")})
-    for c in result["contexts"]:
-        for b in result["batches"]:
-            key = f"{b}x{c}"
-            ours = result["ours"]["decode"].get(key)
-            gemm = result["gemm_floor_ms"].get(str(b))
-            attended = ours["attended_positions_per_step"] if ours else b * (c + 1)
-            rows.append({"what": f"decode b{b} ctx{c}", "kind": "decode", "batch": b, "context": c,
-                         "ours_ms": ours and ours["ms"], "gemm_floor_ms": gemm, "kv_floor_ms": attended * kvpp / bw * 1e3,
-                         "peer_ms": (peer.get("decode") or {}).get(key), "skipped": why_missing(result, f"decode {key}")})
-    for r in rows:
-        r["floor_ms"] = None if r["gemm_floor_ms"] is None else r["gemm_floor_ms"] + r["kv_floor_ms"]
-        r["ours_over_floor"] = r["ours_ms"] / r["floor_ms"] if r["ours_ms"] and r["floor_ms"] else None
-        r["peer_over_ours"] = r["peer_ms"] / r["ours_ms"] if r["ours_ms"] and r["peer_ms"] else None
-    return rows
-
-
-def targets(rows) -> list[dict]:
-    def row(kind, **kw):
-        return next((r for r in rows if r["kind"] == kind and all(r.get(k) == v for k, v in kw.items())), None)
-
-    out = []
-
-    def ratio_target(name, r, limit):
-        if r is None or r["ours_over_floor"] is None:
-            out.append({"target": name, "status": "n/a", "detail": "not measured"})
-        else:
-            ok = r["ours_over_floor"] <= limit
-            out.append({"target": name, "status": "PASS" if ok else "MISS", "value": r["ours_over_floor"],
-                        "detail": f"{r['ours_ms']:.2f} ms = {r['ours_over_floor']:.2f} x floor {r['floor_ms']:.2f} ms"})
-
-    ratio_target("decode batch 1, ctx 512: <= 1.15 x floor", row("decode", batch=1, context=512), 1.15)
-    ratio_target("decode batch 64, ctx 512: <= 1.3 x floor", row("decode", batch=64, context=512), 1.3)
-    ratio_target("prefill 512: <= 1.5 x floor", row("prefill", tokens=512), 1.5)
-    with_peer = [r for r in rows if r["kind"] == "decode" and r["peer_over_ours"] is not None]
-    name = "every decode step >= 6 x faster than the peer's decode forward (same batch and context)"
-    if not with_peer:
-        out.append({"target": name, "status": "n/a", "detail": "no decode cell with a peer number"})
-    else:
-        worst = min(with_peer, key=lambda r: r["peer_over_ours"])
-        misses = [r["what"] for r in with_peer if r["peer_over_ours"] < 6]
-        out.append({"target": name, "status": "MISS" if misses else "PASS", "value": worst["peer_over_ours"],
-                    "detail": f"{len(with_peer)} cells; worst {worst['what']}: {worst['peer_over_ours']:.1f}x"
-                              + (f"; misses: {', '.join(misses)}" if misses else "")})
-    return out
-
-
-def print_report(result) -> None:
-    rows, tg = result["rows"], result["targets"]
-    peer = result.get("peer") or {}
-    print(f"\n{result['device']}, torch {result['torch']}, transformers {result.get('transformers')}, "
-          f"{result['preset']} {result['dtype']}, {result['date']}", flush=True)
-    print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.3f} TB/s (read + write); "
-          f"paged vs dense max rel err {fmt(result.get('paged_vs_dense_max_rel_err'), '.2e')}; "
-          f"audio-path weights {result['audio_path_weight_bytes'] / 1e9:.2f} GB; KV pool {result['kv_pool_gb']:.2f} GiB")
-    hdr = (f"{'':20} {'ours':>10} {'floor':>10} {'GEMM':>9} {'K/V':>8} {'ours/floor':>10} {'peer':>10} {'peer/ours':>9}")
-    print(hdr)
-    for r in rows:
-        line = (f"{r['what']:20} {fmt(r['ours_ms'], '8.2f', 'ms')} {fmt(r['floor_ms'], '8.2f', 'ms')} "
-                f"{fmt(r['gemm_floor_ms'], '7.2f', 'ms')} {fmt(r['kv_floor_ms'], '6.2f', 'ms')} "
-                f"{fmt(r['ours_over_floor'], '9.2f', 'x')} {fmt(r['peer_ms'], '8.2f', 'ms')} {fmt(r['peer_over_ours'], '8.1f', 'x')}")
-        if r["ours_ms"] is None and r["skipped"]:
-            line += f"  (skipped: {r['skipped']})"
-        print(line)
-    for b, gen in sorted((peer.get("generate") or {}).items(), key=lambda kv: int(kv[0])):
-        print(f"peer generate batch {b}: {gen['ms_per_token']:.1f} ms per token, {gen['tokens_per_s']:.0f} tokens/s "
-              f"({gen['new_tokens']} new from {gen['prompt']}-token prompts)")
-    for s in (peer.get("skipped") or []):
-        print(f"peer skipped: {s}")
-    print("targets:")
-    for t in tg:
-        print(f"  {t['status']:4} {t['target']}: {t['detail']}")
-    print(f"total {result['total_seconds']:.0f}s", flush=True)
 
 
 # ---- main -----------------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from services.common.errors import InvalidArgument
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import tiny_config
-from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine, dense_logits, traced_generation
+from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
+from services.llm.engine.reference import dense_logits, traced_generation
 from services.llm.model.prompt import PromptBuilder
 from services.llm.engine.sequence import FinishReason, Mode, Sequence
 from services.llm.model.tokenizer import tiny_tokenizer

@@ -18,7 +18,8 @@ if not torch.cuda.is_available():
 import pytest
 
 from services.common.sampling import ChunkSettings, SamplingSettings
-from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine, dense_logits, traced_generation
+from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
+from services.llm.engine.reference import dense_logits, traced_generation
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import MossSpeechConfig, preset, tiny_config
 from services.llm.model.tokenizer import tiny_tokenizer

@@ -201,7 +201,7 @@ class KernelRunner:
             streams = self.forward(t)
         else:  # padded to (bucket rows, max_num_seqs sequences) in the static buffers; a graph on CUDA
             pad, seq_pad = bucket - rows, self.max_num_seqs - num_seqs
-            ints = self.upload(torch.tensor([text + [0] * pad, audio + [0] * pad, [*positions] + [0] * pad,
+            ints = self.upload(torch.tensor([text + [0] * pad, audio + [0] * pad, positions + [0] * pad,
                                              slots + [-1] * pad], dtype=torch.long))
             meta = np.zeros((self.max_num_seqs, self.max_blocks + 1), dtype=np.int32)  # last column: context
             meta[:num_seqs, :-1] = self.tables.rows(batch.seqs)

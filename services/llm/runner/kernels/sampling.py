@@ -14,8 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
-FINITE_MAX = tl.constexpr(3.0e38)   # as engine/sampler.py
-GREEDY_BELOW = tl.constexpr(1e-5)
+from services.llm.engine import sampler
+
+# The torch version's constants, as constexprs (compiled Triton reads no other globals).
+FINITE_MAX = tl.constexpr(sampler.FINITE_MAX)
+GREEDY_BELOW = tl.constexpr(sampler.GREEDY_BELOW)
 
 
 @triton.jit
@@ -108,8 +111,6 @@ def sample_candidates(logits, seen, rows, salt: int, candidates: int, limit: int
     """logits [R, V] float32 (unmasked), seen [slots, V] bool (all slots; rows.slot picks), rows: the
     sampler's RowSettings → (ids [R] int64, ok [R] bool). limit: ids at or above are masked; eosp: the
     id masked in rows whose block_eosp is set (-1: none). Every row's top_k must fit in `candidates`."""
-    from services.llm.engine.sampler import top_candidates
-
     n, vocab = logits.shape
     z = torch.empty_like(logits)
     greedy = torch.empty(n, dtype=torch.long, device=logits.device)
@@ -119,7 +120,7 @@ def sample_candidates(logits, seen, rows, salt: int, candidates: int, limit: int
     _prepare_kernel[(n,)](logits, seen.view(torch.uint8), rows.slot, rows.penalty, rows.temperature,
                           rows.block_eosp.view(torch.uint8), z, greedy, ok, vocab, vocab if limit is None else limit,
                           eosp, logits.stride(0), seen.stride(0), z.stride(0), BLOCK=1024, num_warps=4)
-    z_sorted, order = top_candidates(z, candidates)
+    z_sorted, order = sampler.top_candidates(z, candidates)
     out = torch.empty(n, dtype=torch.long, device=logits.device)
     _pick_kernel[(n,)](z_sorted, order, rows.top_k, rows.top_p, rows.temperature, rows.seed, rows.step, greedy, out,
                        vocab, salt, z_sorted.stride(0), order.stride(0), K=z_sorted.shape[1], num_warps=1)
