@@ -19,9 +19,10 @@ done
 echo "stack ready after $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s"
 if [[ -n $ready ]]; then
   for i in 1 2 3; do
-    serve say "Hello! Tell me about the weather today, please." -o "$OUT/say_$i.wav" --max-new-tokens 75 --seed $i
+    serve say "Hello! Tell me about the weather today, please." -o "$OUT/say_$i.wav" --max-new-tokens 75 --seed $i \
+      2>&1 | tee -a "$OUT/say.log"
   done
 fi
-kill -INT $up; wait $up
+kill -TERM $up; wait $up  # (SIGINT would not do: a non-interactive shell starts background jobs ignoring it)
 grep -iE "error|traceback" "$OUT/up.log" | head -5
 tail -3 "$OUT/up.log"

@@ -71,6 +71,21 @@ def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
     return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum().clamp(min=1e-30)))
 
 
+def kernel_profile(title: str, fn, device) -> None:
+    """Print the CUDA kernels of one call of fn, most time first."""
+    if device.type != "cuda":
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync(device)
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    busy = sum(e.device_time_total for e in kernels) / 1e3
+    print(f"{title}: {len(kernels)} kernels, {busy:.2f} ms of kernel time")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
+
+
 @torch.inference_mode()
 def bench_config(name: str, preset: str, args, device) -> dict:
     h = gen.preset_config(preset)
@@ -79,6 +94,9 @@ def bench_config(name: str, preset: str, args, device) -> dict:
     left, _ = receptive_field(h)
     theirs = package_model(h, device)
     ours = GeneratorRunner(gen.build_generator(h, seed=0), hop, device)
+    # --compare-layout: ours again with [B, C, T] activations (no channels_last.py), to see what the layout buys
+    flat = GeneratorRunner(gen.build_generator(h, seed=0), hop, device, channels_last=False) \
+        if args.compare_layout else None
     t = time.perf_counter()
     ours.warm_up((1,))
     out = {"hop": hop, "sampling_rate": sr, "frames_per_token": frames_per_token, "receptive_field_left": left,
@@ -93,21 +111,17 @@ def bench_config(name: str, preset: str, args, device) -> dict:
         our = timed(lambda: ours([mel]), args.reps, device)
         ref = theirs(mel[None])[0, 0, : frames * hop].float().cpu()
         mine = ours([mel], [True])[0]
-        if args.profile and tokens == 2 and device.type == "cuda":
-            from torch.profiler import ProfilerActivity, profile
-
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                ours([mel])
-                sync(device)
-            kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-            busy = sum(e.device_time_total for e in kernels) / 1e3
-            print(f"[{name}] one 2-token first chunk: {len(kernels)} kernels, {busy:.2f} ms of kernel time")
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
-        out["first_chunk"][tokens] = {"frames": frames, "package_ms": statistics.median(pkg) * 1e3,
+        cell = {}
+        if flat is not None:
+            cell["ours_bct_layout_ms"] = statistics.median(timed(lambda: flat([mel]), args.reps, device)) * 1e3
+        if args.profile and tokens == 2:
+            kernel_profile(f"[{name}] one 2-token first chunk", lambda: ours([mel]), device)
+        out["first_chunk"][tokens] = {**cell, "frames": frames, "package_ms": statistics.median(pkg) * 1e3,
                                       "ours_ms": statistics.median(our) * 1e3, "snr_bf16_vs_fp32_db": snr_db(ref, mine)}
         print(f"[{name}] first chunk {tokens} tokens ({frames} frames): package {out['first_chunk'][tokens]['package_ms']:.2f} ms, "
               f"ours {out['first_chunk'][tokens]['ours_ms']:.2f} ms, SNR ours(bf16) vs package(fp32) "
-              f"{out['first_chunk'][tokens]['snr_bf16_vs_fp32_db']:.1f} dB", flush=True)
+              f"{out['first_chunk'][tokens]['snr_bf16_vs_fp32_db']:.1f} dB"
+              + (f"; [B, C, T] layout {cell['ours_bct_layout_ms']:.2f} ms" if cell else ""), flush=True)
 
     new = args.chunk_tokens * frames_per_token
     window = left + new + DEFAULT_LOOKAHEAD
@@ -117,13 +131,17 @@ def bench_config(name: str, preset: str, args, device) -> dict:
         audio = streams * new * hop / sr
         pkg = timed(lambda: theirs(batch)[:, 0].cpu(), max(3, args.reps // 4), device)
         our = timed(lambda: ours(mels), max(3, args.reps // 4), device)
+        if args.profile and streams == 64:
+            kernel_profile(f"[{name}] one call of 64 streams", lambda: ours(mels), device)
         cell = {"window_frames": window, "kept_frames": new, "audio_s_per_call": audio,
                 "package_x_realtime": audio / statistics.median(pkg), "ours_x_realtime": audio / statistics.median(our)}
+        if flat is not None:
+            cell["ours_bct_layout_x_realtime"] = audio / statistics.median(timed(lambda: flat(mels), max(3, args.reps // 4), device))
         out["streams"][streams] = cell
         print(f"[{name}] {streams} streams ({window}-frame windows, {new} kept): package {cell['package_x_realtime']:.0f}x "
-              f"real time, ours {cell['ours_x_realtime']:.0f}x ({cell['ours_x_realtime'] / cell['package_x_realtime']:.1f}x)",
-              flush=True)
-    del theirs, ours
+              f"real time, ours {cell['ours_x_realtime']:.0f}x ({cell['ours_x_realtime'] / cell['package_x_realtime']:.1f}x)"
+              + (f"; [B, C, T] layout {cell['ours_bct_layout_x_realtime']:.0f}x" if flat is not None else ""), flush=True)
+    del theirs, ours, flat
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out
@@ -137,7 +155,10 @@ def main():
     p.add_argument("--chunk-tokens", type=int, default=10, help="tokens per later chunk (the gateway's default)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per shape")
-    p.add_argument("--profile", action="store_true", help="print the kernels of one first-chunk replay")
+    p.add_argument("--profile", action="store_true",
+                   help="print the kernels of one first chunk (2 tokens) and of one call of 64 streams")
+    p.add_argument("--compare-layout", action="store_true",
+                   help="also time ours with [B, C, T] activations (without channels_last.py)")
     p.add_argument("--json")
     args = p.parse_args()
     device = torch.device(args.device)

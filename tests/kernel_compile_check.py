@@ -65,10 +65,14 @@ KERNELS = {
         sampling._pick_kernel,
         {"z_ptr": "*fp32", "order_ptr": "*i64", "top_k_ptr": "*i64", "top_p_ptr": "*fp32", "temperature_ptr": "*fp32",
          "seed_ptr": "*i64", "step_ptr": "*i64", "greedy_ptr": "*i64", "out_ptr": "*i64"}, (), dict(K=64)), 1),
-    "vocoder: anti-aliased snake": (activation._anti_aliased_snake_kernel, *signature(
+    "vocoder: anti-aliased snake, [B, C, T]": (activation._anti_aliased_snake_kernel, *signature(
         activation._anti_aliased_snake_kernel,
         {"x_ptr": BF16, "f_ptr": "*fp32", "g_ptr": "*fp32", "alpha_ptr": "*fp32", "inv_beta_ptr": "*fp32",
-         "out_ptr": BF16}, (), dict(BC=2, BT=128)), 4),
+         "out_ptr": BF16, "scratch_ptr": "*fp32"}, (), dict(BC=4, BT=256, CHANNELS_LAST=False)), 4),
+    "vocoder: anti-aliased snake, channels-last": (activation._anti_aliased_snake_kernel, *signature(
+        activation._anti_aliased_snake_kernel,
+        {"x_ptr": BF16, "f_ptr": "*fp32", "g_ptr": "*fp32", "alpha_ptr": "*fp32", "inv_beta_ptr": "*fp32",
+         "out_ptr": BF16, "scratch_ptr": "*fp32"}, (), dict(BC=64, BT=16, CHANNELS_LAST=True)), 4),
 }
 
 

@@ -154,3 +154,51 @@ def test_the_vocoder_refuses_a_bad_lookahead_itself(stack):
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "config.lookahead_frames" in err.details()
     else:
         raise AssertionError("lookahead_frames=99 was accepted")
+
+
+def test_bad_vocoder_streams_fail_alone(stack):
+    """Straight to the vocoder, all at once: a chunk after end, no config, an unknown code, an unknown sample
+    format each end their own stream with INVALID_ARGUMENT naming the problem; the good streams running beside
+    them (in the same batches) get all their audio."""
+    from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
+
+    V = vocoder_pb2.VocodeRequest
+    config = V(config=vocoder_pb2.VocodeConfig(request_id="t"))
+    chunk = V(tokens=vocoder_pb2.AudioTokens(tokens=[1, 2, 3]))
+    end = V(end=vocoder_pb2.EndOfTokens())
+    streams = {
+        "good-1": [config, chunk, chunk, end],
+        "good-2": [config, chunk, end],
+        "after end": [config, chunk, end, chunk],
+        "no config": [chunk],
+        "unknown code": [config, chunk, V(tokens=vocoder_pb2.AudioTokens(tokens=[5, 10**6]))],
+        "unknown format": [V(config=vocoder_pb2.VocodeConfig(request_id="f", format=7))],
+    }
+
+    async def run(messages):
+        async with grpc.aio.insecure_channel(stack.target("vocoder")) as channel:
+            call = vocoder_pb2_grpc.VocoderStub(channel).Vocode(timeout=30)
+            for m in messages:
+                await call.write(m)
+            # A bad stream's last message is the offending one and its writer waits for the verdict with its side
+            # open: writing (or half-closing) after the server has refused races the refusal, and gRPC's client
+            # then reports its own failed write (INTERNAL) instead of the server's status.
+            if messages[-1].WhichOneof("kind") == "end":
+                await call.done_writing()
+            try:
+                return grpc.StatusCode.OK, [m async for m in call]
+            except grpc.aio.AioRpcError as err:
+                return err.code(), err.details()
+
+    async def all_streams():
+        return dict(zip(streams, await asyncio.gather(*(run(m) for m in streams.values()))))
+
+    results = asyncio.run(all_streams())
+    for name, tokens in (("good-1", 6), ("good-2", 3)):
+        code, messages = results[name]
+        assert code == grpc.StatusCode.OK and messages[-1].final
+        assert sum(m.num_samples for m in messages) == tokens * SAMPLES_PER_TOKEN
+    for name, field in (("after end", "no message may follow end"), ("no config", "config"),
+                        ("unknown code", "tokens.tokens"), ("unknown format", "config.format")):
+        code, details = results[name]
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and field in details, (name, code, details)

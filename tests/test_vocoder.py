@@ -6,7 +6,12 @@ import torch
 
 from services.vocoder import generator as gen
 from services.vocoder.streamer import MelStreamer
-from services.vocoder.token_decoder import TokenDecoderConfig, random_token_decoder, save_token_decoder
+from services.vocoder.token_decoder import (
+    TokenDecoderConfig,
+    load_token_decoder,
+    random_token_decoder,
+    save_token_decoder,
+)
 from services.vocoder.vocoder import MelFormatMismatch, TokenVocoder, load_vocoder
 
 
@@ -68,3 +73,35 @@ def test_mismatched_mel_formats_are_refused():
 def test_missing_checkpoint_files_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_vocoder(tmp_path)
+
+
+@pytest.mark.parametrize("schedule", [[1] * 9, [2, 1, 4, 2], [9]], ids=["1-token", "irregular", "whole"])
+def test_the_token_decoder_streams_causally_with_its_state(schedule):
+    """Chunk by chunk with the stream's state = the whole stream at once; and the state matters: a token's
+    frames change with the tokens before it (within context_tokens) and not with those further back."""
+    decoder = random_token_decoder(TokenDecoderConfig(codebook_size=1024, embed_dim=32, context_tokens=2), seed=3)
+    tokens = torch.tensor([5, 900, 17, 3, 3, 256, 1000, 0, 42])
+    whole = decoder(tokens)
+    pieces, state, i = [], None, 0
+    for n in schedule:
+        mel, state = decoder.decode(tokens[i : i + n], state)
+        pieces.append(mel)
+        i += n
+    torch.testing.assert_close(torch.cat(pieces, dim=1), whole, rtol=1e-6, atol=1e-6)
+    fpt = decoder.cfg.frames_per_token
+    last = lambda seq: decoder(torch.tensor(seq))[:, -fpt:]  # noqa: E731  the last token's frames
+    assert not torch.allclose(last([1, 2, 7]), last([1, 9, 7]))  # one token back: inside the context
+    torch.testing.assert_close(last([1, 2, 3, 7]), last([8, 2, 3, 7]))  # three back: outside it
+
+
+def test_a_per_token_decoder_of_an_earlier_version_still_loads(tmp_path):
+    import json
+
+    decoder = random_token_decoder(TokenDecoderConfig(codebook_size=64, embed_dim=8, context_tokens=0))
+    save_token_decoder(decoder, tmp_path)
+    cfg = json.loads((tmp_path / "token_decoder.json").read_text())
+    del cfg["context_tokens"]
+    (tmp_path / "token_decoder.json").write_text(json.dumps(cfg))
+    loaded = load_token_decoder(tmp_path)
+    assert loaded.cfg.context_tokens == 0
+    torch.testing.assert_close(loaded(torch.tensor([1, 2])), decoder(torch.tensor([1, 2])))

@@ -32,6 +32,7 @@ from bigvgan.alias_free_activation.torch.act import Activation1d  # noqa: E402
 from bigvgan.env import AttrDict  # noqa: E402
 
 from services.vocoder.activation import FusedActivation1d, anti_aliased_snake, fuse_activations  # noqa: E402
+from services.vocoder.channels_last import to_channels_last  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -128,6 +129,23 @@ def test_half_precision_io_computes_in_fp32(dtype):
     torch.testing.assert_close(got.float(), want, rtol=rtol, atol=TOL["atol"])
 
 
+def _channels_last(x: torch.Tensor) -> torch.Tensor:
+    """[B, C, T] → the same values as [B, C, 1, T] with the channels contiguous (the GPU runner's layout)."""
+    return x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("b,c,t", [(1, 3, 1), (2, 5, 11), (1, 70, 9), (2, 130, 37)])
+def test_channels_last_layout_matches_eager(b, c, t):
+    """Channels contiguous (64-channel blocks, a partial last block, short T): same values, same layout out."""
+    m = _activation("snakebeta", c, True)
+    x = torch.randn(b, c, t, device=DEVICE) * 2
+    with torch.no_grad():
+        got = FusedActivation1d.of(m)(_channels_last(x))
+        want = m(x)
+    assert got.shape == (b, c, 1, t) and got.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(got[:, :, 0], want, **TOL)
+
+
 def test_torch_fallback_matches_eager():
     """The torch-ops path FusedActivation1d takes for CPU tensors when Triton's interpreter is off."""
     for kind, logscale in ACTS:
@@ -209,6 +227,27 @@ def test_fused_generator_matches_eager(name):
     torch.testing.assert_close(got, want, **TOL)
 
 
+@pytest.mark.parametrize("name", GENERATORS)
+def test_channels_last_generator_matches_eager(name, monkeypatch):
+    """Fused activations and every convolution swapped for its channels-last 2-D form: the package's forward on
+    [B, C, 1, T] gives the eager model's waveform. (On a GPU TF32 is off for this comparison: cuDNN picks other
+    algorithms for NHWC, and TF32's 10-bit products would differ by more than float rounding.)"""
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    config, batch, frames = GENERATORS[name]
+    model = _generator(config).to(DEVICE)
+    mel = torch.randn(batch, config["num_mels"], frames, device=DEVICE)
+    with torch.no_grad():
+        want = model(mel)
+        with pytest.raises(ValueError, match="fuse the activations first"):
+            to_channels_last(model)
+        fuse_activations(model)
+        convs = sum(isinstance(m, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)) for m in model.modules())
+        assert to_channels_last(model) == convs > 0
+        got = model(_channels_last(mel))
+    assert got.shape == (batch, 1, 1, want.shape[-1])
+    torch.testing.assert_close(got[:, :, 0], want, **TOL)
+
+
 def test_the_480x_preset_has_109_activations():
     h = json.loads(PRESET_480X.read_text())
     model = _generator(h, upsample_initial_channel=64)  # the count does not depend on the width
@@ -234,6 +273,18 @@ def test_cuda_real_shapes_fp32_and_bf16(c, t):
         got = fused(xb)
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got.float(), m(xb.float()), rtol=1e-2, atol=1e-2)
+
+
+@needs_cuda
+@pytest.mark.parametrize("c,t", [(1536, 24), (48, 23041)])
+def test_cuda_channels_last_real_shapes(c, t):
+    m = _activation("snakebeta", c, True)
+    x = torch.randn(2, c, t, device="cuda") * 2
+    with torch.no_grad():
+        got = FusedActivation1d.of(m)(_channels_last(x).bfloat16())
+        want = m(x.bfloat16().float())
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(got[:, :, 0].float(), want, rtol=1e-2, atol=1e-2)
 
 
 @needs_cuda

@@ -141,3 +141,27 @@ def test_a_window_gives_the_same_samples_alone_or_batched(vocoder):
     with torch.no_grad():
         plain = vocoder.generator(windows[3][None])[0, 0, : 16 * vocoder.hop_size]
     torch.testing.assert_close(together[3], plain, rtol=1e-5, atol=1e-6)
+
+
+def test_the_gpu_layout_gives_the_same_samples(monkeypatch):
+    """The runner as it runs on CUDA (fused activations, channels-last convolutions), here on the CPU in float32:
+    the same samples as the eager generator, padded windows and exact last windows alike. The fused activation
+    takes its torch path (the kernel itself, channels-last included, is checked in test_vocoder_activation.py;
+    in Triton's interpreter a whole generator takes minutes)."""
+    import copy
+
+    from services.vocoder import activation
+    from services.vocoder.channels_last import ChannelsLastConv1d
+    from services.vocoder.runner import GeneratorRunner
+
+    monkeypatch.setattr(activation, "_INTERPRETED", False)
+    h = config("moss-speech", 64)
+    eager = gen.build_generator(h, seed=1)
+    fast = GeneratorRunner(copy.deepcopy(eager), 480, torch.device("cpu"), fuse=True, channels_last=True)
+    assert fast.fused == 109 and isinstance(fast.generator.conv_pre, ChannelsLastConv1d)
+    plain = GeneratorRunner(eager, 480, torch.device("cpu"))
+    g = torch.Generator().manual_seed(5)
+    windows = [torch.randn(80, n, generator=g) - 5 for n in (2, 12, 40)]
+    last = [False, False, True]
+    for got, want in zip(fast(windows, last), plain(windows, last)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from services.common.errors import InvalidArgument
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import load_vocoder
 from services.vocoder.worker import Job, VocoderWorker
@@ -114,6 +115,11 @@ def test_a_bad_stream_fails_alone_and_a_cancelled_chunk_is_dropped(vocoder):
         with pytest.raises(IndexError):
             bad.result(timeout=20)
         assert rec.calls[1:] == [[12]], "the bad and the cancelled stream reached the model"
+        ended = MelStreamer(rec)
+        worker.submit(Job(ended, tokens(2, 4), None, 0.0)).result(timeout=20)
+        worker.submit(Job(ended, None, None, 0.0)).result(timeout=20)
+        with pytest.raises(InvalidArgument, match="already ended"):  # a chunk after the stream's end
+            worker.submit(Job(ended, tokens(2, 5), None, 0.0)).result(timeout=20)
         assert len(worker.submit(Job(MelStreamer(rec), tokens(2, 3), None, 0.0)).result(timeout=20).samples) > 0
     finally:
         worker.stop()

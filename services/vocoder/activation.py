@@ -26,12 +26,15 @@ filter, g = downsample filter, both [12] read from the module's buffers (not har
   z[t] = Σ_{k=0..11} g[k] · Y[clamp(2t + k - 5, 0, 2T-1)].
   The clamp is on the *activated upsampled* signal: a position left of 0 takes Y[0] = act(Y⁰[0]), one right
   of 2T-1 takes Y[2T-1] = act(Y⁰[2T-1]) (not act(up(x)) at a clamped x index, which differs near the edges).
-So each output needs 12 upsampled values (72 FMAs from 11 input samples x[t-5..t+5]), 12 activations (sin) and
-a 12-tap sum ("variant A" of the design memo: recompute rather than share activations between outputs).
+Each output needs 12 activated upsampled values Y[2t-5 .. 2t+6], and neighbouring outputs share 10 of them: a
+program computes Y once for its tile (2·BT outputs' worth plus a halo: 3 activations an output at BT = 16, each
+6 FMAs and one sin), parks it in an L2-resident scratch slot of its own, and sums the 12 taps from there. (The
+first version let every output compute its 12 itself: 75% of a 64-stream call went to that kernel, on sin.)
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -49,14 +52,19 @@ _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _upsampled(row, t, T, f_ptr, K: tl.constexpr):
-    # Y⁰[2t + K - 5] (upsampled, not yet activated) at t [1, 1]: UpSample1d's polyphase taps f[m], m ≡ K mod 2,
-    # at input index t + (K - m)/2 clamped to [0, T-1] (the replicate pad). row [BC, 1] pointers → [BC, 1].
-    M0: tl.constexpr = K % 2
-    y = tl.load(f_ptr + M0) * tl.load(row + tl.minimum(tl.maximum(t + (K - M0) // 2, 0), T - 1)).to(tl.float32)
-    for m in tl.static_range(M0 + 2, 12, 2):
-        y += tl.load(f_ptr + m) * tl.load(row + tl.minimum(tl.maximum(t + (K - m) // 2, 0), T - 1)).to(tl.float32)
-    return 2.0 * y
+def _activated(row, p, T, st, fs, alpha, inv_beta):
+    # Y[p] = act(Y⁰[p]) at upsampled positions p [1, W] (any integers: clamped to [0, 2T-1], DownSample1d's
+    # replicate pad), for the channels of row [BC, 1] (pointers; st the time stride) → fp32 [BC, W].
+    # UpSample1d in polyphase form: Y⁰[p] = 2 Σ_{m ≡ p+1 (mod 2)} f[m] · x[clamp((p + 5 - m)/2, 0, T-1)]; with
+    # m = 2j + 1 - (p mod 2) the input index is (p + 4 + p mod 2)/2 - j, j = 0..5.
+    p = tl.minimum(tl.maximum(p, 0), 2 * T - 1)
+    odd = (p % 2) == 1
+    base = (p + 4 + (p % 2)) // 2
+    y = tl.where(odd, fs[0], fs[1]) * tl.load(row + tl.minimum(base, T - 1) * st).to(tl.float32)
+    for j in tl.static_range(1, 6):
+        tap = tl.where(odd, fs[2 * j], fs[2 * j + 1])
+        y += tap * tl.load(row + tl.minimum(tl.maximum(base - j, 0), T - 1) * st).to(tl.float32)
+    return _snake(2.0 * y, alpha, inv_beta)
 
 
 @triton.jit
@@ -69,86 +77,117 @@ def _snake(y, alpha, inv_beta):
 
 
 @triton.jit
-def _anti_aliased_snake_kernel(x_ptr, f_ptr, g_ptr, alpha_ptr, inv_beta_ptr, out_ptr, C, T, n_cblocks, n_tblocks,
-                               BC: tl.constexpr, BT: tl.constexpr):
-    # 1-D grid over (batch, channel block, time tile), time tiles fastest so neighbours share their halos in L2.
+def _anti_aliased_snake_kernel(x_ptr, f_ptr, g_ptr, alpha_ptr, inv_beta_ptr, out_ptr, scratch_ptr, C, T,
+                               sb, sc, st, n_cblocks, n_tblocks, n_tiles,
+                               BC: tl.constexpr, BT: tl.constexpr, CHANNELS_LAST: tl.constexpr):
+    # Persistent: program `pid` of G takes tiles pid, pid + G, ... of (batch, channel block, time tile), time tiles
+    # fastest; its own slot of `scratch` (fp32 [G, BC, YW]) holds the activated upsampled signal of its tile.
+    # x and out share the element strides (sb, sc, st): [B, C, T] contiguous (st = 1) or channels-last (sc = 1,
+    # runner.py); Triton specialises the stride that is 1, so either layout's loads and stores coalesce.
+    HALO: tl.constexpr = 16  # the tile's BT outputs read Y at 2BT + 10 positions: 2BT, then a padded halo of 10
+    YW: tl.constexpr = 2 * BT + HALO
     pid = tl.program_id(0)
-    tb = pid % n_tblocks
-    bc = pid // n_tblocks
-    b = bc // n_cblocks
-    c = (bc % n_cblocks) * BC + tl.arange(0, BC)  # [BC]
-    cmask = c < C
-    cc = tl.minimum(c, C - 1)  # rows past C read channel C-1 (in bounds, never stored): loads need no mask
-    row = (x_ptr + (b * C + cc).to(tl.int64)[:, None] * T)  # [BC, 1]
-    t = (tb * BT + tl.arange(0, BT))[None, :]  # [1, BT]; t >= T is computed on clamped indices, never stored
-
-    alpha = tl.load(alpha_ptr + cc)[:, None]  # fp32 [BC, 1]
-    inv_beta = tl.load(inv_beta_ptr + cc)[:, None]
-
-    # DownSample1d's replicate pad: positions outside [0, 2T) of the activated upsampled signal take its edge
-    # values Y[0] (= Y⁰ at t=0, k=5) and Y[2T-1] (= Y⁰ at t=T-1, k=6), per channel.
-    t0 = tl.zeros([1, 1], dtype=tl.int32)
-    y_first = _snake(_upsampled(row, t0, T, f_ptr, 5), alpha, inv_beta)  # [BC, 1]
-    y_last = _snake(_upsampled(row, t0 + T - 1, T, f_ptr, 6), alpha, inv_beta)
-
-    # The 11 input samples x[t-5 .. t+5] every output reaches, loaded once (index clamp = UpSample1d's pad),
-    # and the 12 + 12 filter taps as scalars.
-    xs = ()
-    for j in tl.static_range(11):
-        xs = xs + (tl.load(row + tl.minimum(tl.maximum(t + (j - 5), 0), T - 1)).to(tl.float32),)  # [BC, BT]
+    ci = tl.arange(0, BC)[:, None]
+    qm = tl.arange(0, 2 * BT)[None, :]
+    qh = 2 * BT + tl.arange(0, HALO)[None, :]
+    i = tl.arange(0, BT)[None, :]
+    if CHANNELS_LAST:  # the slot in the layout of the tile: channels fastest, or positions fastest
+        slot = scratch_ptr + pid.to(tl.int64) * (BC * YW) + ci
+        sq: tl.constexpr = BC
+    else:
+        slot = scratch_ptr + pid.to(tl.int64) * (BC * YW) + ci * YW
+        sq: tl.constexpr = 1
     fs = ()
     gs = ()
     for k in tl.static_range(12):
         fs = fs + (tl.load(f_ptr + k),)
         gs = gs + (tl.load(g_ptr + k),)
-    acc = tl.zeros([BC, BT], dtype=tl.float32)
-    for k in tl.static_range(12):
-        # Y⁰[2t + k - 5] = 2 Σ_{m ≡ k mod 2} f[m] x[t + (k - m)/2], then the activation → Y[2t + k - 5].
-        y = fs[k % 2] * xs[(k - k % 2) // 2 + 5]
-        for m in tl.static_range(k % 2 + 2, 12, 2):
-            y += fs[m] * xs[(k - m) // 2 + 5]
-        y = _snake(2.0 * y, alpha, inv_beta)
-        p = 2 * t + (k - 5)
-        y = tl.where(p < 0, y_first, tl.where(p >= 2 * T, y_last, y))
-        acc += gs[k] * y
 
-    out = out_ptr + (b * C + cc).to(tl.int64)[:, None] * T + t
-    tl.store(out, acc, mask=cmask[:, None] & (t < T))  # store casts to out's dtype
+    for tile in range(pid, n_tiles, tl.num_programs(0)):
+        tb = tile % n_tblocks
+        bc = tile // n_tblocks
+        b = bc // n_cblocks
+        c = (bc % n_cblocks) * BC + tl.arange(0, BC)  # [BC]
+        cmask = c < C
+        cc = tl.minimum(c, C - 1)  # rows past C read channel C-1 (in bounds, never stored): loads need no mask
+        offset = (b.to(tl.int64) * sb + cc.to(tl.int64) * sc)[:, None]  # [BC, 1]
+        row = x_ptr + offset
+        alpha = tl.load(alpha_ptr + cc)[:, None]  # fp32 [BC, 1]
+        inv_beta = tl.load(inv_beta_ptr + cc)[:, None]
+        t0 = tb * BT
+        # z[t0 + i] = Σ_k g[k] · Y[2(t0 + i) + k - 5]: Y at q = 2i + k of p = 2t0 - 5 + q, each computed once.
+        y_main = _activated(row, 2 * t0 - 5 + qm, T, st, fs, alpha, inv_beta)  # [BC, 2BT]
+        y_halo = _activated(row, 2 * t0 - 5 + qh, T, st, fs, alpha, inv_beta)  # [BC, HALO]
+        tl.debug_barrier()  # every thread is done reading the slot for the previous tile
+        tl.store(slot + qm * sq, y_main)
+        tl.store(slot + qh * sq, y_halo)
+        tl.debug_barrier()  # this tile's Y is visible to every thread of the program
+        acc = tl.zeros([BC, BT], dtype=tl.float32)
+        for k in tl.static_range(12):
+            acc += gs[k] * tl.load(slot + (2 * i + k) * sq)
+        t = t0 + i
+        tl.store(out_ptr + offset + t * st, acc, mask=cmask[:, None] & (t < T))  # store casts to out's dtype
 
 
-def _tiles(channels: int, length: int) -> tuple[int, int, int]:
-    """(BC, BT, num_warps) from the shape alone: time tile up to 256 (coalesced rows), 256 elements a program
-    (short stage-0 windows, T = 5·frames, fill it with channels instead of idle time lanes), 4 warps: 2 outputs
-    a thread. Each output holds its 11 input samples in registers: ptxas (sm_90) reports ~88 registers at 2 a
-    thread, ~170 at 4, ~245 at 8 (no spills), so more outputs a thread would cost occupancy in this compute-heavy
-    kernel (12 sin per output). Not yet tuned on a GPU."""
+def _tiles(channels: int, length: int, channels_last: bool) -> tuple[int, int, int]:
+    """(BC, BT, num_warps) from the shape and layout alone: 1024 outputs a program (8 a thread at 4 warps), whose
+    Y takes 2·BT + 16 positions (3 activations an output at BT = 16, against 12 if each output made its own).
+    Channels-last: the largest power-of-two channel block up to 64 that divides C (the 24- and 48-channel last
+    stages waste no lanes), at least 8. Contiguous time: time tiles up to 256, the rest channels."""
+    if channels_last:
+        bc = 64
+        while bc > 8 and channels % bc:
+            bc //= 2
+        bc = min(bc, triton.next_power_of_2(channels))
+        return bc, max(16, 1024 // bc), 4
     bt = min(256, max(16, triton.next_power_of_2(length)))
-    bc = min(triton.next_power_of_2(channels), max(1, 256 // bt))
+    bc = min(triton.next_power_of_2(channels), max(1, 1024 // bt))
     return bc, bt, 4
+
+
+@functools.lru_cache(maxsize=None)
+def _programs(device: torch.device) -> int:
+    """How many programs a persistent launch keeps resident: 8 per SM (GPU); 4 in Triton's interpreter."""
+    if device.type != "cuda":
+        return 4
+    return 8 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def anti_aliased_snake(x: torch.Tensor, up_filter: torch.Tensor, down_filter: torch.Tensor, alpha: torch.Tensor,
                        inv_beta: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [B, C, T] contiguous (fp32/bf16/fp16) → out [B, C, T] (x's dtype) = bigvgan Activation1d(x), ratios 2.
+    """x [B, C, T] contiguous, or [B, C, 1, T] channels-last (fp32/bf16/fp16) → out of x's shape, layout and dtype
+    = bigvgan Activation1d(x) along T, ratios 2.
 
     up_filter, down_filter: fp32 [12] (the modules' `upsample.filter` / `downsample.lowpass.filter`); alpha,
     inv_beta: fp32 [C] as `snake_params` computes them. All on x's device. No host sync; grid from shapes only.
     """
-    assert x.dim() == 3 and x.is_contiguous(), "x must be a contiguous [B, C, T] tensor"
-    bsz, channels, length = x.shape
+    channels_last = is_channels_last(x)
+    assert channels_last or (x.dim() == 3 and x.is_contiguous()), \
+        "x must be a contiguous [B, C, T] tensor or a channels-last [B, C, 1, T] one"
+    bsz, channels, length = x.shape[0], x.shape[1], x.shape[-1]
     for name, v, n in (("up_filter", up_filter, KERNEL_SIZE), ("down_filter", down_filter, KERNEL_SIZE),
                        ("alpha", alpha, channels), ("inv_beta", inv_beta, channels)):
         assert v.shape == (n,) and v.dtype == torch.float32 and v.is_contiguous() and v.device == x.device, name
     if out is None:
-        out = torch.empty_like(x)
-    assert out.shape == x.shape and out.is_contiguous()
+        out = torch.empty_like(x)  # keeps x's layout
+    assert out.shape == x.shape and out.stride() == x.stride()
     if x.numel() > 0:
-        bc, bt, warps = _tiles(channels, length)
+        bc, bt, warps = _tiles(channels, length, channels_last)
         n_cblocks, n_tblocks = triton.cdiv(channels, bc), triton.cdiv(length, bt)
-        _anti_aliased_snake_kernel[(bsz * n_cblocks * n_tblocks,)](
-            x, up_filter, down_filter, alpha, inv_beta, out, channels, length, n_cblocks, n_tblocks,
-            BC=bc, BT=bt, num_warps=warps)
+        n_tiles = bsz * n_cblocks * n_tblocks
+        grid = min(n_tiles, _programs(x.device))
+        scratch = torch.empty(grid * bc * (2 * bt + 16), dtype=torch.float32, device=x.device)  # L2-resident
+        # Element strides of batch, channel and time (a channels-last [B, C, 1, T]: B·T·C, 1, C).
+        sb, sc, st = x.stride(0), x.stride(1), x.stride(-1)
+        _anti_aliased_snake_kernel[(grid,)](
+            x, up_filter, down_filter, alpha, inv_beta, out, scratch, channels, length, sb, sc, st,
+            n_cblocks, n_tblocks, n_tiles, BC=bc, BT=bt, CHANNELS_LAST=channels_last, num_warps=warps)
     return out
+
+
+def is_channels_last(x: torch.Tensor) -> bool:
+    """x is [B, C, 1, T] in channels-last memory (runner.py's layout on CUDA: channels contiguous)."""
+    return x.dim() == 4 and x.shape[2] == 1 and x.is_contiguous(memory_format=torch.channels_last)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -225,9 +264,13 @@ class FusedActivation1d(torch.nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous()
+        """x [B, C, T], or [B, C, 1, T] channels-last (channels_last.py) → the same shape and layout."""
+        if not is_channels_last(x):
+            x = x.contiguous()
         if x.is_cuda or _INTERPRETED:
             return anti_aliased_snake(x, self.up_filter, self.down_filter, self.alpha, self.inv_beta)
+        if x.dim() == 4:
+            return self._torch(x[:, :, 0, :]).unsqueeze(2).contiguous(memory_format=torch.channels_last)
         return self._torch(x)
 
     def _torch(self, x: torch.Tensor) -> torch.Tensor:

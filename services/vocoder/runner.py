@@ -1,6 +1,7 @@
 """Runs the BigVGAN generator over windows of mel frames, several streams' windows as one batch.
 
-On CUDA: bfloat16 weights, the fused anti-aliased activation (activation.py) and one CUDA graph per
+On CUDA: bfloat16 weights, the fused anti-aliased activation (activation.py), channels-last activations
+(channels_last.py: no layout transforms around cuDNN's NHWC convolutions) and one CUDA graph per
 (batch bucket, frames bucket), captured on first use (`warm_up` captures the batch-1 ones at start, so a
 stream's first chunk never waits for a capture). On CPU: the same padding and grouping, eager, float32.
 
@@ -31,7 +32,7 @@ def smallest(buckets, n: int) -> int | None:
 
 class GeneratorRunner:
     def __init__(self, generator: torch.nn.Module, hop: int, device: torch.device, dtype: torch.dtype | None = None,
-                 graphs: bool | None = None, fuse: bool | None = None,
+                 graphs: bool | None = None, fuse: bool | None = None, channels_last: bool | None = None,
                  frame_buckets=FRAME_BUCKETS, batch_buckets=BATCH_BUCKETS):
         cuda = device.type == "cuda"
         self.hop, self.device = hop, device
@@ -43,6 +44,11 @@ class GeneratorRunner:
             # Before the cast: the fused modules keep Snake's alpha and 1/beta in float32 from the weights.
             self.fused = fuse_activations(generator)  # Activation1d modules replaced
         self.generator = generator.to(device=device, dtype=self.dtype).eval()
+        self.channels_last = bool(self.fused) if channels_last is None else channels_last
+        if self.channels_last:
+            from services.vocoder.channels_last import to_channels_last
+
+            to_channels_last(self.generator)  # after the cast: the swapped weights keep their layout
         self.use_graphs = cuda if graphs is None else graphs
         self.frame_buckets, self.batch_buckets = tuple(frame_buckets), tuple(batch_buckets)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
@@ -50,13 +56,22 @@ class GeneratorRunner:
 
     @property
     def num_mels(self) -> int:
-        return self.generator.conv_pre.in_channels
+        return self.generator.conv_pre.weight.shape[1]
+
+    def _input(self, batch: int, frames: int) -> torch.Tensor:
+        """The generator's zeroed input: [batch, num_mels, frames], or [batch, num_mels, 1, frames] channels-last."""
+        kw = dict(dtype=self.dtype, device=self.device)
+        if self.channels_last:
+            from services.vocoder.channels_last import channels_last_input
+
+            return channels_last_input(batch, self.num_mels, frames, **kw)
+        return torch.zeros(batch, self.num_mels, frames, **kw)
 
     # ---- graphs ----------------------------------------------------------------------------------
     def _graph(self, batch: int, frames: int):
         key = (batch, frames)
         if key not in self.graphs:
-            static_in = torch.zeros(batch, self.num_mels, frames, dtype=self.dtype, device=self.device)
+            static_in = self._input(batch, frames)
             self.generator(static_in)  # warm-up outside capture (kernel compilation, cuDNN choices)
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
@@ -97,11 +112,12 @@ class GeneratorRunner:
     def _run(self, mels: list[torch.Tensor], frames: int, padded: bool) -> torch.Tensor:
         """Same-bucket (or same exact length) windows → float32 samples [len(mels), frames * hop] on the CPU."""
         batch = smallest(self.batch_buckets, len(mels)) if padded else len(mels)
-        x = torch.zeros(batch, self.num_mels, frames, dtype=self.dtype, device=self.device)
+        x = self._input(batch, frames)
+        rows = x[:, :, 0, :] if self.channels_last else x  # [batch, num_mels, frames], a view
         for row, mel in enumerate(mels):
             n = mel.shape[1]
-            x[row, :, :n] = mel.to(self.device, self.dtype)
-            x[row, :, n:] = x[row, :, n - 1 : n]  # repeat the last frame (see the module docstring)
+            rows[row, :, :n] = mel.to(self.device, self.dtype)
+            rows[row, :, n:] = rows[row, :, n - 1 : n]  # repeat the last frame (see the module docstring)
         if padded and self.use_graphs:
             graph, static_in, static_out = self._graph(batch, frames)
             static_in.copy_(x)
@@ -109,4 +125,5 @@ class GeneratorRunner:
             y = static_out
         else:
             y = self.generator(x)
-        return y[: len(mels), 0, : frames * self.hop].float().cpu()
+        y = y.reshape(y.shape[0], -1)  # [batch, 1, T] or [batch, 1, 1, T] → [batch, T]
+        return y[: len(mels), : frames * self.hop].float().cpu()

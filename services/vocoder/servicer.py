@@ -22,6 +22,7 @@ from services.vocoder.vocoder import TokenVocoder
 from services.vocoder.worker import Done, Job, VocoderWorker
 
 MAX_TOKENS_PER_MESSAGE = 4096
+AFTER_END_GRACE_SECONDS = 1.0  # how long a stream waits, its audio all sent, for the client to half-close
 
 
 class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
@@ -45,6 +46,17 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                       sent: float) -> Done:
         """Hand a chunk (or the end, tokens None) to the worker and await its samples."""
         return await asyncio.wrap_future(self.worker.submit(Job(streamer, tokens, started, sent)))
+
+    @staticmethod
+    async def _expect_no_more(request_iterator) -> None:
+        """After `end` only the client's half-close may come: a message is an error (its audio has all been
+        sent); a client that keeps its side open is let go after a grace period, never waited on for longer."""
+        try:
+            extra = await asyncio.wait_for(anext(aiter(request_iterator), None), AFTER_END_GRACE_SECONDS)
+        except TimeoutError:
+            return
+        if extra is not None:
+            raise InvalidArgument(extra.WhichOneof("kind") or "kind", "no message may follow end")
 
     async def Vocode(self, request_iterator, context):
         first = await anext(aiter(request_iterator), None)
@@ -98,5 +110,6 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
             final.stats.CopyFrom(stats)
             metrics.observe_audio(offset / rate)
             yield final
+            await self._expect_no_more(request_iterator)
         finally:
             metrics.ACTIVE_STREAMS.dec()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from services.common.errors import InvalidArgument
 from services.vocoder.vocoder import TokenVocoder
 
 
@@ -48,6 +49,8 @@ class MelStreamer:
         self.base = 0
         self.emitted = 0                      # frames whose samples have been returned
         self.tokens = 0
+        self.decoder_state = None             # the token decoder's state for this stream (token_decoder.py)
+        self.ended = False
 
     @property
     def total_frames(self) -> int:
@@ -56,11 +59,13 @@ class MelStreamer:
     # ---- in two halves, for a worker that vocodes many streams' windows as one batch ---------------
     def prepare(self, tokens: list[int] | None) -> Window:
         """Add tokens (None: the end of the stream) → the window that is now due (its mel None if none)."""
+        if self.ended:
+            raise InvalidArgument("tokens" if tokens is not None else "end", "the stream has already ended")
         if tokens:
-            frames = self.vocoder.mel(tokens)
+            frames, self.decoder_state = self.vocoder.mel_chunk(tokens, self.decoder_state)
             self.mel = frames if self.mel is None else torch.cat([self.mel, frames], dim=1)
             self.tokens += len(tokens)
-        last = tokens is None
+        last = self.ended = tokens is None
         upto = self.total_frames if last else self.total_frames - self.lookahead
         if upto <= self.emitted:
             return Window(None, self.emitted, self.emitted, last)

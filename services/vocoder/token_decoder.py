@@ -1,10 +1,13 @@
 """Audio tokens → mel frames: `frames_per_token` frames of `num_mels` bands per token.
 
 MOSS-Speech's codec decodes tokens with a flow-matching model into an 80-band mel at 24 kHz, hop 480
-(4 frames per 80 ms token). This decoder has that interface: an embedding per code projected to the
-token's frames. Each token's frames depend on that token alone, so streamed and offline decoding agree
-exactly and all context handling lives in the vocoder stage. Saved as token_decoder.json +
-token_decoder.safetensors beside the BigVGAN checkpoint.
+(4 frames per 80 ms token). This decoder has that interface and streams the way a causal codec decoder
+does: a token's frames depend on it and the `context_tokens` tokens before it (an embedding per code, a
+causal convolution over the sequence of embeddings, a projection to the token's frames), and a stream
+carries its own state, the embeddings of its last `context_tokens` tokens (`DecoderState`). Decoding a
+stream chunk by chunk with its state gives the frames of decoding it whole. Saved as token_decoder.json +
+token_decoder.safetensors beside the BigVGAN checkpoint; a json without `context_tokens` is a per-token
+decoder of an earlier version (context 0).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -36,6 +40,7 @@ class TokenDecoderConfig:
     sampling_rate: int = 24000
     hop_size: int = 480
     embed_dim: int = 512
+    context_tokens: int = 2  # earlier tokens a token's frames depend on (the causal convolution's reach)
 
     @property
     def mel_format(self) -> MelFormat:
@@ -46,18 +51,40 @@ class TokenDecoderConfig:
         return self.frames_per_token * self.hop_size
 
 
+DecoderState = torch.Tensor  # one stream's last context_tokens embeddings [context_tokens, embed_dim]
+
+
 class TokenDecoder(nn.Module):
     def __init__(self, cfg: TokenDecoderConfig):
         super().__init__()
+        if cfg.context_tokens < 0:
+            raise ValueError(f"token decoder: context_tokens must be >= 0, got {cfg.context_tokens}")
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.codebook_size, cfg.embed_dim)
+        if cfg.context_tokens:  # causal: token t sees embeddings t - context_tokens .. t
+            self.context = nn.Conv1d(cfg.embed_dim, cfg.embed_dim, cfg.context_tokens + 1)
         self.proj = nn.Linear(cfg.embed_dim, cfg.frames_per_token * cfg.num_mels)
 
+    def initial_state(self) -> DecoderState:
+        """A stream's state before its first token: silence (zero embeddings) before the stream."""
+        return self.embed.weight.new_zeros(self.cfg.context_tokens, self.cfg.embed_dim)
+
     @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, state: DecoderState | None = None) -> tuple[torch.Tensor, DecoderState]:
+        """tokens [n] of one stream, its state (None: the stream's start) → (log-mel [num_mels, n *
+        frames_per_token], the state after these tokens)."""
+        e = self.embed(tokens)  # [n, E]
+        k = self.cfg.context_tokens
+        if k:
+            seq = torch.cat([self.initial_state() if state is None else state, e])  # [k + n, E]
+            e = e + F.conv1d(seq.T[None], self.context.weight, self.context.bias)[0].T  # [n, E]
+            state = seq[-k:]
+        frames = self.proj(e)  # [n, frames_per_token * num_mels]
+        return frames.view(-1, self.cfg.num_mels).T.contiguous(), state
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [n] → log-mel [num_mels, n * frames_per_token]."""
-        frames = self.proj(self.embed(tokens))  # [n, frames_per_token * num_mels]
-        return frames.view(-1, self.cfg.num_mels).T.contiguous()
+        """A whole stream: tokens [n] → log-mel [num_mels, n * frames_per_token]."""
+        return self.decode(tokens)[0]
 
 
 def save_token_decoder(decoder: TokenDecoder, directory: str | Path) -> None:
@@ -69,7 +96,7 @@ def save_token_decoder(decoder: TokenDecoder, directory: str | Path) -> None:
 
 def load_token_decoder(directory: str | Path) -> TokenDecoder:
     directory = Path(directory)
-    cfg = TokenDecoderConfig(**json.loads((directory / "token_decoder.json").read_text()))
+    cfg = TokenDecoderConfig(**{"context_tokens": 0, **json.loads((directory / "token_decoder.json").read_text())})
     decoder = TokenDecoder(cfg)
     decoder.load_state_dict(load_file(str(directory / "token_decoder.safetensors")))
     return decoder.eval()

@@ -13,6 +13,7 @@ from services.vocoder import generator as gen
 from services.vocoder.receptive_field import receptive_field
 from services.vocoder.runner import GeneratorRunner
 from services.vocoder.token_decoder import (
+    DecoderState,
     TokenDecoder,
     TokenDecoderConfig,
     load_token_decoder,
@@ -67,8 +68,13 @@ class TokenVocoder:
         return self.decoder.cfg.samples_per_token
 
     def mel(self, tokens: list[int]) -> torch.Tensor:
-        """tokens → log-mel [num_mels, len(tokens) * frames_per_token]."""
+        """A whole stream's tokens → log-mel [num_mels, len(tokens) * frames_per_token]."""
         return self.decoder(torch.tensor(tokens, dtype=torch.long, device=self.device))
+
+    def mel_chunk(self, tokens: list[int], state: DecoderState | None) -> tuple[torch.Tensor, DecoderState]:
+        """A chunk of one stream's tokens and the stream's decoder state (None at its start) → (log-mel
+        [num_mels, len(tokens) * frames_per_token], the stream's next state)."""
+        return self.decoder.decode(torch.tensor(tokens, dtype=torch.long, device=self.device), state)
 
     def vocode(self, windows: list[torch.Tensor], last: list[bool]) -> list[np.ndarray]:
         """Windows of mel [num_mels, F_i] (any streams) → float32 samples [F_i * hop] each, in [-1, 1];

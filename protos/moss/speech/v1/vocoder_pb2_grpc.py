@@ -45,8 +45,10 @@ class VocoderServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Vocode(self, request_iterator, context):
-        """Send one config message, then any number of token chunks, then end. PCM chunks come back
-        as soon as each is ready; the last one has final set.
+        """Send one config message, then any number of token chunks, then end, then close your side. PCM
+        chunks come back as soon as each is ready; the last one has final set. INVALID_ARGUMENT, naming
+        the field: a first message that is not a config, an unknown format, a code outside the codebook,
+        more than 4096 tokens in a message, or any message after end (reported after the final chunk).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
