@@ -122,7 +122,32 @@ def parser() -> argparse.ArgumentParser:
     say.add_argument("--max-new-tokens", type=int)
     say.add_argument("--seed", type=int)
     say.add_argument("--timeout", type=float, default=120.0)
+
+    bench = sub.add_parser("bench", help="load the gateway and measure TTFA, RTF and stalls at the client",
+                           description="Requests at fixed concurrencies (a sweep) or on Poisson arrivals, measured "
+                                       "at the client: TTFA quantiles, RTF, stall-free streams, per-stage times, "
+                                       "errors by code. Prints a table; --out writes bench.json, bench.md, plots.")
+    bench.add_argument("--target", default="localhost:50051")
+    bench.add_argument("--concurrency", type=_concurrencies, default=[1],
+                       help="concurrent streams, or a comma-separated sweep (1,4,16,32,64,128)")
+    bench.add_argument("--rate", type=_positive(float), help="Poisson arrivals (requests/s) instead of fixed concurrency")
+    bench.add_argument("--requests", type=_positive(int), default=None,
+                       help="requests per level (default: 4 x the concurrency, at least 8; with --rate: 30 s of arrivals)")
+    bench.add_argument("--prompts", help="a UTF-8 file, one prompt per line (default: built-in prompts)")
+    bench.add_argument("--warmup", type=_frames, default=2, help="requests sent first and not counted")
+    bench.add_argument("--max-new-tokens", type=_positive(int), default=75, help="audio tokens per request (80 ms each)")
+    bench.add_argument("--min-new-tokens", type=_frames, default=None,
+                       help="end of speech suppressed before this many (default: --max-new-tokens: fixed-length audio)")
+    bench.add_argument("--timeout", type=_positive(float), default=120.0)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--out", help="a directory for bench.json, bench.md and the PNG plots")
+    bench.add_argument("--no-progress", action="store_true", help="no live progress bar")
     return root
+
+
+def _concurrencies(text: str) -> list[int]:
+    """An argparse type: positive integers, comma-separated."""
+    return [_positive(int)(part.strip()) for part in text.split(",")]
 
 
 def run_service(args) -> int:
@@ -239,12 +264,32 @@ def run_say(args) -> int:
     return 0
 
 
+def run_bench(args, argv: list[str]) -> int:
+    from services.bench.load import LoadSpec
+    from services.bench.sweep import run
+    from services.bench.workload import load_prompts
+
+    try:
+        prompts = load_prompts(args.prompts)
+    except (OSError, ValueError) as err:
+        print(f"moss-serve bench: {err}", file=sys.stderr)
+        return 2
+    spec = LoadSpec(target=args.target, prompts=prompts, requests=args.requests, rate=args.rate,
+                    max_new_tokens=args.max_new_tokens,
+                    min_new_tokens=args.max_new_tokens if args.min_new_tokens is None else args.min_new_tokens,
+                    timeout=args.timeout, seed=args.seed, progress=not args.no_progress)
+    return run(spec, args.concurrency, args.warmup, args.out, "moss-serve bench " + " ".join(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     if args.command == "up":
         return run_up(args)
     if args.command == "say":
         return run_say(args)
+    if args.command == "bench":
+        return run_bench(args, argv[1:])
     return run_service(args)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
@@ -11,6 +13,8 @@ from services.common.server import serve
 from services.vocoder import metrics
 from services.vocoder.servicer import VocoderServicer
 from services.vocoder.vocoder import load_vocoder
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -28,9 +32,13 @@ class VocoderSettings:
 
 async def run(s: VocoderSettings) -> None:
     vocoder = load_vocoder(s.vocoder_dir, s.preset, s.device, s.seed)
-    # On CUDA: capture the graphs of the batch sizes a few streams make, so that no chunk of theirs waits
-    # for a capture (larger batches are captured on first use).
-    vocoder.runner.warm_up((1, 2, 4, 8))
+    # On CUDA: capture every (batch, frames) graph before serving. A capture on first use stalls every stream
+    # in that batch: at the real size, the first sweep to reach 16 streams saw first chunks of ~0.5 s
+    # (docs/benchmarks.md, issue 9).
+    started = time.perf_counter()
+    vocoder.runner.warm_up(vocoder.runner.batch_buckets)
+    if vocoder.runner.graphs:
+        log.info("vocoder: %d CUDA graphs captured in %.1f s", len(vocoder.runner.graphs), time.perf_counter() - started)
     servicer = VocoderServicer(vocoder, s.left_context, s.lookahead)
     start_metrics_server(s.host, s.metrics_port)
     await serve(

@@ -1,0 +1,119 @@
+"""Drives the gateway: requests at a fixed concurrency or on Poisson arrivals, each stream recorded as it
+arrives (stream.py). Nothing here blocks the event loop; the progress bar writes to stderr."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass
+
+import grpc
+from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+from services.bench.stream import StreamRecord
+from services.bench.workload import poisson_arrivals
+
+STREAMS_PER_CHANNEL = 64  # HTTP/2 connections to spread the streams over (servers cap streams per connection)
+
+
+@dataclass
+class LoadSpec:
+    target: str
+    prompts: list[str]
+    requests: int | None            # per level; None: requests_for() decides
+    concurrency: int = 1            # fixed concurrency (with rate None)
+    rate: float | None = None       # Poisson arrivals, requests per second
+    max_new_tokens: int = 75        # 6 s of audio at 80 ms per token...
+    min_new_tokens: int = 75        # ... made exact by suppressing the end of speech before it
+    timeout: float = 120.0
+    seed: int = 0
+    progress: bool = True
+
+    def requests_for(self) -> int:
+        """The level's request count: as given, or 4 per concurrent stream (at least 8), or 30 s of arrivals."""
+        if self.requests:
+            return self.requests
+        return max(8, round(30 * self.rate)) if self.rate else max(8, 4 * self.concurrency)
+
+    def sampling(self, i: int) -> common_pb2.SamplingParams:
+        return common_pb2.SamplingParams(max_new_tokens=self.max_new_tokens, seed=self.seed + i,
+                                         min_new_tokens=min(self.min_new_tokens, self.max_new_tokens))
+
+
+async def one_request(stub, text: str, prompt: int, sampling, timeout: float) -> StreamRecord:
+    record = StreamRecord(sent=time.perf_counter(), prompt=prompt)
+    try:
+        async for msg in stub.Synthesize(gateway_pb2.SynthesizeRequest(text=text, sampling=sampling), timeout=timeout):
+            kind = msg.WhichOneof("kind")
+            if kind == "audio":
+                record.chunks.append((time.perf_counter(), msg.audio.num_samples))
+            elif kind == "metadata":
+                record.sample_rate = msg.metadata.sample_rate
+            elif kind == "summary":
+                s = msg.summary
+                record.stages = {name: getattr(s, name) for name in (
+                    "ttfa_seconds", "total_seconds", "llm_queue_seconds", "llm_prefill_seconds",
+                    "llm_first_chunk_seconds", "llm_decode_seconds", "vocoder_first_chunk_seconds",
+                    "vocoder_compute_seconds", "real_time_factor")}
+                record.stages["prompt_tokens"] = s.prompt_tokens
+    except grpc.aio.AioRpcError as err:
+        record.code, record.error = err.code().name, err.details() or ""
+    record.done = time.perf_counter()
+    return record
+
+
+class _Progress:
+    def __init__(self, total: int, label: str, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=label, unit="req", file=sys.stderr, leave=False, dynamic_ncols=True)
+        self.errors = 0
+
+    def update(self, record: StreamRecord) -> None:
+        self.errors += record.code != "OK"
+        if self.bar is not None:
+            self.bar.set_postfix(errors=self.errors, refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+async def run_load(spec: LoadSpec, label: str = "") -> tuple[list[StreamRecord], float]:
+    """→ (one record per request in the order sent, wall seconds of the whole level)."""
+    total = spec.requests_for()
+    width = min(spec.concurrency if spec.rate is None else total, total)
+    channels = [grpc.aio.insecure_channel(spec.target) for _ in range(-(-width // STREAMS_PER_CHANNEL))]
+    stubs = [gateway_pb2_grpc.GatewayStub(c) for c in channels]
+    progress = _Progress(total, label, spec.progress)
+    records: list[StreamRecord | None] = [None] * total
+
+    async def request(i: int) -> None:
+        prompt = i % len(spec.prompts)
+        records[i] = await one_request(stubs[i % len(stubs)], spec.prompts[prompt], prompt, spec.sampling(i), spec.timeout)
+        progress.update(records[i])
+
+    start = time.perf_counter()
+    try:
+        if spec.rate is None:
+            queue = iter(range(total))
+
+            async def worker() -> None:
+                for i in queue:  # a shared iterator: each index goes to one worker
+                    await request(i)
+
+            await asyncio.gather(*(worker() for _ in range(width)))
+        else:
+            async def at(offset: float, i: int) -> None:
+                await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+                await request(i)
+
+            await asyncio.gather(*(at(t, i) for i, t in enumerate(poisson_arrivals(spec.rate, total, spec.seed))))
+    finally:
+        progress.close()
+        await asyncio.gather(*(c.close() for c in channels))
+    return [r for r in records if r is not None], time.perf_counter() - start

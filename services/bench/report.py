@@ -1,0 +1,97 @@
+"""A level's streams → its figures; a sweep's levels → the capacity; tables for the terminal and markdown."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from services.bench.stream import JITTER_SECONDS, StreamRecord
+
+QUANTILES = (50, 90, 95, 99)
+# shared/DESIGN.md §6: capacity is the most concurrent streams with ≥ 99% stall-free and TTFA p95 ≤ 300 ms.
+CAPACITY_STALL_FREE = 0.99
+CAPACITY_TTFA_P95 = 0.300
+STAGES = ("llm_queue_seconds", "llm_prefill_seconds", "llm_first_chunk_seconds", "vocoder_first_chunk_seconds",
+          "ttfa_seconds", "total_seconds")
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-th percentile, linear between order statistics (numpy's default); NaN for no values."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(records: list[StreamRecord], wall: float, jitter: float = JITTER_SECONDS) -> dict:
+    """One level's figures. Streams that failed count in `requests` and `errors`, not in the latency figures."""
+    ok = [r for r in records if r.ok]
+    ttfa = [r.ttfa for r in ok]
+    rtf = [r.rtf for r in ok]
+    stalls = [s for r in ok for s in r.stalls(jitter)]
+    stall_free = sum(r.stall_free(jitter) for r in ok)
+    audio = sum(r.audio_seconds for r in ok)
+    return {
+        "requests": len(records),
+        "ok": len(ok),
+        "errors": dict(Counter(r.code for r in records if not r.ok)),
+        "wall_seconds": wall,
+        "audio_seconds": audio,
+        "audio_x_realtime": audio / wall if wall > 0 else math.nan,
+        "ttfa_seconds": {f"p{q}": quantile(ttfa, q) for q in QUANTILES} | {"mean": _mean(ttfa)},
+        "rtf": {f"p{q}": quantile(rtf, q) for q in QUANTILES} | {"mean": _mean(rtf)},
+        "stall_free_streams": stall_free,
+        "stall_free_share": stall_free / len(ok) if ok else 0.0,
+        "stalls": len(stalls),
+        "stall_seconds": {"total": sum(stalls), "max": max(stalls, default=0.0)},
+        "stages_mean_seconds": {s: _mean([r.stages[s] for r in ok if s in r.stages]) for s in STAGES},
+    }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def meets_capacity(level: dict) -> bool:
+    return (level["ok"] == level["requests"] > 0 and level["stall_free_share"] >= CAPACITY_STALL_FREE
+            and level["ttfa_seconds"]["p95"] <= CAPACITY_TTFA_P95)
+
+
+def capacity(levels: dict[int, dict]) -> int:
+    """The largest concurrency whose level meets the bar (0: none did). Levels above a failing one still
+    count if they pass: the sweep reports what it measured."""
+    return max((c for c, lv in levels.items() if meets_capacity(lv)), default=0)
+
+
+HEADER = ("streams", "ok", "errors", "TTFA p50", "p90", "p95", "p99", "RTF p50", "RTF p95", "stall-free", "stalls",
+          "audio xRT")
+
+
+def row(concurrency: int | str, lv: dict) -> list[str]:
+    t, r = lv["ttfa_seconds"], lv["rtf"]
+    errors = ", ".join(f"{k} {v}" for k, v in sorted(lv["errors"].items())) or "0"
+    return [str(concurrency), str(lv["ok"]), errors, *(f"{t[f'p{q}'] * 1e3:.1f} ms" for q in QUANTILES),
+            f"{r['p50']:.3f}", f"{r['p95']:.3f}", f"{lv['stall_free_share'] * 100:.1f}%", str(lv["stalls"]),
+            f"{lv['audio_x_realtime']:.1f}"]
+
+
+def table(levels: dict, markdown: bool = False) -> str:
+    return _format([list(HEADER)] + [row(c, lv) for c, lv in levels.items()], markdown)
+
+
+def stage_table(levels: dict, markdown: bool = False) -> str:
+    """Mean per-stage times from the gateway's summaries, per level, in ms."""
+    rows = [["streams", *(s.removesuffix("_seconds") for s in STAGES)]]
+    rows += [[str(c), *(f"{lv['stages_mean_seconds'][s] * 1e3:.1f}" for s in STAGES)] for c, lv in levels.items()]
+    return _format(rows, markdown)
+
+
+def _format(rows: list[list[str]], markdown: bool) -> str:
+    """A header row and data rows → a markdown table, or right-aligned columns for the terminal."""
+    if markdown:
+        lines = ["| " + " | ".join(rows[0]) + " |", "|" + " --- |" * len(rows[0])]
+        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows[1:]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows)

@@ -1,0 +1,65 @@
+"""One stream as the client saw it, and what a listener would have heard (shared/DESIGN.md §6).
+
+A listener starts playing at the first audio, so chunk k must arrive by t_first + (audio duration of chunks
+0..k-1); it may be `jitter` late without being heard. A stall is one chunk later than that, its length how
+late it was; a stream is stall-free when it has none. RTF is the wall time from the request to its last audio
+divided by the audio's duration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+JITTER_SECONDS = 0.020
+
+
+@dataclass
+class StreamRecord:
+    """Times in seconds on the client's monotonic clock (time.perf_counter)."""
+
+    sent: float                                     # the request went out
+    prompt: int = 0                                 # index of its prompt
+    code: str = "OK"                                # the call's final gRPC status
+    error: str = ""
+    sample_rate: int = 0
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, samples) of each audio chunk
+    stages: dict[str, float] = field(default_factory=dict)         # the gateway's summary, seconds
+    done: float = 0.0                                # the call ended (status received)
+
+    @property
+    def ok(self) -> bool:
+        return self.code == "OK" and bool(self.chunks)
+
+    @property
+    def ttfa(self) -> float:
+        return self.chunks[0][0] - self.sent
+
+    @property
+    def audio_seconds(self) -> float:
+        return sum(n for _, n in self.chunks) / self.sample_rate if self.sample_rate else 0.0
+
+    @property
+    def rtf(self) -> float:
+        return (self.chunks[-1][0] - self.sent) / self.audio_seconds
+
+    def deadlines(self) -> list[float]:
+        """When each chunk had to arrive for the listener to keep playing: t_first + the audio before it."""
+        first, rate = self.chunks[0][0], self.sample_rate
+        out, before = [], 0
+        for _, samples in self.chunks:
+            out.append(first + before / rate)
+            before += samples
+        return out
+
+    def stalls(self, jitter: float = JITTER_SECONDS) -> list[float]:
+        """How late each stalled chunk was (seconds past its deadline), in stream order."""
+        return [arrival - due for (arrival, _), due in zip(self.chunks, self.deadlines()) if arrival - due > jitter]
+
+    def stall_free(self, jitter: float = JITTER_SECONDS) -> bool:
+        return not self.stalls(jitter)
+
+    def to_json(self) -> dict:
+        base = self.sent
+        return {"prompt": self.prompt, "code": self.code, "error": self.error, "sample_rate": self.sample_rate,
+                "chunk_arrivals_s": [t - base for t, _ in self.chunks], "chunk_samples": [n for _, n in self.chunks],
+                "stages": self.stages, "done_s": self.done - base if self.done else None}

@@ -1,0 +1,82 @@
+"""`moss-serve bench`: warm-up, then one level per concurrency (or one Poisson level), each measured at the
+client; a table on the terminal; bench.json, bench.md and PNG plots in --out."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import json
+import sys
+from pathlib import Path
+
+from services.bench import report
+from services.bench.load import LoadSpec, run_load
+from services.bench.stream import JITTER_SECONDS
+
+
+async def sweep(spec: LoadSpec, concurrencies: list[int], warmup: int, checkpoint=None) -> dict:
+    """→ {"levels": {label: {"summary", "streams"}}, "capacity"}. Level labels are concurrencies, or "rate R/s".
+    checkpoint(levels) is called after each level (a long sweep cut short keeps what it measured)."""
+    if warmup:
+        await run_load(dataclasses.replace(spec, requests=warmup, concurrency=1, rate=None, progress=False))
+    levels = {}
+    if spec.rate is not None:
+        plan = [(f"rate {spec.rate:g}/s", spec)]
+    else:
+        plan = [(c, dataclasses.replace(spec, concurrency=c)) for c in concurrencies]
+    for label, level_spec in plan:
+        records, wall = await run_load(level_spec, label=f"{label} streams" if isinstance(label, int) else label)
+        summary = report.summarize(records, wall)
+        levels[label] = {"summary": summary, "streams": [r.to_json() for r in records]}
+        print(f"{label}: {summary['ok']}/{summary['requests']} ok, TTFA p50 {summary['ttfa_seconds']['p50'] * 1e3:.1f} ms, "
+              f"stall-free {summary['stall_free_share'] * 100:.1f}%", file=sys.stderr, flush=True)
+        if checkpoint:
+            checkpoint(levels)
+    by_concurrency = {c: lv["summary"] for c, lv in levels.items() if isinstance(c, int)}
+    return {"levels": levels, "capacity": report.capacity(by_concurrency)}
+
+
+def write(result: dict, out: Path) -> list[Path]:
+    """bench.json, bench.md and (matplotlib permitting) the plots."""
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = {label: lv["summary"] for label, lv in result["levels"].items()}
+    paths = [out / "bench.json", out / "bench.md"]
+    paths[0].write_text(json.dumps(result, indent=1) + "\n")
+    paths[1].write_text(
+        f"# moss-serve bench, {result['date']}\n\n`{result['command']}`\n\n"
+        f"{report.table(summaries, markdown=True)}\n\nMean stage times from the gateway's summaries (ms):\n\n"
+        f"{report.stage_table(summaries, markdown=True)}\n\nCapacity (≥ {report.CAPACITY_STALL_FREE:.0%} stall-free, "
+        f"TTFA p95 ≤ {report.CAPACITY_TTFA_P95 * 1e3:.0f} ms): **{result['capacity']} streams**\n")
+    try:
+        from services.bench import plots
+
+        paths += plots.draw(result, out)
+    except ImportError as err:  # the plots can be drawn later: python -m services.bench.plots bench.json
+        print(f"plots skipped ({err}); draw them later with python -m services.bench.plots {paths[0]}", file=sys.stderr)
+    return paths
+
+
+def run(spec: LoadSpec, concurrencies: list[int], warmup: int, out: str | None, command: str) -> int:
+    def checkpoint(levels: dict) -> None:
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            (Path(out) / "bench.partial.json").write_text(json.dumps({"levels": levels}) + "\n")
+
+    result = asyncio.run(sweep(spec, concurrencies, warmup, checkpoint))
+    result.update(date=datetime.datetime.now().isoformat(timespec="seconds"), command=command, target=spec.target,
+                  max_new_tokens=spec.max_new_tokens, jitter_seconds=JITTER_SECONDS,
+                  prompts=len(spec.prompts))
+    summaries = {label: lv["summary"] for label, lv in result["levels"].items()}
+    print(report.table(summaries))
+    print()
+    print(report.stage_table(summaries))
+    if spec.rate is None:
+        print(f"\ncapacity (>= {report.CAPACITY_STALL_FREE:.0%} stall-free, TTFA p95 <= "
+              f"{report.CAPACITY_TTFA_P95 * 1e3:.0f} ms): {result['capacity']} streams")
+    if out:
+        for path in write(result, Path(out)):
+            print(f"wrote {path}")
+        (Path(out) / "bench.partial.json").unlink(missing_ok=True)
+    failed = sum(s["requests"] - s["ok"] for s in summaries.values())
+    return 0 if failed == 0 else 1

@@ -1,0 +1,123 @@
+"""`moss-serve bench`: the listener's clock (stalls), the figures of a level, and the whole client against the
+tiny CPU stack, its numbers checked for consistency with the chunk arrival times it recorded."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from services.bench import report
+from services.bench.stream import StreamRecord
+from services.bench.workload import load_prompts, poisson_arrivals
+
+RATE = 24000
+SAMPLES_PER_TOKEN = 1920
+
+
+def record(arrivals: list[float], samples: int = 4800, sent: float = 0.0) -> StreamRecord:
+    """A stream whose chunks of `samples` samples (0.2 s each) arrived at these times."""
+    return StreamRecord(sent=sent, sample_rate=RATE, chunks=[(t, samples) for t in arrivals])
+
+
+def test_a_listener_hears_a_stall_when_a_chunk_comes_after_the_audio_before_it_has_played():
+    # First audio at 1.0 s; 0.2 s chunks are due at 1.0, 1.2, 1.4, 1.6.
+    on_time = record([1.0, 1.05, 1.2, 1.61])          # early, exactly due, 10 ms late: within the 20 ms jitter
+    assert on_time.deadlines() == pytest.approx([1.0, 1.2, 1.4, 1.6])
+    assert on_time.stalls() == [] and on_time.stall_free()
+    late = record([1.0, 1.3, 1.35, 1.9])               # 100 ms late, then on time, then 300 ms late
+    assert late.stalls() == pytest.approx([0.1, 0.3])
+    assert not late.stall_free()
+    assert late.ttfa == 1.0 and late.audio_seconds == pytest.approx(0.8)
+    assert late.rtf == pytest.approx(1.9 / 0.8)
+
+
+def test_a_level_counts_errors_apart_and_orders_its_quantiles():
+    streams = [record([0.05 * (i + 1), 0.05 * (i + 1) + 0.1]) for i in range(10)]
+    streams[3] = record([0.2, 0.9])                    # one stall of 0.5 s
+    failed = StreamRecord(sent=0.0, code="UNAVAILABLE", error="llm unavailable")
+    lv = report.summarize(streams + [failed], wall=2.0)
+    assert (lv["requests"], lv["ok"], lv["errors"]) == (11, 10, {"UNAVAILABLE": 1})
+    t = lv["ttfa_seconds"]
+    assert t["p50"] <= t["p90"] <= t["p95"] <= t["p99"] <= 0.5
+    assert t["p50"] == pytest.approx(0.275)            # median of 0.05 … 0.5 in 0.05 steps (0.2 twice)
+    assert (lv["stalls"], lv["stall_free_streams"]) == (1, 9)
+    assert lv["stall_seconds"]["max"] == pytest.approx(0.5)
+    assert not report.meets_capacity(lv)              # an error, and only 90% stall-free
+
+
+def test_capacity_is_the_largest_level_meeting_both_bounds():
+    def level(share, p95, errors=0):
+        return {"requests": 10, "ok": 10 - errors, "stall_free_share": share, "ttfa_seconds": {"p95": p95}}
+
+    levels = {1: level(1.0, 0.05), 4: level(1.0, 0.1), 16: level(0.99, 0.29), 32: level(0.98, 0.2), 64: level(1.0, 0.4)}
+    assert report.capacity(levels) == 16
+    assert report.capacity({1: level(1.0, 0.05, errors=1)}) == 0
+
+
+def test_poisson_arrivals_and_prompt_files(tmp_path):
+    times = poisson_arrivals(rate=20.0, count=4000, seed=1)
+    assert times == sorted(times) and times == poisson_arrivals(rate=20.0, count=4000, seed=1)
+    assert times[-1] / len(times) == pytest.approx(1 / 20.0, rel=0.05)   # mean gap 1/rate
+    (tmp_path / "p.txt").write_text("first prompt\n\n  second prompt  \n")
+    assert load_prompts(str(tmp_path / "p.txt")) == ["first prompt", "second prompt"]
+    (tmp_path / "empty.txt").write_text("\n \n")
+    with pytest.raises(ValueError, match="no prompts"):
+        load_prompts(str(tmp_path / "empty.txt"))
+    assert len(load_prompts(None)) >= 8
+
+
+def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.cli", "bench", "--no-progress", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_bench_against_the_tiny_stack(stack, tmp_path):
+    tokens = 10
+    proc = bench("--target", stack.target("gateway"), "--concurrency", "1,3", "--requests", "6",
+                 "--max-new-tokens", str(tokens), "--warmup", "1", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "TTFA p50" in proc.stdout and "capacity" in proc.stdout
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert list(result["levels"]) == ["1", "3"]
+    for level in result["levels"].values():
+        lv, streams = level["summary"], level["streams"]
+        assert lv["requests"] == len(streams) == 6 and lv["ok"] + sum(lv["errors"].values()) == 6
+        assert lv["ok"] == 6 and all(s["code"] == "OK" for s in streams)
+        # Every stream carries its fixed length of audio, as the chunks recorded it.
+        assert all(sum(s["chunk_samples"]) == tokens * SAMPLES_PER_TOKEN for s in streams)
+        assert lv["audio_seconds"] == pytest.approx(6 * tokens * 0.08)
+        # Quantiles are ordered and come from the recorded first arrivals.
+        ttfa = [s["chunk_arrivals_s"][0] for s in streams]
+        q = lv["ttfa_seconds"]
+        assert min(ttfa) <= q["p50"] <= q["p90"] <= q["p95"] <= q["p99"] <= max(ttfa)
+        assert q["p50"] == pytest.approx(report.quantile(ttfa, 50))
+        # Stalls recomputed from the arrival times agree with the summary.
+        rebuilt = [StreamRecord(sent=0.0, sample_rate=s["sample_rate"],
+                                chunks=list(zip(s["chunk_arrivals_s"], s["chunk_samples"]))) for s in streams]
+        assert lv["stalls"] == sum(len(r.stalls()) for r in rebuilt)
+        assert lv["stall_free_streams"] == sum(r.stall_free() for r in rebuilt)
+        assert all(r.rtf > 0 for r in rebuilt)
+        # Per-stage times come from the gateway's summaries: prefill within TTFA, TTFA within the total.
+        st = lv["stages_mean_seconds"]
+        assert 0 < st["llm_prefill_seconds"] <= st["ttfa_seconds"] <= st["total_seconds"]
+    assert result["capacity"] in (0, 1, 3)
+    assert "| streams |" in (tmp_path / "bench.md").read_text()
+    for png in ("ttfa_distribution.png", "sweep.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_on_poisson_arrivals_and_against_a_dead_target(stack, tmp_path):
+    proc = bench("--target", stack.target("gateway"), "--rate", "8", "--requests", "5", "--max-new-tokens", "4",
+                 "--warmup", "0", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "bench.json").read_text())
+    (label, level), = result["levels"].items()
+    assert label == "rate 8/s" and level["summary"]["ok"] == 5
+    # Nothing listens on port 1: every request fails UNAVAILABLE, counted by code, and the exit status says so.
+    proc = bench("--target", "127.0.0.1:1", "--requests", "3", "--warmup", "0", "--timeout", "5")
+    assert proc.returncode == 1
+    assert "UNAVAILABLE 3" in proc.stdout and math.isnan(report.quantile([], 50))
