@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install protos demo test up clean
+.PHONY: install protos demo test tools up clean
 
 install: $(STAMP)
 
@@ -28,8 +28,17 @@ demo: $(STAMP)
 up: $(STAMP)
 	$(BIN)/moss-serve up
 
-test: $(STAMP)
+test: $(STAMP) tools
 	$(BIN)/python -m pytest -q
+
+# Debian's prometheus package (the server and promtool) for the deploy checks and the Prometheus
+# integration test. Best effort: without root or apt those tests skip and say why.
+tools:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
+	      || echo "make tools: apt-get install prometheus failed; the promtool and Prometheus tests will skip"; \
+	  else echo "make tools: no root/apt to install prometheus; the promtool and Prometheus tests will skip"; fi; }
 
 clean:
 	rm -rf $(VENV) demo.wav

