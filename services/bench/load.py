@@ -50,13 +50,8 @@ async def one_request(stub, text: str, prompt: int, sampling, timeout: float) ->
                 record.chunks.append((time.perf_counter(), msg.audio.num_samples))
             elif kind == "metadata":
                 record.sample_rate = msg.metadata.sample_rate
-            elif kind == "summary":
-                s = msg.summary
-                record.stages = {name: getattr(s, name) for name in (
-                    "ttfa_seconds", "total_seconds", "llm_queue_seconds", "llm_prefill_seconds",
-                    "llm_first_chunk_seconds", "llm_decode_seconds", "vocoder_first_chunk_seconds",
-                    "vocoder_compute_seconds", "real_time_factor")}
-                record.stages["prompt_tokens"] = s.prompt_tokens
+            elif kind == "summary":  # every field of the gateway's SynthesisSummary, zeros included
+                record.stages = {f.name: getattr(msg.summary, f.name) for f in msg.summary.DESCRIPTOR.fields}
     except grpc.aio.AioRpcError as err:
         record.code, record.error = err.code().name, err.details() or ""
     record.done = time.perf_counter()

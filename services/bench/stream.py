@@ -23,7 +23,7 @@ class StreamRecord:
     error: str = ""
     sample_rate: int = 0
     chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, samples) of each audio chunk
-    stages: dict[str, float] = field(default_factory=dict)         # the gateway's summary, seconds
+    stages: dict[str, float] = field(default_factory=dict)         # the gateway's SynthesisSummary fields
     done: float = 0.0                                # the call ended (status received)
 
     @property
