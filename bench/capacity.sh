@@ -10,5 +10,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.t
 if start_stack --kv-cache-gb 32 --max-num-seqs 256; then
   serve bench --concurrency "$LEVELS" --max-new-tokens 75 --warmup 4 --no-progress --out "$OUT/capacity" \
     2>&1 | tee "$OUT/capacity.log"
+  for s in gateway:9091 llm:9092 vocoder:9093; do  # each service's own view of the sweep
+    python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:${s#*:}/metrics').read().decode())" \
+      > "$OUT/capacity/metrics_${s%%:*}.txt"
+  done
 fi
 stop_stack

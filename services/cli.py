@@ -15,6 +15,7 @@ import sys
 import time
 
 from services.llm.model.config import PRESETS
+from services.vocoder.worker import DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_FRAMES
 
 # The llm engine's options: `moss-serve llm` takes them, `moss-serve up` forwards them to its llm.
 ENGINE_OPTIONS = ("preset", "dtype", "kv_cache_gb", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
@@ -95,6 +96,10 @@ def parser() -> argparse.ArgumentParser:
                      help="mel frames of left context per chunk (default: the generator's receptive field)")
     voc.add_argument("--lookahead", type=_frames, default=None,
                      help="mel frames held back for the next chunk (default 4: one token, 80 ms at hop 480)")
+    voc.add_argument("--max-batch", type=_positive(int), default=DEFAULT_MAX_BATCH,
+                     help=f"windows per model call (default {DEFAULT_MAX_BATCH}: a first chunk never waits behind a long call)")
+    voc.add_argument("--max-batch-frames", type=_positive(int), default=DEFAULT_MAX_BATCH_FRAMES,
+                     help=f"mel frames per model call, all windows together (default {DEFAULT_MAX_BATCH_FRAMES})")
 
     gw = sub.add_parser("gateway", help="the public gateway")
     _common(gw, 50051, 9091)
@@ -164,7 +169,7 @@ def run_service(args) -> int:
         from services.vocoder.server import VocoderSettings, run
 
         settings = VocoderSettings(args.host, args.port, args.metrics_port, args.vocoder_dir, args.preset, args.device,
-                                   args.left_context, args.lookahead)
+                                   args.left_context, args.lookahead, args.max_batch, args.max_batch_frames)
     else:
         from services.gateway.server import GatewaySettings, run
 

@@ -25,8 +25,8 @@ def record(arrivals: list[float], samples: int = 4800, sent: float = 0.0) -> Str
 
 def test_a_listener_hears_a_stall_when_a_chunk_comes_after_the_audio_before_it_has_played():
     # First audio at 1.0 s; 0.2 s chunks are due at 1.0, 1.2, 1.4, 1.6.
-    on_time = record([1.0, 1.05, 1.2, 1.61])          # early, exactly due, 10 ms late: within the 20 ms jitter
-    assert on_time.deadlines() == pytest.approx([1.0, 1.2, 1.4, 1.6])
+    on_time = record([1.0, 1.05, 1.2, 1.61])          # early, early, 10 ms late: within the 20 ms jitter
+    assert on_time.lateness() == pytest.approx([0.0, -0.15, -0.2, 0.01])
     assert on_time.stalls() == [] and on_time.stall_free()
     late = record([1.0, 1.3, 1.35, 1.9])               # 100 ms late, then on time, then 300 ms late
     assert late.stalls() == pytest.approx([0.1, 0.3])

@@ -22,6 +22,7 @@ def stage_counts(stack) -> dict[str, float]:
     return {
         "gateway_ttfa": metric_value(gw, "gateway_ttfa_seconds_count"),
         "gateway_requests_ok": metric_value(gw, "gateway_requests_total", '{code="OK"}'),
+        "gateway_audio_turns": metric_value(gw, "gateway_audio_turns_total"),  # the stall-free share's base
         "llm_prefill": metric_value(llm, "llm_prefill_seconds_count"),
         "llm_inter_token": metric_value(llm, "llm_inter_token_seconds_count"),
         "llm_first_audio": metric_value(llm, "llm_time_to_first_audio_token_seconds_count"),
@@ -51,6 +52,26 @@ def test_synthesize_streams_speech_through_three_processes(stack):
     after = stage_counts(stack)
     for name in before:
         assert after[name] > before[name], f"{name} did not record the request"
+
+
+def test_a_finished_turn_counts_ok_at_every_stage_not_cancelled(stack):
+    """The gateway lets the vocoder end a finished stream itself; cancelling it would count CANCELLED there."""
+    def codes():
+        llm, voc = scrape(stack.ports.metrics["llm"]), scrape(stack.ports.metrics["vocoder"])
+        return {(svc, code): metric_value(text, f"{svc}_requests_total", f'{{code="{code}"}}')
+                for svc, text in (("llm", llm), ("vocoder", voc)) for code in ("OK", "CANCELLED")}
+
+    async def turns(n: int):
+        sampling = common_pb2.SamplingParams(max_new_tokens=6, seed=2)
+        await asyncio.gather(*(synthesize(stack.target("gateway"), "Hi", sampling=sampling) for _ in range(n)))
+
+    before = codes()
+    asyncio.run(turns(8))
+    deadline = time.monotonic() + 5
+    while (after := codes())[("vocoder", "OK")] < before[("vocoder", "OK")] + 8 and time.monotonic() < deadline:
+        time.sleep(0.05)  # a service counts its call when the call has ended, just after the client saw it end
+    assert {k: after[k] - before[k] for k in before} == {("llm", "OK"): 8, ("llm", "CANCELLED"): 0,
+                                                          ("vocoder", "OK"): 8, ("vocoder", "CANCELLED"): 0}
 
 
 def test_float32_format(stack):

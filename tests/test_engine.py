@@ -98,7 +98,7 @@ def test_chunks_follow_the_policy(model):
     s = SamplingSettings(temperature=0.0, max_new_tokens=25, min_new_tokens=0)
     _, chunks = run(make_engine(model), [GenerationRequest("a", s, ChunkSettings(first_chunk_tokens=2, chunk_tokens=7), text="hello")])
     sizes = [len(c.audio_tokens) for c in chunks]
-    assert sizes == [2, 7, 7, 7, 2]
+    assert sizes == [2, 2, 4, 7, 7, 3]  # the first size twice, doubling up to chunk_tokens, the final flush
     assert chunks[0].first and chunks[-1].final and not any(c.final for c in chunks[:-1])
     assert chunks[-1].stats.audio_tokens == 25 and chunks[-1].stats.finish_reason is FinishReason.LENGTH
 
@@ -359,3 +359,19 @@ def test_repetition_penalty_history_tracks_each_channel(model):
     other = new_seq([c.im_start_token_id, 66, c.sosp_token_id], audio_reply=True)
     engine.sampler._observe([other])  # a reused slot starts clean
     assert other.slot == slot and set(engine.sampler.seen_audio[slot].nonzero().flatten().tolist()) == set()
+
+
+def test_warm_up_leaves_nothing_behind_and_the_engine_serves_as_before(model):
+    """The synthetic turns run to completion (text and audio replies, prefix hits, batches up to
+    max_num_seqs) and leave no sequence, block in use or count; a request afterwards generates exactly what
+    it does on a fresh engine (greedy)."""
+    from services.llm.engine.warmup import warm_up
+
+    engine = make_engine(model, max_num_seqs=8)
+    assert warm_up(engine, rounds=(1, 2, 9), new_tokens=3) == 1 + 2 + 8
+    assert not engine.has_work() and not engine.sequences and engine.block_manager.num_used == 0
+    assert engine.counters.steps == 0 and engine.counters.prefill_tokens == 0
+    req = GenerationRequest("after", GREEDY, ChunkSettings(), text="Hello after the warm-up")
+    warmed, _ = run(engine, [req])
+    fresh, _ = run(make_engine(model, max_num_seqs=8), [req])
+    assert warmed[0].audio_ids == fresh[0].audio_ids and warmed[0].text_ids == fresh[0].text_ids

@@ -94,6 +94,23 @@ def test_the_token_decoder_streams_causally_with_its_state(schedule):
     torch.testing.assert_close(last([1, 2, 3, 7]), last([8, 2, 3, 7]))  # three back: outside it
 
 
+@pytest.mark.parametrize("context", [2, 0])
+def test_the_token_decoder_decodes_many_streams_at_once_as_each_alone(context):
+    """One pass over streams at different points (a start, mid-stream states, ragged chunk lengths) gives each
+    stream the frames and the next state that decoding it alone gives."""
+    decoder = random_token_decoder(TokenDecoderConfig(codebook_size=1024, embed_dim=32, context_tokens=context), seed=4)
+    g = torch.Generator().manual_seed(0)
+    history = [torch.randint(0, 1024, (n,), generator=g) for n in (0, 3, 1, 7)]
+    states = [decoder.decode(h)[1] if len(h) else None for h in history]
+    chunks = [torch.randint(0, 1024, (n,), generator=g) for n in (2, 5, 1, 3)]
+    together = decoder.decode_batch(torch.cat(chunks), [len(c) for c in chunks], states)
+    for chunk, state, (mel, next_state) in zip(chunks, states, together):
+        want_mel, want_state = decoder.decode(chunk, state)
+        torch.testing.assert_close(mel, want_mel, rtol=1e-5, atol=1e-5)
+        if context:
+            torch.testing.assert_close(next_state, want_state, rtol=0, atol=0)
+
+
 def test_a_per_token_decoder_of_an_earlier_version_still_loads(tmp_path):
     import json
 

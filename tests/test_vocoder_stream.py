@@ -165,3 +165,41 @@ def test_the_gpu_layout_gives_the_same_samples(monkeypatch):
     last = [False, False, True]
     for got, want in zip(fast(windows, last), plain(windows, last)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_last_windows_of_the_captured_exact_length_replay_a_graph():
+    """A stream's last window usually has left_context + lookahead frames: it replays a graph captured for
+    that exact length (no eager call) with the eager samples; other last windows still run eagerly."""
+    from services.vocoder.runner import GeneratorRunner
+
+    h = config("moss-speech", 64)
+    graphs = GeneratorRunner(gen.build_generator(h, seed=1), 480, torch.device("cuda"))
+    graphs.warm_up((1, 2, 4), exact_frames=(34,))
+    eager = GeneratorRunner(gen.build_generator(h, seed=1), 480, torch.device("cuda"), graphs=False)
+    g = torch.Generator().manual_seed(6)
+    windows = [torch.randn(80, 34, generator=g) - 5 for _ in range(3)]
+    def no_eager(*args):
+        raise AssertionError("an eager call: only graph replays may run")
+
+    graphs.generator.forward = no_eager
+    got = graphs(windows, [True] * 3)
+    del graphs.generator.forward
+    for a, b in zip(got, eager(windows, [True] * 3)):
+        torch.testing.assert_close(a, b, rtol=0.0, atol=2e-2)  # bf16; batch 4 vs 3 may pick other kernels
+    other = torch.randn(80, 21, generator=g) - 5
+    torch.testing.assert_close(graphs([other], [True])[0], eager([other], [True])[0], rtol=0.0, atol=2e-2)
+
+
+@pytest.mark.parametrize("schedule", [[3, 3, 6, 12, 20, 1], [1] * 12, [40]], ids=["default", "1-token", "whole"])
+def test_window_frames_foretells_the_window_prepare_returns(vocoder, schedule):
+    """The worker weighs a chunk by window_frames before decoding it: the same frames prepare() then returns."""
+    s = MelStreamer(vocoder)
+    ids = tokens_for(vocoder, sum(schedule))
+    at = 0
+    for n in [*schedule, None]:
+        expected = s.window_frames(n)
+        window = s.prepare(None if n is None else ids[at : at + n])
+        assert expected == (0 if window.mel is None else window.mel.shape[1])
+        s.commit(window, None if window.mel is None else vocoder.vocode([window.mel], [window.last])[0])
+        at += n or 0

@@ -62,6 +62,25 @@ def test_first_chunks_go_first_then_the_least_slack(vocoder):
         worker.stop()
 
 
+def test_a_call_holds_at_most_max_batch_frames_but_always_one_window(vocoder):
+    rec = Recording(vocoder)
+    worker = VocoderWorker(rec, max_batch=16, max_wait=0.0, max_batch_frames=45)
+    try:
+        rec.gate.clear()
+        blocker = worker.submit(Job(MelStreamer(rec), tokens(2, 0), None, 0.0))  # holds the model
+        while not rec.calls:
+            time.sleep(0.001)
+        # First windows of 5 tokens are 20 frames (the lookahead's 4 computed, held back): two fit in 45.
+        small = [worker.submit(Job(MelStreamer(rec), tokens(5, i), None, 0.0)) for i in range(1, 5)]
+        big = worker.submit(Job(MelStreamer(rec), tokens(20, 9), None, 0.0))  # 80 frames: over, alone
+        rec.gate.set()
+        for f in [blocker, *small, big]:
+            f.result(timeout=20)
+        assert rec.calls[1:] == [[20, 20], [20, 20], [80]]
+    finally:
+        worker.stop()
+
+
 def test_streams_vocoded_together_give_what_each_gives_alone(vocoder):
     schedules = [[3, 10, 10, 2], [3, 1, 1, 7], [5, 10], [2]]
     alone = []

@@ -1,16 +1,16 @@
 """One stream as the client saw it, and what a listener would have heard (shared/DESIGN.md §6).
 
 A listener starts playing at the first audio, so chunk k must arrive by t_first + (audio duration of chunks
-0..k-1); it may be `jitter` late without being heard. A stall is one chunk later than that, its length how
-late it was; a stream is stall-free when it has none. RTF is the wall time from the request to its last audio
-divided by the audio's duration.
+0..k-1); it may be `jitter` late without being heard (services/common/playback.py, which the gateway's stall
+metric shares). A stall is one chunk later than that, its length how late it was; a stream is stall-free when
+it has none. RTF is the wall time from the request to its last audio divided by the audio's duration.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-JITTER_SECONDS = 0.020
+from services.common.playback import JITTER_SECONDS, PlaybackClock
 
 
 @dataclass
@@ -42,18 +42,14 @@ class StreamRecord:
     def rtf(self) -> float:
         return (self.chunks[-1][0] - self.sent) / self.audio_seconds
 
-    def deadlines(self) -> list[float]:
-        """When each chunk had to arrive for the listener to keep playing: t_first + the audio before it."""
-        first, rate = self.chunks[0][0], self.sample_rate
-        out, before = [], 0
-        for _, samples in self.chunks:
-            out.append(first + before / rate)
-            before += samples
-        return out
+    def lateness(self) -> list[float]:
+        """Seconds past its deadline that each chunk arrived (negative: early), in stream order."""
+        clock = PlaybackClock(self.sample_rate)
+        return [clock.arrive(at, samples) for at, samples in self.chunks]
 
     def stalls(self, jitter: float = JITTER_SECONDS) -> list[float]:
         """How late each stalled chunk was (seconds past its deadline), in stream order."""
-        return [arrival - due for (arrival, _), due in zip(self.chunks, self.deadlines()) if arrival - due > jitter]
+        return [late for late in self.lateness() if late > jitter]
 
     def stall_free(self, jitter: float = JITTER_SECONDS) -> bool:
         return not self.stalls(jitter)

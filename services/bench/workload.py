@@ -5,28 +5,18 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-# Built-in prompts: a voice assistant's typical turns, about 100-250 tokens of prompt each once the gateway
-# has wrapped them in the chat template.
+# Built-in prompts: a voice assistant's typical turns, 100-250 tokens of prompt each once the gateway has wrapped
+# them in the chat template (205-227 with the random-weight preset's byte-level tokenizer; a trained BPE
+# tokenizer makes them shorter).
 PROMPTS = (
-    "Good morning! I'm planning a day trip to the coast this Saturday with two friends. Could you suggest a "
-    "relaxed schedule that includes a walk along the cliffs, a seafood lunch somewhere with a view, and a quiet "
-    "place to watch the sunset before we drive home?",
-    "Explain in a friendly way how a heat pump can warm a house in winter when the air outside is colder than "
-    "the air inside. Use an everyday comparison, keep it short enough to say out loud, and end with one tip on "
-    "running it efficiently.",
-    "I just adopted a rescue dog who is nervous around strangers and loud noises. What are three gentle things "
-    "I can do during the first week to help her feel safe at home, and what should I avoid doing even if it "
-    "seems kind?",
-    "Tell me a short bedtime story about a lighthouse keeper and a lost seagull who becomes her friend. It "
-    "should be calm, a little funny, and end with both of them watching the ships come home in the evening.",
-    "My team keeps missing deadlines because tasks are unclear. Give me a simple way to run a fifteen-minute "
-    "Monday meeting that makes every task, owner and due date clear, and say what I should write down at the end.",
-    "What's the difference between weather and climate? Answer as if you were talking to a curious ten-year-old "
-    "on a rainy afternoon, and give one example of each that they could notice from their own window.",
-    "Walk me through making a simple tomato soup from scratch for four people. Mention what to buy, how long each "
-    "step takes, and one way to make it feel special without much extra effort.",
-    "I'm nervous about a job interview tomorrow for a librarian position. Can you help me prepare a warm, honest "
-    "answer to the question about why I want to work with the public, in about four sentences?",
+    "I'm planning a day trip to the coast on Saturday. Suggest a relaxed schedule with a cliff walk and a sunset.",
+    "Explain how a heat pump warms a house when the air outside is colder than inside, in a way I can say aloud.",
+    "I just adopted a nervous rescue dog. What are three gentle things I can do in the first week to help her?",
+    "Tell me a short, calm bedtime story about a lighthouse keeper and a lost seagull who becomes her friend.",
+    "My team keeps missing deadlines. How do I run a fifteen-minute Monday meeting that makes every task clear?",
+    "What's the difference between weather and climate? Answer as if talking to a curious ten-year-old.",
+    "Walk me through a simple tomato soup for four people, and one way to make it feel special.",
+    "I have a librarian job interview tomorrow. Help me answer why I want to work with the public, in four sentences.",
 )
 
 

@@ -28,7 +28,10 @@ class SamplingSettings:
 @dataclass(frozen=True)
 class ChunkSettings:
     first_chunk_tokens: int = 3   # 240 ms of audio: small, for a low time to first audio
-    chunk_tokens: int = 10        # 800 ms: fewer, larger vocoder calls once audio is flowing
+    # The largest later chunk (3, 3, 6, 12, 20, 20, ...: sequence.py says why): 1.6 s, fewer and cheaper
+    # vocoder calls once audio is flowing. 20 tokens with the vocoder's context (30 + 4 frames) is a
+    # 114-frame window, inside its 128-frame graph bucket (services/vocoder/runner.py).
+    chunk_tokens: int = 20
     lookahead_frames: int | None = None  # the vocoder's; None: its default (ChunkPolicy in common.proto)
 
 

@@ -15,6 +15,11 @@ VOCODER_FIRST_PCM = Histogram(
     "gateway_vocoder_first_pcm_seconds", "First tokens sent to the vocoder to its first PCM at the gateway", buckets=LATENCY_BUCKETS
 )
 RTF = Histogram("gateway_real_time_factor", "Turn wall time over the duration of the audio produced", buckets=RATIO_BUCKETS)
+# Stalls (DESIGN §6) on the playback clock of a listener who starts at the first PCM the gateway sends.
+STALL = Histogram("gateway_stall_seconds", "How late each stalled chunk was sent (past the listener's playback clock, "
+                  "beyond 20 ms of jitter)", buckets=LATENCY_BUCKETS)
+STALLED_TURNS = Counter("gateway_stalled_turns_total", "Turns with at least one stall")
+AUDIO_TURNS = Counter("gateway_audio_turns_total", "Turns that sent audio (the base of the stall-free share)")
 ACTIVE = Gauge("gateway_active_requests", "Turns in progress")
 REQUESTS = Counter("gateway_requests_total", "Finished calls, by gRPC status code", ["code"])
 

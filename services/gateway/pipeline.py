@@ -11,6 +11,7 @@ are cancelled and the pump task is awaited, so nothing is left running.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -20,9 +21,13 @@ from moss.speech.v1 import common_pb2, gateway_pb2, llm_pb2, llm_pb2_grpc, vocod
 
 from services.common.audio import BYTES_PER_SAMPLE, resolve_format
 from services.common.errors import DeadlineExceeded, InvalidArgument, ServiceError, StageError, Unavailable
+from services.common.playback import JITTER_SECONDS, PlaybackClock
 from services.common.sampling import resolve_chunking, resolve_sampling, sampling_to_fields
 from services.gateway import metrics
 from services.gateway.voices import resolve_voice
+
+
+VOCODER_CLOSE_SECONDS = 1.0  # after the last PCM: how long the vocoder may take to end its call
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,7 @@ class Turn:
         self.timeout = timeout if timeout is not None else limits.default_timeout
         self.summary = gateway_pb2.SynthesisSummary()
         self.first_tokens_sent: float | None = None
+        self.stalls = 0
 
     async def run(self):
         gen_req, fmt = validate(self.req, self.limits)
@@ -91,10 +97,14 @@ class Turn:
             yield gateway_pb2.SynthesizeResponse(metadata=gateway_pb2.StreamMetadata(
                 request_id=gen_req.request_id, sample_rate=header.sample_rate, format=header.format, channels=1))
             pump = asyncio.create_task(self._pump(llm_call, voc_call))
-            async for msg in self._pcm(voc_call, pump, BYTES_PER_SAMPLE[fmt]):
+            async for msg in self._pcm(voc_call, pump, BYTES_PER_SAMPLE[fmt], header.sample_rate):
                 yield msg
             await pump  # the llm's final chunk has been forwarded; surfaces any pump error
             yield gateway_pb2.SynthesizeResponse(summary=self._finish(header.sample_rate))
+            # The vocoder ends its call when it sees our half-close: let it, rather than cancel a finished
+            # stream (its metrics would count a CANCELLED request for every turn).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(voc_call.code(), VOCODER_CLOSE_SECONDS)
         finally:
             llm_call.cancel()
             voc_call.cancel()
@@ -138,7 +148,8 @@ class Turn:
             voc_call.cancel()
             raise
 
-    async def _pcm(self, voc_call, pump: asyncio.Task, bytes_per_sample: int):
+    async def _pcm(self, voc_call, pump: asyncio.Task, bytes_per_sample: int, sample_rate: int):
+        clock = PlaybackClock(sample_rate)
         while True:
             try:
                 msg = await voc_call.read()
@@ -162,6 +173,9 @@ class Turn:
                 if len(msg.pcm) != msg.num_samples * bytes_per_sample:
                     raise StageError("vocoder", "INTERNAL", f"{len(msg.pcm)} PCM bytes for {msg.num_samples} samples")
                 self.summary.num_samples += msg.num_samples
+                if (late := clock.arrive(now, msg.num_samples)) > JITTER_SECONDS:
+                    self.stalls += 1
+                    metrics.STALL.observe(late)
                 yield gateway_pb2.SynthesizeResponse(audio=gateway_pb2.AudioChunk(
                     pcm=msg.pcm, sample_offset=msg.sample_offset, num_samples=msg.num_samples))
             if msg.final:
@@ -177,4 +191,7 @@ class Turn:
         metrics.REQUEST.observe(s.total_seconds)
         if s.audio_seconds:
             metrics.RTF.observe(s.real_time_factor)
+            metrics.AUDIO_TURNS.inc()
+            if self.stalls:
+                metrics.STALLED_TURNS.inc()
         return s

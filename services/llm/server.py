@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,7 @@ from services.llm.async_engine import AsyncEngine
 from services.llm.model.checkpoint import DTYPES, load_pretrained, random_model
 from services.llm.model.config import preset
 from services.llm.engine.engine import EngineConfig, LLMEngine
+from services.llm.engine.warmup import warm_up
 from services.llm.servicer import LlmServicer
 from services.llm.model.tokenizer import load_tokenizer, preset_tokenizer
 
@@ -80,7 +82,12 @@ def _match_config_dtype(model) -> None:
 
 
 async def run(s: LlmSettings) -> None:
-    engine = AsyncEngine(build_engine(s), on_step=metrics.observe_step, on_load=metrics.observe_load)
+    llm = build_engine(s)
+    if s.device.startswith("cuda"):  # first uses of kernels and code paths, before any request meets them
+        started = time.perf_counter()
+        ran = warm_up(llm)
+        log.info("llm: warm-up of %d synthetic turns in %.1f s", ran, time.perf_counter() - started)
+    engine = AsyncEngine(llm, on_step=metrics.observe_step, on_load=metrics.observe_load)
     # The model, torch's modules and the captured graphs are hundreds of thousands of long-lived objects:
     # frozen, a full collection no longer walks them (otherwise ~20 ms pauses in the engine thread, a
     # stall in every stream; measured in bench/llm_engine.py's per-step maxima on an H100).

@@ -13,8 +13,11 @@ samples are therefore the same alone or batched, whatever its batch mates. The r
 the window's end, inside the lookahead the streamer holds back; with a lookahead as wide as the
 generator's right receptive field they cannot reach a kept sample at all.
 
-**A stream's last window runs at its exact length** (`exact=True`), eagerly: offline synthesis ends with
-each layer's zero padding, which no padding of the mel input reproduces.
+**A stream's last window runs at its exact length** (`exact=True`): offline synthesis ends with each
+layer's zero padding, which no padding of the mel input reproduces. Almost every stream ends the same
+way (its end arrives after its last tokens, leaving the held-back lookahead frames and their left context:
+`left_context + lookahead` frames), so graphs are captured for that exact length too (`exact_frames`);
+other last windows run eagerly. Zero rows on the batch axis do not change a row's samples either way.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class GeneratorRunner:
         self.use_graphs = cuda if graphs is None else graphs
         self.frame_buckets, self.batch_buckets = tuple(frame_buckets), tuple(batch_buckets)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.exact_frames: set[int] = set()  # last-window lengths that run in graphs (warm_up)
         self.pool = None
 
     @property
@@ -83,11 +87,13 @@ class GeneratorRunner:
         return self.graphs[key]
 
     @torch.inference_mode()
-    def warm_up(self, batches=(1,)) -> None:
-        """Capture the graphs of these batch buckets for every frames bucket."""
+    def warm_up(self, batches=(1,), exact_frames=()) -> None:
+        """Capture the graphs of these batch buckets for every frames bucket and for last windows of these
+        exact lengths."""
         if self.use_graphs:
+            self.exact_frames.update(exact_frames)
             for batch in batches:
-                for frames in self.frame_buckets:
+                for frames in (*self.frame_buckets, *exact_frames):
                     self._graph(batch, frames)
 
     # ---- running ---------------------------------------------------------------------------------
@@ -105,24 +111,26 @@ class GeneratorRunner:
         for (kind, frames), members in groups.items():
             for start in range(0, len(members), self.batch_buckets[-1]):
                 part = members[start : start + self.batch_buckets[-1]]
-                samples = self._run([windows[i] for i in part], frames, padded=kind == "bucket")
+                samples = self._run([windows[i] for i in part], frames, graph=kind == "bucket" or frames in self.exact_frames)
                 for i, wav in zip(part, samples):
                     out[i] = wav[: windows[i].shape[1] * self.hop]
         return out
 
-    def _run(self, mels: list[torch.Tensor], frames: int, padded: bool) -> torch.Tensor:
-        """Same-bucket (or same exact length) windows → float32 samples [len(mels), frames * hop] on the CPU."""
-        batch = smallest(self.batch_buckets, len(mels)) if padded else len(mels)
+    def _run(self, mels: list[torch.Tensor], frames: int, graph: bool) -> torch.Tensor:
+        """Same-bucket (or same exact length) windows → float32 samples [len(mels), frames * hop] on the CPU.
+        graph: run in the (batch bucket, frames) graph, when graphs are on."""
+        graph = graph and self.use_graphs
+        batch = smallest(self.batch_buckets, len(mels)) if graph else len(mels)
         x = self._input(batch, frames)
         rows = x[:, :, 0, :] if self.channels_last else x  # [batch, num_mels, frames], a view
         for row, mel in enumerate(mels):
             n = mel.shape[1]
             rows[row, :, :n] = mel.to(self.device, self.dtype)
             rows[row, :, n:] = rows[row, :, n - 1 : n]  # repeat the last frame (see the module docstring)
-        if padded and self.use_graphs:
-            graph, static_in, static_out = self._graph(batch, frames)
+        if graph:
+            cuda_graph, static_in, static_out = self._graph(batch, frames)
             static_in.copy_(x)
-            graph.replay()
+            cuda_graph.replay()
             y = static_out
         else:
             y = self.generator(x)

@@ -12,6 +12,8 @@ from services.common.metrics import start_metrics_server
 from services.common.server import serve
 from services.vocoder import metrics
 from services.vocoder.servicer import VocoderServicer
+from services.vocoder.streamer import DEFAULT_LOOKAHEAD
+from services.vocoder.worker import DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_FRAMES
 from services.vocoder.vocoder import load_vocoder
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,8 @@ class VocoderSettings:
     device: str = "cpu"
     left_context: int | None = None   # mel frames; None: the generator's receptive field
     lookahead: int | None = None      # mel frames; None: streamer.DEFAULT_LOOKAHEAD
+    max_batch: int = DEFAULT_MAX_BATCH                # windows per model call (worker.py)
+    max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES  # mel frames per model call
     seed: int = 0
 
 
@@ -35,11 +39,15 @@ async def run(s: VocoderSettings) -> None:
     # On CUDA: capture every (batch, frames) graph before serving. A capture on first use stalls every stream
     # in that batch: at the real size, the first sweep to reach 16 streams saw first chunks of ~0.5 s
     # (docs/benchmarks.md, issue 9).
+    # Streams end with a window of the held-back lookahead and its left context: that length runs in graphs too.
     started = time.perf_counter()
-    vocoder.runner.warm_up(vocoder.runner.batch_buckets)
+    left = vocoder.receptive_field[0] if s.left_context is None else s.left_context
+    lookahead = DEFAULT_LOOKAHEAD if s.lookahead is None else s.lookahead
+    vocoder.runner.warm_up(vocoder.runner.batch_buckets, exact_frames=(left + lookahead,))
     if vocoder.runner.graphs:
         log.info("vocoder: %d CUDA graphs captured in %.1f s", len(vocoder.runner.graphs), time.perf_counter() - started)
-    servicer = VocoderServicer(vocoder, s.left_context, s.lookahead)
+    servicer = VocoderServicer(vocoder, s.left_context, s.lookahead, max_batch=s.max_batch,
+                               max_batch_frames=s.max_batch_frames)
     start_metrics_server(s.host, s.metrics_port)
     await serve(
         name="vocoder",

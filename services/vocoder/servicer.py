@@ -19,7 +19,7 @@ from services.common.sampling import resolve_lookahead
 from services.vocoder import metrics
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import TokenVocoder
-from services.vocoder.worker import Done, Job, VocoderWorker
+from services.vocoder.worker import DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_FRAMES, Done, Job, VocoderWorker
 
 MAX_TOKENS_PER_MESSAGE = 4096
 AFTER_END_GRACE_SECONDS = 1.0  # how long a stream waits, its audio all sent, for the client to half-close
@@ -27,12 +27,15 @@ AFTER_END_GRACE_SECONDS = 1.0  # how long a stream waits, its audio all sent, fo
 
 class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
     def __init__(self, vocoder: TokenVocoder, left_context: int | None = None, lookahead: int | None = None,
-                 max_batch: int = 64, max_wait: float = 0.002):
+                 max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002,
+                 max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
-        model call; a chunk waits at most max_wait seconds for others to join it."""
+        model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
+        others to join it."""
         self.vocoder = vocoder
         self.left_context, self.lookahead = left_context, lookahead
-        self.worker = VocoderWorker(vocoder, max_batch, max_wait, on_batch=metrics.observe_batch)
+        self.worker = VocoderWorker(vocoder, max_batch, max_wait, on_batch=metrics.observe_batch,
+                                    max_batch_frames=max_batch_frames)
 
     def _check_tokens(self, tokens) -> list[int]:
         if len(tokens) > MAX_TOKENS_PER_MESSAGE:

@@ -57,12 +57,22 @@ class MelStreamer:
         return self.base + (0 if self.mel is None else self.mel.shape[1])
 
     # ---- in two halves, for a worker that vocodes many streams' windows as one batch ---------------
-    def prepare(self, tokens: list[int] | None) -> Window:
-        """Add tokens (None: the end of the stream) → the window that is now due (its mel None if none)."""
+    def window_frames(self, tokens: int | None) -> int:
+        """Mel frames of the window prepare() would return after this many new tokens (None: the end); 0 if
+        nothing would be due. What the worker weighs a chunk by, before decoding it."""
+        total = self.total_frames + (tokens or 0) * self.vocoder.decoder.cfg.frames_per_token
+        upto = total if tokens is None else total - self.lookahead
+        if upto <= self.emitted:
+            return 0
+        return min(total, upto + self.lookahead) - max(self.base, self.emitted - self.left_context)
+
+    def prepare(self, tokens: list[int] | None, decoded: tuple[torch.Tensor, object] | None = None) -> Window:
+        """Add tokens (None: the end of the stream) → the window that is now due (its mel None if none).
+        decoded: the tokens' (frames, next decoder state), when the caller decoded several streams at once."""
         if self.ended:
             raise InvalidArgument("tokens" if tokens is not None else "end", "the stream has already ended")
         if tokens:
-            frames, self.decoder_state = self.vocoder.mel_chunk(tokens, self.decoder_state)
+            frames, self.decoder_state = decoded or self.vocoder.mel_chunk(tokens, self.decoder_state)
             self.mel = frames if self.mel is None else torch.cat([self.mel, frames], dim=1)
             self.tokens += len(tokens)
         last = self.ended = tokens is None

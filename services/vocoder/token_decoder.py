@@ -82,6 +82,31 @@ class TokenDecoder(nn.Module):
         frames = self.proj(e)  # [n, frames_per_token * num_mels]
         return frames.view(-1, self.cfg.num_mels).T.contiguous(), state
 
+    @torch.inference_mode()
+    def decode_batch(self, tokens: torch.Tensor, lengths: list[int],
+                     states: list[DecoderState | None]) -> list[tuple[torch.Tensor, DecoderState]]:
+        """Chunks of several streams in one pass: a handful of kernels, not a handful per stream.
+        tokens [sum(lengths)]: the chunks one after another; states[i]: stream i's (None: its start)
+        → [(log-mel [num_mels, lengths[i] * frames_per_token], stream i's next state)], as decode() gives them."""
+        e = self.embed(tokens)  # [N, E]
+        k, B = self.cfg.context_tokens, len(lengths)
+        next_states: list[DecoderState] = [e.new_zeros(0, e.shape[1])] * B
+        if k:
+            # Each stream's [state; embeddings] as one row of a [B, k + n_max, E] batch, zero-padded after its
+            # end: a causal convolution's outputs before the padding do not see it.
+            row = torch.repeat_interleave(torch.arange(B), torch.tensor(lengths)).to(e.device)          # [N]
+            pos = torch.cat([torch.arange(k, k + n) for n in lengths]).to(e.device)                      # [N]
+            seq = e.new_zeros(B, k + max(lengths), e.shape[1])
+            seq[:, :k] = torch.stack([self.initial_state() if s is None else s for s in states])
+            seq[row, pos] = e
+            ctx = F.conv1d(seq.transpose(1, 2), self.context.weight, self.context.bias)  # [B, E, n_max]
+            e = e + ctx.transpose(1, 2)[row, pos - k]
+            last = torch.tensor(lengths)[:, None] + torch.arange(k)  # [B, k]: each stream's last k rows
+            next_states = list(seq[torch.arange(B)[:, None], last.to(e.device)].unbind(0))
+        fpt = self.cfg.frames_per_token
+        frames = self.proj(e).view(-1, self.cfg.num_mels).T.contiguous()  # [num_mels, N * fpt]
+        return list(zip(frames.split([n * fpt for n in lengths], dim=1), next_states))
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """A whole stream: tokens [n] → log-mel [num_mels, n * frames_per_token]."""
         return self.decode(tokens)[0]

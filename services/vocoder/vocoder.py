@@ -76,6 +76,11 @@ class TokenVocoder:
         [num_mels, len(tokens) * frames_per_token], the stream's next state)."""
         return self.decoder.decode(torch.tensor(tokens, dtype=torch.long, device=self.device), state)
 
+    def mel_chunks(self, chunks: list[tuple[list[int], DecoderState | None]]) -> list[tuple[torch.Tensor, DecoderState]]:
+        """mel_chunk for several streams at once (one pass of the token decoder)."""
+        tokens = torch.tensor([t for chunk, _ in chunks for t in chunk], dtype=torch.long, device=self.device)
+        return self.decoder.decode_batch(tokens, [len(chunk) for chunk, _ in chunks], [state for _, state in chunks])
+
     def vocode(self, windows: list[torch.Tensor], last: list[bool]) -> list[np.ndarray]:
         """Windows of mel [num_mels, F_i] (any streams) → float32 samples [F_i * hop] each, in [-1, 1];
         last[i]: window i ends its stream. Batched and padded as runner.py describes. (A config whose

@@ -1,9 +1,10 @@
 """One thread owns the vocoder's device and vocodes the chunks of many streams together.
 
 Streams hand in jobs (a stream's new tokens, or its end) and await the samples. The worker takes every
-job that is ready, prepares each stream's window (token decoding included: all of a stream's state is
-touched on this thread only, one job per stream at a time), vocodes the windows in one call (runner.py
-batches those of a frames bucket) and returns each stream its samples.
+job that is ready, decodes all their tokens to mel frames in one pass of the token decoder, prepares each
+stream's window (all of a stream's state is touched on this thread only, one job per stream at a time),
+vocodes the windows in one call (runner.py batches those of a frames bucket) and returns each stream its
+samples.
 
 Order, when more is ready than one batch takes: a stream's first chunk goes first (nothing is playing
 yet: it is time to first audio), by arrival; then later chunks by slack, the audio a stream has already
@@ -22,10 +23,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # (not imported: it pulls in torch, and `moss-serve` reads DEFAULT_MAX_BATCH from here)
+    import numpy as np
 
-from services.vocoder.streamer import MelStreamer
+    from services.vocoder.streamer import MelStreamer
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +59,22 @@ class Done:
     batch_size: int
 
 
+# What one model call may hold: windows, and mel frames in all. Larger calls gain little (an H200 vocodes
+# 361x real time in calls of 8 windows of 80 frames, 397x in calls of 64) but a chunk that turns urgent during
+# a call waits for all of it: at 128 streams, calls of up to 64 windows took 145 ms on average and first
+# chunks waited 350 ms (docs/benchmarks.md). 1024 frames is ~25 ms of an H200 alone.
+DEFAULT_MAX_BATCH = 16
+DEFAULT_MAX_BATCH_FRAMES = 1024
+
+
 class VocoderWorker:
-    def __init__(self, vocoder, max_batch: int = 64, max_wait: float = 0.002,
-                 on_batch: Callable[[int, float], None] = lambda size, seconds: None):
-        """vocoder: TokenVocoder (its `vocode(windows, last)` runs a batch); on_batch(size, seconds) per batch."""
+    def __init__(self, vocoder, max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002,
+                 on_batch: Callable[[int, float], None] = lambda size, seconds: None,
+                 max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES):
+        """vocoder: TokenVocoder (its `vocode(windows, last)` runs a batch); on_batch(size, seconds) per batch.
+        A call holds at most max_batch windows and max_batch_frames mel frames (but always one window)."""
         self.vocoder, self.max_batch, self.max_wait, self.on_batch = vocoder, max_batch, max_wait, on_batch
+        self.max_batch_frames = max_batch_frames
         self.pending: list[Job] = []
         self.cv = threading.Condition()
         self.stopping = False
@@ -99,7 +113,13 @@ class VocoderWorker:
                 self.cv.wait(deadline - now)
             now = time.perf_counter()
             self.pending.sort(key=lambda j: (not j.first, j.submitted if j.first else j.slack(now)))
-            batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
+            taken, frames = 0, 0
+            for job in self.pending[: self.max_batch]:
+                frames += job.streamer.window_frames(None if job.tokens is None else len(job.tokens))
+                if taken and frames > self.max_batch_frames:
+                    break
+                taken += 1
+            batch, self.pending = self.pending[:taken], self.pending[taken:]
             return batch
 
     def _loop(self) -> None:
@@ -114,15 +134,29 @@ class VocoderWorker:
                     if not job.future.done():
                         job.future.set_exception(exc)
 
+    def _decode_tokens(self, batch: list[Job]) -> dict[int, tuple]:
+        """The new tokens of every stream in the batch through the token decoder in one pass (by id(job)).
+        Should that pass fail, each stream decodes its own in prepare(), so a fault stays with its stream."""
+        jobs = [job for job in batch if job.tokens and not job.streamer.ended]
+        if len(jobs) < 2:
+            return {}
+        try:
+            decoded = self.vocoder.mel_chunks([(job.tokens, job.streamer.decoder_state) for job in jobs])
+        except Exception:  # noqa: BLE001
+            log.exception("vocoder: decoding a batch of chunks failed; decoding stream by stream")
+            return {}
+        return {id(job): d for job, d in zip(jobs, decoded)}
+
     def _run(self, batch: list[Job]) -> None:
         """Prepare each stream's window, vocode the due ones in one call, hand each stream its samples.
         A stream's own fault (its tokens, its state) ends that stream alone; a failed model call fails
         the streams of this batch (the caller's loop reports it)."""
         started = time.perf_counter()
+        decoded = self._decode_tokens(batch)
         jobs, windows = [], []
         for job in batch:
             try:
-                windows.append(job.streamer.prepare(job.tokens))
+                windows.append(job.streamer.prepare(job.tokens, decoded.get(id(job))))
                 jobs.append(job)
             except Exception as exc:  # noqa: BLE001
                 log.exception("vocoder: preparing a chunk failed")
