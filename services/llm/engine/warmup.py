@@ -1,12 +1,11 @@
 """Synthetic turns through the engine before it serves.
 
-Graph capture covers the forward passes, but not the first use of everything around them: a kernel
-specialisation Triton compiles on first call, a cuBLAS kernel loaded lazily for a new shape, the first
-prefill that hits the prefix cache, the first step mixing several prefills with decodes. Each cost the
-first real requests to meet it 200-300 ms on an H200 (docs/benchmarks.md, the capacity sweeps: a burst of
-streams all late together). These turns meet them first: batches of 1, 2, 4, 16 and 33 streams (sizes
-Triton specialises on: 1, not a multiple of 16, a multiple of 16), prefix hits from the second round on, a
-text reply beside the audio ones, each sequence a few decode steps long.
+Graph capture covers the forward passes, but not the first use of everything around them (kernels compiled
+or loaded on first call for a new shape or specialisation, the first prefill that hits the prefix cache, the
+first step mixing several prefills with decodes). In the H200 capacity sweeps the first requests to prefill
+together paid 314-328 ms once; these turns removed that (docs/benchmarks.md). They run batches of 1, 2, 4, 16
+and 33 streams (one, a few, a multiple of 16 and not), with prefix hits from the second turn on and a text
+reply beside the audio ones, each a few decode steps long.
 """
 
 from __future__ import annotations
