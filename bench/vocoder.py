@@ -152,7 +152,7 @@ def main():
     p.add_argument("--device", default="cuda")
     p.add_argument("--configs", default="24k-80band-480x,22k-80band-256x", help=f"of {', '.join(CONFIGS)}")
     p.add_argument("--streams", default="8,32,64,128")
-    p.add_argument("--chunk-tokens", type=int, default=10, help="tokens per later chunk (the gateway's default)")
+    p.add_argument("--chunk-tokens", type=int, default=20, help="tokens per later chunk (the largest, the default chunk_tokens)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per shape")
     p.add_argument("--profile", action="store_true",

@@ -57,14 +57,18 @@ class MelStreamer:
         return self.base + (0 if self.mel is None else self.mel.shape[1])
 
     # ---- in two halves, for a worker that vocodes many streams' windows as one batch ---------------
+    def _span(self, total: int, last: bool) -> tuple[int, int, int] | None:
+        """With `total` frames decoded: the due window's (start, upto, end) frames, None if nothing is due."""
+        upto = total if last else total - self.lookahead
+        if upto <= self.emitted:
+            return None
+        return max(self.base, self.emitted - self.left_context), upto, min(total, upto + self.lookahead)
+
     def window_frames(self, tokens: int | None) -> int:
         """Mel frames of the window prepare() would return after this many new tokens (None: the end); 0 if
         nothing would be due. What the worker weighs a chunk by, before decoding it."""
-        total = self.total_frames + (tokens or 0) * self.vocoder.decoder.cfg.frames_per_token
-        upto = total if tokens is None else total - self.lookahead
-        if upto <= self.emitted:
-            return 0
-        return min(total, upto + self.lookahead) - max(self.base, self.emitted - self.left_context)
+        span = self._span(self.total_frames + (tokens or 0) * self.vocoder.decoder.cfg.frames_per_token, tokens is None)
+        return 0 if span is None else span[2] - span[0]
 
     def prepare(self, tokens: list[int] | None, decoded: tuple[torch.Tensor, object] | None = None) -> Window:
         """Add tokens (None: the end of the stream) → the window that is now due (its mel None if none).
@@ -76,11 +80,10 @@ class MelStreamer:
             self.mel = frames if self.mel is None else torch.cat([self.mel, frames], dim=1)
             self.tokens += len(tokens)
         last = self.ended = tokens is None
-        upto = self.total_frames if last else self.total_frames - self.lookahead
-        if upto <= self.emitted:
+        span = self._span(self.total_frames, last)
+        if span is None:
             return Window(None, self.emitted, self.emitted, last)
-        start = max(self.base, self.emitted - self.left_context)
-        end = min(self.total_frames, upto + self.lookahead)
+        start, upto, end = span
         return Window(self.mel[:, start - self.base : end - self.base], start, upto, last)
 
     def commit(self, window: Window, wav: np.ndarray | None) -> np.ndarray:

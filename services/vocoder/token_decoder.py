@@ -69,25 +69,18 @@ class TokenDecoder(nn.Module):
         """A stream's state before its first token: silence (zero embeddings) before the stream."""
         return self.embed.weight.new_zeros(self.cfg.context_tokens, self.cfg.embed_dim)
 
-    @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, state: DecoderState | None = None) -> tuple[torch.Tensor, DecoderState]:
-        """tokens [n] of one stream, its state (None: the stream's start) → (log-mel [num_mels, n *
-        frames_per_token], the state after these tokens)."""
-        e = self.embed(tokens)  # [n, E]
-        k = self.cfg.context_tokens
-        if k:
-            seq = torch.cat([self.initial_state() if state is None else state, e])  # [k + n, E]
-            e = e + F.conv1d(seq.T[None], self.context.weight, self.context.bias)[0].T  # [n, E]
-            state = seq[-k:]
-        frames = self.proj(e)  # [n, frames_per_token * num_mels]
-        return frames.view(-1, self.cfg.num_mels).T.contiguous(), state
+        """tokens [n ≥ 1] of one stream, its state (None: the stream's start) → (log-mel [num_mels, n *
+        frames_per_token], the state after these tokens): decode_batch of one stream."""
+        return self.decode_batch(tokens, [len(tokens)], [state])[0]
 
     @torch.inference_mode()
     def decode_batch(self, tokens: torch.Tensor, lengths: list[int],
                      states: list[DecoderState | None]) -> list[tuple[torch.Tensor, DecoderState]]:
         """Chunks of several streams in one pass: a handful of kernels, not a handful per stream.
         tokens [sum(lengths)]: the chunks one after another; states[i]: stream i's (None: its start)
-        → [(log-mel [num_mels, lengths[i] * frames_per_token], stream i's next state)], as decode() gives them."""
+        → [(log-mel [num_mels, lengths[i] * frames_per_token], stream i's next state)]. Each stream's frames are
+        those of decoding it alone (the batch axis never mixes streams)."""
         e = self.embed(tokens)  # [N, E]
         k, B = self.cfg.context_tokens, len(lengths)
         next_states: list[DecoderState] = [e.new_zeros(0, e.shape[1])] * B

@@ -138,7 +138,7 @@ class VocoderWorker:
         """The new tokens of every stream in the batch through the token decoder in one pass (by id(job)).
         Should that pass fail, each stream decodes its own in prepare(), so a fault stays with its stream."""
         jobs = [job for job in batch if job.tokens and not job.streamer.ended]
-        if len(jobs) < 2:
+        if not jobs:
             return {}
         try:
             decoded = self.vocoder.mel_chunks([(job.tokens, job.streamer.decoder_state) for job in jobs])
