@@ -15,11 +15,18 @@ import sys
 import time
 
 from services.llm.model.config import PRESETS
-from services.vocoder.worker import DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_FRAMES
+from services.vocoder.worker import DEFAULT_FIRST_CHUNK_BUDGET, DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_FRAMES
 
 # The llm engine's options: `moss-serve llm` takes them, `moss-serve up` forwards them to its llm.
-ENGINE_OPTIONS = ("preset", "dtype", "kv_cache_gb", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+ENGINE_OPTIONS = ("preset", "dtype", "kv_cache_gb", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                  "max_audio_lead")
+# The vocoder worker's options: `moss-serve vocoder` takes them, `moss-serve up` forwards them.
+WORKER_OPTIONS = ("max_batch", "max_batch_frames", "first_chunk_budget")
 VOCODER_PRESETS = ("tiny", "moss-speech")  # services/vocoder/generator.py PRESETS (not imported: it pulls in torch)
+# Pacing's default on CUDA, seconds of audio a stream may have sent beyond what its listener has heard: when a
+# stream falls to it, its next chunk (up to 20 steps) and that chunk's vocoding must fit in what is left, under
+# load too. 1.5 s did better than 1.0 s at 64 and 128 streams on an H200 (docs/benchmarks.md, issue 9).
+CUDA_AUDIO_LEAD = 1.5
 
 
 def _common(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
@@ -53,6 +60,17 @@ def _frames(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
 def _power_of_two(text: str) -> int:
     value = _positive(int)(text)
     if value & (value - 1):
@@ -73,6 +91,21 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="positions per engine step; longer prompts are prefilled in chunks (default 512)")
     p.add_argument("--max-model-len", type=_positive(int), default=4096,
                    help="prompt + history + generated positions (default 4096)")
+    p.add_argument("--max-audio-lead", type=_seconds, default=None,
+                   help="pace speech: hold steps while every stream has this many seconds of audio sent ahead of "
+                        f"its listener, leaving the GPU to the vocoder (default: {CUDA_AUDIO_LEAD} on CUDA, where the "
+                        "vocoder shares the GPU; 0, off, on CPU)")
+
+
+def _worker_options(p: argparse.ArgumentParser) -> None:
+    """WORKER_OPTIONS, with the same names and defaults for `vocoder` and `up`."""
+    p.add_argument("--max-batch", type=_positive(int), default=DEFAULT_MAX_BATCH,
+                   help=f"windows per model call (default {DEFAULT_MAX_BATCH}: a first chunk never waits behind a long call)")
+    p.add_argument("--max-batch-frames", type=_positive(int), default=DEFAULT_MAX_BATCH_FRAMES,
+                   help=f"mel frames per model call, all windows together (default {DEFAULT_MAX_BATCH_FRAMES})")
+    p.add_argument("--first-chunk-budget", type=_seconds, default=DEFAULT_FIRST_CHUNK_BUDGET,
+                   help="seconds after it comes in that a stream's first chunk is due; chunks are vocoded earliest "
+                        f"deadline first (default {DEFAULT_FIRST_CHUNK_BUDGET}; 0: first chunks first)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -96,10 +129,7 @@ def parser() -> argparse.ArgumentParser:
                      help="mel frames of left context per chunk (default: the generator's receptive field)")
     voc.add_argument("--lookahead", type=_frames, default=None,
                      help="mel frames held back for the next chunk (default 4: one token, 80 ms at hop 480)")
-    voc.add_argument("--max-batch", type=_positive(int), default=DEFAULT_MAX_BATCH,
-                     help=f"windows per model call (default {DEFAULT_MAX_BATCH}: a first chunk never waits behind a long call)")
-    voc.add_argument("--max-batch-frames", type=_positive(int), default=DEFAULT_MAX_BATCH_FRAMES,
-                     help=f"mel frames per model call, all windows together (default {DEFAULT_MAX_BATCH_FRAMES})")
+    _worker_options(voc)
 
     gw = sub.add_parser("gateway", help="the public gateway")
     _common(gw, 50051, 9091)
@@ -117,6 +147,7 @@ def parser() -> argparse.ArgumentParser:
                                           "the llm (--preset, or moss-speech with --model-dir) with random weights")
     up.add_argument("--device", default="cpu", help="cpu or cuda, for llm and vocoder")
     _engine_options(up.add_argument_group("llm engine (as in `moss-serve llm`)"))
+    _worker_options(up.add_argument_group("vocoder worker (as in `moss-serve vocoder`)"))
 
     say = sub.add_parser("say", help="synthesize text through the gateway into a WAV file")
     say.add_argument("text")
@@ -136,6 +167,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", type=_concurrencies, default=[1],
                        help="concurrent streams, or a comma-separated sweep (1,4,16,32,64,128)")
     bench.add_argument("--rate", type=_positive(float), help="Poisson arrivals (requests/s) instead of fixed concurrency")
+    bench.add_argument("--ramp", type=_seconds, default=0.0,
+                       help="seconds over which a level's streams start, evenly spaced (default 0: all at once)")
     bench.add_argument("--requests", type=_positive(int), default=None,
                        help="requests per level (default: 4 x the concurrency, at least 8; with --rate: 30 s of arrivals)")
     bench.add_argument("--prompts", help="a UTF-8 file, one prompt per line (default: built-in prompts)")
@@ -164,12 +197,15 @@ def run_service(args) -> int:
 
         settings = LlmSettings(args.host, args.port, args.metrics_port, args.model_dir, args.preset, args.device,
                                args.kv_cache_gb, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len,
-                               dtype=args.dtype, block_size=args.block_size)
+                               dtype=args.dtype, block_size=args.block_size,
+                               max_audio_lead=args.max_audio_lead if args.max_audio_lead is not None
+                               else CUDA_AUDIO_LEAD if args.device.startswith("cuda") else 0.0)
     elif args.command == "vocoder":
         from services.vocoder.server import VocoderSettings, run
 
         settings = VocoderSettings(args.host, args.port, args.metrics_port, args.vocoder_dir, args.preset, args.device,
-                                   args.left_context, args.lookahead, args.max_batch, args.max_batch_frames)
+                                   args.left_context, args.lookahead, args.max_batch, args.max_batch_frames,
+                                   args.first_chunk_budget)
     else:
         from services.gateway.server import GatewaySettings, run
 
@@ -183,8 +219,11 @@ def up_service_args(args) -> dict[str, list[str]]:
     """The llm's and the vocoder's flags under `moss-serve up`."""
     llm = ["--device", args.device]
     for name in ENGINE_OPTIONS:
-        llm += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+        if getattr(args, name) is not None:  # None: the llm's own default
+            llm += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     vocoder = ["--device", args.device, "--preset", vocoder_preset(args)]
+    for name in WORKER_OPTIONS:
+        vocoder += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.model_dir:
         llm += ["--model-dir", args.model_dir]
     if args.vocoder_dir:
@@ -279,7 +318,7 @@ def run_bench(args, argv: list[str]) -> int:
     except (OSError, ValueError) as err:
         print(f"moss-serve bench: {err}", file=sys.stderr)
         return 2
-    spec = LoadSpec(target=args.target, prompts=prompts, requests=args.requests, rate=args.rate,
+    spec = LoadSpec(target=args.target, prompts=prompts, requests=args.requests, rate=args.rate, ramp=args.ramp,
                     max_new_tokens=args.max_new_tokens,
                     min_new_tokens=args.max_new_tokens if args.min_new_tokens is None else args.min_new_tokens,
                     timeout=args.timeout, seed=args.seed, progress=not args.no_progress)

@@ -110,6 +110,15 @@ def test_bench_against_the_tiny_stack(stack, tmp_path):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_ramp_spreads_the_starts_of_a_levels_streams(stack, tmp_path):
+    proc = bench("--target", stack.target("gateway"), "--concurrency", "3", "--requests", "3", "--ramp", "0.9",
+                 "--max-new-tokens", "4", "--warmup", "0", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    streams = json.loads((tmp_path / "bench.json").read_text())["levels"]["3"]["streams"]
+    sent = [s["sent_s"] for s in streams]  # in request order: request k is slot k's first, sent k x 0.9 / 3 s in
+    assert sent[0] == 0.0 and sent[1] >= 0.29 and sent[2] >= 0.59
+
+
 def test_bench_on_poisson_arrivals_and_against_a_dead_target(stack, tmp_path):
     proc = bench("--target", stack.target("gateway"), "--rate", "8", "--requests", "5", "--max-new-tokens", "4",
                  "--warmup", "0", "--out", str(tmp_path))

@@ -347,6 +347,7 @@ PANEL_SUBJECTS = {
     "KV usage": {"llm_kv_blocks_used", "llm_kv_blocks_free"},
     "batch sizes": {"llm_batch_size_bucket", "vocoder_batch_size_bucket"},
     "errors by gRPC code": {"gateway_requests_total", "llm_requests_total", "vocoder_requests_total"},
+    "pacing": {"llm_paced_seconds_total"},
 }
 SECONDS_HISTOGRAM = re.compile(r"""Histogram\(\s*["']((?:gateway|llm|vocoder)_\w+_seconds)["']""")
 

@@ -363,12 +363,17 @@ def test_repetition_penalty_history_tracks_each_channel(model):
 
 def test_warm_up_leaves_nothing_behind_and_the_engine_serves_as_before(model):
     """The synthetic turns run to completion (text and audio replies, prefix hits, batches up to
-    max_num_seqs) and leave no sequence, block in use or count; a request afterwards generates exactly what
+    max_num_seqs, streams joining a decoding batch) and leave no sequence, block in use or count; a request afterwards generates exactly what
     it does on a fresh engine (greedy)."""
     from services.llm.engine.warmup import warm_up
 
     engine = make_engine(model, max_num_seqs=8)
-    assert warm_up(engine, rounds=(1, 2, 9), new_tokens=3) == 1 + 2 + 8
+    mixed, record = [], engine.record  # which steps computed prefill and decode positions together
+    engine.record = lambda stats, *args: (mixed.append(stats.prefill_tokens > 0 and stats.decode_tokens > 0),
+                                          record(stats, *args))
+    assert warm_up(engine, rounds=(1, 2, 9), new_tokens=3) > 1 + 2 + 8 + 1  # joins capped at max_num_seqs
+    assert any(mixed) and not any(mixed[:3])  # the staggered joins mix them; the first rounds do not
+    del engine.record
     assert not engine.has_work() and not engine.sequences and engine.block_manager.num_used == 0
     assert engine.counters.steps == 0 and engine.counters.prefill_tokens == 0
     req = GenerationRequest("after", GREEDY, ChunkSettings(), text="Hello after the warm-up")

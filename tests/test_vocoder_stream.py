@@ -175,7 +175,7 @@ def test_cuda_last_windows_of_the_captured_exact_length_replay_a_graph():
 
     h = config("moss-speech", 64)
     graphs = GeneratorRunner(gen.build_generator(h, seed=1), 480, torch.device("cuda"))
-    graphs.warm_up((1, 2, 4), exact_frames=(34,))
+    graphs.warm_up((1, 2, 3), exact_frames=(34,))
     eager = GeneratorRunner(gen.build_generator(h, seed=1), 480, torch.device("cuda"), graphs=False)
     g = torch.Generator().manual_seed(6)
     windows = [torch.randn(80, 34, generator=g) - 5 for _ in range(3)]
@@ -186,7 +186,7 @@ def test_cuda_last_windows_of_the_captured_exact_length_replay_a_graph():
     got = graphs(windows, [True] * 3)
     del graphs.generator.forward
     for a, b in zip(got, eager(windows, [True] * 3)):
-        torch.testing.assert_close(a, b, rtol=0.0, atol=2e-2)  # bf16; batch 4 vs 3 may pick other kernels
+        torch.testing.assert_close(a, b, rtol=0.0, atol=2e-2)  # bf16; a graph's kernels may differ from eager ones
     other = torch.randn(80, 21, generator=g) - 5
     torch.testing.assert_close(graphs([other], [True])[0], eager([other], [True])[0], rtol=0.0, atol=2e-2)
 

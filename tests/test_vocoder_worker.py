@@ -1,4 +1,4 @@
-"""The vocoder's batching worker: first chunks first, then by slack; many streams in one model call with the
+"""The vocoder's batching worker: earliest deadline first; many streams in one model call with the
 audio each gives alone; a bad stream fails alone; a cancelled chunk is dropped; waits are bounded."""
 
 from __future__ import annotations
@@ -40,24 +40,29 @@ def tokens(n, seed):
     return np.random.default_rng(seed).integers(0, 1024, n).tolist()
 
 
-def test_first_chunks_go_first_then_the_least_slack(vocoder):
+@pytest.mark.parametrize("budget, order", [
+    (0.2, [[12], [16], [20], [24]]),  # a first chunk due 0.2 s after it came in: between 0.1 s and 0.4 s of slack
+    (0.0, [[16], [12], [20], [24]]),  # no budget: the first chunk before every stream still playing
+])
+def test_earliest_deadline_first(vocoder, budget, order):
     rec = Recording(vocoder)
-    worker = VocoderWorker(rec, max_batch=1, max_wait=0.0)
+    worker = VocoderWorker(rec, max_batch=1, max_wait=0.0, first_chunk_budget=budget)
     try:
         rec.gate.clear()
         blocker = worker.submit(Job(MelStreamer(rec), tokens(2, 0), None, 0.0))  # holds the model
         while not rec.calls:
             time.sleep(0.001)
         now = time.perf_counter()
-        # Window lengths tell the calls apart: 3, 4 and 5 tokens → 8, 12 and 16 frames (lookahead 4 held back
-        # but computed), each a stream's first window (audio_started says what the listener has).
-        relaxed = worker.submit(Job(MelStreamer(rec), tokens(3, 1), now - 1.0, 6.0))   # 5 s of slack
-        urgent = worker.submit(Job(MelStreamer(rec), tokens(4, 2), now - 1.0, 1.1))    # 0.1 s of slack
-        first = worker.submit(Job(MelStreamer(rec), tokens(5, 3), None, 0.0))          # nothing playing yet
+        # Window lengths tell the calls apart: 3, 4, 5 and 6 tokens → 12, 16, 20 and 24 frames (lookahead 4
+        # held back but computed), each a stream's first window (audio_started says what the listener has).
+        relaxed = worker.submit(Job(MelStreamer(rec), tokens(6, 1), now - 1.0, 6.0))   # 5 s of slack
+        soon = worker.submit(Job(MelStreamer(rec), tokens(5, 2), now - 1.0, 1.4))      # 0.4 s of slack
+        urgent = worker.submit(Job(MelStreamer(rec), tokens(3, 3), now - 1.0, 1.1))    # 0.1 s of slack
+        first = worker.submit(Job(MelStreamer(rec), tokens(4, 4), None, 0.0))          # nothing playing yet
         rec.gate.set()
-        for f in (blocker, relaxed, urgent, first):
+        for f in (blocker, relaxed, soon, urgent, first):
             f.result(timeout=20)
-        assert rec.calls == [[8], [20], [16], [12]]
+        assert rec.calls == [[8], *order]
     finally:
         worker.stop()
 

@@ -23,6 +23,7 @@ class LoadSpec:
     prompts: list[str]
     requests: int | None            # per level; None: requests_for() decides
     concurrency: int = 1            # fixed concurrency (with rate None)
+    ramp: float = 0.0               # seconds over which the fixed-concurrency streams start, evenly (0: all at once)
     rate: float | None = None       # Poisson arrivals, requests per second
     max_new_tokens: int = 75        # 6 s of audio at 80 ms per token...
     min_new_tokens: int = 75        # ... made exact by suppressing the end of speech before it
@@ -95,13 +96,15 @@ async def run_load(spec: LoadSpec, label: str = "") -> tuple[list[StreamRecord],
     start = time.perf_counter()
     try:
         if spec.rate is None:
-            queue = iter(range(total))
+            queue = iter(range(width, total))
 
-            async def worker() -> None:
-                for i in queue:  # a shared iterator: each index goes to one worker
+            async def worker(slot: int) -> None:  # request `slot` first, at its place in the ramp
+                await asyncio.sleep(spec.ramp * slot / width)
+                await request(slot)
+                for i in queue:  # a shared iterator: each later index goes to one worker
                     await request(i)
 
-            await asyncio.gather(*(worker() for _ in range(width)))
+            await asyncio.gather(*(worker(slot) for slot in range(width)))
         else:
             async def at(offset: float, i: int) -> None:
                 await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))

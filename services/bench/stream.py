@@ -54,8 +54,10 @@ class StreamRecord:
     def stall_free(self, jitter: float = JITTER_SECONDS) -> bool:
         return not self.stalls(jitter)
 
-    def to_json(self) -> dict:
+    def to_json(self, level_start: float | None = None) -> dict:
+        """Times relative to the request's own sending; sent_s relative to `level_start` (default: itself)."""
         base = self.sent
-        return {"prompt": self.prompt, "code": self.code, "error": self.error, "sample_rate": self.sample_rate,
+        return {"sent_s": self.sent - (base if level_start is None else level_start),
+                "prompt": self.prompt, "code": self.code, "error": self.error, "sample_rate": self.sample_rate,
                 "chunk_arrivals_s": [t - base for t, _ in self.chunks], "chunk_samples": [n for _, n in self.chunks],
                 "stages": self.stages, "done_s": self.done - base if self.done else None}

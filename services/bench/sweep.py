@@ -28,7 +28,8 @@ async def sweep(spec: LoadSpec, concurrencies: list[int], warmup: int, checkpoin
     for label, level_spec in plan:
         records, wall = await run_load(level_spec, label=f"{label} streams" if isinstance(label, int) else label)
         summary = report.summarize(records, wall)
-        levels[label] = {"summary": summary, "streams": [r.to_json() for r in records]}
+        first = min((r.sent for r in records), default=0.0)
+        levels[label] = {"summary": summary, "streams": [r.to_json(level_start=first) for r in records]}
         print(f"{label}: {summary['ok']}/{summary['requests']} ok, TTFA p50 {summary['ttfa_seconds']['p50'] * 1e3:.1f} ms, "
               f"stall-free {summary['stall_free_share'] * 100:.1f}%", file=sys.stderr, flush=True)
         if checkpoint:

@@ -2,7 +2,11 @@
 
 The engine is not thread-safe: every call into it (add, abort, step) happens on the engine thread.
 Callers hand requests and aborts over through a queue; chunks come back to per-request asyncio queues
-through `loop.call_soon_threadsafe`.
+through `loop.call_soon_threadsafe`. When the engine paces speech (`hold_seconds`), the thread waits on
+that queue instead of stepping, so a new request ends the wait at once.
+
+A step slower than SLOW_SECONDS, or as long spent between two steps (the thread's own work, or waiting
+for the interpreter lock), is logged with what the step held: the first place to look when streams stall.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 
 from services.common.errors import Internal, ServiceError
@@ -20,6 +25,7 @@ from services.llm.engine.sequence import Chunk, Sequence
 log = logging.getLogger(__name__)
 
 _ABORT = object()
+SLOW_SECONDS = 0.1
 
 
 class AsyncEngine:
@@ -28,10 +34,14 @@ class AsyncEngine:
         engine: LLMEngine,
         on_step: Callable[[StepStats], None] = lambda s: None,
         on_load: Callable[[EngineLoad], None] = lambda load: None,
+        on_hold: Callable[[float], None] = lambda seconds: None,
     ):
+        """on_step per step; on_load whenever the queues may have changed; on_hold(seconds) after each
+        wait that pacing imposed."""
         self.engine = engine
         self.on_step = on_step
         self.on_load = on_load
+        self.on_hold = on_hold
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outputs: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # by seq_id
         self._stop = threading.Event()
@@ -73,9 +83,9 @@ class AsyncEngine:
             loop, out = target
             loop.call_soon_threadsafe(out.put_nowait, item)
 
-    def _drain_inbox(self, block: bool) -> None:
+    def _drain_inbox(self, block: bool, timeout: float | None = None) -> None:
         try:
-            item = self._inbox.get(block=block)
+            item = self._inbox.get(block=block, timeout=timeout)
             while True:
                 if isinstance(item, tuple) and item[0] is _ABORT:
                     self.engine.abort(item[1])
@@ -89,11 +99,22 @@ class AsyncEngine:
             pass
 
     def _run(self) -> None:
+        last_step_end = None  # while there is work: when the previous step returned
         while not self._stop.is_set():
-            self._drain_inbox(block=not self.engine.has_work())
+            if not self.engine.has_work():
+                last_step_end = None
+                self._drain_inbox(block=True)
+            elif (hold := self.engine.hold_seconds()) > 0:
+                waited = time.perf_counter()
+                self._drain_inbox(block=True, timeout=hold)  # a request or an abort ends the wait early
+                self.on_hold(time.perf_counter() - waited)
+                last_step_end = None
+            else:
+                self._drain_inbox(block=False)
             self.on_load(self.engine.load())  # admissions and aborts change it between steps
-            if self._stop.is_set() or not self.engine.has_work():
+            if self._stop.is_set() or not self.engine.has_work() or self.engine.hold_seconds() > 0:
                 continue
+            start = time.perf_counter()
             try:
                 chunks = self.engine.step()
             except Exception as exc:  # a failed step must not kill the loop or leak blocks
@@ -104,6 +125,17 @@ class AsyncEngine:
                 self._deliver(chunk.seq_id, chunk if chunk.error is None else Internal(chunk.error))
             self.on_step(self.engine.last_step)
             self.on_load(self.engine.load())
+            self._log_if_slow(last_step_end, start, time.perf_counter())
+            last_step_end = time.perf_counter()
+
+    def _log_if_slow(self, previous_end: float | None, start: float, end: float) -> None:
+        between = start - previous_end if previous_end is not None else 0.0
+        if end - start < SLOW_SECONDS and between < SLOW_SECONDS:
+            return
+        s, load = self.engine.last_step, self.engine.load()
+        log.warning("llm: slow step: %.0f ms in step() (batch %d: %d prefill and %d decode positions), %.0f ms "
+                    "since the previous step; %d running, %d waiting", (end - start) * 1e3, s.batch_size,
+                    s.prefill_tokens, s.decode_tokens, between * 1e3, load.running, load.waiting)
 
     def _fail_all(self, exc: Exception) -> None:
         err = exc if isinstance(exc, ServiceError) else Internal(f"engine step failed: {exc}")

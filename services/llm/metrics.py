@@ -27,6 +27,7 @@ PREFIX_HIT_TOKENS = Counter("llm_prefix_cache_hit_tokens_total", "Prompt positio
 PREFIX_QUERIED_TOKENS = Counter("llm_prefix_cache_queried_tokens_total", "Prompt positions looked up in the prefix cache")
 PREEMPTIONS = Counter("llm_preemptions_total", "Running requests preempted for want of KV blocks (recomputed later)")
 GENERATED = Counter("llm_generated_tokens_total", "Tokens streamed, by channel", ["channel"])
+PACED = Counter("llm_paced_seconds_total", "Time steps were held: every stream had --max-audio-lead seconds of audio ahead")
 REQUESTS = Counter("llm_requests_total", "Finished Generate calls, by gRPC status code", ["code"])
 
 
@@ -41,6 +42,10 @@ def observe_step(s: StepStats) -> None:
     PREFIX_HIT_TOKENS.inc(s.prefix_hit_tokens)
     PREFIX_QUERIED_TOKENS.inc(s.prefix_queried_tokens)
     PREEMPTIONS.inc(s.preemptions)
+
+
+def observe_hold(seconds: float) -> None:
+    PACED.inc(seconds)
 
 
 def observe_load(load: EngineLoad) -> None:

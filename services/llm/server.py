@@ -40,6 +40,7 @@ class LlmSettings:
     seed: int = 0
     dtype: str = "auto"      # weights and KV cache; auto: the checkpoint's, or bfloat16 on CUDA / float32 on CPU
     block_size: int = 16     # positions per KV block
+    max_audio_lead: float = 0.0  # seconds; pacing (EngineConfig.max_audio_lead), 0: off
 
 
 def resolve_dtype(name: str, device: torch.device, model_dir: str | None) -> torch.dtype | None:
@@ -67,7 +68,7 @@ def build_engine(s: LlmSettings) -> LLMEngine:
     log.info("weights and KV cache in %s", next(model.parameters()).dtype)
     config = EngineConfig(
         kv_cache_bytes=int(s.kv_cache_gb * (1 << 30)), block_size=s.block_size, max_num_seqs=s.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len,
+        max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, max_audio_lead=s.max_audio_lead,
     )
     return LLMEngine(model, tokenizer, config)
 
@@ -87,7 +88,7 @@ async def run(s: LlmSettings) -> None:
         started = time.perf_counter()
         ran = warm_up(llm)
         log.info("llm: warm-up of %d synthetic turns in %.1f s", ran, time.perf_counter() - started)
-    engine = AsyncEngine(llm, on_step=metrics.observe_step, on_load=metrics.observe_load)
+    engine = AsyncEngine(llm, on_step=metrics.observe_step, on_load=metrics.observe_load, on_hold=metrics.observe_hold)
     # The model, torch's modules and the captured graphs are hundreds of thousands of long-lived objects:
     # frozen, a full collection no longer walks them (otherwise ~20 ms pauses in the engine thread, a
     # stall in every stream; measured in bench/llm_engine.py's per-step maxima on an H100).

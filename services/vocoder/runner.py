@@ -27,7 +27,9 @@ from collections import defaultdict
 import torch
 
 FRAME_BUCKETS = (8, 16, 24, 32, 48, 64, 80, 96, 128)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# Steps of at most 1.5x: a call's windows split into one group per frames bucket, and each group's batch is
+# padded up to a bucket; with powers of two, groups of 5 or 9 windows ran 8 or 16 rows.
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
 def smallest(buckets, n: int) -> int | None:
@@ -100,24 +102,34 @@ class GeneratorRunner:
     @torch.inference_mode()
     def __call__(self, windows: list[torch.Tensor], exact: list[bool] | None = None) -> list[torch.Tensor]:
         """windows: mel [num_mels, F_i] each → float32 samples [F_i * hop] each, on the CPU.
-        exact[i]: window i is its stream's last (run at its exact length)."""
+        exact[i]: window i is its stream's last (run at its exact length).
+        The groups' samples come back in one device-to-host copy: one synchronisation a call, however many
+        groups it has (each wait is also a chance for the llm's process to take the GPU)."""
         exact = exact or [False] * len(windows)
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, (mel, last) in enumerate(zip(windows, exact)):
             frames = mel.shape[1]
             bucket = None if last else smallest(self.frame_buckets, frames)
             groups[("bucket", bucket) if bucket else ("exact", frames)].append(i)
-        out: list[torch.Tensor | None] = [None] * len(windows)
+        order, pieces = [], []
         for (kind, frames), members in groups.items():
             for start in range(0, len(members), self.batch_buckets[-1]):
                 part = members[start : start + self.batch_buckets[-1]]
                 samples = self._run([windows[i] for i in part], frames, graph=kind == "bucket" or frames in self.exact_frames)
                 for i, wav in zip(part, samples):
-                    out[i] = wav[: windows[i].shape[1] * self.hop]
+                    order.append(i)
+                    pieces.append(wav[: windows[i].shape[1] * self.hop])
+        if not pieces:
+            return []
+        host = torch.cat(pieces).cpu().split([p.numel() for p in pieces])
+        out: list[torch.Tensor | None] = [None] * len(windows)
+        for i, wav in zip(order, host):
+            out[i] = wav
         return out
 
     def _run(self, mels: list[torch.Tensor], frames: int, graph: bool) -> torch.Tensor:
-        """Same-bucket (or same exact length) windows → float32 samples [len(mels), frames * hop] on the CPU.
+        """Same-bucket (or same exact length) windows → float32 samples [len(mels), frames * hop] on the
+        device, a copy (the graphs share one memory pool: the next replay may overwrite their outputs).
         graph: run in the (batch bucket, frames) graph, when graphs are on."""
         graph = graph and self.use_graphs
         batch = smallest(self.batch_buckets, len(mels)) if graph else len(mels)
@@ -135,4 +147,4 @@ class GeneratorRunner:
         else:
             y = self.generator(x)
         y = y.reshape(y.shape[0], -1)  # [batch, 1, T] or [batch, 1, 1, T] → [batch, T]
-        return y[: len(mels), : frames * self.hop].float().cpu()
+        return y[: len(mels), : frames * self.hop].to(torch.float32, copy=True)

@@ -11,9 +11,10 @@ from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 from services.common.metrics import start_metrics_server
 from services.common.server import serve
 from services.vocoder import metrics
+from services.vocoder.runner import smallest
 from services.vocoder.servicer import VocoderServicer
 from services.vocoder.streamer import DEFAULT_LOOKAHEAD
-from services.vocoder.worker import DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_FRAMES
+from services.vocoder.worker import DEFAULT_FIRST_CHUNK_BUDGET, DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_FRAMES
 from services.vocoder.vocoder import load_vocoder
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class VocoderSettings:
     lookahead: int | None = None      # mel frames; None: streamer.DEFAULT_LOOKAHEAD
     max_batch: int = DEFAULT_MAX_BATCH                # windows per model call (worker.py)
     max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES  # mel frames per model call
+    first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET  # seconds: a first chunk's deadline (worker.py)
     seed: int = 0
 
 
@@ -43,11 +45,14 @@ async def run(s: VocoderSettings) -> None:
     started = time.perf_counter()
     left = vocoder.receptive_field[0] if s.left_context is None else s.left_context
     lookahead = DEFAULT_LOOKAHEAD if s.lookahead is None else s.lookahead
-    vocoder.runner.warm_up(vocoder.runner.batch_buckets, exact_frames=(left + lookahead,))
+    # A call holds at most max_batch windows: larger batch buckets are never used.
+    ceiling = smallest(vocoder.runner.batch_buckets, s.max_batch) or vocoder.runner.batch_buckets[-1]
+    batches = [b for b in vocoder.runner.batch_buckets if b <= ceiling]
+    vocoder.runner.warm_up(batches, exact_frames=(left + lookahead,))
     if vocoder.runner.graphs:
         log.info("vocoder: %d CUDA graphs captured in %.1f s", len(vocoder.runner.graphs), time.perf_counter() - started)
     servicer = VocoderServicer(vocoder, s.left_context, s.lookahead, max_batch=s.max_batch,
-                               max_batch_frames=s.max_batch_frames)
+                               max_batch_frames=s.max_batch_frames, first_chunk_budget=s.first_chunk_budget)
     start_metrics_server(s.host, s.metrics_port)
     await serve(
         name="vocoder",

@@ -6,10 +6,13 @@ stream's window (all of a stream's state is touched on this thread only, one job
 vocodes the windows in one call (runner.py batches those of a frames bucket) and returns each stream its
 samples.
 
-Order, when more is ready than one batch takes: a stream's first chunk goes first (nothing is playing
-yet: it is time to first audio), by arrival; then later chunks by slack, the audio a stream has already
-sent that its listener has not yet heard (least first). A job waits for company at most `max_wait`
-seconds, and never when a first chunk or a chunk with less slack than that is queued.
+Order, when more is ready than one batch takes: earliest deadline first. A playing stream's chunk is due
+when its listener runs out of audio (the audio it has sent, from its first samples on); a first chunk is
+due `first_chunk_budget` seconds after it was handed in. Why not first chunks always first: when many
+streams start at once, their first chunks keep the second chunks of the streams already playing (160 ms
+of buffer) waiting behind several calls. (On an H200 the difference was small: 32.6% → 39.8% stall-free at
+128 streams, one sweep each; docs/benchmarks.md.) A job waits for company at most `max_wait` seconds, and
+never when a first chunk or a chunk with less slack than that is queued.
 
 No asyncio here: `submit` returns a concurrent future; the servicer wraps it (asyncio.wrap_future), so
 the gRPC event loop never blocks on the model.
@@ -42,13 +45,14 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     future: Future = field(default_factory=Future)
 
-    @property
-    def first(self) -> bool:
-        return self.audio_started is None
-
     def slack(self, now: float) -> float:
-        """Seconds until the stream's listener runs out of audio (first chunks: -inf, they go first)."""
+        """Seconds until the stream's listener runs out of audio (first chunks: -inf, they never wait)."""
         return float("-inf") if self.audio_started is None else self.audio_started + self.audio_sent - now
+
+    def deadline(self, first_chunk_budget: float) -> float:
+        """When the samples are due (perf_counter seconds): a first chunk's budget after it came in, or
+        when the stream's listener runs out of audio."""
+        return self.submitted + first_chunk_budget if self.audio_started is None else self.audio_started + self.audio_sent
 
 
 @dataclass
@@ -65,16 +69,20 @@ class Done:
 # chunks waited 350 ms (docs/benchmarks.md). 1024 frames is ~25 ms of an H200 alone.
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_BATCH_FRAMES = 1024
+# A first chunk's deadline, after it comes in: what the vocoder may add to time to first audio when chunks of
+# streams already playing are due sooner. 0: first chunks before any chunk that is not yet late.
+DEFAULT_FIRST_CHUNK_BUDGET = 0.1
 
 
 class VocoderWorker:
     def __init__(self, vocoder, max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002,
                  on_batch: Callable[[int, float], None] = lambda size, seconds: None,
-                 max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES):
+                 max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET):
         """vocoder: TokenVocoder (its `vocode(windows, last)` runs a batch); on_batch(size, seconds) per batch.
-        A call holds at most max_batch windows and max_batch_frames mel frames (but always one window)."""
+        A call holds at most max_batch windows and max_batch_frames mel frames (but always one window);
+        first_chunk_budget: seconds, see the module's docstring."""
         self.vocoder, self.max_batch, self.max_wait, self.on_batch = vocoder, max_batch, max_wait, on_batch
-        self.max_batch_frames = max_batch_frames
+        self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
         self.pending: list[Job] = []
         self.cv = threading.Condition()
         self.stopping = False
@@ -111,8 +119,7 @@ class VocoderWorker:
                 if now >= deadline or min(j.slack(now) for j in self.pending) < self.max_wait:
                     break  # a first chunk (slack -inf) or an urgent one is waiting: go now
                 self.cv.wait(deadline - now)
-            now = time.perf_counter()
-            self.pending.sort(key=lambda j: (not j.first, j.submitted if j.first else j.slack(now)))
+            self.pending.sort(key=lambda j: j.deadline(self.first_chunk_budget))
             taken, frames = 0, 0
             for job in self.pending[: self.max_batch]:
                 frames += job.streamer.window_frames(None if job.tokens is None else len(job.tokens))

@@ -44,6 +44,8 @@ class EngineConfig:
     cuda_graphs: bool = True            # steps replay captured graphs (CUDA, Triton kernels)
     overlap: bool = True                # launch decode step N+1 before step N's samples reach the host
     text_skip: bool = True              # kernel runner: leave the text branch out of speaking steps, fill it in later
+    max_audio_lead: float = 0.0         # pacing, seconds (0: off): see LLMEngine.hold_seconds
+    audio_token_seconds: float = 0.08   # audio per audio token (the codec's 12.5 tokens/s)
 
 
 @dataclass
@@ -224,6 +226,29 @@ class LLMEngine:
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self.inflight is not None
 
+    def hold_seconds(self, now: float | None = None) -> float:
+        """How long the next step may wait (0: step now). Pacing: while every running sequence is speaking
+        with at least `max_audio_lead` seconds of audio sent ahead of its listener and nothing waits for
+        admission, a step would only make audio that nobody hears for a while, and take GPU time from the
+        vocoder, which shares the GPU and has audio due sooner. The wait ends when the first sequence's
+        lead falls to the bound. The driver (async_engine.py) waits; `step` itself never does."""
+        if self.inflight is not None or self.scheduler.waiting or not self.scheduler.running:
+            return 0.0
+        return self._lead_over_bound(self.scheduler.running, time.perf_counter() if now is None else now)
+
+    def _lead_over_bound(self, seqs: list[Sequence], now: float) -> float:
+        """The least lead over `max_audio_lead` among `seqs`: 0 if pacing is off or any of them is not
+        speaking or not that far ahead."""
+        bound, least = self.config.max_audio_lead, float("inf")
+        if bound <= 0:
+            return 0.0
+        for seq in seqs:
+            lead = seq.audio_lead(now, self.config.audio_token_seconds)
+            if lead is None or lead <= bound:
+                return 0.0
+            least = min(least, lead - bound)
+        return least
+
     def load(self) -> EngineLoad:
         bm = self.block_manager
         return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting), bm.num_used, bm.num_free, len(self.sessions))
@@ -269,10 +294,11 @@ class LLMEngine:
     def _launch_ahead(self, current: InFlight) -> InFlight | None:
         """Launch the decode step after `current` before its samples reach the host, when it is sure to
         be the same batch: every sequence sampled and is alive, none can end by length, nobody waits
-        for admission, and the pool has the blocks."""
+        for admission, the pool has the blocks, and pacing would not hold it (judged before `current`'s
+        samples land, which can only add lead: at worst one step more runs before a hold)."""
         seqs, bm = current.batch.seqs, self.block_manager
         if (not self.config.overlap or self.on_logits is not None or current.void or self.scheduler.waiting
-                or len(current.seqs) != len(seqs)):
+                or len(current.seqs) != len(seqs) or self._lead_over_bound(seqs, time.perf_counter()) > 0):
             return None
         for seq in seqs:
             if self.sequences.get(seq.seq_id) is not seq or seq.num_steps + 1 >= seq.sampling.max_new_tokens:

@@ -126,6 +126,14 @@ class Sequence:
     def in_prefill(self) -> bool:
         return self.num_cached < len(self) - 1
 
+    def audio_lead(self, now: float, token_seconds: float) -> float | None:
+        """Seconds of audio sent in chunks beyond what a listener who started at the first audio token has
+        heard by `now` (the real listener starts later, after the vocoder: this is the lower bound);
+        None unless the sequence is speaking."""
+        if self.mode is not Mode.AUDIO or self.first_audio is None or self.finished:
+            return None
+        return (self.num_audio - len(self.pending_audio)) * token_seconds - (now - self.first_audio)
+
     def start_mode(self, cfg: MossSpeechConfig) -> None:
         """The first mode comes from the prompt's last position."""
         last_text, last_audio = self.text_ids[-1], self.audio_ids[-1]
