@@ -197,9 +197,7 @@ def run_service(args) -> int:
 
         settings = LlmSettings(args.host, args.port, args.metrics_port, args.model_dir, args.preset, args.device,
                                args.kv_cache_gb, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len,
-                               dtype=args.dtype, block_size=args.block_size,
-                               max_audio_lead=args.max_audio_lead if args.max_audio_lead is not None
-                               else CUDA_AUDIO_LEAD if args.device.startswith("cuda") else 0.0)
+                               dtype=args.dtype, block_size=args.block_size, max_audio_lead=audio_lead(args))
     elif args.command == "vocoder":
         from services.vocoder.server import VocoderSettings, run
 
@@ -213,6 +211,13 @@ def run_service(args) -> int:
                                    args.max_text_chars)
     asyncio.run(run(settings))
     return 0
+
+
+def audio_lead(args) -> float:
+    """The llm's pacing bound: as given, or CUDA_AUDIO_LEAD on CUDA and 0 (off) on CPU."""
+    if args.max_audio_lead is not None:
+        return args.max_audio_lead
+    return CUDA_AUDIO_LEAD if args.device.startswith("cuda") else 0.0
 
 
 def up_service_args(args) -> dict[str, list[str]]:

@@ -12,7 +12,7 @@ import torch
 from moss.speech.v1 import common_pb2
 
 from conftest import metric_value, scrape
-from services.cli import parser, up_service_args
+from services.cli import CUDA_AUDIO_LEAD, audio_lead, parser, up_service_args
 from services.gateway.client import synthesize
 from services.llm.model.config import NUM_SPECIAL_TEXT_TOKENS, preset, tiny_config
 from services.llm.model.prompt import PromptBuilder
@@ -110,6 +110,22 @@ def test_up_forwards_the_engine_options():
                    "max_num_batched_tokens": 2048, "max_model_len": 8192, "dtype": "float16", "model_dir": None}
     vocoder = parser().parse_args(["vocoder", *extra["vocoder"]])
     assert (vocoder.preset, vocoder.device, vocoder.vocoder_dir) == ("moss-speech", "cuda", None)
+
+
+def test_up_forwards_pacing_and_the_vocoder_worker_options():
+    extra = up_service_args(parser().parse_args(["up", "--max-audio-lead", "0.7", "--max-batch", "8",
+                                                 "--max-batch-frames", "512", "--first-chunk-budget", "0.05"]))
+    llm, vocoder = (parser().parse_args([name, *extra[name]]) for name in ("llm", "vocoder"))
+    assert audio_lead(llm) == 0.7
+    assert (vocoder.max_batch, vocoder.max_batch_frames, vocoder.first_chunk_budget) == (8, 512, 0.05)
+
+
+def test_pacing_is_on_by_default_on_cuda_only():
+    assert audio_lead(parser().parse_args(["llm", "--device", "cuda"])) == CUDA_AUDIO_LEAD > 0
+    assert audio_lead(parser().parse_args(["llm"])) == 0.0  # CPU: tests and the demo run as fast as they can
+    assert audio_lead(parser().parse_args(["llm", "--device", "cuda", "--max-audio-lead", "0"])) == 0.0
+    with pytest.raises(SystemExit):
+        parser().parse_args(["llm", "--max-audio-lead", "-1"])
 
 
 def test_up_defaults_match_llm_defaults():
