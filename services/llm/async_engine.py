@@ -109,10 +109,12 @@ class AsyncEngine:
                 self._drain_inbox(block=True, timeout=hold)  # a request or an abort ends the wait early
                 self.on_hold(time.perf_counter() - waited)
                 last_step_end = None
+                self.on_load(self.engine.load())
+                continue  # judge the hold again
             else:
                 self._drain_inbox(block=False)
             self.on_load(self.engine.load())  # admissions and aborts change it between steps
-            if self._stop.is_set() or not self.engine.has_work() or self.engine.hold_seconds() > 0:
+            if self._stop.is_set() or not self.engine.has_work():
                 continue
             start = time.perf_counter()
             try:

@@ -17,6 +17,7 @@ from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.common.tensors import Uploader
 from services.llm.engine.block_manager import BlockManager
+from services.llm.engine.pacing import lead_over_bound
 from services.llm.model.config import MossSpeechConfig
 from services.llm.model.model import MossSpeechForCausalLM
 from services.llm.runner.kernel_runner import KernelRunner
@@ -237,17 +238,7 @@ class LLMEngine:
         return self._lead_over_bound(self.scheduler.running, time.perf_counter() if now is None else now)
 
     def _lead_over_bound(self, seqs: list[Sequence], now: float) -> float:
-        """The least lead over `max_audio_lead` among `seqs`: 0 if pacing is off or any of them is not
-        speaking or not that far ahead."""
-        bound, least = self.config.max_audio_lead, float("inf")
-        if bound <= 0:
-            return 0.0
-        for seq in seqs:
-            lead = seq.audio_lead(now, self.config.audio_token_seconds)
-            if lead is None or lead <= bound:
-                return 0.0
-            least = min(least, lead - bound)
-        return least
+        return lead_over_bound(seqs, now, self.config.max_audio_lead, self.config.audio_token_seconds)
 
     def load(self) -> EngineLoad:
         bm = self.block_manager
