@@ -3,13 +3,14 @@
 # MOSS-Speech dimensions and the 24 kHz / 80-band / hop-480 vocoder, then `moss-serve bench` sweeping
 # concurrency, each request ~6 s of audio (75 tokens). Expects the wheels of bench/gpu_smoke.sh in .whl/.
 #   bash bench/capacity.sh [concurrencies [moss-serve up flags...]]   # default 1,4,16,32,64,128,192,256
+# BENCH_ARGS adds flags to the bench (e.g. BENCH_ARGS="--ramp 6"); MPS=0 runs the stack without CUDA MPS.
 set -uo pipefail
 source "$(dirname "$0")/stack.sh"
 LEVELS=${1:-1,4,16,32,64,128,192,256}
 shift $(( $# > 0 ? 1 : 0 ))
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 if start_stack --kv-cache-gb 32 --max-num-seqs 256 "$@"; then
-  serve bench --concurrency "$LEVELS" --max-new-tokens 75 --warmup 4 --no-progress --out "$OUT/capacity" \
+  serve bench --concurrency "$LEVELS" --max-new-tokens 75 --warmup 4 --no-progress --out "$OUT/capacity" ${BENCH_ARGS:-} \
     2>&1 | tee "$OUT/capacity.log"
   for s in gateway:9091 llm:9092 vocoder:9093; do  # each service's own view of the sweep
     python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:${s#*:}/metrics').read().decode())" \

@@ -36,6 +36,7 @@ from services.vocoder.streamer import DEFAULT_LOOKAHEAD
 
 CONFIGS = {"24k-80band-480x": "moss-speech", "22k-80band-256x": "bigvgan-v2-22khz-80band-256x", "tiny": "tiny"}
 TOKEN_SECONDS = 0.08
+MIXED_SCHEDULE = (3, 3, 6, 12, 20, 20, 11)  # a 75-token stream's chunks (the gateway's schedule), --mixed
 
 
 def sync(device):
@@ -135,6 +136,13 @@ def bench_config(name: str, preset: str, args, device) -> dict:
             kernel_profile(f"[{name}] one call of 64 streams", lambda: ours(mels), device)
         cell = {"window_frames": window, "kept_frames": new, "audio_s_per_call": audio,
                 "package_x_realtime": audio / statistics.median(pkg), "ours_x_realtime": audio / statistics.median(our)}
+        if args.mixed:  # streams out of phase: one call holds windows of every chunk size of the schedule
+            sizes = [MIXED_SCHEDULE[i % len(MIXED_SCHEDULE)] for i in range(streams)]
+            mixed = [(torch.randn(h["num_mels"], (left if i % len(MIXED_SCHEDULE) else 0) + n * frames_per_token
+                                  + DEFAULT_LOOKAHEAD, generator=g) - 5).to(device) for i, n in enumerate(sizes)]
+            mixed_audio = sum(sizes) * frames_per_token * hop / sr
+            cell["mixed_x_realtime"] = mixed_audio / statistics.median(timed(lambda: ours(mixed), max(3, args.reps // 4), device))
+            print(f"[{name}] {streams} streams, mixed chunk sizes {MIXED_SCHEDULE}: ours {cell['mixed_x_realtime']:.0f}x real time")
         if flat is not None:
             cell["ours_bct_layout_x_realtime"] = audio / statistics.median(timed(lambda: flat(mels), max(3, args.reps // 4), device))
         out["streams"][streams] = cell
@@ -154,6 +162,8 @@ def main():
     p.add_argument("--streams", default="8,32,64,128")
     p.add_argument("--chunk-tokens", type=int, default=20, help="tokens per later chunk (the largest, the default chunk_tokens)")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--mixed", action="store_true",
+                   help="also time calls whose windows cycle through every chunk size of a stream (streams out of phase)")
     p.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its algorithms per shape")
     p.add_argument("--profile", action="store_true",
                    help="print the kernels of one first chunk (2 tokens) and of one call of 64 streams")

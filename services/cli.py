@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import shutil
 import signal
 import sys
 import time
@@ -25,7 +26,8 @@ WORKER_OPTIONS = ("max_batch", "max_batch_frames", "first_chunk_budget")
 VOCODER_PRESETS = ("tiny", "moss-speech")  # services/vocoder/generator.py PRESETS (not imported: it pulls in torch)
 # Pacing's default on CUDA, seconds of audio a stream may have sent beyond what its listener has heard: when a
 # stream falls to it, its next chunk (up to 20 steps) and that chunk's vocoding must fit in what is left, under
-# load too. 1.5 s did better than 1.0 s at 64 and 128 streams on an H200 (docs/benchmarks.md, issue 9).
+# load too. Its gain is not established: the runs that compared 1.0 s, 1.5 s and none shared the GPU with
+# stacks left running (docs/benchmarks.md, fourth sweep); every run since had it on.
 CUDA_AUDIO_LEAD = 1.5
 
 
@@ -146,6 +148,13 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--vocoder-dir", help="the vocoder's BigVGAN-v2 directory; without it: the vocoder preset matching "
                                           "the llm (--preset, or moss-speech with --model-dir) with random weights")
     up.add_argument("--device", default="cpu", help="cpu or cuda, for llm and vocoder")
+    up.add_argument("--mps", action=argparse.BooleanOptionalAction, default=None,
+                    help="run llm and vocoder as clients of a CUDA MPS daemon of the stack's own, so that their kernels "
+                         "share the GPU instead of taking turns (needs nvidia-cuda-mps-control). Default: on with "
+                         "--device cuda where the daemon is installed, with a warning where it is not")
+    up.add_argument("--mps-llm-threads", type=int, default=25, metavar="PERCENT",
+                    help="with --mps: the share of the GPU's multiprocessors the llm's kernels may occupy at once "
+                         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), leaving the rest to the vocoder (default 25: see docs/benchmarks.md)")
     _engine_options(up.add_argument_group("llm engine (as in `moss-serve llm`)"))
     _worker_options(up.add_argument_group("vocoder worker (as in `moss-serve vocoder`)"))
 
@@ -176,6 +185,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-new-tokens", type=_positive(int), default=75, help="audio tokens per request (80 ms each)")
     bench.add_argument("--min-new-tokens", type=_frames, default=None,
                        help="end of speech suppressed before this many (default: --max-new-tokens: fixed-length audio)")
+    bench.add_argument("--first-chunk-tokens", type=_positive(int),
+                       help="the requests' first (and second) chunk, in tokens (default: the gateway's, 3)")
     bench.add_argument("--timeout", type=_positive(float), default=120.0)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--out", help="a directory for bench.json, bench.md and the PNG plots")
@@ -209,7 +220,11 @@ def run_service(args) -> int:
 
         settings = GatewaySettings(args.host, args.port, args.metrics_port, args.llm_target, args.vocoder_target,
                                    args.max_text_chars)
-    asyncio.run(run(settings))
+    try:
+        asyncio.run(run(settings))
+    except OSError as e:  # a port in use, most often: one line, not a traceback
+        print(f"moss-serve {args.command}: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -252,7 +267,37 @@ def run_up(args) -> int:
         print(f"moss-serve up: no --vocoder-dir: the vocoder serves the {vocoder_preset(args)!r} preset with RANDOM weights",
               file=sys.stderr)
     ports = Ports({s: getattr(args, f"{s}_port") for s in SERVICES}, {s: getattr(args, f"{s}_metrics_port") for s in SERVICES})
-    stack = Stack(ports, host=args.host, extra_args=extra)
+    mps = None
+    if args.mps is None and args.device == "cuda":  # the default: MPS where it can run
+        from services.mps import CONTROL
+
+        args.mps = shutil.which(CONTROL) is not None
+        if not args.mps:
+            print(f"moss-serve up: {CONTROL} not found: llm and vocoder will take turns on the GPU, which carries "
+                  f"fewer streams (docs/benchmarks.md); --no-mps silences this", file=sys.stderr)
+    if args.mps:
+        from services.mps import MpsDaemon, MpsUnavailable
+
+        if args.device != "cuda":
+            print("moss-serve up: --mps needs --device cuda", file=sys.stderr)
+            return 2
+        if not 1 <= args.mps_llm_threads <= 100:
+            print("moss-serve up: --mps-llm-threads is a percentage, 1 to 100", file=sys.stderr)
+            return 2
+        mps = MpsDaemon()
+        try:
+            mps.start()
+        except MpsUnavailable as e:
+            print(f"moss-serve up: {e}", file=sys.stderr)
+            return 1
+        print(f"moss-serve up: llm and vocoder share the GPU through CUDA MPS (the llm's kernels on at most "
+              f"{args.mps_llm_threads}% of its multiprocessors at once)", file=sys.stderr)
+    env = None
+    if mps:
+        env = {"llm": mps.env(), "vocoder": mps.env()}
+        if args.mps_llm_threads < 100:
+            env["llm"] = {**env["llm"], "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(args.mps_llm_threads)}
+    stack = Stack(ports, host=args.host, extra_args=extra, env=env)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:
@@ -264,11 +309,16 @@ def run_up(args) -> int:
                 if proc.poll() is not None:
                     print(f"moss-serve up: {name} exited with code {proc.returncode}; stopping", file=sys.stderr)
                     return 1
+            if mps and mps.proc.poll() is not None:
+                print(f"moss-serve up: the MPS daemon exited with code {mps.proc.returncode}; stopping", file=sys.stderr)
+                return 1
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
     finally:
         stack.stop_all()
+        if mps:
+            mps.stop()  # after the services: the daemon waits for its clients
         print("moss-serve up: stopped", file=sys.stderr)
     return 0
 
@@ -326,7 +376,8 @@ def run_bench(args, argv: list[str]) -> int:
     spec = LoadSpec(target=args.target, prompts=prompts, requests=args.requests, rate=args.rate, ramp=args.ramp,
                     max_new_tokens=args.max_new_tokens,
                     min_new_tokens=args.max_new_tokens if args.min_new_tokens is None else args.min_new_tokens,
-                    timeout=args.timeout, seed=args.seed, progress=not args.no_progress)
+                    timeout=args.timeout, first_chunk_tokens=args.first_chunk_tokens, seed=args.seed,
+                    progress=not args.no_progress)
     return run(spec, args.concurrency, args.warmup, args.out, "moss-serve bench " + " ".join(argv))
 
 

@@ -47,11 +47,12 @@ def is_serving(target: str, timeout: float = 1.0) -> bool:
 
 class Stack:
     def __init__(self, ports: Ports | None = None, host: str = "127.0.0.1", extra_args: dict[str, list[str]] | None = None,
-                 log_dir: str | Path | None = None):
+                 log_dir: str | Path | None = None, env: dict[str, dict[str, str]] | None = None):
         self.ports = ports or Ports()
         self.host = host
         self.extra_args = extra_args or {}
         self.log_dir = Path(log_dir) if log_dir else None
+        self.env = env or {}  # service → what to add to its environment (e.g. an MPS daemon's pipe directory)
         self.procs: dict[str, subprocess.Popen] = {}
 
     def target(self, service: str) -> str:
@@ -69,7 +70,7 @@ class Stack:
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{service}.log", "ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env.get(service, {}), "PYTHONUNBUFFERED": "1"}
         self.procs[service] = subprocess.Popen(self.command(service), stdout=out, stderr=subprocess.STDOUT if out else None, env=env)
 
     def start_all(self, timeout: float = 120.0) -> None:

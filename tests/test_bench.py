@@ -130,3 +130,18 @@ def test_bench_on_poisson_arrivals_and_against_a_dead_target(stack, tmp_path):
     proc = bench("--target", "127.0.0.1:1", "--requests", "3", "--warmup", "0", "--timeout", "5")
     assert proc.returncode == 1
     assert "UNAVAILABLE 3" in proc.stdout and math.isnan(report.quantile([], 50))
+
+
+def test_the_first_chunk_size_goes_into_the_requests(stack, tmp_path):
+    first, per_token = {}, set()
+    for tokens in (2, 5):
+        out = tmp_path / str(tokens)
+        proc = bench("--target", stack.target("gateway"), "--concurrency", "1", "--requests", "1", "--max-new-tokens", "12",
+                     "--first-chunk-tokens", str(tokens), "--warmup", "0", "--out", str(out))
+        assert proc.returncode == 0, proc.stderr
+        stream = json.loads((out / "bench.json").read_text())["levels"]["1"]["streams"][0]
+        first[tokens] = stream["chunk_samples"][0]
+        assert sum(stream["chunk_samples"]) == stream["stages"]["num_samples"]
+        per_token.add(stream["stages"]["num_samples"] // stream["stages"]["audio_tokens"])
+    # the lookahead held back from a first chunk is the same either way: three more tokens, three tokens' samples more
+    assert len(per_token) == 1 and first[5] - first[2] == 3 * per_token.pop()

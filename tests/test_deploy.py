@@ -157,6 +157,29 @@ def test_llm_and_vocoder_reserve_an_nvidia_gpu(compose, name):
     ), devices
 
 
+def test_llm_and_vocoder_share_the_gpu_through_the_mps_service(compose):
+    """One MPS daemon (the `mps` service, on the GPU) and its two clients: same pipe directory on the same volume,
+    its IPC namespace, started once it is healthy; the llm capped at the share `moss-serve up` uses."""
+    from services.cli import parser
+
+    services = compose["services"]
+    mps = services["mps"]
+    assert mps["entrypoint"] == ["nvidia-cuda-mps-control", "-f"]
+    assert mps["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    pipe = mps["environment"]["CUDA_MPS_PIPE_DIRECTORY"]
+    assert any(v.split(":")[:2] == ["mps-pipe", pipe] for v in mps["volumes"])
+    assert pipe in mps["healthcheck"]["test"][-1]
+    for name in ("llm", "vocoder"):
+        svc = services[name]
+        assert svc["environment"]["CUDA_MPS_PIPE_DIRECTORY"] == pipe, name
+        assert any(v.split(":")[:2] == ["mps-pipe", pipe] for v in svc["volumes"]), name
+        assert svc["ipc"] == "service:mps" and svc["depends_on"]["mps"]["condition"] == "service_healthy", name
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in services["vocoder"]["environment"]
+    default = parser().parse_args(["up"]).mps_llm_threads
+    assert services["llm"]["environment"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(default)
+    assert "mps-pipe" in compose["volumes"]
+
+
 def test_only_the_gateway_grpc_port_is_published(compose):
     services = compose["services"]
     assert (50051, 50051) in [host_port(p) for p in services["gateway"].get("ports", [])]

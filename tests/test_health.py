@@ -1,8 +1,12 @@
 """Every server answers gRPC health checking and lists its service through reflection."""
 
+import subprocess
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+from services.stack import free_port
 
 EXPECTED = {"gateway": "moss.speech.v1.Gateway", "llm": "moss.speech.v1.Llm", "vocoder": "moss.speech.v1.Vocoder"}
 
@@ -18,3 +22,16 @@ def test_health_and_reflection(stack):
             assert {full_name, "grpc.health.v1.Health"} <= services, services
             method = ProtoReflectionDescriptorDatabase(channel).FindFileContainingSymbol(full_name)
             assert method.package == "moss.speech.v1"
+
+
+def test_a_port_in_use_is_an_error_at_start(stack):
+    """A second gateway on a port the running one holds exits at once and says so: it must not share the port
+    (gRPC's default SO_REUSEPORT would let it take half of the new connections)."""
+    cmd = stack.command("gateway")
+    cmd[cmd.index("--metrics-port") + 1] = str(free_port())
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert f"cannot bind {stack.target('gateway')}" in proc.stderr, proc.stderr[-2000:]
+    with grpc.insecure_channel(stack.target("gateway")) as channel:  # the running one is untouched
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING

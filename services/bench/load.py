@@ -28,6 +28,7 @@ class LoadSpec:
     max_new_tokens: int = 75        # 6 s of audio at 80 ms per token...
     min_new_tokens: int = 75        # ... made exact by suppressing the end of speech before it
     timeout: float = 120.0
+    first_chunk_tokens: int | None = None  # the requests' ChunkPolicy (None: the gateway's default)
     seed: int = 0
     progress: bool = True
 
@@ -42,10 +43,16 @@ class LoadSpec:
                                          min_new_tokens=min(self.min_new_tokens, self.max_new_tokens))
 
 
-async def one_request(stub, text: str, prompt: int, sampling, timeout: float) -> StreamRecord:
+    def chunking(self) -> common_pb2.ChunkPolicy | None:
+        return None if self.first_chunk_tokens is None else common_pb2.ChunkPolicy(first_chunk_tokens=self.first_chunk_tokens)
+
+
+async def one_request(stub, text: str, prompt: int, sampling, timeout: float,
+                      chunking: common_pb2.ChunkPolicy | None = None) -> StreamRecord:
     record = StreamRecord(sent=time.perf_counter(), prompt=prompt)
     try:
-        async for msg in stub.Synthesize(gateway_pb2.SynthesizeRequest(text=text, sampling=sampling), timeout=timeout):
+        request = gateway_pb2.SynthesizeRequest(text=text, sampling=sampling, chunking=chunking)
+        async for msg in stub.Synthesize(request, timeout=timeout):
             kind = msg.WhichOneof("kind")
             if kind == "audio":
                 record.chunks.append((time.perf_counter(), msg.audio.num_samples))
@@ -90,7 +97,8 @@ async def run_load(spec: LoadSpec, label: str = "") -> tuple[list[StreamRecord],
 
     async def request(i: int) -> None:
         prompt = i % len(spec.prompts)
-        records[i] = await one_request(stubs[i % len(stubs)], spec.prompts[prompt], prompt, spec.sampling(i), spec.timeout)
+        records[i] = await one_request(stubs[i % len(stubs)], spec.prompts[prompt], prompt, spec.sampling(i), spec.timeout,
+                                         spec.chunking())
         progress.update(records[i])
 
     start = time.perf_counter()

@@ -17,4 +17,7 @@ RATIO_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 def start_metrics_server(host: str, port: int) -> None:
     """Serve /metrics over HTTP on a daemon thread (port 0 disables it)."""
     if port:
-        start_http_server(port, addr=host)
+        try:
+            start_http_server(port, addr=host)
+        except OSError as e:
+            raise OSError(f"cannot serve /metrics on {host}:{port}: {e.strerror or e}") from e

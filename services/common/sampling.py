@@ -27,8 +27,11 @@ class SamplingSettings:
 
 @dataclass(frozen=True)
 class ChunkSettings:
-    first_chunk_tokens: int = 3   # 240 ms of audio: small, for a low time to first audio
-    # The largest later chunk (3, 3, 6, 12, 20, 20, ...: sequence.py says why): 1.6 s, fewer and cheaper
+    # 320 ms of audio, of which 240 ms play at once (the vocoder holds back 80 ms of lookahead): that is the
+    # buffer in which the second chunk must arrive. 3 tokens (160 ms) stalled 8-13% of streams at 64-128 on
+    # an H200; 4 none, for ~30 ms more time to first audio under load (docs/benchmarks.md)
+    first_chunk_tokens: int = 4
+    # The largest later chunk (4, 4, 8, 16, 20, 20, ...: sequence.py says why): 1.6 s, fewer and cheaper
     # vocoder calls once audio is flowing. 20 tokens with the vocoder's context (30 + 4 frames) is a
     # 114-frame window, inside its 128-frame graph bucket (services/vocoder/runner.py).
     chunk_tokens: int = 20

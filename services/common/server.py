@@ -31,7 +31,9 @@ async def serve(
     on_stop: Callable[[], Awaitable[None] | None] = lambda: None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop taking calls, give running ones GRACE_SECONDS, and clean up."""
-    server = grpc.aio.server(interceptors=[ErrorInterceptor(on_done)])
+    # gRPC sets SO_REUSEPORT by default on Linux: a second copy of a service would then bind the same port
+    # and silently take half of the new connections. Off, a port in use is an error at start.
+    server = grpc.aio.server(interceptors=[ErrorInterceptor(on_done)], options=[("grpc.so_reuseport", 0)])
     add_servicer(server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -39,8 +41,12 @@ async def serve(
         [full_service_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
     )
     address = f"{host}:{port}"
-    if server.add_insecure_port(address) == 0:
-        raise OSError(f"{name}: cannot bind {address}")
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:  # grpcio >= 1.5x raises where older versions returned 0
+        bound = 0
+    if bound == 0:
+        raise OSError(f"{name}: cannot bind {address}: the port is in use or the address is not this host's")
     await server.start()
     for service in ("", full_service_name):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)

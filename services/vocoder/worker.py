@@ -10,8 +10,8 @@ Order, when more is ready than one batch takes: earliest deadline first. A playi
 when its listener runs out of audio (the audio it has sent, from its first samples on); a first chunk is
 due `first_chunk_budget` seconds after it was handed in. Why not first chunks always first: when many
 streams start at once, their first chunks keep the second chunks of the streams already playing (160 ms
-of buffer) waiting behind several calls. (On an H200 the difference was small: 32.6% → 39.8% stall-free at
-128 streams, one sweep each; docs/benchmarks.md.) A job waits for company at most `max_wait` seconds, and
+of buffer) waiting behind several calls. (The one comparison on an H200 is void: its runs shared the GPU
+with stacks left running; docs/benchmarks.md, fourth sweep.) A job waits for company at most `max_wait` seconds, and
 never when a first chunk or a chunk with less slack than that is queued.
 
 No asyncio here: `submit` returns a concurrent future; the servicer wraps it (asyncio.wrap_future), so

@@ -1,0 +1,72 @@
+"""`moss-serve up --mps`: the CUDA MPS daemon's life around the stack. No GPU here, so a stand-in for
+nvidia-cuda-mps-control plays its part: with -f it opens <pipe>/control and runs until a client sends
+`quit` on stdin. Whether MPS itself shares the GPU is measured on a GPU (docs/benchmarks.md)."""
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from services.cli import main
+from services.mps import MpsDaemon, MpsUnavailable
+
+STAND_IN = textwrap.dedent("""\
+    #!{python}
+    import os, sys, time
+    pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
+    if sys.argv[1:] == ["-f"]:
+        if os.environ.get("FAIL_AT_START"):
+            sys.exit(3)
+        open(os.path.join(pipe, "control"), "w").close()
+        while not os.path.exists(os.path.join(pipe, "quit")):
+            time.sleep(0.02)
+    elif sys.stdin.read().strip() == "quit":
+        open(os.path.join(pipe, "quit"), "w").close()
+""")
+
+
+@pytest.fixture
+def stand_in(tmp_path):
+    path = tmp_path / "nvidia-cuda-mps-control"
+    path.write_text(STAND_IN.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_daemon_starts_serves_its_own_pipe_directory_and_quits(stand_in, tmp_path):
+    daemon = MpsDaemon(binary=stand_in)
+    with daemon:
+        env = daemon.env()
+        assert (daemon.root / "pipe" / "control").exists()
+        assert env["CUDA_MPS_PIPE_DIRECTORY"].startswith(str(daemon.root))
+        # a client started with env() sees the daemon's directory
+        out = subprocess.run([sys.executable, "-c", "import os; print(os.environ['CUDA_MPS_PIPE_DIRECTORY'])"],
+                             env={**os.environ, **env}, capture_output=True, text=True, check=True).stdout.strip()
+        assert out == env["CUDA_MPS_PIPE_DIRECTORY"]
+        proc = daemon.proc
+        assert proc.poll() is None
+    assert proc.poll() == 0  # it quit when asked, not killed
+    assert not daemon.root.exists()  # its temporary directory is gone
+
+
+def test_daemon_that_dies_at_start_is_reported(stand_in, monkeypatch):
+    monkeypatch.setenv("FAIL_AT_START", "1")
+    with pytest.raises(MpsUnavailable, match="exited with code 3"):
+        MpsDaemon(binary=stand_in).start()
+
+
+def test_no_daemon_binary_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(MpsUnavailable, match="nvidia-cuda-mps-control not found"):
+        MpsDaemon().start()
+
+
+def test_up_refuses_mps_without_cuda(capsys):
+    t0 = time.monotonic()
+    assert main(["up", "--mps"]) == 2
+    assert "--mps needs --device cuda" in capsys.readouterr().err
+    assert time.monotonic() - t0 < 5  # refused before anything started
