@@ -73,9 +73,15 @@ def test_a_paced_stream_keeps_its_lead_near_the_bound_and_its_tokens(model):
     engine = make_engine(model, max_audio_lead=bound, audio_token_seconds=token_seconds)
     seq = engine.make_sequence(request("paced"))
     leads = []
+    start = time.perf_counter()
     held = paced_run(engine, seq, lambda: leads.append(seq.audio_lead(time.perf_counter(), token_seconds)))
+    stepping = time.perf_counter() - start - held
     assert seq.audio_ids == reference.audio_ids  # pacing changes when, never what
-    assert held > 0.3
+    # It held for what the steps did not take of the audio, less what may run ahead (one-sided: a loaded
+    # machine steps slower and holds less; unloaded, ~0.5 s of the 0.8 s are held).
+    slack = bound + 2 * CHUNKS.chunk_tokens * token_seconds
+    assert held >= TOKENS * token_seconds - slack - stepping - 0.05, (held, stepping)
+    assert held > 0 or stepping > TOKENS * token_seconds - slack
     # From the first audio token to the last, at least the audio less what may run ahead (the bound, a chunk).
     assert seq.last_token - seq.first_audio >= TOKENS * token_seconds - bound - 2 * CHUNKS.chunk_tokens * token_seconds
     # Never more ahead than the bound plus what one step can add: a chunk, and a step launched ahead.
