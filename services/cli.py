@@ -138,6 +138,9 @@ def parser() -> argparse.ArgumentParser:
     gw.add_argument("--llm-target", default="127.0.0.1:50052")
     gw.add_argument("--vocoder-target", default="127.0.0.1:50053")
     gw.add_argument("--max-text-chars", type=int, default=2000)
+    gw.add_argument("--ready-wait", type=_seconds, default=10.0,
+                    help="seconds a request waits for a backend that is not ready (starting, restarting) before "
+                         "UNAVAILABLE; always within the request's deadline (default 10)")
 
     up = sub.add_parser("up", help="start llm, vocoder and gateway as separate processes")
     up.add_argument("--host", default="127.0.0.1")
@@ -200,7 +203,10 @@ def _concurrencies(text: str) -> list[int]:
 
 
 def run_service(args) -> int:
+    from services.common.lifetime import die_with_parent
     from services.common.server import configure_logging
+
+    die_with_parent()  # started by `moss-serve up` (or a test's stack): end with it, even if it is SIGKILLed
 
     configure_logging(args.log_level)
     if args.command == "llm":
@@ -219,7 +225,7 @@ def run_service(args) -> int:
         from services.gateway.server import GatewaySettings, run
 
         settings = GatewaySettings(args.host, args.port, args.metrics_port, args.llm_target, args.vocoder_target,
-                                   args.max_text_chars)
+                                   args.max_text_chars, ready_wait=args.ready_wait)
     try:
         asyncio.run(run(settings))
     except OSError as e:  # a port in use, most often: one line, not a traceback
@@ -259,6 +265,7 @@ def vocoder_preset(args) -> str:
 
 def run_up(args) -> int:
     from services.stack import SERVICES, Ports, Stack
+    from services.supervisor import Supervisor
 
     extra = up_service_args(args)
     if not args.model_dir:
@@ -304,11 +311,9 @@ def run_up(args) -> int:
         stack.start_all()
         print(f"moss-serve up: gateway on {stack.target('gateway')}, llm on {stack.target('llm')}, "
               f"vocoder on {stack.target('vocoder')}; Ctrl-C stops", file=sys.stderr)
+        supervisor = Supervisor(stack)
         while not stopping:
-            for name, proc in stack.procs.items():
-                if proc.poll() is not None:
-                    print(f"moss-serve up: {name} exited with code {proc.returncode}; stopping", file=sys.stderr)
-                    return 1
+            supervisor.poll()  # a service that exits is started again, with backoff; the others keep serving
             if mps and mps.proc.poll() is not None:
                 print(f"moss-serve up: the MPS daemon exited with code {mps.proc.returncode}; stopping", file=sys.stderr)
                 return 1

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from services.common.lifetime import preexec_die_with_parent
+
 CONTROL = "nvidia-cuda-mps-control"
 
 
@@ -44,7 +46,8 @@ class MpsDaemon:
         for path in self.env().values():
             Path(path).mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen([self.binary, "-f"], env={**os.environ, **self.env()},
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     preexec_fn=preexec_die_with_parent())  # ends with us, even on SIGKILL
         control = self.root / "pipe" / "control"  # the daemon's socket: clients connect through it
         deadline = time.monotonic() + timeout
         while not control.exists():

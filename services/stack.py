@@ -17,6 +17,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.lifetime import PARENT_ENV
+
 SERVICES = ("llm", "vocoder", "gateway")
 
 
@@ -70,7 +72,7 @@ class Stack:
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{service}.log", "ab")
-        env = {**os.environ, **self.env.get(service, {}), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env.get(service, {}), "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
         self.procs[service] = subprocess.Popen(self.command(service), stdout=out, stderr=subprocess.STDOUT if out else None, env=env)
 
     def start_all(self, timeout: float = 120.0) -> None:

@@ -70,7 +70,8 @@ def test_llm_refuses_bad_token_prompts(stack):
 @pytest.fixture
 def own_stack(tmp_path):
     """A stack of its own: these tests stop and restart stages."""
-    with Stack(Ports.free(), log_dir=tmp_path / "logs") as s:
+    # --ready-wait 1: a request waits at most 1 s for a stopped stage before UNAVAILABLE
+    with Stack(Ports.free(), log_dir=tmp_path / "logs", extra_args={"gateway": ["--ready-wait", "1"]}) as s:
         yield s
 
 

@@ -29,8 +29,13 @@ async def serve(
     add_servicer: Callable[[grpc.aio.Server], None],
     on_done: Callable[[str, str], None],
     on_stop: Callable[[], Awaitable[None] | None] = lambda: None,
+    readiness: Callable[[Callable[[bool], Awaitable[None]]], Awaitable[None]] | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM, then stop taking calls, give running ones GRACE_SECONDS, and clean up."""
+    """Serve until SIGINT/SIGTERM, then stop taking calls, give running ones GRACE_SECONDS, and clean up.
+
+    readiness: a task that reports whether the service can do its work, through the callback it is given
+    (the gateway's: both backends healthy). The health status is NOT_SERVING until it says yes. Without it,
+    the service is SERVING once it listens."""
     # gRPC sets SO_REUSEPORT by default on Linux: a second copy of a service would then bind the same port
     # and silently take half of the new connections. Off, a port in use is an error at start.
     server = grpc.aio.server(interceptors=[ErrorInterceptor(on_done)], options=[("grpc.so_reuseport", 0)])
@@ -48,8 +53,14 @@ async def serve(
     if bound == 0:
         raise OSError(f"{name}: cannot bind {address}: the port is in use or the address is not this host's")
     await server.start()
-    for service in ("", full_service_name):
-        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    async def set_serving(serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", full_service_name):
+            await health.set(service, status)
+
+    await set_serving(readiness is None)
+    watcher = asyncio.create_task(readiness(set_serving)) if readiness else None
     log.info("%s serving on %s", name, address)
 
     stop = asyncio.Event()
@@ -58,6 +69,9 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("%s stopping", name)
+    if watcher is not None:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
     await health.enter_graceful_shutdown()
     await server.stop(GRACE_SECONDS)
     result = on_stop()

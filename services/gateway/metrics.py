@@ -21,6 +21,9 @@ STALL = Histogram("gateway_stall_seconds", "How late each stalled chunk was sent
 STALLED_TURNS = Counter("gateway_stalled_turns_total", "Turns with at least one stall")
 AUDIO_TURNS = Counter("gateway_audio_turns_total", "Turns that sent audio (the base of the stall-free share)")
 ACTIVE = Gauge("gateway_active_requests", "Turns in progress")
+BACKEND_READY = Gauge("gateway_backend_ready", "1 while the backend answers its health check SERVING, else 0", ["backend"])
+READY_WAIT = Histogram("gateway_ready_wait_seconds", "How long turns waited for a backend that was not ready "
+                       "(turns that found both ready are not counted)", buckets=LATENCY_BUCKETS)
 REQUESTS = Counter("gateway_requests_total", "Finished calls, by gRPC status code", ["code"])
 
 

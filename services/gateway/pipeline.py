@@ -17,13 +17,14 @@ import uuid
 from dataclasses import dataclass
 
 import grpc
-from moss.speech.v1 import common_pb2, gateway_pb2, llm_pb2, llm_pb2_grpc, vocoder_pb2, vocoder_pb2_grpc
+from moss.speech.v1 import common_pb2, gateway_pb2, llm_pb2, vocoder_pb2
 
 from services.common.audio import BYTES_PER_SAMPLE, resolve_format
 from services.common.errors import DeadlineExceeded, InvalidArgument, ServiceError, StageError, Unavailable
 from services.common.playback import JITTER_SECONDS, PlaybackClock
 from services.common.sampling import resolve_chunking, resolve_sampling, sampling_to_fields
 from services.gateway import metrics
+from services.gateway.backends import Backends
 from services.gateway.voices import resolve_voice
 
 
@@ -71,10 +72,11 @@ def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits) -> tuple[ll
 class Turn:
     """State of one Synthesize call; `run()` yields the client's messages."""
 
-    def __init__(self, req, llm: llm_pb2_grpc.LlmStub, vocoder: vocoder_pb2_grpc.VocoderStub, limits: TurnLimits, timeout: float | None):
+    def __init__(self, req, backends: Backends, limits: TurnLimits, timeout: float | None):
         self.start = time.perf_counter()
         self.req = req
-        self.llm, self.vocoder = llm, vocoder
+        self.backends = backends
+        self.llm, self.vocoder = backends.llm.stub, backends.vocoder.stub
         self.limits = limits
         self.timeout = timeout if timeout is not None else limits.default_timeout
         self.summary = gateway_pb2.SynthesisSummary()
@@ -83,8 +85,10 @@ class Turn:
 
     async def run(self):
         gen_req, fmt = validate(self.req, self.limits)
-        llm_call = self.llm.Generate(gen_req, timeout=self.timeout)
-        voc_call = self.vocoder.Vocode(timeout=self.timeout)
+        waited = await self.backends.wait_ready(self.timeout)  # a stage still starting: wait, within the deadline
+        timeout = self.timeout - waited
+        llm_call = self.llm.Generate(gen_req, timeout=timeout)
+        voc_call = self.vocoder.Vocode(timeout=timeout)
         pump = None
         try:
             header = await self._vocoder_io(voc_call.write(vocoder_pb2.VocodeRequest(
@@ -105,6 +109,9 @@ class Turn:
             # stream (its metrics would count a CANCELLED request for every turn).
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(voc_call.code(), VOCODER_CLOSE_SECONDS)
+        except Unavailable as err:  # until its health check says otherwise, the next turns wait for that stage
+            self.backends.mark_down(err.stage)
+            raise
         finally:
             llm_call.cancel()
             voc_call.cancel()

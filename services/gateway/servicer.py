@@ -5,17 +5,18 @@ from __future__ import annotations
 from moss.speech.v1 import gateway_pb2_grpc
 
 from services.gateway import metrics
+from services.gateway.backends import Backends
 from services.gateway.pipeline import Turn, TurnLimits
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, llm, vocoder, limits: TurnLimits):
-        self.llm, self.vocoder, self.limits = llm, vocoder, limits
+    def __init__(self, backends: Backends, limits: TurnLimits):
+        self.backends, self.limits = backends, limits
 
     async def Synthesize(self, request, context):
         metrics.ACTIVE.inc()
         try:
-            async for msg in Turn(request, self.llm, self.vocoder, self.limits, context.time_remaining()).run():
+            async for msg in Turn(request, self.backends, self.limits, context.time_remaining()).run():
                 yield msg
         finally:
             metrics.ACTIVE.dec()

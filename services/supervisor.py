@@ -1,0 +1,55 @@
+"""Keeps the services of `moss-serve up` running: one that exits is started again while the others keep
+serving (the gateway holds requests for a stage that is restarting: gateway/backends.py).
+
+The wait before a restart doubles with each failure in a row (1 s, 2 s, 4 s, ... up to 30 s), so a service
+that cannot start does not spin; it goes back to 1 s once the service has run for a minute.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+FIRST_BACKOFF = 1.0
+MAX_BACKOFF = 30.0
+HEALTHY_AFTER = 60.0
+
+
+@dataclass
+class _State:
+    started: float
+    backoff: float = FIRST_BACKOFF
+    restart_at: float | None = None  # set while the service is down and waiting to be started again
+
+
+class Supervisor:
+    def __init__(self, stack, log: Callable[[str], None] = lambda m: print(f"moss-serve up: {m}", file=sys.stderr),
+                 first_backoff: float = FIRST_BACKOFF, max_backoff: float = MAX_BACKOFF, healthy_after: float = HEALTHY_AFTER):
+        """stack: a started services.stack.Stack (its `procs` and `start`)."""
+        self.stack, self.log = stack, log
+        self.first_backoff, self.max_backoff, self.healthy_after = first_backoff, max_backoff, healthy_after
+        now = time.monotonic()
+        self.state = {name: _State(now, first_backoff) for name in stack.procs}
+        self.restarts = {name: 0 for name in stack.procs}
+
+    def poll(self, now: float | None = None) -> None:
+        """Look at every service once: note an exit, start one whose wait is over, forgive one that has
+        run long enough. Call it every fraction of a second."""
+        now = time.monotonic() if now is None else now
+        for name, st in self.state.items():
+            proc = self.stack.procs.get(name)
+            if st.restart_at is None:
+                if proc is not None and proc.poll() is None:
+                    if now - st.started >= self.healthy_after:
+                        st.backoff = self.first_backoff
+                    continue
+                code = proc.returncode if proc is not None else None
+                st.restart_at = now + st.backoff
+                self.log(f"{name} exited with code {code}; starting it again in {st.backoff:.0f} s")
+            elif now >= st.restart_at:
+                self.stack.start(name)
+                self.restarts[name] += 1
+                st.started, st.restart_at = now, None
+                st.backoff = min(st.backoff * 2, self.max_backoff)

@@ -1,0 +1,96 @@
+"""Readiness: the gateway is NOT_SERVING until its backends answer their health checks, and a request that
+arrives while a backend is still starting waits for it (within its deadline) instead of failing at once."""
+
+import asyncio
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+from conftest import metric_value, scrape
+from services.stack import Ports, Stack
+
+SAMPLING = common_pb2.SamplingParams(max_new_tokens=6, seed=1)
+
+
+def health(target: str) -> int | None:
+    """The server's overall health status, or None when nothing answers."""
+    with grpc.insecure_channel(target) as channel:
+        try:
+            return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2).status
+        except grpc.RpcError:
+            return None
+
+
+async def synthesize(target: str, timeout: float) -> list:
+    async with grpc.aio.insecure_channel(target) as channel:
+        request = gateway_pb2.SynthesizeRequest(text="hello", sampling=SAMPLING)
+        return [m async for m in gateway_pb2_grpc.GatewayStub(channel).Synthesize(request, timeout=timeout)]
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_gateway_waits_for_backends_that_are_starting(tmp_path):
+    stack = Stack(Ports.free(), log_dir=tmp_path / "logs")
+    gateway = stack.target("gateway")
+    try:
+        stack.start("gateway")  # alone: neither backend is up yet
+        wait_for(lambda: health(gateway) is not None, 60, "the gateway never answered")
+        assert health(gateway) == health_pb2.HealthCheckResponse.NOT_SERVING
+        metrics_port = stack.ports.metrics["gateway"]
+        wait_for(lambda: 'gateway_backend_ready{backend="llm"}' in scrape(metrics_port), 5, "no backend gauge")
+        assert metric_value(scrape(metrics_port), "gateway_backend_ready", '{backend="llm"}') == 0
+
+        async def scenario():
+            # sent while nothing is behind the gateway: it waits, then succeeds once the backends are up
+            early = asyncio.create_task(synthesize(gateway, timeout=90))
+            await asyncio.sleep(1.0)
+            assert not early.done()
+            await asyncio.to_thread(stack.start, "llm")
+            await asyncio.to_thread(stack.start, "vocoder")
+            return await early
+
+        messages = asyncio.run(scenario())
+        assert messages[-1].summary.num_samples > 0
+        wait_for(lambda: health(gateway) == health_pb2.HealthCheckResponse.SERVING, 10, "the gateway never turned SERVING")
+        text = scrape(metrics_port)
+        assert metric_value(text, "gateway_backend_ready", '{backend="llm"}') == 1
+        assert metric_value(text, "gateway_ready_wait_seconds_count") == 1  # the early turn waited...
+        assert metric_value(text, "gateway_ready_wait_seconds_sum") > 1.0   # ...for longer than the 1 s before the start
+    finally:
+        stack.stop_all()
+
+
+def test_a_backend_that_stays_down_is_unavailable_after_the_ready_wait(tmp_path):
+    stack = Stack(Ports.free(), log_dir=tmp_path / "logs", extra_args={"gateway": ["--ready-wait", "0.5"]})
+    gateway = stack.target("gateway")
+    try:
+        stack.start("gateway")
+        wait_for(lambda: health(gateway) is not None, 60, "the gateway never answered")
+        start = time.monotonic()
+        try:
+            asyncio.run(synthesize(gateway, timeout=30))
+        except grpc.aio.AioRpcError as err:
+            assert err.code() == grpc.StatusCode.UNAVAILABLE
+            assert "llm unavailable: not ready" in err.details(), err.details()
+        else:
+            raise AssertionError("a request went through with no backends")
+        assert time.monotonic() - start < 5
+        # the deadline bounds the wait too: a 0.2 s deadline is not kept waiting for the 0.5 s ready-wait
+        start = time.monotonic()
+        try:
+            asyncio.run(synthesize(gateway, timeout=0.2))
+        except grpc.aio.AioRpcError as err:
+            assert err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        else:
+            raise AssertionError("a request went through with no backends")
+        assert time.monotonic() - start < 0.45
+        assert health(gateway) == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        stack.stop_all()
