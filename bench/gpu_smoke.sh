@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (see docs/benchmarks.md). Expects the missing wheels in .whl/ (grpcio,
-# grpcio-health-checking, grpcio-reflection 1.85.1, protobuf 7, bigvgan and its inference imports).
+# grpcio-health-checking, grpcio-reflection 1.85.1, protobuf 7, googleapis-common-protos, bigvgan and its
+# inference imports).
 #   bash bench/gpu_smoke.sh            # GPU tests (kernels, kernel runner, graphs, sampler), then the benchmark
 #   bash bench/gpu_smoke.sh tests      # only the GPU tests
 #   bash bench/gpu_smoke.sh bench      # only the benchmark

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import shutil
 import signal
 import sys
@@ -51,8 +52,8 @@ def _positive(kind):
     return parse
 
 
-def _frames(text: str) -> int:
-    """An argparse type: a number of mel frames, 0 or more."""
+def _count(text: str) -> int:
+    """An argparse type: a whole number, 0 or more (frames, requests, tokens)."""
     try:
         value = int(text)
     except ValueError:
@@ -127,9 +128,9 @@ def parser() -> argparse.ArgumentParser:
                                            "without it: the --preset with random weights")
     voc.add_argument("--preset", default="tiny", choices=VOCODER_PRESETS, help="tiny or moss-speech (24 kHz, 80 bands, hop 480)")
     voc.add_argument("--device", default="cpu")
-    voc.add_argument("--left-context", type=_frames, default=None,
+    voc.add_argument("--left-context", type=_count, default=None,
                      help="mel frames of left context per chunk (default: the generator's receptive field)")
-    voc.add_argument("--lookahead", type=_frames, default=None,
+    voc.add_argument("--lookahead", type=_count, default=None,
                      help="mel frames held back for the next chunk (default 4: one token, 80 ms at hop 480)")
     _worker_options(voc)
 
@@ -141,6 +142,16 @@ def parser() -> argparse.ArgumentParser:
     gw.add_argument("--ready-wait", type=_seconds, default=10.0,
                     help="seconds a request waits for a backend that is not ready (starting, restarting) before "
                          "UNAVAILABLE; always within the request's deadline (default 10)")
+    gw.add_argument("--api-keys-file", help="a file of API keys, one per line; clients send one as 'authorization: "
+                                            "Bearer <key>' (more keys: $MOSS_API_KEYS, comma-separated; none: open)")
+    gw.add_argument("--max-turns", type=_positive(int), default=256, help="turns running at once (default 256)")
+    gw.add_argument("--max-message-bytes", type=_positive(int), default=1 << 20,
+                    help="largest request message taken; larger: RESOURCE_EXHAUSTED (default 1 MiB)")
+    gw.add_argument("--max-streams-per-connection", type=_positive(int), default=100,
+                    help="calls one client connection may have open at once; more wait on the client's side (default 100)")
+    gw.add_argument("--max-queued-turns", type=_count, default=256,
+                    help="turns waiting for a place, each within its deadline; beyond: RESOURCE_EXHAUSTED with a "
+                         "retry hint (default 256)")
 
     up = sub.add_parser("up", help="start llm, vocoder and gateway as separate processes")
     up.add_argument("--host", default="127.0.0.1")
@@ -170,6 +181,8 @@ def parser() -> argparse.ArgumentParser:
     say.add_argument("--max-new-tokens", type=int)
     say.add_argument("--seed", type=int)
     say.add_argument("--timeout", type=float, default=120.0)
+    say.add_argument("--api-key", default=os.environ.get("MOSS_API_KEY"), help="sent as 'authorization: Bearer <key>' "
+                                                                             "(default: $MOSS_API_KEY)")
 
     bench = sub.add_parser("bench", help="load the gateway and measure TTFA, RTF and stalls at the client",
                            description="Requests at fixed concurrencies (a sweep) or on Poisson arrivals, measured "
@@ -184,13 +197,15 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--requests", type=_positive(int), default=None,
                        help="requests per level (default: 4 x the concurrency, at least 8; with --rate: 30 s of arrivals)")
     bench.add_argument("--prompts", help="a UTF-8 file, one prompt per line (default: built-in prompts)")
-    bench.add_argument("--warmup", type=_frames, default=2, help="requests sent first and not counted")
+    bench.add_argument("--warmup", type=_count, default=2, help="requests sent first and not counted")
     bench.add_argument("--max-new-tokens", type=_positive(int), default=75, help="audio tokens per request (80 ms each)")
-    bench.add_argument("--min-new-tokens", type=_frames, default=None,
+    bench.add_argument("--min-new-tokens", type=_count, default=None,
                        help="end of speech suppressed before this many (default: --max-new-tokens: fixed-length audio)")
     bench.add_argument("--first-chunk-tokens", type=_positive(int),
                        help="the requests' first (and second) chunk, in tokens (default: the gateway's, 3)")
     bench.add_argument("--timeout", type=_positive(float), default=120.0)
+    bench.add_argument("--api-key", default=os.environ.get("MOSS_API_KEY"), help="sent as 'authorization: Bearer <key>' "
+                                                                               "(default: $MOSS_API_KEY)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--out", help="a directory for bench.json, bench.md and the PNG plots")
     bench.add_argument("--no-progress", action="store_true", help="no live progress bar")
@@ -225,7 +240,10 @@ def run_service(args) -> int:
         from services.gateway.server import GatewaySettings, run
 
         settings = GatewaySettings(args.host, args.port, args.metrics_port, args.llm_target, args.vocoder_target,
-                                   args.max_text_chars, ready_wait=args.ready_wait)
+                                   args.max_text_chars, ready_wait=args.ready_wait, max_turns=args.max_turns,
+                                   max_queued_turns=args.max_queued_turns, api_keys_file=args.api_keys_file,
+                                   max_message_bytes=args.max_message_bytes,
+                                   max_streams_per_connection=args.max_streams_per_connection)
     try:
         asyncio.run(run(settings))
     except OSError as e:  # a port in use, most often: one line, not a traceback
@@ -359,7 +377,8 @@ def run_say(args) -> int:
                                 ("seed", args.seed)) if v is not None}
     try:
         result = asyncio.run(synthesize(args.target, args.text, voice=args.voice,
-                                        sampling=common_pb2.SamplingParams(**fields), timeout=args.timeout))
+                                        sampling=common_pb2.SamplingParams(**fields), timeout=args.timeout,
+                                        api_key=args.api_key))
     except grpc.aio.AioRpcError as err:
         print(f"moss-serve say: {err.code().name}: {err.details()}", file=sys.stderr)
         return 1
@@ -381,7 +400,7 @@ def run_bench(args, argv: list[str]) -> int:
     spec = LoadSpec(target=args.target, prompts=prompts, requests=args.requests, rate=args.rate, ramp=args.ramp,
                     max_new_tokens=args.max_new_tokens,
                     min_new_tokens=args.max_new_tokens if args.min_new_tokens is None else args.min_new_tokens,
-                    timeout=args.timeout, first_chunk_tokens=args.first_chunk_tokens, seed=args.seed,
+                    timeout=args.timeout, first_chunk_tokens=args.first_chunk_tokens, api_key=args.api_key, seed=args.seed,
                     progress=not args.no_progress)
     return run(spec, args.concurrency, args.warmup, args.out, "moss-serve bench " + " ".join(argv))
 

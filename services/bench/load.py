@@ -13,6 +13,7 @@ from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from services.bench.stream import StreamRecord
 from services.bench.workload import poisson_arrivals
+from services.common.auth import bearer
 
 STREAMS_PER_CHANNEL = 64  # HTTP/2 connections to spread the streams over (servers cap streams per connection)
 
@@ -29,6 +30,7 @@ class LoadSpec:
     min_new_tokens: int = 75        # ... made exact by suppressing the end of speech before it
     timeout: float = 120.0
     first_chunk_tokens: int | None = None  # the requests' ChunkPolicy (None: the gateway's default)
+    api_key: str | None = None             # sent as authorization: Bearer <key>
     seed: int = 0
     progress: bool = True
 
@@ -48,11 +50,11 @@ class LoadSpec:
 
 
 async def one_request(stub, text: str, prompt: int, sampling, timeout: float,
-                      chunking: common_pb2.ChunkPolicy | None = None) -> StreamRecord:
+                      chunking: common_pb2.ChunkPolicy | None = None, api_key: str | None = None) -> StreamRecord:
     record = StreamRecord(sent=time.perf_counter(), prompt=prompt)
     try:
         request = gateway_pb2.SynthesizeRequest(text=text, sampling=sampling, chunking=chunking)
-        async for msg in stub.Synthesize(request, timeout=timeout):
+        async for msg in stub.Synthesize(request, timeout=timeout, metadata=bearer(api_key)):
             kind = msg.WhichOneof("kind")
             if kind == "audio":
                 record.chunks.append((time.perf_counter(), msg.audio.num_samples))
@@ -90,7 +92,10 @@ async def run_load(spec: LoadSpec, label: str = "") -> tuple[list[StreamRecord],
     """→ (one record per request in the order sent, wall seconds of the whole level)."""
     total = spec.requests_for()
     width = min(spec.concurrency if spec.rate is None else total, total)
-    channels = [grpc.aio.insecure_channel(spec.target) for _ in range(-(-width // STREAMS_PER_CHANNEL))]
+    # A local subchannel pool per channel: otherwise channels to one target share one connection, and the
+    # gateway's --max-streams-per-connection would hold back the calls beyond it.
+    channels = [grpc.aio.insecure_channel(spec.target, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(-(-width // STREAMS_PER_CHANNEL))]
     stubs = [gateway_pb2_grpc.GatewayStub(c) for c in channels]
     progress = _Progress(total, label, spec.progress)
     records: list[StreamRecord | None] = [None] * total
@@ -98,7 +103,7 @@ async def run_load(spec: LoadSpec, label: str = "") -> tuple[list[StreamRecord],
     async def request(i: int) -> None:
         prompt = i % len(spec.prompts)
         records[i] = await one_request(stubs[i % len(stubs)], spec.prompts[prompt], prompt, spec.sampling(i), spec.timeout,
-                                         spec.chunking())
+                                         spec.chunking(), spec.api_key)
         progress.update(records[i])
 
     start = time.perf_counter()

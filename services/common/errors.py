@@ -44,6 +44,11 @@ class DeadlineExceeded(ServiceError):
 class ResourceExhausted(ServiceError):
     code = "RESOURCE_EXHAUSTED"
 
+    def __init__(self, message: str, retry_after: float | None = None):
+        """retry_after: seconds after which a retry may succeed; sent to the client (interceptor.py)."""
+        super().__init__(message)
+        self.retry_after = retry_after
+
 
 class FailedPrecondition(ServiceError):
     code = "FAILED_PRECONDITION"

@@ -27,6 +27,23 @@ def status_code(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def trailing_metadata(exc: ServiceError) -> tuple[tuple[str, str | bytes], ...]:
+    """An error's retry hint, if it has one, two ways: gRPC's rich status (`grpc-status-details-bin`: a
+    google.rpc.Status holding a google.rpc.RetryInfo), and `retry-after-ms` for clients without those protos."""
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is None:
+        return ()
+    from google.protobuf import any_pb2, duration_pb2
+    from google.rpc import error_details_pb2, status_pb2
+
+    delay = duration_pb2.Duration()
+    delay.FromNanoseconds(round(retry_after * 1e9))
+    detail = any_pb2.Any()
+    detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+    status = status_pb2.Status(code=status_code(exc).value[0], message=str(exc), details=[detail])
+    return (("grpc-status-details-bin", status.SerializeToString()), ("retry-after-ms", str(round(retry_after * 1000))))
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, on_done: Callable[[str, str], None] = lambda method, code: None):
         self.on_done = on_done
@@ -58,7 +75,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                     yield response
             except ServiceError as exc:
                 code = exc.code
-                await context.abort(status_code(exc), str(exc))
+                await context.abort(status_code(exc), str(exc), trailing_metadata(exc))
             except asyncio.CancelledError:
                 code = "CANCELLED"
                 raise

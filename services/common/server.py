@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from services.common.auth import ApiKeyInterceptor
 from services.common.interceptor import ErrorInterceptor
 
 log = logging.getLogger(__name__)
@@ -30,15 +31,28 @@ async def serve(
     on_done: Callable[[str, str], None],
     on_stop: Callable[[], Awaitable[None] | None] = lambda: None,
     readiness: Callable[[Callable[[bool], Awaitable[None]]], Awaitable[None]] | None = None,
+    api_keys: list[bytes] | None = None,
+    max_message_bytes: int = 4 << 20,
+    max_streams_per_connection: int | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop taking calls, give running ones GRACE_SECONDS, and clean up.
 
     readiness: a task that reports whether the service can do its work, through the callback it is given
     (the gateway's: both backends healthy). The health status is NOT_SERVING until it says yes. Without it,
-    the service is SERVING once it listens."""
+    the service is SERVING once it listens.
+    api_keys: if any, the API's methods need one of them as `authorization: Bearer <key>` (auth.py).
+    max_message_bytes: the largest request message taken (larger: RESOURCE_EXHAUSTED from gRPC itself).
+    max_streams_per_connection: calls one client connection may have open at once (HTTP/2's
+    SETTINGS_MAX_CONCURRENT_STREAMS; more wait on the client's side); None: no limit (llm and vocoder,
+    whose one client, the gateway, carries every turn on one connection)."""
     # gRPC sets SO_REUSEPORT by default on Linux: a second copy of a service would then bind the same port
     # and silently take half of the new connections. Off, a port in use is an error at start.
-    server = grpc.aio.server(interceptors=[ErrorInterceptor(on_done)], options=[("grpc.so_reuseport", 0)])
+    # ErrorInterceptor first: it sees (and counts) the UNAUTHENTICATED of a refused key too.
+    interceptors = [ErrorInterceptor(on_done)] + ([ApiKeyInterceptor(api_keys)] if api_keys else [])
+    options = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", max_message_bytes)]
+    if max_streams_per_connection:
+        options.append(("grpc.max_concurrent_streams", max_streams_per_connection))
+    server = grpc.aio.server(interceptors=interceptors, options=options)
     add_servicer(server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

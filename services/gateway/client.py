@@ -11,6 +11,7 @@ import numpy as np
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from services.common.audio import decode_pcm
+from services.common.auth import bearer
 
 
 @dataclass
@@ -31,13 +32,13 @@ class SynthesisResult:
 
 async def synthesize(
     target: str, text: str, *, voice: str = "", fmt: int = common_pb2.AUDIO_FORMAT_PCM16,
-    sampling: common_pb2.SamplingParams | None = None, timeout: float = 120.0,
+    sampling: common_pb2.SamplingParams | None = None, timeout: float = 120.0, api_key: str | None = None,
 ) -> SynthesisResult:
     result = SynthesisResult()
     request = gateway_pb2.SynthesizeRequest(text=text, voice=voice, format=fmt, sampling=sampling)
     start = time.perf_counter()
     async with grpc.aio.insecure_channel(target) as channel:
-        async for msg in gateway_pb2_grpc.GatewayStub(channel).Synthesize(request, timeout=timeout):
+        async for msg in gateway_pb2_grpc.GatewayStub(channel).Synthesize(request, timeout=timeout, metadata=bearer(api_key)):
             kind = msg.WhichOneof("kind")
             if kind == "metadata":
                 result.request_id = msg.metadata.request_id

@@ -21,6 +21,11 @@ STALL = Histogram("gateway_stall_seconds", "How late each stalled chunk was sent
 STALLED_TURNS = Counter("gateway_stalled_turns_total", "Turns with at least one stall")
 AUDIO_TURNS = Counter("gateway_audio_turns_total", "Turns that sent audio (the base of the stall-free share)")
 ACTIVE = Gauge("gateway_active_requests", "Turns in progress")
+ADMISSIONS_REFUSED = Counter("gateway_admissions_refused_total", "Turns refused RESOURCE_EXHAUSTED: every place "
+                             "and every queue slot taken")
+QUEUED_TURNS = Gauge("gateway_queued_turns", "Turns waiting for a place (admission control)")
+ADMISSION_WAIT = Histogram("gateway_admission_wait_seconds", "How long turns waited for a place (turns admitted at "
+                           "once are not counted)", buckets=LATENCY_BUCKETS)
 BACKEND_READY = Gauge("gateway_backend_ready", "1 while the backend answers its health check SERVING, else 0", ["backend"])
 READY_WAIT = Histogram("gateway_ready_wait_seconds", "How long turns waited for a backend that was not ready "
                        "(turns that found both ready are not counted)", buckets=LATENCY_BUCKETS)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from moss.speech.v1 import gateway_pb2, gateway_pb2_grpc
 
+from services.common.auth import KEYS_ENV, load_keys
 from services.common.metrics import start_metrics_server
 from services.common.server import serve
 from services.gateway import metrics
+from services.gateway.admission import Admission
 from services.gateway.backends import Backends
 from services.gateway.pipeline import TurnLimits
 from services.gateway.servicer import GatewayServicer
+
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class GatewaySettings:
@@ -24,11 +30,20 @@ class GatewaySettings:
     max_new_tokens: int = 2048
     default_timeout: float = 120.0
     ready_wait: float = 10.0  # seconds a turn waits for a backend that is not ready (backends.py)
+    max_turns: int = 256      # turns running at once (admission.py)
+    max_queued_turns: int = 256  # turns waiting for a place; beyond: RESOURCE_EXHAUSTED
+    api_keys_file: str | None = None  # with $MOSS_API_KEYS: the keys clients must send (auth.py); none: open
+    max_message_bytes: int = 1 << 20  # a request is text and a few fields: 1 MiB is far more than max_text_chars
+    max_streams_per_connection: int = 100
 
 
 async def run(s: GatewaySettings) -> None:
     backends = Backends(s.llm_target, s.vocoder_target, s.ready_wait)
-    servicer = GatewayServicer(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout))
+    servicer = GatewayServicer(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
+                               Admission(s.max_turns, s.max_queued_turns))
+    api_keys = load_keys(s.api_keys_file)
+    if not api_keys:
+        log.warning("gateway: no API keys (--api-keys-file, $%s): any client may call it", KEYS_ENV)
     start_metrics_server(s.host, s.metrics_port)
     await serve(
         name="gateway",
@@ -39,4 +54,7 @@ async def run(s: GatewaySettings) -> None:
         on_done=metrics.observe_request,
         on_stop=backends.close,
         readiness=backends.watch,
+        api_keys=api_keys,
+        max_message_bytes=s.max_message_bytes,
+        max_streams_per_connection=s.max_streams_per_connection,
     )

@@ -47,6 +47,10 @@ class GatewayServicer:
     def Synthesize(self, request, context):
         """One spoken reply, no history: text in; stream metadata, then audio chunks as they are
         synthesized, then a summary with per-stage timings.
+        Errors: INVALID_ARGUMENT naming the field; RESOURCE_EXHAUSTED when every place and queue slot is
+        taken, with a retry hint (google.rpc.RetryInfo in grpc-status-details-bin, and a retry-after-ms
+        trailer); DEADLINE_EXCEEDED when the call's deadline passes, queued or not; UNAVAILABLE naming the
+        stage (llm, vocoder) when it fails, or is not ready within the gateway's --ready-wait.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

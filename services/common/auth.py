@@ -1,0 +1,78 @@
+"""API keys: a call to the API must carry `authorization: Bearer <key>` with one of the configured keys, or it
+ends UNAUTHENTICATED before any work. Health checking and reflection stay open (load balancers and
+orchestrators probe without keys).
+
+Keys come from a file (one per line; blank lines and `#` comments ignored) and/or an environment variable
+(comma-separated). A key is compared with every configured key in constant time (hmac.compare_digest), so
+the time a refusal takes does not tell how much of a key was right, nor which key it was near.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from pathlib import Path
+
+import grpc
+
+from services.common.interceptor import API_PREFIX
+
+KEYS_ENV = "MOSS_API_KEYS"
+CLIENT_KEY_ENV = "MOSS_API_KEY"  # what the project's clients (moss-serve say, bench) send
+
+
+def load_keys(path: str | None, env: str = KEYS_ENV) -> list[bytes]:
+    """→ the configured keys (empty: no auth). A file that cannot be read, or holds no key, is an error."""
+    keys = [k.strip() for k in os.environ.get(env, "").split(",") if k.strip()]
+    if path:
+        lines = [line.strip() for line in Path(path).read_text().splitlines()]
+        from_file = [line for line in lines if line and not line.startswith("#")]
+        if not from_file:
+            raise ValueError(f"{path}: no API key in it")
+        keys += from_file
+    return [k.encode() for k in keys]
+
+
+def bearer(key: str | None) -> tuple[tuple[str, str], ...]:
+    """Call metadata carrying `key` (none for no key)."""
+    return (("authorization", f"Bearer {key}"),) if key else ()
+
+
+def _refuse(message: str):
+    async def refuse(request_or_iterator, context: grpc.aio.ServicerContext):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # never reached: an async generator, like the API's streaming methods it stands in for
+
+    return refuse
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, keys: list[bytes]):
+        self.keys = keys
+
+    def _allowed(self, metadata) -> str | None:
+        """→ None if allowed, else why not."""
+        values = [v for k, v in (metadata or ()) if k == "authorization"]
+        if not values:
+            return "missing authorization metadata (authorization: Bearer <API key>)"
+        scheme, _, key = values[0].partition(" ")
+        if scheme.lower() != "bearer" or not key:
+            return "authorization metadata must be 'Bearer <API key>'"
+        given = key.strip().encode()
+        match = False
+        for known in self.keys:  # every key, always: no early exit that timing could reveal
+            match |= hmac.compare_digest(given, known)
+        return None if match else "invalid API key"
+    # (Every method of the API streams its responses, so a refusal is a streaming handler too.)
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith(API_PREFIX):
+            return handler  # health checking and reflection stay open
+        why = self._allowed(details.invocation_metadata)
+        if why is None:
+            return handler
+        refuse = _refuse(why)
+        if handler.stream_stream:
+            return grpc.stream_stream_rpc_method_handler(refuse, handler.request_deserializer, handler.response_serializer)
+        return grpc.unary_stream_rpc_method_handler(refuse, handler.request_deserializer, handler.response_serializer)

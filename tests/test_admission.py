@@ -1,0 +1,104 @@
+"""Admission control: bounded turns and a bounded queue; beyond them RESOURCE_EXHAUSTED with a retry hint,
+never a hang; a waiter that gives up (deadline, client gone) takes no place with it."""
+
+import asyncio
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+from conftest import metric_value, scrape
+from services.common.errors import DeadlineExceeded, ResourceExhausted
+from services.gateway.admission import RETRY_MAX, RETRY_MIN, Admission
+from services.stack import Ports, Stack
+
+
+def test_places_queue_and_refusal():
+    async def scenario():
+        adm = Admission(max_turns=1, max_queued=1)
+        release_first, order = asyncio.Event(), []
+
+        async def turn(name, deadline=None):
+            async with adm.turn(deadline):
+                order.append(name)
+                if name == "first":
+                    await release_first.wait()
+
+        first = asyncio.create_task(turn("first"))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(turn("second"))  # queued behind it
+        await asyncio.sleep(0)
+        with pytest.raises(ResourceExhausted) as info:  # the queue is full: refused at once
+            await turn("third")
+        assert RETRY_MIN <= info.value.retry_after <= RETRY_MAX and "1 turns running and 1 waiting" in str(info.value)
+        assert (adm.running, len(adm.waiting)) == (1, 1)
+        release_first.set()
+        await asyncio.gather(first, second)
+        assert order == ["first", "second"] and (adm.running, len(adm.waiting)) == (0, 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_that_gives_up_takes_no_place():
+    async def scenario():
+        adm = Admission(max_turns=1, max_queued=4)
+        hold = asyncio.Event()
+
+        async def holder():
+            async with adm.turn(None):
+                await hold.wait()
+
+        task = asyncio.create_task(holder())
+        await asyncio.sleep(0)
+        with pytest.raises(DeadlineExceeded, match="waiting for a place"):  # its deadline passes in the queue
+            async with adm.turn(0.05):
+                pass
+        leaving = asyncio.create_task(adm.turn(None).__aenter__())  # a client that leaves while queued
+        await asyncio.sleep(0.01)
+        leaving.cancel()
+        await asyncio.gather(leaving, return_exceptions=True)
+        assert (adm.running, len(adm.waiting)) == (1, 0)
+        later = asyncio.create_task(holder())  # the next waiter still gets the place when it frees
+        await asyncio.sleep(0)
+        hold.set()
+        await asyncio.gather(task, later)
+        assert (adm.running, len(adm.waiting)) == (0, 0)
+
+    asyncio.run(scenario())
+
+
+def test_gateway_refuses_beyond_its_bounds_with_a_retry_hint(tmp_path):
+    extra = {"gateway": ["--max-turns", "1", "--max-queued-turns", "0"]}
+    with Stack(Ports.free(), log_dir=tmp_path / "logs", extra_args=extra) as stack:
+        target = stack.target("gateway")
+
+        async def scenario():
+            async with grpc.aio.insecure_channel(target) as channel:
+                stub = gateway_pb2_grpc.GatewayStub(channel)
+                long = stub.Synthesize(gateway_pb2.SynthesizeRequest(
+                    text="a long reply", sampling=common_pb2.SamplingParams(max_new_tokens=60, min_new_tokens=60, seed=1)),
+                    timeout=60)
+                await long.read()  # its metadata: it holds the one place now
+                refused = stub.Synthesize(gateway_pb2.SynthesizeRequest(text="hi"), timeout=10)
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await refused.read()
+                rest = []
+                while (msg := await long.read()) is not grpc.aio.EOF:
+                    rest.append(msg)
+                return info.value, rest, await refused.trailing_metadata()
+
+        err, rest, trailers = asyncio.run(scenario())
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "gateway busy" in err.details()
+        assert rest[-1].summary.audio_tokens == 60  # the admitted turn was not disturbed
+        meta = dict(trailers)
+        status = status_pb2.Status.FromString(meta["grpc-status-details-bin"])
+        assert status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+        info = error_details_pb2.RetryInfo()
+        assert status.details[0].Unpack(info)
+        delay = info.retry_delay.ToTimedelta().total_seconds()
+        assert RETRY_MIN <= delay <= RETRY_MAX and int(meta["retry-after-ms"]) == round(delay * 1000)
+        text = scrape(stack.ports.metrics["gateway"])
+        assert metric_value(text, "gateway_admissions_refused_total") == 1
+        assert metric_value(text, "gateway_requests_total", '{code="RESOURCE_EXHAUSTED"}') == 1
+        assert metric_value(text, "gateway_queued_turns") == 0
