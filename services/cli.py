@@ -37,6 +37,26 @@ def _common(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
     p.add_argument("--port", type=int, default=port, help=f"gRPC port (default {port})")
     p.add_argument("--metrics-port", type=int, default=metrics_port, help=f"Prometheus /metrics port (default {metrics_port}; 0: off)")
     p.add_argument("--log-level", default="INFO")
+    tls = p.add_argument_group("TLS on the gRPC port (services/common/tls.py)")
+    tls.add_argument("--tls-cert", help="PEM certificate chain: serve TLS")
+    tls.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    tls.add_argument("--tls-client-ca", help="PEM CA: require client certificates it signed (mutual TLS)")
+
+
+def _client_tls_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-ca", help="PEM CA: reach the gateway over TLS, checking its certificate")
+    p.add_argument("--tls-cert", help="PEM certificate to present, where the gateway requires one (mutual TLS)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+
+
+def _client_tls(args, command: str):
+    """→ (ChannelTls or None, error message or None) from a client's --tls-* flags."""
+    from services.common.tls import channel_tls
+
+    try:
+        return channel_tls(args.tls_ca, args.tls_cert, args.tls_key, flag="--tls"), None
+    except ValueError as e:
+        return None, f"moss-serve {command}: {e}"
 
 
 def _positive(kind):
@@ -138,6 +158,9 @@ def parser() -> argparse.ArgumentParser:
     _common(gw, 50051, 9091)
     gw.add_argument("--llm-target", default="127.0.0.1:50052")
     gw.add_argument("--vocoder-target", default="127.0.0.1:50053")
+    gw.add_argument("--backend-ca", help="PEM CA: reach llm and vocoder over TLS, checking their certificates")
+    gw.add_argument("--backend-cert", help="PEM certificate the gateway presents to llm and vocoder (mutual TLS)")
+    gw.add_argument("--backend-key", help="PEM private key of --backend-cert")
     gw.add_argument("--max-text-chars", type=int, default=2000)
     gw.add_argument("--ready-wait", type=_seconds, default=10.0,
                     help="seconds a request waits for a backend that is not ready (starting, restarting) before "
@@ -183,6 +206,7 @@ def parser() -> argparse.ArgumentParser:
     say.add_argument("--timeout", type=float, default=120.0)
     say.add_argument("--api-key", default=os.environ.get("MOSS_API_KEY"), help="sent as 'authorization: Bearer <key>' "
                                                                              "(default: $MOSS_API_KEY)")
+    _client_tls_options(say)
 
     bench = sub.add_parser("bench", help="load the gateway and measure TTFA, RTF and stalls at the client",
                            description="Requests at fixed concurrencies (a sweep) or on Poisson arrivals, measured "
@@ -206,6 +230,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--timeout", type=_positive(float), default=120.0)
     bench.add_argument("--api-key", default=os.environ.get("MOSS_API_KEY"), help="sent as 'authorization: Bearer <key>' "
                                                                                "(default: $MOSS_API_KEY)")
+    _client_tls_options(bench)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--out", help="a directory for bench.json, bench.md and the PNG plots")
     bench.add_argument("--no-progress", action="store_true", help="no live progress bar")
@@ -222,6 +247,14 @@ def run_service(args) -> int:
     from services.common.server import configure_logging
 
     die_with_parent()  # started by `moss-serve up` (or a test's stack): end with it, even if it is SIGKILLed
+    from services.common.tls import channel_tls, server_tls
+
+    try:  # wrong TLS flags fail here, before a model loads
+        tls = server_tls(args.tls_cert, args.tls_key, args.tls_client_ca)
+        backend_tls = channel_tls(args.backend_ca, args.backend_cert, args.backend_key) if args.command == "gateway" else None
+    except ValueError as e:
+        print(f"moss-serve {args.command}: {e}", file=sys.stderr)
+        return 2
 
     configure_logging(args.log_level)
     if args.command == "llm":
@@ -229,13 +262,13 @@ def run_service(args) -> int:
 
         settings = LlmSettings(args.host, args.port, args.metrics_port, args.model_dir, args.preset, args.device,
                                args.kv_cache_gb, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len,
-                               dtype=args.dtype, block_size=args.block_size, max_audio_lead=audio_lead(args))
+                               dtype=args.dtype, block_size=args.block_size, max_audio_lead=audio_lead(args), tls=tls)
     elif args.command == "vocoder":
         from services.vocoder.server import VocoderSettings, run
 
         settings = VocoderSettings(args.host, args.port, args.metrics_port, args.vocoder_dir, args.preset, args.device,
                                    args.left_context, args.lookahead, args.max_batch, args.max_batch_frames,
-                                   args.first_chunk_budget)
+                                   args.first_chunk_budget, tls=tls)
     else:
         from services.gateway.server import GatewaySettings, run
 
@@ -243,7 +276,8 @@ def run_service(args) -> int:
                                    args.max_text_chars, ready_wait=args.ready_wait, max_turns=args.max_turns,
                                    max_queued_turns=args.max_queued_turns, api_keys_file=args.api_keys_file,
                                    max_message_bytes=args.max_message_bytes,
-                                   max_streams_per_connection=args.max_streams_per_connection)
+                                   max_streams_per_connection=args.max_streams_per_connection, tls=tls,
+                                   backend_tls=backend_tls)
     try:
         asyncio.run(run(settings))
     except OSError as e:  # a port in use, most often: one line, not a traceback
@@ -375,10 +409,14 @@ def run_say(args) -> int:
 
     fields = {k: v for k, v in (("temperature", args.temperature), ("max_new_tokens", args.max_new_tokens),
                                 ("seed", args.seed)) if v is not None}
+    tls, error = _client_tls(args, "say")
+    if error:
+        print(error, file=sys.stderr)
+        return 2
     try:
         result = asyncio.run(synthesize(args.target, args.text, voice=args.voice,
                                         sampling=common_pb2.SamplingParams(**fields), timeout=args.timeout,
-                                        api_key=args.api_key))
+                                        api_key=args.api_key, tls=tls))
     except grpc.aio.AioRpcError as err:
         print(f"moss-serve say: {err.code().name}: {err.details()}", file=sys.stderr)
         return 1
@@ -397,10 +435,14 @@ def run_bench(args, argv: list[str]) -> int:
     except (OSError, ValueError) as err:
         print(f"moss-serve bench: {err}", file=sys.stderr)
         return 2
+    tls, error = _client_tls(args, "bench")
+    if error:
+        print(error, file=sys.stderr)
+        return 2
     spec = LoadSpec(target=args.target, prompts=prompts, requests=args.requests, rate=args.rate, ramp=args.ramp,
                     max_new_tokens=args.max_new_tokens,
                     min_new_tokens=args.max_new_tokens if args.min_new_tokens is None else args.min_new_tokens,
-                    timeout=args.timeout, first_chunk_tokens=args.first_chunk_tokens, api_key=args.api_key, seed=args.seed,
+                    timeout=args.timeout, first_chunk_tokens=args.first_chunk_tokens, api_key=args.api_key, tls=tls, seed=args.seed,
                     progress=not args.no_progress)
     return run(spec, args.concurrency, args.warmup, args.out, "moss-serve bench " + " ".join(argv))
 

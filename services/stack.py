@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.lifetime import PARENT_ENV
+from services.common.tls import ChannelTls
 
 SERVICES = ("llm", "vocoder", "gateway")
 
@@ -38,9 +39,9 @@ class Ports:
         return cls({s: free_port() for s in SERVICES}, {s: free_port() for s in SERVICES})
 
 
-def is_serving(target: str, timeout: float = 1.0) -> bool:
+def is_serving(target: str, timeout: float = 1.0, tls: ChannelTls | None = None) -> bool:
     try:
-        with grpc.insecure_channel(target) as channel:
+        with grpc.secure_channel(target, tls.credentials()) if tls else grpc.insecure_channel(target) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
             return reply.status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError:
@@ -49,12 +50,15 @@ def is_serving(target: str, timeout: float = 1.0) -> bool:
 
 class Stack:
     def __init__(self, ports: Ports | None = None, host: str = "127.0.0.1", extra_args: dict[str, list[str]] | None = None,
-                 log_dir: str | Path | None = None, env: dict[str, dict[str, str]] | None = None):
+                 log_dir: str | Path | None = None, env: dict[str, dict[str, str]] | None = None,
+                 health_tls: dict[str, ChannelTls] | None = None):
+        """health_tls: service → how to reach it for its health check, where it serves TLS."""
         self.ports = ports or Ports()
         self.host = host
         self.extra_args = extra_args or {}
         self.log_dir = Path(log_dir) if log_dir else None
         self.env = env or {}  # service → what to add to its environment (e.g. an MPS daemon's pipe directory)
+        self.health_tls = health_tls or {}
         self.procs: dict[str, subprocess.Popen] = {}
 
     def target(self, service: str) -> str:
@@ -83,7 +87,7 @@ class Stack:
     def wait_serving(self, services=SERVICES, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
         for service in services:
-            while not is_serving(self.target(service)):
+            while not is_serving(self.target(service), tls=self.health_tls.get(service)):
                 proc = self.procs.get(service)
                 if proc is not None and proc.poll() is not None:
                     raise RuntimeError(f"{service} exited with code {proc.returncode} before serving{self._log_hint(service)}")

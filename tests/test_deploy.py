@@ -409,3 +409,18 @@ def test_dashboard_ttfa_quantiles_are_the_recording_rules(dashboard):
                 if (m := re.fullmatch(r"gateway:ttfa_seconds:(p\d+)_1m", r.get("record", "")))}
     (panel,) = [p for p in panels_of(dashboard) if "gateway_ttfa_seconds_bucket" in str(p.get("targets"))]
     assert {t["legendFormat"]: t["expr"] for t in panel["targets"]} == recorded
+
+
+def test_the_tls_overlay_is_the_main_commands_plus_tls(compose):
+    """docker-compose.tls.yml restates each command (compose replaces a command whole): it must be the main
+    file's, plus the TLS flags, or the two would drift apart."""
+    overlay = load_yaml("docker-compose.tls.yml")["services"]
+    server = ["--tls-cert", "/tls/server.pem", "--tls-key", "/tls/server.key"]
+    added = {"llm": server + ["--tls-client-ca", "/tls/ca.pem"], "vocoder": server + ["--tls-client-ca", "/tls/ca.pem"],
+             "gateway": server + ["--backend-ca", "/tls/ca.pem", "--backend-cert", "/tls/gateway-client.pem",
+                                  "--backend-key", "/tls/gateway-client.key"]}
+    for name, flags in added.items():
+        assert command_args(overlay[name]) == command_args(compose["services"][name]) + flags, name
+        assert any(v.endswith(":/tls:ro") for v in overlay[name]["volumes"]), name
+        probe = overlay[name]["healthcheck"]["test"][-1]
+        assert "ssl_channel_credentials" in probe and f"{name}:{PORTS[name][0]}" in probe, name

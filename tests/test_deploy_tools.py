@@ -40,9 +40,10 @@ def compose_binary() -> str:
     return str(binary)
 
 
-def compose_config(directory: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+def compose_config(directory: Path, tmp_path: Path, *overlays: str) -> subprocess.CompletedProcess:
     env = {"MOSS_MODEL_DIR": str(tmp_path), "BIGVGAN_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    return run(compose_binary(), "-f", str(directory / "docker-compose.yml"), "config", "--quiet", env=env)
+    files = [arg for name in ("docker-compose.yml", *overlays) for arg in ("-f", str(directory / name))]
+    return run(compose_binary(), *files, "config", "--quiet", env=env)
 
 
 def test_compose_v2_accepts_the_compose_file_and_refuses_a_broken_one(tmp_path):
@@ -54,6 +55,11 @@ def test_compose_v2_accepts_the_compose_file_and_refuses_a_broken_one(tmp_path):
     (broken / "docker-compose.yml").write_text(text.replace("restart: unless-stopped", "restarts: unless-stopped", 1))
     done = compose_config(broken, tmp_path)
     assert done.returncode != 0 and "restarts" in done.stderr, done.stderr  # not a service key
+
+
+def test_compose_v2_accepts_the_file_with_its_tls_overlay(tmp_path):
+    done = compose_config(DEPLOY, tmp_path, "docker-compose.tls.yml")
+    assert done.returncode == 0, done.stderr
 
 
 def test_promtool_accepts_the_prometheus_config_and_its_rules(tmp_path):

@@ -14,6 +14,7 @@ from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.bench.stream import StreamRecord
 from services.bench.workload import poisson_arrivals
 from services.common.auth import bearer
+from services.common.tls import ChannelTls, channel
 
 STREAMS_PER_CHANNEL = 64  # HTTP/2 connections to spread the streams over (servers cap streams per connection)
 
@@ -31,6 +32,7 @@ class LoadSpec:
     timeout: float = 120.0
     first_chunk_tokens: int | None = None  # the requests' ChunkPolicy (None: the gateway's default)
     api_key: str | None = None             # sent as authorization: Bearer <key>
+    tls: ChannelTls | None = None          # reach the gateway over TLS
     seed: int = 0
     progress: bool = True
 
@@ -94,7 +96,7 @@ async def run_load(spec: LoadSpec, label: str = "") -> tuple[list[StreamRecord],
     width = min(spec.concurrency if spec.rate is None else total, total)
     # A local subchannel pool per channel: otherwise channels to one target share one connection, and the
     # gateway's --max-streams-per-connection would hold back the calls beyond it.
-    channels = [grpc.aio.insecure_channel(spec.target, options=[("grpc.use_local_subchannel_pool", 1)])
+    channels = [channel(spec.target, spec.tls, [("grpc.use_local_subchannel_pool", 1)])
                 for _ in range(-(-width // STREAMS_PER_CHANNEL))]
     stubs = [gateway_pb2_grpc.GatewayStub(c) for c in channels]
     progress = _Progress(total, label, spec.progress)

@@ -15,6 +15,7 @@ from grpc_reflection.v1alpha import reflection
 
 from services.common.auth import ApiKeyInterceptor
 from services.common.interceptor import ErrorInterceptor
+from services.common.tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ async def serve(
     api_keys: list[bytes] | None = None,
     max_message_bytes: int = 4 << 20,
     max_streams_per_connection: int | None = None,
+    tls: ServerTls | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop taking calls, give running ones GRACE_SECONDS, and clean up.
 
@@ -44,7 +46,8 @@ async def serve(
     max_message_bytes: the largest request message taken (larger: RESOURCE_EXHAUSTED from gRPC itself).
     max_streams_per_connection: calls one client connection may have open at once (HTTP/2's
     SETTINGS_MAX_CONCURRENT_STREAMS; more wait on the client's side); None: no limit (llm and vocoder,
-    whose one client, the gateway, carries every turn on one connection)."""
+    whose one client, the gateway, carries every turn on one connection).
+    tls: serve TLS (mutual, with a client CA) instead of plaintext (tls.py)."""
     # gRPC sets SO_REUSEPORT by default on Linux: a second copy of a service would then bind the same port
     # and silently take half of the new connections. Off, a port in use is an error at start.
     # ErrorInterceptor first: it sees (and counts) the UNAUTHENTICATED of a refused key too.
@@ -61,7 +64,7 @@ async def serve(
     )
     address = f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = server.add_secure_port(address, tls.credentials()) if tls else server.add_insecure_port(address)
     except RuntimeError:  # grpcio >= 1.5x raises where older versions returned 0
         bound = 0
     if bound == 0:
@@ -75,7 +78,7 @@ async def serve(
 
     await set_serving(readiness is None)
     watcher = asyncio.create_task(readiness(set_serving)) if readiness else None
-    log.info("%s serving on %s", name, address)
+    log.info("%s serving on %s%s", name, address, "" if tls is None else " (mutual TLS)" if tls.client_ca else " (TLS)")
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

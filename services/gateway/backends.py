@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from moss.speech.v1 import llm_pb2_grpc, vocoder_pb2_grpc
 
 from services.common.errors import Unavailable
+from services.common.tls import ChannelTls, channel
 from services.gateway import metrics
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,9 @@ CHANNEL_OPTIONS = [
 
 
 class Backend:
-    def __init__(self, name: str, target: str, stub_class):
+    def __init__(self, name: str, target: str, stub_class, tls: ChannelTls | None = None):
         self.name, self.target = name, target
-        self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self.channel = channel(target, tls, CHANNEL_OPTIONS)
         self.stub = stub_class(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.ready = asyncio.Event()
@@ -51,9 +52,9 @@ class Backend:
 
 
 class Backends:
-    def __init__(self, llm_target: str, vocoder_target: str, ready_wait: float):
-        self.llm = Backend("llm", llm_target, llm_pb2_grpc.LlmStub)
-        self.vocoder = Backend("vocoder", vocoder_target, vocoder_pb2_grpc.VocoderStub)
+    def __init__(self, llm_target: str, vocoder_target: str, ready_wait: float, tls: ChannelTls | None = None):
+        self.llm = Backend("llm", llm_target, llm_pb2_grpc.LlmStub, tls)
+        self.vocoder = Backend("vocoder", vocoder_target, vocoder_pb2_grpc.VocoderStub, tls)
         self.ready_wait = ready_wait
 
     @property

@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import grpc
 import numpy as np
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from services.common.audio import decode_pcm
 from services.common.auth import bearer
+from services.common.tls import ChannelTls, channel
 
 
 @dataclass
@@ -33,12 +33,13 @@ class SynthesisResult:
 async def synthesize(
     target: str, text: str, *, voice: str = "", fmt: int = common_pb2.AUDIO_FORMAT_PCM16,
     sampling: common_pb2.SamplingParams | None = None, timeout: float = 120.0, api_key: str | None = None,
+    tls: ChannelTls | None = None,
 ) -> SynthesisResult:
     result = SynthesisResult()
     request = gateway_pb2.SynthesizeRequest(text=text, voice=voice, format=fmt, sampling=sampling)
     start = time.perf_counter()
-    async with grpc.aio.insecure_channel(target) as channel:
-        async for msg in gateway_pb2_grpc.GatewayStub(channel).Synthesize(request, timeout=timeout, metadata=bearer(api_key)):
+    async with channel(target, tls) as ch:
+        async for msg in gateway_pb2_grpc.GatewayStub(ch).Synthesize(request, timeout=timeout, metadata=bearer(api_key)):
             kind = msg.WhichOneof("kind")
             if kind == "metadata":
                 result.request_id = msg.metadata.request_id

@@ -10,6 +10,7 @@ from moss.speech.v1 import gateway_pb2, gateway_pb2_grpc
 from services.common.auth import KEYS_ENV, load_keys
 from services.common.metrics import start_metrics_server
 from services.common.server import serve
+from services.common.tls import ChannelTls, ServerTls
 from services.gateway import metrics
 from services.gateway.admission import Admission
 from services.gateway.backends import Backends
@@ -35,10 +36,12 @@ class GatewaySettings:
     api_keys_file: str | None = None  # with $MOSS_API_KEYS: the keys clients must send (auth.py); none: open
     max_message_bytes: int = 1 << 20  # a request is text and a few fields: 1 MiB is far more than max_text_chars
     max_streams_per_connection: int = 100
+    tls: ServerTls | None = None          # TLS for clients
+    backend_tls: ChannelTls | None = None  # TLS (mutual, with a certificate) to llm and vocoder
 
 
 async def run(s: GatewaySettings) -> None:
-    backends = Backends(s.llm_target, s.vocoder_target, s.ready_wait)
+    backends = Backends(s.llm_target, s.vocoder_target, s.ready_wait, s.backend_tls)
     servicer = GatewayServicer(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
                                Admission(s.max_turns, s.max_queued_turns))
     api_keys = load_keys(s.api_keys_file)
@@ -57,4 +60,5 @@ async def run(s: GatewaySettings) -> None:
         api_keys=api_keys,
         max_message_bytes=s.max_message_bytes,
         max_streams_per_connection=s.max_streams_per_connection,
+        tls=s.tls,
     )

@@ -13,6 +13,7 @@ from moss.speech.v1 import llm_pb2, llm_pb2_grpc
 
 from services.common.metrics import start_metrics_server
 from services.common.server import serve
+from services.common.tls import ServerTls
 from services.llm import metrics
 from services.llm.async_engine import AsyncEngine
 from services.llm.model.checkpoint import DTYPES, load_pretrained, random_model
@@ -38,6 +39,7 @@ class LlmSettings:
     max_num_batched_tokens: int = 512
     max_model_len: int = 4096
     seed: int = 0
+    tls: ServerTls | None = None  # TLS on the gRPC port (mutual with a client CA: only the gateway gets in)
     dtype: str = "auto"      # weights and KV cache; auto: the checkpoint's, or bfloat16 on CUDA / float32 on CPU
     block_size: int = 16     # positions per KV block
     max_audio_lead: float = 0.0  # seconds; pacing (EngineConfig.max_audio_lead), 0: off
@@ -105,4 +107,5 @@ async def run(s: LlmSettings) -> None:
         add_servicer=lambda server: llm_pb2_grpc.add_LlmServicer_to_server(LlmServicer(engine), server),
         on_done=metrics.observe_request,
         on_stop=engine.stop,
+        tls=s.tls,
     )

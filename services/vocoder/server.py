@@ -10,6 +10,7 @@ from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
 from services.common.metrics import start_metrics_server
 from services.common.server import serve
+from services.common.tls import ServerTls
 from services.vocoder import metrics
 from services.vocoder.runner import smallest
 from services.vocoder.servicer import VocoderServicer
@@ -34,6 +35,7 @@ class VocoderSettings:
     max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES  # mel frames per model call
     first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET  # seconds: a first chunk's deadline (worker.py)
     seed: int = 0
+    tls: ServerTls | None = None  # TLS on the gRPC port (mutual with a client CA: only the gateway gets in)
 
 
 async def run(s: VocoderSettings) -> None:
@@ -62,4 +64,5 @@ async def run(s: VocoderSettings) -> None:
         add_servicer=lambda server: vocoder_pb2_grpc.add_VocoderServicer_to_server(servicer, server),
         on_done=metrics.observe_request,
         on_stop=servicer.worker.stop,
+        tls=s.tls,
     )
