@@ -1,0 +1,116 @@
+"""200 mixed requests at concurrency 16 against a gateway bounded below that (8 turns, 4 queued): completions,
+client cancels, dropped connections, tight deadlines and refusals. Every call ends (none hangs) with a code
+that says what happened, and afterwards nothing is left anywhere: no turn, queued turn or vocoder stream,
+no llm request running or waiting, no KV block in use."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import time
+
+import grpc
+import pytest
+from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+from conftest import metric_value, scrape
+from services.stack import Ports, Stack
+
+KINDS = ("complete", "cancel", "disconnect", "deadline")
+EXPECTED = {  # how each kind of call may end once it got in (a refused call is retried after its hint)
+    "complete": {"OK"},
+    "cancel": {"CANCELLED"},       # every reply has audio (at least 4 tokens), so the cancel always comes
+    "disconnect": {"CANCELLED"},   # ... and so do the two messages before the connection goes
+    "deadline": {"DEADLINE_EXCEEDED", "OK"},  # OK: a short reply within a short deadline
+}
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory):
+    extra = {"gateway": ["--max-turns", "8", "--max-queued-turns", "4"]}
+    with Stack(Ports.free(), log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra) as stack:
+        yield stack
+
+
+REFUSED = collections.Counter()
+
+
+async def with_retries(target: str, kind: str, rng: random.Random) -> str:
+    """A polite client: refused RESOURCE_EXHAUSTED, it waits the hint it was given and tries again."""
+    for _ in range(50):
+        code, hint = await one(target, kind, rng)
+        if code != "RESOURCE_EXHAUSTED":
+            return code
+        REFUSED[kind] += 1
+        assert hint is not None and 0.1 <= hint <= 30, hint
+        await asyncio.sleep(min(hint, 0.5))
+    return code
+
+
+async def one(target: str, kind: str, rng: random.Random) -> tuple[str, float | None]:
+    """→ (how the call ended, the retry hint in seconds if it was refused)."""
+    sampling = common_pb2.SamplingParams(max_new_tokens=rng.randint(4, 24), seed=rng.randint(0, 1000))
+    request = gateway_pb2.SynthesizeRequest(text=rng.choice(["hi", "hello there", "a longer sentence to say"]),
+                                            sampling=sampling)
+    channel = grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+    timeout = rng.uniform(0.02, 0.3) if kind == "deadline" else 60
+    call = gateway_pb2_grpc.GatewayStub(channel).Synthesize(request, timeout=timeout)
+    try:
+        messages = 0
+        while (msg := await call.read()) is not grpc.aio.EOF:
+            messages += 1
+            if kind == "cancel" and msg.WhichOneof("kind") == "audio":
+                call.cancel()
+                return "CANCELLED", None
+            if kind == "disconnect" and messages == 2:
+                await channel.close(grace=None)  # the connection goes, mid-stream
+                return "CANCELLED", None
+        return (await call.code()).name, None
+    except grpc.aio.AioRpcError as err:
+        hint = dict(err.trailing_metadata() or ()).get("retry-after-ms")
+        return err.code().name, int(hint) / 1000 if hint else None
+    except asyncio.CancelledError:
+        return "CANCELLED", None
+    finally:
+        await channel.close()
+
+
+def test_mixed_load_leaves_nothing_behind(bounded):
+    target = bounded.target("gateway")
+    rng = random.Random(7)
+    plan = [rng.choice(KINDS) for _ in range(200)]
+
+    async def run():
+        limit = asyncio.Semaphore(16)
+
+        async def slot(i: int, kind: str):
+            async with limit:
+                return kind, await with_retries(target, kind, random.Random(i))
+
+        return await asyncio.wait_for(asyncio.gather(*(slot(i, k) for i, k in enumerate(plan))), timeout=240)
+
+    results = asyncio.run(run())
+    outcomes = collections.Counter(results)
+    for kind, code in results:
+        assert code in EXPECTED[kind], (kind, code, outcomes)
+    codes = collections.Counter(code for _, code in results)
+    assert codes["OK"] >= 20 and codes["CANCELLED"] >= 20 and codes["DEADLINE_EXCEEDED"] >= 10, codes
+    assert sum(REFUSED.values()) > 0, "the bounds were never reached: the test would not see a refusal"
+
+    deadline = time.monotonic() + 15  # the stages see cancels a moment after the client does
+    while True:
+        text = {s: scrape(bounded.ports.metrics[s]) for s in ("gateway", "llm", "vocoder")}
+        left = {
+            "gateway turns": metric_value(text["gateway"], "gateway_active_requests"),
+            "gateway queued": metric_value(text["gateway"], "gateway_queued_turns"),
+            "vocoder streams": metric_value(text["vocoder"], "vocoder_active_streams"),
+            "llm running": metric_value(text["llm"], "llm_requests_running"),
+            "llm waiting": metric_value(text["llm"], "llm_requests_waiting"),
+            "KV blocks": metric_value(text["llm"], "llm_kv_blocks_used"),
+        }
+        if not any(left.values()):
+            break
+        assert time.monotonic() < deadline, f"left behind after the load: {left}"
+        time.sleep(0.2)
+    assert metric_value(text["gateway"], "gateway_admissions_refused_total") == sum(REFUSED.values())
