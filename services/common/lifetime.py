@@ -18,13 +18,16 @@ PARENT_ENV = "MOSS_SERVE_PARENT_PID"
 PR_SET_PDEATHSIG = 1
 
 
+def _prctl():
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+
+
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """If PARENT_ENV names this process's parent: be sent `sig` when it exits (exit now if it has)."""
     parent = os.environ.get(PARENT_ENV)
     if not parent or not sys.platform.startswith("linux"):
         return
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    _prctl()(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if os.getppid() != int(parent):  # the parent died before prctl: nobody would signal us
         os._exit(1)
 
@@ -32,13 +35,14 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
 def preexec_die_with_parent(sig: int = signal.SIGTERM):
     """A Popen preexec_fn doing the same for a child that is not ours (the MPS daemon). Only safe before the
     parent has threads: the child runs it between fork and exec."""
+    if not sys.platform.startswith("linux"):
+        return None
     parent = os.getpid()
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    prctl = libc.prctl
+    prctl = _prctl()  # looked up here: the child must not load libraries between fork and exec
 
     def preexec() -> None:
         prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         if os.getppid() != parent:
             os._exit(1)
 
-    return preexec if sys.platform.startswith("linux") else None
+    return preexec
