@@ -21,7 +21,7 @@ start_stack() {
     > "$OUT/up.log" 2>&1 &
   STACK_PID=$!
   for _ in $(seq 1 150); do  # the gateway answers before the llm has captured its graphs: retry
-    if serve say "warm up" -o /tmp/warmup.wav --max-new-tokens 8 > /dev/null 2>&1; then
+    if serve say "warm up" -o /tmp/warmup.wav --max-new-tokens 8 --timeout 30 > /dev/null 2>&1; then  # a hung stack fails in minutes
       echo "stack ready after $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s"
       return 0
     fi

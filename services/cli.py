@@ -14,13 +14,14 @@ import os
 import sys
 
 from services.llm.model.config import PRESETS
-from services.vocoder.worker import DEFAULT_FIRST_CHUNK_BUDGET, DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_FRAMES
+from services.vocoder.worker import (DEFAULT_FIRST_CHUNK_BATCH_FRAMES, DEFAULT_FIRST_CHUNK_BUDGET, DEFAULT_MAX_BATCH,
+                                     DEFAULT_MAX_BATCH_FRAMES)
 
 # The llm engine's options: `moss-serve llm` takes them, `moss-serve up` forwards them to its llm.
 ENGINE_OPTIONS = ("preset", "dtype", "kv_cache_gb", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                   "max_audio_lead")
 # The vocoder worker's options: `moss-serve vocoder` takes them, `moss-serve up` forwards them.
-WORKER_OPTIONS = ("max_batch", "max_batch_frames", "first_chunk_budget")
+WORKER_OPTIONS = ("max_batch", "max_batch_frames", "first_chunk_budget", "first_chunk_batch_frames")
 VOCODER_PRESETS = ("tiny", "moss-speech")  # services/vocoder/generator.py PRESETS (not imported: it pulls in torch)
 # Pacing's default on CUDA, seconds of audio a stream may have sent beyond what its listener has heard: when a
 # stream falls to it, its next chunk (up to 20 steps) and that chunk's vocoding must fit in what is left, under
@@ -126,6 +127,9 @@ def _worker_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first-chunk-budget", type=_seconds, default=DEFAULT_FIRST_CHUNK_BUDGET,
                    help="seconds after it comes in that a stream's first chunk is due; chunks are vocoded earliest "
                         f"deadline first (default {DEFAULT_FIRST_CHUNK_BUDGET}; 0: first chunks first)")
+    p.add_argument("--first-chunk-batch-frames", type=_count, default=DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
+                   help="mel frames of a model call that carries a stream's first chunk: a shorter call, sooner first "
+                        f"audio (default {DEFAULT_FIRST_CHUNK_BATCH_FRAMES}; 0: --max-batch-frames alone)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -188,7 +192,8 @@ def parser() -> argparse.ArgumentParser:
                          "--device cuda where the daemon is installed, with a warning where it is not")
     up.add_argument("--mps-llm-threads", type=int, default=25, metavar="PERCENT",
                     help="with --mps: the share of the GPU's multiprocessors the llm's kernels may occupy at once "
-                         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), leaving the rest to the vocoder (default 25: see docs/benchmarks.md)")
+                         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), leaving the rest to the vocoder (default 25: see docs/benchmarks.md; 25, 50 and 100 were "
+                         "measured, and 33 failed every request with non-finite logits on an H200, cause not yet found)")
     _engine_options(up.add_argument_group("llm engine (as in `moss-serve llm`)"))
     _worker_options(up.add_argument_group("vocoder worker (as in `moss-serve vocoder`)"))
 
@@ -265,7 +270,7 @@ def run_service(args) -> int:
 
         settings = VocoderSettings(args.host, args.port, args.metrics_port, args.vocoder_dir, args.preset, args.device,
                                    args.left_context, args.lookahead, args.max_batch, args.max_batch_frames,
-                                   args.first_chunk_budget, tls=tls)
+                                   args.first_chunk_budget, first_chunk_batch_frames=args.first_chunk_batch_frames, tls=tls)
     else:
         from services.gateway.server import GatewaySettings, run
 

@@ -86,6 +86,33 @@ def test_a_call_holds_at_most_max_batch_frames_but_always_one_window(vocoder):
         worker.stop()
 
 
+@pytest.mark.parametrize("first_chunk_batch_frames, calls", [
+    (45, [[20, 20], [20, 20]]),  # the first chunk's call stops at 45 frames; the playing ones go next
+    (0, [[20, 20, 20, 20]]),     # no cap of its own: one call of up to max_batch_frames
+])
+def test_a_call_carrying_a_first_chunk_holds_at_most_first_chunk_batch_frames(vocoder, first_chunk_batch_frames, calls):
+    rec = Recording(vocoder)
+    worker = VocoderWorker(rec, max_batch=16, max_wait=0.0, max_batch_frames=200,
+                           first_chunk_batch_frames=first_chunk_batch_frames)
+    try:
+        rec.gate.clear()
+        blocker = worker.submit(Job(MelStreamer(rec), tokens(2, 0), None, 0.0))  # holds the model
+        while not rec.calls:
+            time.sleep(0.001)
+        now = time.perf_counter()
+        # A first chunk (20 frames) is due before three playing streams' chunks (20 frames each, their first
+        # windows too, and 1 s of slack). A second chunk (0.32 s of audio out) does not shorten a call.
+        first = worker.submit(Job(MelStreamer(rec), tokens(5, 1), None, 0.0))
+        second = worker.submit(Job(MelStreamer(rec), tokens(5, 2), now - 0.1, 0.32))
+        playing = [worker.submit(Job(MelStreamer(rec), tokens(5, i), now - 1.0, 2.0)) for i in range(3, 5)]
+        rec.gate.set()
+        for f in [blocker, first, second, *playing]:
+            f.result(timeout=20)
+        assert rec.calls[1:] == calls
+    finally:
+        worker.stop()
+
+
 def test_streams_vocoded_together_give_what_each_gives_alone(vocoder):
     schedules = [[3, 10, 10, 2], [3, 1, 1, 7], [5, 10], [2]]
     alone = []

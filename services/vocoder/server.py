@@ -15,7 +15,8 @@ from services.vocoder import metrics
 from services.vocoder.runner import smallest
 from services.vocoder.servicer import VocoderServicer
 from services.vocoder.streamer import DEFAULT_LOOKAHEAD
-from services.vocoder.worker import DEFAULT_FIRST_CHUNK_BUDGET, DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_FRAMES
+from services.vocoder.worker import (DEFAULT_FIRST_CHUNK_BATCH_FRAMES, DEFAULT_FIRST_CHUNK_BUDGET, DEFAULT_MAX_BATCH,
+                                     DEFAULT_MAX_BATCH_FRAMES)
 from services.vocoder.vocoder import load_vocoder
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class VocoderSettings:
     max_batch: int = DEFAULT_MAX_BATCH                # windows per model call (worker.py)
     max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES  # mel frames per model call
     first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET  # seconds: a first chunk's deadline (worker.py)
+    first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES  # mel frames of a call carrying a first chunk
     seed: int = 0
     tls: ServerTls | None = None  # TLS on the gRPC port (mutual with a client CA: only the gateway gets in)
 
@@ -54,7 +56,8 @@ async def run(s: VocoderSettings) -> None:
     if vocoder.runner.graphs:
         log.info("vocoder: %d CUDA graphs captured in %.1f s", len(vocoder.runner.graphs), time.perf_counter() - started)
     servicer = VocoderServicer(vocoder, s.left_context, s.lookahead, max_batch=s.max_batch,
-                               max_batch_frames=s.max_batch_frames, first_chunk_budget=s.first_chunk_budget)
+                               max_batch_frames=s.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
+                               first_chunk_batch_frames=s.first_chunk_batch_frames)
     start_metrics_server(s.host, s.metrics_port)
     await serve(
         name="vocoder",

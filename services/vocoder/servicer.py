@@ -19,8 +19,8 @@ from services.common.sampling import resolve_lookahead
 from services.vocoder import metrics
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import TokenVocoder
-from services.vocoder.worker import (DEFAULT_FIRST_CHUNK_BUDGET, DEFAULT_MAX_BATCH, DEFAULT_MAX_BATCH_FRAMES, Done, Job,
-                                     VocoderWorker)
+from services.vocoder.worker import (DEFAULT_FIRST_CHUNK_BATCH_FRAMES, DEFAULT_FIRST_CHUNK_BUDGET, DEFAULT_MAX_BATCH,
+                                     DEFAULT_MAX_BATCH_FRAMES, Done, Job, VocoderWorker)
 
 MAX_TOKENS_PER_MESSAGE = 4096
 AFTER_END_GRACE_SECONDS = 1.0  # how long a stream waits, its audio all sent, for the client to half-close
@@ -29,14 +29,16 @@ AFTER_END_GRACE_SECONDS = 1.0  # how long a stream waits, its audio all sent, fo
 class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
     def __init__(self, vocoder: TokenVocoder, left_context: int | None = None, lookahead: int | None = None,
                  max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002,
-                 max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET):
+                 max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
+                 first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
-        others to join it; a first chunk is due first_chunk_budget seconds after it comes in (worker.py)."""
+        others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most first_chunk_batch_frames (worker.py)."""
         self.vocoder = vocoder
         self.left_context, self.lookahead = left_context, lookahead
         self.worker = VocoderWorker(vocoder, max_batch, max_wait, on_batch=metrics.observe_batch,
-                                    max_batch_frames=max_batch_frames, first_chunk_budget=first_chunk_budget)
+                                    max_batch_frames=max_batch_frames, first_chunk_budget=first_chunk_budget,
+                                    first_chunk_batch_frames=first_chunk_batch_frames)
 
     def _check_tokens(self, tokens) -> list[int]:
         if len(tokens) > MAX_TOKENS_PER_MESSAGE:

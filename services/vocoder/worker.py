@@ -14,6 +14,14 @@ of buffer) waiting behind several calls. (The one comparison on an H200 is void:
 with stacks left running; docs/benchmarks.md, fourth sweep.) A job waits for company at most `max_wait` seconds, and
 never when a first chunk or a chunk with less slack than that is queued.
 
+A call that carries a first chunk holds at most `first_chunk_batch_frames` mel frames: its samples are
+time to first audio, and a call's time grows with its frames. The playing streams it leaves for the next
+call have the audio sent ahead of their listeners to wait with. On an H200 at 128 streams this took the
+first chunk's call from 64 to 31 ms and TTFA p95 from 316 to 274 ms. Not the second chunk too, though it
+is due while its listener has only the first: a stream's first two chunks are in most calls, so capping
+them took 43% more calls for the same windows, and 128 streams fell behind (5% stall-free; both in
+docs/benchmarks.md, fifth sweep).
+
 No asyncio here: `submit` returns a concurrent future; the servicer wraps it (asyncio.wrap_future), so
 the gRPC event loop never blocks on the model.
 """
@@ -72,17 +80,23 @@ DEFAULT_MAX_BATCH_FRAMES = 1024
 # A first chunk's deadline, after it comes in: what the vocoder may add to time to first audio when chunks of
 # streams already playing are due sooner. 0: first chunks before any chunk that is not yet late.
 DEFAULT_FIRST_CHUNK_BUDGET = 0.1
+# The mel frames of a call that carries a first chunk (0: max_batch_frames alone): ~3 first windows with
+# room for some urgent ones.
+DEFAULT_FIRST_CHUNK_BATCH_FRAMES = 256
 
 
 class VocoderWorker:
     def __init__(self, vocoder, max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002,
                  on_batch: Callable[[int, float], None] = lambda size, seconds: None,
-                 max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET):
+                 max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
+                 first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES):
         """vocoder: TokenVocoder (its `vocode(windows, last)` runs a batch); on_batch(size, seconds) per batch.
-        A call holds at most max_batch windows and max_batch_frames mel frames (but always one window);
-        first_chunk_budget: seconds, see the module's docstring."""
+        A call holds at most max_batch windows and max_batch_frames mel frames (but always one window), and
+        at most first_chunk_batch_frames (when > 0) if it carries a first chunk; first_chunk_budget: seconds.
+        See the module's docstring."""
         self.vocoder, self.max_batch, self.max_wait, self.on_batch = vocoder, max_batch, max_wait, on_batch
         self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
+        self.first_chunk_batch_frames = first_chunk_batch_frames
         self.pending: list[Job] = []
         self.cv = threading.Condition()
         self.stopping = False
@@ -120,10 +134,12 @@ class VocoderWorker:
                     break  # a first chunk (slack -inf) or an urgent one is waiting: go now
                 self.cv.wait(deadline - now)
             self.pending.sort(key=lambda j: j.deadline(self.first_chunk_budget))
-            taken, frames = 0, 0
+            taken, frames, cap = 0, 0, self.max_batch_frames
             for job in self.pending[: self.max_batch]:
                 frames += job.streamer.window_frames(None if job.tokens is None else len(job.tokens))
-                if taken and frames > self.max_batch_frames:
+                if job.audio_started is None and job.tokens is not None and self.first_chunk_batch_frames:
+                    cap = min(cap, self.first_chunk_batch_frames)  # a first chunk aboard: a short call
+                if taken and frames > cap:
                     break
                 taken += 1
             batch, self.pending = self.pending[:taken], self.pending[taken:]
