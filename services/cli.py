@@ -3,6 +3,8 @@
     moss-serve llm|vocoder|gateway [options]   one service
     moss-serve up [options]                    all three as separate processes; Ctrl-C stops them
     moss-serve say "text" -o out.wav           synthesize through the gateway at localhost:50051
+    moss-serve chat                            a typed spoken conversation (services/chat.py)
+    moss-serve bench [options]                 load the gateway, measure at the client (services/bench/)
 """
 
 from __future__ import annotations
@@ -176,6 +178,9 @@ def parser() -> argparse.ArgumentParser:
     gw.add_argument("--max-queued-turns", type=_count, default=256,
                     help="turns waiting for a place, each within its deadline; beyond: RESOURCE_EXHAUSTED with a "
                          "retry hint (default 256)")
+    gw.add_argument("--session-idle-seconds", type=_positive(float), default=300.0,
+                    help="a Converse session with no message from its client and no turn running for this long ends "
+                         "(default 300)")
 
     up = sub.add_parser("up", help="start llm, vocoder and gateway as separate processes")
     up.add_argument("--host", default="127.0.0.1")
@@ -209,6 +214,19 @@ def parser() -> argparse.ArgumentParser:
     say.add_argument("--api-key", default=os.environ.get("MOSS_API_KEY"), help="sent as 'authorization: Bearer <key>' "
                                                                              "(default: $MOSS_API_KEY)")
     _client_tls_options(say)
+
+    chat = sub.add_parser("chat", help="a typed spoken conversation through the gateway (Converse); each reply "
+                                       "to a WAV file")
+    chat.add_argument("--target", default="localhost:50051")
+    chat.add_argument("--out-dir", default="chat", help="where turn_<n>.wav go (default ./chat)")
+    chat.add_argument("--voice", default="")
+    chat.add_argument("--system-prompt", default="", help="replaces the voice's system prompt")
+    chat.add_argument("--temperature", type=float)
+    chat.add_argument("--max-new-tokens", type=int)
+    chat.add_argument("--seed", type=int)
+    chat.add_argument("--api-key", default=os.environ.get("MOSS_API_KEY"), help="sent as 'authorization: Bearer <key>' "
+                                                                              "(default: $MOSS_API_KEY)")
+    _client_tls_options(chat)
 
     bench = sub.add_parser("bench", help="load the gateway and measure TTFA, RTF and stalls at the client",
                            description="Requests at fixed concurrencies (a sweep) or on Poisson arrivals, measured "
@@ -278,7 +296,8 @@ def run_service(args) -> int:
                                    args.max_text_chars, ready_wait=args.ready_wait, max_turns=args.max_turns,
                                    max_queued_turns=args.max_queued_turns, api_keys_file=args.api_keys_file,
                                    max_message_bytes=args.max_message_bytes,
-                                   max_streams_per_connection=args.max_streams_per_connection, tls=tls,
+                                   max_streams_per_connection=args.max_streams_per_connection,
+                                   session_idle_seconds=args.session_idle_seconds, tls=tls,
                                    backend_tls=backend_tls)
     try:
         asyncio.run(run(settings))
@@ -320,23 +339,53 @@ def run_say(args) -> int:
     from moss.speech.v1 import common_pb2
 
     from services.common.audio import write_wav
-    from services.gateway.client import synthesize
+    from services.gateway.client import converse
 
-    fields = {k: v for k, v in (("temperature", args.temperature), ("max_new_tokens", args.max_new_tokens),
-                                ("seed", args.seed)) if v is not None}
     tls, error = _client_tls(args, "say")
     if error:
         print(error, file=sys.stderr)
         return 2
+
+    async def one_turn():  # a conversation of one turn
+        async with converse(args.target, voice=args.voice, sampling=common_pb2.SamplingParams(**_sampling_fields(args)),
+                            timeout=args.timeout, api_key=args.api_key, tls=tls) as conv:
+            return await conv.say(args.text)
+
     try:
-        result = asyncio.run(synthesize(args.target, args.text, voice=args.voice,
-                                        sampling=common_pb2.SamplingParams(**fields), timeout=args.timeout,
-                                        api_key=args.api_key, tls=tls))
+        result = asyncio.run(one_turn())
     except grpc.aio.AioRpcError as err:
         print(f"moss-serve say: {err.code().name}: {err.details()}", file=sys.stderr)
         return 1
     write_wav(args.output, result.samples, result.sample_rate)
     print_timings(result, args.output)
+    return 0
+
+
+def _sampling_fields(args) -> dict:
+    return {k: v for k, v in (("temperature", args.temperature), ("max_new_tokens", args.max_new_tokens),
+                              ("seed", args.seed)) if v is not None}
+
+
+def run_chat(args) -> int:
+    from pathlib import Path
+
+    import grpc
+    from moss.speech.v1 import common_pb2
+
+    from services.chat import chat
+
+    tls, error = _client_tls(args, "chat")
+    if error:
+        print(error, file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(chat(args.target, Path(args.out_dir), sampling=common_pb2.SamplingParams(**_sampling_fields(args)),
+                         voice=args.voice, system_prompt=args.system_prompt, api_key=args.api_key, tls=tls))
+    except grpc.aio.AioRpcError as err:
+        print(f"moss-serve chat: {err.code().name}: {err.details()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 
@@ -371,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_up(args)
     if args.command == "say":
         return run_say(args)
+    if args.command == "chat":
+        return run_chat(args)
     if args.command == "bench":
         return run_bench(args, argv[1:])
     return run_service(args)

@@ -91,16 +91,22 @@ def test_aborted_turn_frees_its_blocks_and_keeps_the_history(model):
     engine = make_engine(model)
     first = turn(engine, "Hello")
     history = list(engine.sessions.sessions["s"].text_ids)
+    cached = engine.sessions.sessions["s"].num_cached
+    kept = len(engine.sessions.sessions["s"].block_table)  # the history's blocks, the last one partly filled
     seq = engine.make_sequence(GenerationRequest("barge", GREEDY, ChunkSettings(), text="Interrupted", session_id="s"))
     engine.add(seq)
     engine.step()
     engine.step()
+    assert engine.block_manager.num_used > kept > 0
     assert engine.abort(seq.seq_id)
-    assert engine.block_manager.num_used == 0  # the session's blocks went with the turn that held them
-    assert engine.sessions.sessions["s"].text_ids == history and not engine.sessions.sessions["s"].busy
+    session = engine.sessions.sessions["s"]
+    assert engine.block_manager.num_used == len(session.block_table) == kept  # the turn's own blocks are free
+    assert session.num_cached == cached and cached % engine.block_manager.block_size  # (a partial block was kept)
+    assert session.text_ids == history and not session.busy
+    before = engine.counters.prefill_tokens
     third = turn(engine, "Where were we?")
     assert third.text_ids[: len(history)] == history
-    assert engine.block_manager.hit_tokens > 0  # the history's full blocks were still cached
+    assert engine.counters.prefill_tokens - before == third.num_prompt - cached
     assert generated(third) == generated(cold(model, third))
     del first
 

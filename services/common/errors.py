@@ -15,7 +15,11 @@ class InvalidArgument(ServiceError):
 
     def __init__(self, field: str, problem: str):
         super().__init__(f"{field}: {problem}")
-        self.field = field
+        self.field, self.problem = field, problem
+
+    def within(self, parent: str) -> InvalidArgument:
+        """The same problem, its field named from an enclosing message (e.g. "config.sampling.top_p")."""
+        return InvalidArgument(f"{parent}.{self.field}", self.problem)
 
 
 class Unavailable(ServiceError):

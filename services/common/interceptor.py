@@ -65,7 +65,23 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        return handler  # every moss.speech.v1 method streams its responses
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(method, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    def _wrap_unary(self, method: str, behavior):
+        async def wrapper(request, context: grpc.aio.ServicerContext):
+            async def one():
+                yield await behavior(request, context)
+
+            async for response in self._wrap_stream(method, lambda r, c: one())(request, context):
+                return response
+
+        return wrapper
 
     def _wrap_stream(self, method: str, behavior):
         async def wrapper(request, context: grpc.aio.ServicerContext):

@@ -1,11 +1,24 @@
-"""A Synthesize client: collects the streamed audio and timings (used by `moss-serve say`, the demo
-and the tests)."""
+"""Clients of the gateway, used by `moss-serve say` and `chat`, the demo and the tests.
+
+- `synthesize(...)`: one Synthesize call → a SynthesisResult (audio, timings).
+- `converse(...)`: a Converse session, as an async context manager → a Conversation:
+
+      async with converse("localhost:50051", sampling=...) as conv:
+          first = await conv.say("Hello!")           # one whole turn → a SynthesisResult (plus its text)
+          await conv.send("Tell me more.")           # or drive a turn message by message:
+          async for msg in conv.replies():           #   metadata, audio, text, then summary
+              ...                                    #   (or, after conv.cancel(), cancelled)
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import grpc
 import numpy as np
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -22,8 +35,10 @@ class SynthesisResult:
     chunks: list[bytes] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
     summary: gateway_pb2.SynthesisSummary | None = None
-    client_ttfa: float = 0.0   # call start → first audio bytes, measured here
+    client_ttfa: float = 0.0   # call (or turn) start → first audio bytes, measured here
     client_total: float = 0.0
+    text: str = ""             # Converse: the text the model emitted alongside the audio
+    cancelled: gateway_pb2.TurnCancelled | None = None  # Converse: the turn was cancelled (no summary then)
 
     @property
     def samples(self) -> np.ndarray:
@@ -53,3 +68,107 @@ async def synthesize(
                 result.summary = msg.summary
     result.client_total = time.perf_counter() - start
     return result
+
+
+class Conversation:
+    """An open Converse call (see the module's docstring). One turn at a time: send() a turn, then read its
+    replies() to the end; say() does both."""
+
+    def __init__(self, call):
+        self.call = call
+        self.session_id = ""
+        self.ended: gateway_pb2.SessionEnded | None = None
+
+    async def _open(self, config: gateway_pb2.SessionConfig) -> None:
+        await self.call.write(gateway_pb2.ConverseRequest(config=config))
+        first = await self.call.read()
+        if first is grpc.aio.EOF or first.WhichOneof("kind") != "session":
+            await self.call  # raises the call's error status, if it ended with one
+            raise RuntimeError("Converse: the gateway did not start a session")
+        self.session_id = first.session.session_id
+
+    async def send(self, text: str, sampling: common_pb2.SamplingParams | None = None) -> None:
+        """Start a turn (one running is cancelled first, by the gateway); sampling: this turn's own."""
+        await self.call.write(gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text=text, sampling=sampling)))
+
+    async def cancel(self) -> None:
+        """Barge-in: stop the turn running; its replies() end with a `cancelled` message."""
+        await self.call.write(gateway_pb2.ConverseRequest(cancel=gateway_pb2.CancelTurn()))
+
+    async def replies(self) -> AsyncIterator[gateway_pb2.ConverseResponse]:
+        """The current turn's messages, through its summary or its cancelled message (messages of turns
+        before it, cancelled ones, are skipped). Ends early if the session ends."""
+        while True:
+            msg = await self.call.read()
+            if msg is grpc.aio.EOF:
+                await self.call  # raises the call's error status
+                return
+            kind = msg.WhichOneof("kind")
+            if kind == "ended":
+                self.ended = msg.ended
+                return
+            yield msg
+            if kind in ("summary", "cancelled"):
+                return
+
+    async def say(self, text: str, sampling: common_pb2.SamplingParams | None = None) -> SynthesisResult:
+        """One whole turn: its audio, text and summary."""
+        result = SynthesisResult()
+        start = time.perf_counter()
+        await self.send(text, sampling)
+        turn = None
+        async for msg in self.replies():
+            if turn is not None and msg.turn != turn:
+                continue
+            kind = msg.WhichOneof("kind")
+            if kind == "metadata":
+                turn = msg.turn
+                result.request_id = msg.metadata.request_id
+                result.sample_rate, result.format = msg.metadata.sample_rate, msg.metadata.format
+            elif kind == "audio":
+                if not result.chunks:
+                    result.client_ttfa = time.perf_counter() - start
+                result.chunks.append(msg.audio.pcm)
+                result.offsets.append(msg.audio.sample_offset)
+            elif kind == "text":
+                result.text += msg.text.text
+            elif kind == "summary":
+                result.summary = msg.summary
+            elif kind == "cancelled":
+                result.cancelled = msg.cancelled
+        result.client_total = time.perf_counter() - start
+        return result
+
+    async def close(self) -> gateway_pb2.SessionEnded | None:
+        """End the session (a turn running is cancelled) and wait for the gateway's SessionEnded."""
+        if self.ended is None:
+            with contextlib.suppress(grpc.aio.UsageError, asyncio.InvalidStateError):
+                await self.call.write(gateway_pb2.ConverseRequest(close=gateway_pb2.CloseSession()))
+            while self.ended is None:
+                msg = await self.call.read()
+                if msg is grpc.aio.EOF:
+                    break
+                if msg.WhichOneof("kind") == "ended":
+                    self.ended = msg.ended
+        return self.ended
+
+
+@contextlib.asynccontextmanager
+async def converse(
+    target: str, *, voice: str = "", system_prompt: str = "", fmt: int = common_pb2.AUDIO_FORMAT_PCM16,
+    sampling: common_pb2.SamplingParams | None = None, chunking: common_pb2.ChunkPolicy | None = None,
+    timeout: float | None = None, api_key: str | None = None, tls: ChannelTls | None = None,
+) -> AsyncIterator[Conversation]:
+    """Open a Converse session; closed (and the channel with it) when the block ends. timeout: seconds for
+    the whole call (None: no deadline)."""
+    config = gateway_pb2.SessionConfig(voice=voice, system_prompt=system_prompt, format=fmt, sampling=sampling,
+                                       chunking=chunking)
+    async with channel(target, tls) as ch:
+        call = gateway_pb2_grpc.GatewayStub(ch).Converse(timeout=timeout, metadata=bearer(api_key))
+        conv = Conversation(call)
+        try:
+            await conv._open(config)
+            yield conv
+            await conv.close()
+        finally:
+            call.cancel()

@@ -20,7 +20,13 @@ STALL = Histogram("gateway_stall_seconds", "How late each stalled chunk was sent
                   "beyond 20 ms of jitter)", buckets=LATENCY_BUCKETS)
 STALLED_TURNS = Counter("gateway_stalled_turns_total", "Turns with at least one stall")
 AUDIO_TURNS = Counter("gateway_audio_turns_total", "Turns that sent audio (the base of the stall-free share)")
-ACTIVE = Gauge("gateway_active_requests", "Turns in progress")
+ACTIVE = Gauge("gateway_active_requests", "Turns in progress (Synthesize calls and Converse turns)")
+SESSIONS = Gauge("gateway_active_sessions", "Converse sessions open")
+SESSIONS_ENDED = Counter("gateway_sessions_ended_total", "Converse sessions ended, by how: closed, client_done (half-close), "
+                         "idle, or aborted (an error, or the client left)", ["reason"])
+CANCELS = Counter("gateway_turn_cancels_total", "Converse turns cancelled while running (barge-in)")
+CANCEL = Histogram("gateway_turn_cancel_seconds", "Cancel received to the turn stopped in every stage",
+                   buckets=LATENCY_BUCKETS)
 ADMISSIONS_REFUSED = Counter("gateway_admissions_refused_total", "Turns refused RESOURCE_EXHAUSTED: every place "
                              "and every queue slot taken")
 QUEUED_TURNS = Gauge("gateway_queued_turns", "Turns waiting for a place (admission control)")

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -47,21 +48,28 @@ def stage_error(stage: str, err: grpc.aio.AioRpcError) -> ServiceError:
     return StageError(stage, code.name, err.details() or code.name)
 
 
-def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits) -> tuple[llm_pb2.GenerateRequest, int]:
+def validate_text(text: str, limits: TurnLimits, field: str = "text") -> None:
+    if not text.strip():
+        raise InvalidArgument(field, "must not be empty")
+    if len(text) > limits.max_text_chars:
+        raise InvalidArgument(field, f"{len(text)} characters is over the limit of {limits.max_text_chars}")
+
+
+def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits, session_id: str = "",
+             system_prompt: str = "") -> tuple[llm_pb2.GenerateRequest, int]:
     """Everything a client can get wrong is refused here, before any stage is called.
+    session_id: the turn continues that llm session; system_prompt: replaces the voice's.
     → (the llm request, the resolved audio format)."""
-    if not req.text.strip():
-        raise InvalidArgument("text", "must not be empty")
-    if len(req.text) > limits.max_text_chars:
-        raise InvalidArgument("text", f"{len(req.text)} characters is over the limit of {limits.max_text_chars}")
+    validate_text(req.text, limits)
     voice = resolve_voice(req.voice)
     fmt = resolve_format(req.format, "format")
     sampling = resolve_sampling(req.sampling if req.HasField("sampling") else None, limits.max_new_tokens)
     chunking = resolve_chunking(req.chunking if req.HasField("chunking") else None)
     return llm_pb2.GenerateRequest(
         request_id=uuid.uuid4().hex,
+        session_id=session_id,
         text=req.text,
-        system_prompt=voice.system_prompt,
+        system_prompt=system_prompt or voice.system_prompt,
         sampling=common_pb2.SamplingParams(**sampling_to_fields(sampling)),
         chunking=common_pb2.ChunkPolicy(first_chunk_tokens=chunking.first_chunk_tokens, chunk_tokens=chunking.chunk_tokens,
                                         lookahead_frames=chunking.lookahead_frames),
@@ -70,11 +78,14 @@ def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits) -> tuple[ll
 
 
 class Turn:
-    """State of one Synthesize call; `run()` yields the client's messages."""
+    """State of one turn (a Synthesize call, or a turn of a Converse session); `run()` yields Synthesize's
+    messages. session_id / system_prompt: see validate(); on_text(piece) gets the text the model emits."""
 
-    def __init__(self, req, backends: Backends, limits: TurnLimits, timeout: float | None):
+    def __init__(self, req, backends: Backends, limits: TurnLimits, timeout: float | None, session_id: str = "",
+                 system_prompt: str = "", on_text: Callable[[str], None] | None = None):
         self.start = time.perf_counter()
         self.req = req
+        self.session_id, self.system_prompt, self.on_text = session_id, system_prompt, on_text
         self.backends = backends
         self.llm, self.vocoder = backends.llm.stub, backends.vocoder.stub
         self.limits = limits
@@ -84,7 +95,7 @@ class Turn:
         self.stalls = 0
 
     async def run(self):
-        gen_req, fmt = validate(self.req, self.limits)
+        gen_req, fmt = validate(self.req, self.limits, self.session_id, self.system_prompt)
         waited = await self.backends.wait_ready(self.timeout)  # a stage still starting: wait, within the deadline
         timeout = self.timeout - waited
         llm_call = self.llm.Generate(gen_req, timeout=timeout)
@@ -135,6 +146,8 @@ class Turn:
                 if chunk.first:
                     self.summary.llm_first_chunk_seconds = time.perf_counter() - self.start
                     metrics.LLM_FIRST_CHUNK.observe(self.summary.llm_first_chunk_seconds)
+                if chunk.text and self.on_text is not None:
+                    self.on_text(chunk.text)
                 if chunk.audio_tokens:
                     self.first_tokens_sent = self.first_tokens_sent or time.perf_counter()
                     self.summary.audio_tokens += len(chunk.audio_tokens)

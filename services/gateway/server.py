@@ -36,6 +36,7 @@ class GatewaySettings:
     api_keys_file: str | None = None  # with $MOSS_API_KEYS: the keys clients must send (auth.py); none: open
     max_message_bytes: int = 1 << 20  # a request is text and a few fields: 1 MiB is far more than max_text_chars
     max_streams_per_connection: int = 100
+    session_idle_seconds: float = 300.0  # a Converse session with no message and no turn for this long ends
     tls: ServerTls | None = None          # TLS for clients
     backend_tls: ChannelTls | None = None  # TLS (mutual, with a certificate) to llm and vocoder
 
@@ -43,7 +44,7 @@ class GatewaySettings:
 async def run(s: GatewaySettings) -> None:
     backends = Backends(s.llm_target, s.vocoder_target, s.ready_wait, s.backend_tls)
     servicer = GatewayServicer(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
-                               Admission(s.max_turns, s.max_queued_turns))
+                               Admission(s.max_turns, s.max_queued_turns), s.session_idle_seconds)
     api_keys = load_keys(s.api_keys_file)
     if not api_keys:
         log.warning("gateway: no API keys (--api-keys-file, $%s): any client may call it", KEYS_ENV)

@@ -1,4 +1,5 @@
-"""moss.speech.v1.Gateway: the public API. Each call is one Turn (pipeline.py)."""
+"""moss.speech.v1.Gateway: the public API. A Synthesize call is one Turn (pipeline.py); a Converse call is a
+Conversation of turns (conversation.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ from moss.speech.v1 import gateway_pb2_grpc
 from services.gateway import metrics
 from services.gateway.admission import Admission
 from services.gateway.backends import Backends
+from services.gateway.conversation import Conversation
 from services.gateway.pipeline import Turn, TurnLimits
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, backends: Backends, limits: TurnLimits, admission: Admission):
+    def __init__(self, backends: Backends, limits: TurnLimits, admission: Admission, session_idle_seconds: float = 300.0):
         self.backends, self.limits, self.admission = backends, limits, admission
+        self.session_idle_seconds = session_idle_seconds
 
     async def Synthesize(self, request, context):
         async with self.admission.turn(context.time_remaining()):  # waits for a place, or RESOURCE_EXHAUSTED
@@ -22,3 +25,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                     yield msg
             finally:
                 metrics.ACTIVE.dec()
+
+    async def Converse(self, request_iterator, context):
+        conversation = Conversation(self.backends, self.limits, self.admission, self.session_idle_seconds, context)
+        async for msg in conversation.run(request_iterator):
+            yield msg

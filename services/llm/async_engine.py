@@ -5,6 +5,10 @@ Callers hand requests and aborts over through a queue; chunks come back to per-r
 through `loop.call_soon_threadsafe`. When the engine paces speech (`hold_seconds`), the thread waits on
 that queue instead of stepping, so a new request ends the wait at once.
 
+A session's next turn that finds the previous one still running waits up to SESSION_BUSY_WAIT seconds
+for it to end: a client that cancels a turn and sends the next one at once (barge-in) has its cancel
+reach this thread by another path (the call's cancellation) than the new turn, in either order.
+
 A step slower than SLOW_SECONDS, or as long spent between two steps (the thread's own work, or waiting
 for the interpreter lock), is logged with what the step held: the first place to look when streams stall.
 """
@@ -21,11 +25,14 @@ from collections.abc import AsyncIterator, Callable
 from services.common.errors import Internal, ServiceError
 from services.llm.engine.engine import EngineLoad, LLMEngine, StepStats
 from services.llm.engine.sequence import Chunk, Sequence
+from services.llm.engine.session import SessionBusy
 
 log = logging.getLogger(__name__)
 
 _ABORT = object()
+_CLOSE = object()
 SLOW_SECONDS = 0.1
+SESSION_BUSY_WAIT = 1.0
 
 
 class AsyncEngine:
@@ -44,6 +51,7 @@ class AsyncEngine:
         self.on_hold = on_hold
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outputs: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # by seq_id
+        self._deferred: dict[int, tuple[Sequence, float]] = {}  # seq_id → (a busy session's next turn, give-up time)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
 
@@ -76,6 +84,13 @@ class AsyncEngine:
             if not done:
                 self._inbox.put((_ABORT, seq.seq_id))
 
+    async def close_session(self, session_id: str) -> bool:
+        """Forget a session and free its blocks, on the engine thread (after any abort sent before it)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        self._inbox.put((_CLOSE, session_id, loop, done))
+        return await done
+
     # ---- engine thread ---------------------------------------------------------------------------
     def _deliver(self, seq_id: int, item) -> None:
         target = self._outputs.get(seq_id)
@@ -84,19 +99,37 @@ class AsyncEngine:
             loop.call_soon_threadsafe(out.put_nowait, item)
 
     def _drain_inbox(self, block: bool, timeout: float | None = None) -> None:
+        if self._deferred and block:
+            timeout = 0.01 if timeout is None else min(timeout, 0.01)  # a deferred turn is tried again soon
         try:
             item = self._inbox.get(block=block, timeout=timeout)
             while True:
                 if isinstance(item, tuple) and item[0] is _ABORT:
                     self.engine.abort(item[1])
+                    self._deferred.pop(item[1], None)
+                elif isinstance(item, tuple) and item[0] is _CLOSE:
+                    _, session_id, loop, done = item
+                    closed = self.engine.close_session(session_id)
+                    loop.call_soon_threadsafe(lambda: done.done() or done.set_result(closed))
                 elif item is not None:
-                    try:
-                        self.engine.add(item)
-                    except ServiceError as err:  # e.g. a busy session: refused, nothing kept
-                        self._deliver(item.seq_id, err)
+                    self._add(item, time.monotonic() + SESSION_BUSY_WAIT)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
+        for seq, give_up in list(self._deferred.values()):  # after the aborts that may have freed their sessions
+            del self._deferred[seq.seq_id]
+            self._add(seq, give_up)
+
+    def _add(self, seq: Sequence, give_up: float) -> None:
+        try:
+            self.engine.add(seq)
+        except SessionBusy as err:
+            if time.monotonic() < give_up:
+                self._deferred[seq.seq_id] = (seq, give_up)
+            else:
+                self._deliver(seq.seq_id, err)
+        except ServiceError as err:  # refused, nothing kept
+            self._deliver(seq.seq_id, err)
 
     def _run(self) -> None:
         last_step_end = None  # while there is work: when the previous step returned

@@ -33,10 +33,27 @@ def to_request(req: llm_pb2.GenerateRequest, max_new_tokens_limit: int) -> Gener
     )
 
 
-def to_response(chunk: Chunk) -> llm_pb2.GenerateResponse:
+class TextStream:
+    """A request's text tokens → the text they add, chunk by chunk. Decodes everything so far and sends what
+    is new; a trailing incomplete UTF-8 sequence (U+FFFD) waits for the bytes that complete it."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids, self.sent = tokenizer, [], 0
+
+    def add(self, ids: list[int], final: bool) -> str:
+        if not ids and not final:
+            return ""
+        self.ids += ids
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        end = len(text) if final else len(text.rstrip("\ufffd"))
+        piece, self.sent = text[self.sent : end], max(self.sent, end)
+        return piece
+
+
+def to_response(chunk: Chunk, text: str = "") -> llm_pb2.GenerateResponse:
     msg = llm_pb2.GenerateResponse(
         index=chunk.index, first=chunk.first, final=chunk.final,
-        audio_tokens=chunk.audio_tokens, text_tokens=chunk.text_tokens,
+        audio_tokens=chunk.audio_tokens, text_tokens=chunk.text_tokens, text=text,
     )
     if chunk.stats is not None:
         s = chunk.stats
@@ -56,6 +73,12 @@ class LlmServicer(llm_pb2_grpc.LlmServicer):
     async def Generate(self, request, context):
         gen_request = to_request(request, self.engine.engine.config.max_new_tokens_limit)
         seq = self.engine.engine.make_sequence(gen_request)
+        text = TextStream(self.engine.engine.tokenizer)
         async for chunk in self.engine.generate(seq):
             metrics.observe_chunk(chunk)
-            yield to_response(chunk)
+            yield to_response(chunk, text.add(chunk.text_tokens, chunk.final))
+
+    async def CloseSession(self, request, context):
+        if not request.session_id:
+            raise InvalidArgument("session_id", "must not be empty")
+        return llm_pb2.CloseSessionResponse(closed=await self.engine.close_session(request.session_id))

@@ -152,6 +152,15 @@ class BlockManager:
         for block_id in reversed(block_table):
             self._release(block_id)
 
+    def reclaim_for_writing(self, block_id: int) -> bool:
+        """Make a block its one holder may write into again (a session taking back the partial last block of
+        its history from an aborted turn, which filled it): its hash is dropped, so no later lookup finds
+        content about to change. False if another sequence also holds it."""
+        if self.blocks[block_id].ref_count != 1:
+            return False
+        self._evict_hash(block_id)
+        return True
+
     def free(self, seq: Sequence) -> None:
         self.release(seq.block_table)
         seq.block_table, seq.block_hashes = [], []

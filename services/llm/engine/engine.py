@@ -214,9 +214,9 @@ class LLMEngine:
         seq.finish(FinishReason.ABORTED)
         self.scheduler.finish(seq)
         self.sampler.release(seq)
-        self.block_manager.free(seq)
         if seq.session_id:
-            self.sessions.abort(seq)
+            self.sessions.abort(seq)  # the session takes its history's blocks back first
+        self.block_manager.free(seq)
         if self.inflight is not None and not any(self.sequences.get(s.seq_id) is s for s in self.inflight.batch.seqs):
             self.inflight = None  # nobody is left to apply the step in flight to (stream order keeps it harmless)
         return True

@@ -20,6 +20,10 @@ from services.llm.engine.block_manager import BlockManager
 from services.llm.engine.sequence import Sequence
 
 
+class SessionBusy(FailedPrecondition):
+    """A turn of the session is still running."""
+
+
 @dataclass
 class Session:
     session_id: str
@@ -30,6 +34,7 @@ class Session:
     num_cached: int = 0
     text_kv_upto: int = 0
     busy: bool = False
+    resume: tuple[int, int] = (0, 0)  # num_cached and text_kv_upto when the running turn began
 
 
 class SessionStore:
@@ -52,7 +57,7 @@ class SessionStore:
             session = self.sessions[seq.session_id] = Session(seq.session_id)
             self._cap()
         if session.busy:
-            raise FailedPrecondition(f"session_id: session {seq.session_id!r} already has a turn running")
+            raise SessionBusy(f"session_id: session {seq.session_id!r} already has a turn running")
         self.sessions.move_to_end(seq.session_id)
         session.busy = True
         if session.text_ids:
@@ -61,6 +66,7 @@ class SessionStore:
             seq.num_prompt = len(seq.text_ids)
         seq.block_table, seq.block_hashes, seq.num_cached = session.block_table, session.block_hashes, session.num_cached
         seq.text_kv_upto = session.text_kv_upto
+        session.resume = (session.num_cached, session.text_kv_upto)
         session.block_table, session.block_hashes, session.num_cached, session.text_kv_upto = [], [], 0, 0
 
     def end(self, seq: Sequence, closing_text: list[int], closing_audio: list[int]) -> None:
@@ -74,10 +80,26 @@ class SessionStore:
         session.busy = False
 
     def abort(self, seq: Sequence) -> None:
-        """The turn was aborted: the session keeps its history before the turn; the caller frees the blocks."""
+        """The turn was aborted (barge-in): the session keeps its history from before the turn, and takes back
+        the blocks of that history the turn still holds; the caller then frees the rest of seq's blocks. The
+        turn wrote only past the history, so those blocks hold the history's K/V unchanged. A history block
+        the turn filled up was hashed with the turn's tokens: its hash is dropped before the next turn writes
+        there, and if another sequence shares it, the session keeps only the blocks before it."""
         session = self.sessions.get(seq.session_id)
-        if session is not None:
-            session.busy = False
+        if session is None:
+            return
+        session.busy = False
+        history_cached, history_text_kv = session.resume
+        size = self.block_manager.block_size
+        if not history_cached or seq.num_cached < history_cached:  # nothing held, or preempted meanwhile
+            return
+        full, keep = history_cached // size, -(-history_cached // size)
+        if keep > full and keep <= len(seq.block_hashes) and not self.block_manager.reclaim_for_writing(seq.block_table[full]):
+            keep = history_cached = full
+        session.block_table, seq.block_table = seq.block_table[:keep], seq.block_table[keep:]
+        session.block_hashes, seq.block_hashes = seq.block_hashes[:full], seq.block_hashes[full:]
+        session.num_cached = history_cached
+        session.text_kv_upto = min(history_text_kv, history_cached)
 
     def reclaim(self, blocks_needed: int) -> bool:
         """Free idle sessions' blocks, least recently used first, until `blocks_needed` are free.

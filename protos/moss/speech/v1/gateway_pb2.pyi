@@ -1,10 +1,108 @@
 from moss.speech.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class SessionEndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SESSION_END_REASON_UNSPECIFIED: _ClassVar[SessionEndReason]
+    SESSION_END_REASON_CLOSED: _ClassVar[SessionEndReason]
+    SESSION_END_REASON_CLIENT_DONE: _ClassVar[SessionEndReason]
+    SESSION_END_REASON_IDLE: _ClassVar[SessionEndReason]
+SESSION_END_REASON_UNSPECIFIED: SessionEndReason
+SESSION_END_REASON_CLOSED: SessionEndReason
+SESSION_END_REASON_CLIENT_DONE: SessionEndReason
+SESSION_END_REASON_IDLE: SessionEndReason
+
+class SessionConfig(_message.Message):
+    __slots__ = ("voice", "system_prompt", "sampling", "format", "chunking")
+    VOICE_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    CHUNKING_FIELD_NUMBER: _ClassVar[int]
+    voice: str
+    system_prompt: str
+    sampling: _common_pb2.SamplingParams
+    format: _common_pb2.AudioFormat
+    chunking: _common_pb2.ChunkPolicy
+    def __init__(self, voice: _Optional[str] = ..., system_prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., format: _Optional[_Union[_common_pb2.AudioFormat, str]] = ..., chunking: _Optional[_Union[_common_pb2.ChunkPolicy, _Mapping]] = ...) -> None: ...
+
+class UserTurn(_message.Message):
+    __slots__ = ("text", "sampling")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    sampling: _common_pb2.SamplingParams
+    def __init__(self, text: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+
+class CancelTurn(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CloseSession(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ConverseRequest(_message.Message):
+    __slots__ = ("config", "turn", "cancel", "close")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    config: SessionConfig
+    turn: UserTurn
+    cancel: CancelTurn
+    close: CloseSession
+    def __init__(self, config: _Optional[_Union[SessionConfig, _Mapping]] = ..., turn: _Optional[_Union[UserTurn, _Mapping]] = ..., cancel: _Optional[_Union[CancelTurn, _Mapping]] = ..., close: _Optional[_Union[CloseSession, _Mapping]] = ...) -> None: ...
+
+class SessionStarted(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class TextPiece(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class TurnCancelled(_message.Message):
+    __slots__ = ("seconds",)
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    seconds: float
+    def __init__(self, seconds: _Optional[float] = ...) -> None: ...
+
+class SessionEnded(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: SessionEndReason
+    def __init__(self, reason: _Optional[_Union[SessionEndReason, str]] = ...) -> None: ...
+
+class ConverseResponse(_message.Message):
+    __slots__ = ("turn", "session", "metadata", "audio", "text", "summary", "cancelled", "ended")
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    turn: int
+    session: SessionStarted
+    metadata: StreamMetadata
+    audio: AudioChunk
+    text: TextPiece
+    summary: SynthesisSummary
+    cancelled: TurnCancelled
+    ended: SessionEnded
+    def __init__(self, turn: _Optional[int] = ..., session: _Optional[_Union[SessionStarted, _Mapping]] = ..., metadata: _Optional[_Union[StreamMetadata, _Mapping]] = ..., audio: _Optional[_Union[AudioChunk, _Mapping]] = ..., text: _Optional[_Union[TextPiece, _Mapping]] = ..., summary: _Optional[_Union[SynthesisSummary, _Mapping]] = ..., cancelled: _Optional[_Union[TurnCancelled, _Mapping]] = ..., ended: _Optional[_Union[SessionEnded, _Mapping]] = ...) -> None: ...
 
 class SynthesizeRequest(_message.Message):
     __slots__ = ("text", "voice", "sampling", "format", "chunking")

@@ -39,6 +39,11 @@ class GatewayStub:
                 request_serializer=moss_dot_speech_dot_v1_dot_gateway__pb2.SynthesizeRequest.SerializeToString,
                 response_deserializer=moss_dot_speech_dot_v1_dot_gateway__pb2.SynthesizeResponse.FromString,
                 _registered_method=True)
+        self.Converse = channel.stream_stream(
+                '/moss.speech.v1.Gateway/Converse',
+                request_serializer=moss_dot_speech_dot_v1_dot_gateway__pb2.ConverseRequest.SerializeToString,
+                response_deserializer=moss_dot_speech_dot_v1_dot_gateway__pb2.ConverseResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -56,6 +61,22 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Converse(self, request_iterator, context):
+        """A spoken conversation: the first message opens the session (SessionConfig), then user turns as
+        text. Each turn's reply streams back as metadata, audio chunks and text, then a summary; the model
+        remembers earlier turns (their KV cache is kept and reused). A CancelTurn stops the turn running
+        (barge-in): no more of its audio is sent, a TurnCancelled follows, and the session forgets the turn.
+        A turn sent while another runs cancels that one first. The call ends with SessionEnded after a
+        CloseSession, after the client half-closes (once the turn running has finished), or after
+        --session-idle-seconds without a message and without a turn running.
+        Errors end the call, as for Synthesize: INVALID_ARGUMENT naming the field (e.g. "config: the first
+        message must be a config"), RESOURCE_EXHAUSTED (a turn found no place), DEADLINE_EXCEEDED (the call's
+        deadline), UNAVAILABLE naming the stage.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -63,6 +84,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.Synthesize,
                     request_deserializer=moss_dot_speech_dot_v1_dot_gateway__pb2.SynthesizeRequest.FromString,
                     response_serializer=moss_dot_speech_dot_v1_dot_gateway__pb2.SynthesizeResponse.SerializeToString,
+            ),
+            'Converse': grpc.stream_stream_rpc_method_handler(
+                    servicer.Converse,
+                    request_deserializer=moss_dot_speech_dot_v1_dot_gateway__pb2.ConverseRequest.FromString,
+                    response_serializer=moss_dot_speech_dot_v1_dot_gateway__pb2.ConverseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -92,6 +118,33 @@ class Gateway:
             '/moss.speech.v1.Gateway/Synthesize',
             moss_dot_speech_dot_v1_dot_gateway__pb2.SynthesizeRequest.SerializeToString,
             moss_dot_speech_dot_v1_dot_gateway__pb2.SynthesizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Converse(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/moss.speech.v1.Gateway/Converse',
+            moss_dot_speech_dot_v1_dot_gateway__pb2.ConverseRequest.SerializeToString,
+            moss_dot_speech_dot_v1_dot_gateway__pb2.ConverseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,6 +28,18 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_END_OF_SPEECH: FinishReason
 
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionResponse(_message.Message):
+    __slots__ = ("closed",)
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    closed: bool
+    def __init__(self, closed: _Optional[bool] = ...) -> None: ...
+
 class PromptTokens(_message.Message):
     __slots__ = ("text", "audio")
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -79,17 +91,19 @@ class GenerationStats(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., audio_tokens: _Optional[int] = ..., text_tokens: _Optional[int] = ..., queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., first_audio_token_seconds: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("index", "first", "final", "audio_tokens", "text_tokens", "stats")
+    __slots__ = ("index", "first", "final", "audio_tokens", "text_tokens", "stats", "text")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     FIRST_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
     AUDIO_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
     index: int
     first: bool
     final: bool
     audio_tokens: _containers.RepeatedScalarFieldContainer[int]
     text_tokens: _containers.RepeatedScalarFieldContainer[int]
     stats: GenerationStats
-    def __init__(self, index: _Optional[int] = ..., first: _Optional[bool] = ..., final: _Optional[bool] = ..., audio_tokens: _Optional[_Iterable[int]] = ..., text_tokens: _Optional[_Iterable[int]] = ..., stats: _Optional[_Union[GenerationStats, _Mapping]] = ...) -> None: ...
+    text: str
+    def __init__(self, index: _Optional[int] = ..., first: _Optional[bool] = ..., final: _Optional[bool] = ..., audio_tokens: _Optional[_Iterable[int]] = ..., text_tokens: _Optional[_Iterable[int]] = ..., stats: _Optional[_Union[GenerationStats, _Mapping]] = ..., text: _Optional[str] = ...) -> None: ...

@@ -39,6 +39,11 @@ class LlmStub:
                 request_serializer=moss_dot_speech_dot_v1_dot_llm__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=moss_dot_speech_dot_v1_dot_llm__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.CloseSession = channel.unary_unary(
+                '/moss.speech.v1.Llm/CloseSession',
+                request_serializer=moss_dot_speech_dot_v1_dot_llm__pb2.CloseSessionRequest.SerializeToString,
+                response_deserializer=moss_dot_speech_dot_v1_dot_llm__pb2.CloseSessionResponse.FromString,
+                _registered_method=True)
 
 
 class LlmServicer:
@@ -51,6 +56,14 @@ class LlmServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CloseSession(self, request, context):
+        """Forget a session: its history and its KV blocks. A turn of it still running is not stopped (cancel
+        its Generate call first); closed is false then, and when no such session is kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LlmServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -58,6 +71,11 @@ def add_LlmServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=moss_dot_speech_dot_v1_dot_llm__pb2.GenerateRequest.FromString,
                     response_serializer=moss_dot_speech_dot_v1_dot_llm__pb2.GenerateResponse.SerializeToString,
+            ),
+            'CloseSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseSession,
+                    request_deserializer=moss_dot_speech_dot_v1_dot_llm__pb2.CloseSessionRequest.FromString,
+                    response_serializer=moss_dot_speech_dot_v1_dot_llm__pb2.CloseSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +105,33 @@ class Llm:
             '/moss.speech.v1.Llm/Generate',
             moss_dot_speech_dot_v1_dot_llm__pb2.GenerateRequest.SerializeToString,
             moss_dot_speech_dot_v1_dot_llm__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/moss.speech.v1.Llm/CloseSession',
+            moss_dot_speech_dot_v1_dot_llm__pb2.CloseSessionRequest.SerializeToString,
+            moss_dot_speech_dot_v1_dot_llm__pb2.CloseSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

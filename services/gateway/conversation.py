@@ -1,0 +1,200 @@
+"""One Converse call: a session of spoken turns, with barge-in.
+
+    client ──config, turns, cancel, close──▶ reader task ──starts / cancels──▶ turn task (a Turn, pipeline.py)
+    client ◀──────────────── outbox (one queue, in order) ◀──────────────── every task's messages
+
+Each turn is a Turn of its own, run as a task, with the session's id: the llm keeps the session's history
+and its KV blocks between turns. One turn runs at a time. A cancel (or a new turn while one runs) cancels
+the turn's task: Turn.run's cleanup cancels its llm and vocoder calls (the llm frees the turn's blocks, and
+the session keeps its history from before the turn), and messages of that turn still in the outbox are
+dropped, so no audio of it reaches the client after its TurnCancelled.
+
+Whatever ends the call (close, half-close, idle timeout, an error, the client leaving), every task is
+cancelled and awaited and the llm forgets the session, so nothing outlives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+from moss.speech.v1 import gateway_pb2, llm_pb2
+
+from services.common.audio import resolve_format
+from services.common.errors import InvalidArgument
+from services.common.sampling import resolve_chunking, resolve_sampling
+from services.gateway import metrics
+from services.gateway.admission import Admission
+from services.gateway.backends import Backends
+from services.gateway.pipeline import Turn, TurnLimits, validate_text
+from services.gateway.voices import resolve_voice
+
+log = logging.getLogger(__name__)
+
+CLOSE_SESSION_SECONDS = 2.0  # how long the end of a call waits for the llm to forget the session
+_END = object()              # in the outbox: the call is over (a SessionEnded was just sent)
+
+Reason = gateway_pb2.SessionEndReason
+
+
+def check_config(config: gateway_pb2.SessionConfig, limits: TurnLimits) -> None:
+    """Refuse a bad session config before anything runs, its fields named as the client sent them."""
+    try:
+        resolve_voice(config.voice)
+        resolve_format(config.format, "format")
+        resolve_sampling(config.sampling if config.HasField("sampling") else None, limits.max_new_tokens)
+        resolve_chunking(config.chunking if config.HasField("chunking") else None)
+    except InvalidArgument as err:
+        raise err.within("config") from None
+    if len(config.system_prompt) > limits.max_text_chars:
+        raise InvalidArgument("config.system_prompt", f"{len(config.system_prompt)} characters is over the limit "
+                                                      f"of {limits.max_text_chars}")
+
+
+class Conversation:
+    def __init__(self, backends: Backends, limits: TurnLimits, admission: Admission, idle_seconds: float, context):
+        self.backends, self.limits, self.admission = backends, limits, admission
+        self.idle_seconds, self.context = idle_seconds, context
+        self.session_id = uuid.uuid4().hex
+        self.config = gateway_pb2.SessionConfig()
+        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.turn_no = 0
+        self.turn: asyncio.Task | None = None
+        self.cancelled: set[int] = set()  # turns whose remaining messages are dropped
+        self.last_activity = time.monotonic()
+
+    async def run(self, requests) -> AsyncIterator[gateway_pb2.ConverseResponse]:
+        requests = aiter(requests)
+        first = await anext(requests, None)
+        if first is None or first.WhichOneof("kind") != "config":
+            raise InvalidArgument("config", "the first message of a Converse call must be a config")
+        check_config(first.config, self.limits)
+        self.config = first.config
+        metrics.SESSIONS.inc()
+        reason = Reason.SESSION_END_REASON_UNSPECIFIED
+        tasks = [asyncio.create_task(self._read(requests)), asyncio.create_task(self._watch_idle())]
+        try:
+            yield gateway_pb2.ConverseResponse(session=gateway_pb2.SessionStarted(session_id=self.session_id))
+            while (msg := await self.outbox.get()) is not _END:
+                if isinstance(msg, BaseException):
+                    raise msg
+                kind = msg.WhichOneof("kind")
+                if msg.turn in self.cancelled and kind != "cancelled":
+                    continue  # a cancelled turn's leftovers
+                if kind == "ended":
+                    reason = msg.ended.reason
+                yield msg
+        finally:
+            for task in [*tasks, self.turn]:
+                if task is not None:
+                    task.cancel()
+            await asyncio.gather(*(t for t in [*tasks, self.turn] if t is not None), return_exceptions=True)
+            metrics.SESSIONS.dec()
+            ended = Reason.Name(reason).removeprefix("SESSION_END_REASON_").lower()
+            metrics.SESSIONS_ENDED.labels("aborted" if ended == "unspecified" else ended).inc()
+            await self._forget()
+
+    # ---- the client's messages -------------------------------------------------------------------
+    async def _read(self, requests) -> None:
+        try:
+            async for req in requests:
+                self.last_activity = time.monotonic()
+                kind = req.WhichOneof("kind")
+                if kind == "turn":
+                    self._check_turn(req.turn)
+                    await self._cancel_turn()
+                    self._start_turn(req.turn)
+                elif kind == "cancel":
+                    await self._cancel_turn()
+                elif kind == "close":
+                    await self._cancel_turn()
+                    self._end(Reason.SESSION_END_REASON_CLOSED)
+                    return
+                elif kind == "config":
+                    raise InvalidArgument("config", "only the first message may be a config")
+                else:
+                    raise InvalidArgument("kind", "set config, turn, cancel or close")
+            if self.turn is not None:  # half-closed: the turn running finishes first
+                await asyncio.gather(self.turn, return_exceptions=True)
+            self._end(Reason.SESSION_END_REASON_CLIENT_DONE)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001  bad input or a broken call: ends the call with its status
+            self.outbox.put_nowait(exc)
+
+    async def _watch_idle(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.idle_seconds / 10))
+            idle = self.turn is None or self.turn.done()
+            if idle and time.monotonic() - self.last_activity >= self.idle_seconds:
+                self._end(Reason.SESSION_END_REASON_IDLE)
+                return
+
+    def _end(self, reason: int) -> None:
+        self.outbox.put_nowait(gateway_pb2.ConverseResponse(ended=gateway_pb2.SessionEnded(reason=reason)))
+        self.outbox.put_nowait(_END)
+
+    # ---- turns -----------------------------------------------------------------------------------
+    def _check_turn(self, turn: gateway_pb2.UserTurn) -> None:
+        validate_text(turn.text, self.limits, "turn.text")
+        if turn.HasField("sampling"):
+            try:
+                resolve_sampling(turn.sampling, self.limits.max_new_tokens)
+            except InvalidArgument as err:
+                raise err.within("turn") from None
+
+    def _start_turn(self, turn: gateway_pb2.UserTurn) -> None:
+        self.turn_no += 1
+        c = self.config
+        sampling = turn.sampling if turn.HasField("sampling") else c.sampling if c.HasField("sampling") else None
+        req = gateway_pb2.SynthesizeRequest(text=turn.text, voice=c.voice, format=c.format, sampling=sampling,
+                                            chunking=c.chunking if c.HasField("chunking") else None)
+        self.turn = asyncio.create_task(self._run_turn(self.turn_no, req))
+
+    async def _run_turn(self, n: int, req: gateway_pb2.SynthesizeRequest) -> None:
+        put = self.outbox.put_nowait
+        try:
+            async with self.admission.turn(self.context.time_remaining()):
+                metrics.ACTIVE.inc()
+                try:
+                    turn = Turn(req, self.backends, self.limits, self.context.time_remaining(), self.session_id,
+                                self.config.system_prompt,
+                                on_text=lambda piece: put(gateway_pb2.ConverseResponse(turn=n, text=gateway_pb2.TextPiece(text=piece))))
+                    async for msg in turn.run():
+                        kind = msg.WhichOneof("kind")
+                        put(gateway_pb2.ConverseResponse(turn=n, **{kind: getattr(msg, kind)}))
+                finally:
+                    metrics.ACTIVE.dec()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001  a failed turn ends the call with its status
+            put(exc)
+        finally:
+            self.last_activity = time.monotonic()
+
+    async def _cancel_turn(self) -> None:
+        """Stop the turn running, if any: its calls are cancelled and awaited before TurnCancelled is sent."""
+        if self.turn is None or self.turn.done():
+            return
+        started = time.perf_counter()
+        self.cancelled.add(self.turn_no)
+        self.turn.cancel()
+        await asyncio.gather(self.turn, return_exceptions=True)
+        seconds = time.perf_counter() - started
+        metrics.CANCELS.inc()
+        metrics.CANCEL.observe(seconds)
+        self.outbox.put_nowait(gateway_pb2.ConverseResponse(turn=self.turn_no, cancelled=gateway_pb2.TurnCancelled(seconds=seconds)))
+
+    async def _forget(self) -> None:
+        """The llm forgets the session (its history and KV blocks). Best effort: a session it cannot be told
+        about (llm down) it reclaims anyway, least recently used first, when its pool runs short."""
+        if not self.turn_no:
+            return  # no turn ran: the llm never heard of it
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.CancelledError):
+            await asyncio.shield(self.backends.llm.stub.CloseSession(
+                llm_pb2.CloseSessionRequest(session_id=self.session_id), timeout=CLOSE_SESSION_SECONDS))
