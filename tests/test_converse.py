@@ -52,6 +52,8 @@ def wait_for(predicate, seconds: float = 5.0, what: str = "") -> None:
 
 
 def test_a_session_speaks_turn_after_turn_and_a_close_frees_it(stack):
+    cancels_before = gateway_metric(stack, "gateway_turn_cancels_total")
+
     async def scenario():
         async with converse(stack.target("gateway"), sampling=GREEDY) as conv:
             first = await conv.say("Hello, who are you?")
@@ -68,6 +70,9 @@ def test_a_session_speaks_turn_after_turn_and_a_close_frees_it(stack):
         assert turn.offsets == sorted(turn.offsets) and turn.offsets[0] == 0
     assert second.summary.prompt_tokens > first.summary.prompt_tokens + 24  # the history is in its prompt
     assert conv.ended.reason == gateway_pb2.SESSION_END_REASON_CLOSED
+    # The second turn came as soon as the first's summary did, while its vocoder call was still closing: that
+    # tail is no turn to cancel.
+    assert gateway_metric(stack, "gateway_turn_cancels_total") == cancels_before
     wait_for(lambda: gateway_metric(stack, "gateway_active_sessions") == 0, what="the session is still open")
     wait_for(lambda: llm_metric(stack, "llm_sessions") == 0 and llm_metric(stack, "llm_kv_blocks_used") == 0,
              what="the llm still keeps the session")
@@ -180,11 +185,18 @@ def test_a_second_turn_reuses_the_session_cache_and_speaks_as_a_cold_run_of_the_
     assert cold == b"".join(second.chunks)
 
 
+def held(stack) -> dict[str, float]:
+    """What the stack still holds for sessions and turns (all zero when idle)."""
+    gateway, llm = scrape(stack.ports.metrics["gateway"]), scrape(stack.ports.metrics["llm"])
+    return {"gateway sessions": metric_value(gateway, "gateway_active_sessions"),
+            "gateway turns": metric_value(gateway, "gateway_active_requests"),
+            "llm sessions": metric_value(llm, "llm_sessions"), "KV blocks": metric_value(llm, "llm_kv_blocks_used"),
+            "llm running": metric_value(llm, "llm_requests_running"),
+            "vocoder streams": metric_value(scrape(stack.ports.metrics["vocoder"]), "vocoder_active_streams")}
+
+
 def nothing_held(stack) -> bool:
-    return (gateway_metric(stack, "gateway_active_sessions") == 0 and gateway_metric(stack, "gateway_active_requests") == 0
-            and llm_metric(stack, "llm_sessions") == 0 and llm_metric(stack, "llm_kv_blocks_used") == 0
-            and llm_metric(stack, "llm_requests_running") == 0
-            and metric_value(scrape(stack.ports.metrics["vocoder"]), "vocoder_active_streams") == 0)
+    return not any(held(stack).values())
 
 
 @pytest.mark.parametrize("ending", ["idle", "half_close", "drop_mid_turn", "close_mid_turn"])
@@ -219,7 +231,7 @@ def test_every_way_a_session_ends_frees_everything(stack, ending):
         assert kinds[-2:] == ["summary", "ended"] and code == grpc.StatusCode.OK
     elif ending == "close_mid_turn":
         assert kinds[-2:] == ["cancelled", "ended"] and "summary" not in kinds and code == grpc.StatusCode.OK
-    wait_for(lambda: nothing_held(stack), seconds=5, what=f"something outlived the session ({ending})")
+    wait_for(lambda: nothing_held(stack), seconds=5, what=f"outlived the session ({ending}): {held(stack)}")
     wait_for(lambda: gateway_metric(stack, "gateway_sessions_ended_total", f'{{reason="{ENDED[ending]}"}}') == ended_before + 1,
              what="the session's end was not counted")
 
@@ -253,7 +265,7 @@ def test_bad_input_ends_the_call_with_invalid_argument_naming_the_field(stack, m
 
     err = asyncio.run(scenario())
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details().startswith(f"{field}:"), err.details()
-    wait_for(lambda: nothing_held(stack), what="a refused session left something behind")
+    wait_for(lambda: nothing_held(stack), what=f"a refused session left behind: {held(stack)}")
 
 
 def test_moss_serve_chat_speaks_each_typed_line_to_a_wav_file(stack, tmp_path):

@@ -1,6 +1,6 @@
-"""A stage killed in the middle of a stream (SIGKILL: no goodbye): the client gets UNAVAILABLE naming it within
-2 s, the surviving stage is left with nothing allocated, and once the stage is started again new requests
-succeed through the same gateway."""
+"""A stage killed in the middle of a stream (SIGKILL: no goodbye), under Synthesize and under a Converse turn: the
+client gets UNAVAILABLE naming it within 2 s, the surviving stage is left with nothing allocated, and once the
+stage is started again new requests succeed through the same gateway."""
 
 from __future__ import annotations
 
@@ -32,14 +32,23 @@ def idle(stack, service: str) -> dict[str, float]:
     return {"vocoder_active_streams": metric_value(text, "vocoder_active_streams")}
 
 
+def open_call(channel, rpc: str):
+    """A call whose reply is long, under way: Synthesize, or a turn of a Converse session."""
+    stub = gateway_pb2_grpc.GatewayStub(channel)
+    if rpc == "synthesize":
+        return stub.Synthesize(gateway_pb2.SynthesizeRequest(text="a long reply", sampling=LONG), timeout=120)
+    return stub.Converse(iter([gateway_pb2.ConverseRequest(config=gateway_pb2.SessionConfig(sampling=LONG)),
+                               gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text="a long reply"))]), timeout=120)
+
+
+@pytest.mark.parametrize("rpc", ["synthesize", "converse"])
 @pytest.mark.parametrize("victim, survivor", [("vocoder", "llm"), ("llm", "vocoder")])
-def test_a_stage_killed_mid_stream(stack, victim, survivor):
+def test_a_stage_killed_mid_stream(stack, victim, survivor, rpc):
     target = stack.target("gateway")
 
     async def scenario():
         async with grpc.aio.insecure_channel(target) as channel:
-            call = gateway_pb2_grpc.GatewayStub(channel).Synthesize(
-                gateway_pb2.SynthesizeRequest(text="a long reply", sampling=LONG), timeout=120)
+            call = open_call(channel, rpc)
             while (msg := await call.read()).WhichOneof("kind") != "audio":
                 pass  # audio is flowing: the stream is in the middle
             os.kill(stack.procs[victim].pid, signal.SIGKILL)
@@ -56,7 +65,8 @@ def test_a_stage_killed_mid_stream(stack, victim, survivor):
     while any(idle(stack, survivor).values()):  # the survivor lets go of the stream
         assert time.monotonic() < deadline, f"{survivor} still holds: {idle(stack, survivor)}"
         time.sleep(0.2)
-    assert metric_value(scrape(stack.ports.metrics["gateway"]), "gateway_active_requests") == 0
+    gateway = scrape(stack.ports.metrics["gateway"])
+    assert metric_value(gateway, "gateway_active_requests") == metric_value(gateway, "gateway_active_sessions") == 0
 
     stack.procs.pop(victim).wait()
     stack.start(victim)  # back: new requests go through the same gateway

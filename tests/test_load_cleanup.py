@@ -1,7 +1,8 @@
 """200 mixed requests at concurrency 16 against a gateway bounded below that (8 turns, 4 queued): completions,
-client cancels, dropped connections, tight deadlines and refusals. Every call ends (none hangs) with a code
+client cancels, dropped connections, tight deadlines and refusals, under Synthesize and in Converse sessions
+(a finished turn, a turn cancelled mid-reply, then a close; or the connection dropped mid-turn). Every call ends (none hangs) with a code
 that says what happened, and afterwards nothing is left anywhere: no turn, queued turn or vocoder stream,
-no llm request running or waiting, no KV block in use."""
+no session, no llm request running or waiting, no KV block in use."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from conftest import metric_value, scrape
 from services.stack import Ports, Stack
 
-KINDS = ("complete", "cancel", "disconnect", "deadline")
+KINDS = ("complete", "cancel", "disconnect", "deadline", "session", "session_drop")
 EXPECTED = {  # how each kind of call may end once it got in (a refused call is retried after its hint)
     "complete": {"OK"},
     "cancel": {"CANCELLED"},       # every reply has audio (at least 4 tokens), so the cancel always comes
     "disconnect": {"CANCELLED"},   # ... and so do the two messages before the connection goes
     "deadline": {"DEADLINE_EXCEEDED", "OK"},  # OK: a short reply within a short deadline
+    "session": {"OK"},             # a turn, a barged-in turn, a close
+    "session_drop": {"CANCELLED"},
 }
 
 
@@ -50,6 +53,8 @@ async def with_retries(target: str, kind: str, rng: random.Random) -> str:
 
 async def one(target: str, kind: str, rng: random.Random) -> tuple[str, float | None]:
     """→ (how the call ended, the retry hint in seconds if it was refused)."""
+    if kind.startswith("session"):
+        return await one_session(target, kind, rng)
     sampling = common_pb2.SamplingParams(max_new_tokens=rng.randint(4, 24), seed=rng.randint(0, 1000))
     request = gateway_pb2.SynthesizeRequest(text=rng.choice(["hi", "hello there", "a longer sentence to say"]),
                                             sampling=sampling)
@@ -66,6 +71,41 @@ async def one(target: str, kind: str, rng: random.Random) -> tuple[str, float | 
             if kind == "disconnect" and messages == 2:
                 await channel.close(grace=None)  # the connection goes, mid-stream
                 return "CANCELLED", None
+        return (await call.code()).name, None
+    except grpc.aio.AioRpcError as err:
+        hint = dict(err.trailing_metadata() or ()).get("retry-after-ms")
+        return err.code().name, int(hint) / 1000 if hint else None
+    except asyncio.CancelledError:
+        return "CANCELLED", None
+    finally:
+        await channel.close()
+
+
+async def one_session(target: str, kind: str, rng: random.Random) -> tuple[str, float | None]:
+    sampling = common_pb2.SamplingParams(max_new_tokens=rng.randint(4, 12), seed=rng.randint(0, 1000))
+    long = common_pb2.SamplingParams(max_new_tokens=200, min_new_tokens=200, seed=rng.randint(0, 1000))
+    channel = grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+    call = gateway_pb2_grpc.GatewayStub(channel).Converse(timeout=60)
+    try:
+        await call.write(gateway_pb2.ConverseRequest(config=gateway_pb2.SessionConfig(sampling=sampling)))
+        # Each write waits for what the last one started (a turn's end, its audio, its cancel): a write that
+        # crosses the call's end (a refused turn) fails with a bare INTERNAL that hides the call's status.
+        long_turn = gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text="say a lot", sampling=long))
+        await call.write(gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text="hi")) if kind == "session" else long_turn)
+        long_no = 2 if kind == "session" else 1
+        cancelled = False
+        while (msg := await call.read()) is not grpc.aio.EOF:
+            what = msg.WhichOneof("kind")
+            if what == "summary" and msg.turn == 1 and kind == "session":
+                await call.write(long_turn)
+            elif what == "audio" and msg.turn == long_no and not cancelled:
+                if kind == "session_drop":
+                    await channel.close(grace=None)
+                    return "CANCELLED", None
+                await call.write(gateway_pb2.ConverseRequest(cancel=gateway_pb2.CancelTurn()))  # barge-in
+                cancelled = True
+            elif what == "cancelled" and msg.turn == long_no:
+                await call.write(gateway_pb2.ConverseRequest(close=gateway_pb2.CloseSession()))
         return (await call.code()).name, None
     except grpc.aio.AioRpcError as err:
         hint = dict(err.trailing_metadata() or ()).get("retry-after-ms")
@@ -104,6 +144,8 @@ def test_mixed_load_leaves_nothing_behind(bounded):
         left = {
             "gateway turns": metric_value(text["gateway"], "gateway_active_requests"),
             "gateway queued": metric_value(text["gateway"], "gateway_queued_turns"),
+            "gateway sessions": metric_value(text["gateway"], "gateway_active_sessions"),
+            "llm sessions": metric_value(text["llm"], "llm_sessions"),
             "vocoder streams": metric_value(text["vocoder"], "vocoder_active_streams"),
             "llm running": metric_value(text["llm"], "llm_requests_running"),
             "llm waiting": metric_value(text["llm"], "llm_requests_waiting"),

@@ -161,3 +161,19 @@ def test_a_turn_cut_off_mid_speech_closes_its_audio_segment(model):
     end_text, end_audio = engine.turn_end
     assert history.text_ids[len(first):] == [CFG.modality_pad_token_id, *end_text]
     assert history.audio_ids[len(first):] == [CFG.eosp_token_id, *end_audio]
+
+
+@pytest.mark.parametrize("turn_ends", ["aborted", "finished"])
+def test_a_session_closed_while_its_turn_runs_goes_when_the_turn_ends(model, turn_ends):
+    engine = make_engine(model)
+    turn(engine, "Hello")
+    seq = engine.make_sequence(GenerationRequest("next", GREEDY, ChunkSettings(), text="And then?", session_id="s"))
+    engine.add(seq)
+    engine.step()
+    assert engine.close_session("s") and "s" in engine.sessions.sessions  # the turn still holds it
+    if turn_ends == "aborted":
+        engine.abort(seq.seq_id)
+    while engine.has_work():
+        engine.step()
+    assert "s" not in engine.sessions.sessions and engine.block_manager.num_used == 0
+    assert not engine.close_session("s")  # gone

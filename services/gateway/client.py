@@ -79,21 +79,36 @@ class Conversation:
         self.session_id = ""
         self.ended: gateway_pb2.SessionEnded | None = None
 
+    async def _write(self, request: gateway_pb2.ConverseRequest) -> None:
+        """Send, or raise the call's own status if it has ended (a write to an ended call fails with a bare
+        INTERNAL that hides why it ended: RESOURCE_EXHAUSTED, UNAVAILABLE, ...)."""
+        try:
+            await self.call.write(request)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            await self._raise_status()
+            raise
+
+    async def _raise_status(self) -> None:
+        code = await self.call.code()
+        if code != grpc.StatusCode.OK:
+            raise grpc.aio.AioRpcError(code, await self.call.initial_metadata(), await self.call.trailing_metadata(),
+                                       details=await self.call.details())
+
     async def _open(self, config: gateway_pb2.SessionConfig) -> None:
-        await self.call.write(gateway_pb2.ConverseRequest(config=config))
+        await self._write(gateway_pb2.ConverseRequest(config=config))
         first = await self.call.read()
         if first is grpc.aio.EOF or first.WhichOneof("kind") != "session":
-            await self.call  # raises the call's error status, if it ended with one
+            await self._raise_status()
             raise RuntimeError("Converse: the gateway did not start a session")
         self.session_id = first.session.session_id
 
     async def send(self, text: str, sampling: common_pb2.SamplingParams | None = None) -> None:
         """Start a turn (one running is cancelled first, by the gateway); sampling: this turn's own."""
-        await self.call.write(gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text=text, sampling=sampling)))
+        await self._write(gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text=text, sampling=sampling)))
 
     async def cancel(self) -> None:
         """Barge-in: stop the turn running; its replies() end with a `cancelled` message."""
-        await self.call.write(gateway_pb2.ConverseRequest(cancel=gateway_pb2.CancelTurn()))
+        await self._write(gateway_pb2.ConverseRequest(cancel=gateway_pb2.CancelTurn()))
 
     async def replies(self) -> AsyncIterator[gateway_pb2.ConverseResponse]:
         """The current turn's messages, through its summary or its cancelled message (messages of turns
@@ -101,7 +116,7 @@ class Conversation:
         while True:
             msg = await self.call.read()
             if msg is grpc.aio.EOF:
-                await self.call  # raises the call's error status
+                await self._raise_status()
                 return
             kind = msg.WhichOneof("kind")
             if kind == "ended":
@@ -142,8 +157,7 @@ class Conversation:
     async def close(self) -> gateway_pb2.SessionEnded | None:
         """End the session (a turn running is cancelled) and wait for the gateway's SessionEnded."""
         if self.ended is None:
-            with contextlib.suppress(grpc.aio.UsageError, asyncio.InvalidStateError):
-                await self.call.write(gateway_pb2.ConverseRequest(close=gateway_pb2.CloseSession()))
+            await self._write(gateway_pb2.ConverseRequest(close=gateway_pb2.CloseSession()))
             while self.ended is None:
                 msg = await self.call.read()
                 if msg is grpc.aio.EOF:

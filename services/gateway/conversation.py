@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 CLOSE_SESSION_SECONDS = 2.0  # how long the end of a call waits for the llm to forget the session
 _END = object()              # in the outbox: the call is over (a SessionEnded was just sent)
+_FORGETTING: set[asyncio.Task] = set()  # CloseSession calls under way (a reference each, until done)
 
 Reason = gateway_pb2.SessionEndReason
 
@@ -65,6 +66,8 @@ class Conversation:
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.turn_no = 0
         self.turn: asyncio.Task | None = None
+        self.answered: set[int] = set()   # turns whose summary is out: what is left of them (the vocoder's
+        self.tails: set[asyncio.Task] = set()  # goodbye) is no turn to cancel; they finish in `tails`
         self.cancelled: set[int] = set()  # turns whose remaining messages are dropped
         self.last_activity = time.monotonic()
 
@@ -90,14 +93,19 @@ class Conversation:
                     reason = msg.ended.reason
                 yield msg
         finally:
-            for task in [*tasks, self.turn]:
-                if task is not None:
-                    task.cancel()
-            await asyncio.gather(*(t for t in [*tasks, self.turn] if t is not None), return_exceptions=True)
+            # Bookkeeping first, with no await before it: the call's task may be cancelled again while it
+            # waits below (the client gone), and that must not skip it.
             metrics.SESSIONS.dec()
             ended = Reason.Name(reason).removeprefix("SESSION_END_REASON_").lower()
             metrics.SESSIONS_ENDED.labels("aborted" if ended == "unspecified" else ended).inc()
-            await self._forget()
+            running = [t for t in [*tasks, self.turn, *self.tails] if t is not None]
+            for task in running:
+                task.cancel()  # a turn's own cleanup cancels its llm and vocoder calls
+            if self.turn_no:  # the llm heard of the session: have it forget (after that turn, if one runs)
+                forget = asyncio.create_task(self._forget())
+                _FORGETTING.add(forget)
+                forget.add_done_callback(_FORGETTING.discard)
+            await asyncio.gather(*running, return_exceptions=True)
 
     # ---- the client's messages -------------------------------------------------------------------
     async def _read(self, requests) -> None:
@@ -168,18 +176,26 @@ class Conversation:
                     async for msg in turn.run():
                         kind = msg.WhichOneof("kind")
                         put(gateway_pb2.ConverseResponse(turn=n, **{kind: getattr(msg, kind)}))
+                        if kind == "summary":
+                            self.answered.add(n)
                 finally:
                     metrics.ACTIVE.dec()
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # noqa: BLE001  a failed turn ends the call with its status
-            put(exc)
+        except BaseException as exc:  # noqa: BLE001  a failed turn ends the call with its status...
+            if n not in self.cancelled:  # ... unless it was being cancelled: its calls' errors are the cancel's echo
+                put(exc)
         finally:
             self.last_activity = time.monotonic()
 
     async def _cancel_turn(self) -> None:
         """Stop the turn running, if any: its calls are cancelled and awaited before TurnCancelled is sent."""
         if self.turn is None or self.turn.done():
+            return
+        if self.turn_no in self.answered:  # finished: let its tail end on its own
+            self.tails.add(self.turn)
+            self.turn.add_done_callback(self.tails.discard)
+            self.turn = None
             return
         started = time.perf_counter()
         self.cancelled.add(self.turn_no)
@@ -193,8 +209,6 @@ class Conversation:
     async def _forget(self) -> None:
         """The llm forgets the session (its history and KV blocks). Best effort: a session it cannot be told
         about (llm down) it reclaims anyway, least recently used first, when its pool runs short."""
-        if not self.turn_no:
-            return  # no turn ran: the llm never heard of it
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.CancelledError):
-            await asyncio.shield(self.backends.llm.stub.CloseSession(
-                llm_pb2.CloseSessionRequest(session_id=self.session_id), timeout=CLOSE_SESSION_SECONDS))
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
+            await self.backends.llm.stub.CloseSession(llm_pb2.CloseSessionRequest(session_id=self.session_id),
+                                                      timeout=CLOSE_SESSION_SECONDS)

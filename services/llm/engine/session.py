@@ -35,6 +35,7 @@ class Session:
     text_kv_upto: int = 0
     busy: bool = False
     resume: tuple[int, int] = (0, 0)  # num_cached and text_kv_upto when the running turn began
+    closing: bool = False  # closed while a turn ran: forgotten when that turn ends
 
 
 class SessionStore:
@@ -78,6 +79,7 @@ class SessionStore:
         session.text_kv_upto = min(seq.text_kv_upto, seq.num_cached)
         seq.block_table, seq.block_hashes, seq.num_cached, seq.text_kv_upto = [], [], 0, 0
         session.busy = False
+        self._close_if_closing(session)
 
     def abort(self, seq: Sequence) -> None:
         """The turn was aborted (barge-in): the session keeps its history from before the turn, and takes back
@@ -92,6 +94,7 @@ class SessionStore:
         history_cached, history_text_kv = session.resume
         size = self.block_manager.block_size
         if not history_cached or seq.num_cached < history_cached:  # nothing held, or preempted meanwhile
+            self._close_if_closing(session)
             return
         full, keep = history_cached // size, -(-history_cached // size)
         if keep > full and keep <= len(seq.block_hashes) and not self.block_manager.reclaim_for_writing(seq.block_table[full]):
@@ -100,6 +103,7 @@ class SessionStore:
         session.block_hashes, seq.block_hashes = seq.block_hashes[:full], seq.block_hashes[full:]
         session.num_cached = history_cached
         session.text_kv_upto = min(history_text_kv, history_cached)
+        self._close_if_closing(session)
 
     def reclaim(self, blocks_needed: int) -> bool:
         """Free idle sessions' blocks, least recently used first, until `blocks_needed` are free.
@@ -114,12 +118,20 @@ class SessionStore:
         return freed
 
     def close(self, session_id: str) -> bool:
+        """Forget the session and free its blocks; one with a turn running goes when that turn ends (its
+        client may close it before this engine has seen the turn's cancel: they come by different calls).
+        False if there is no such session."""
         session = self.sessions.get(session_id)
-        if session is None or session.busy:
+        if session is None:
             return False
-        self._release(session)
-        del self.sessions[session_id]
+        session.closing = True
+        self._close_if_closing(session)
         return True
+
+    def _close_if_closing(self, session: Session) -> None:
+        if session.closing and not session.busy:
+            self._release(session)
+            del self.sessions[session.session_id]
 
     def _release(self, session: Session) -> None:
         self.block_manager.release(session.block_table)

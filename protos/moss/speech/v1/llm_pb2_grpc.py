@@ -58,7 +58,7 @@ class LlmServicer:
 
     def CloseSession(self, request, context):
         """Forget a session: its history and its KV blocks. A turn of it still running is not stopped (cancel
-        its Generate call first); closed is false then, and when no such session is kept.
+        its Generate call for that): the session goes when the turn ends. closed: false if no such session.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
