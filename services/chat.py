@@ -12,11 +12,25 @@ import signal
 import sys
 from pathlib import Path
 
+import grpc
 from moss.speech.v1 import common_pb2
 
 from services.common.audio import decode_pcm, write_wav
 from services.common.tls import ChannelTls
 from services.gateway.client import converse
+
+
+def run(args, tls: ChannelTls | None, sampling_fields: dict) -> int:
+    """`moss-serve chat` with its parsed flags → exit status."""
+    try:
+        asyncio.run(chat(args.target, Path(args.out_dir), sampling=common_pb2.SamplingParams(**sampling_fields),
+                         voice=args.voice, system_prompt=args.system_prompt, api_key=args.api_key, tls=tls))
+    except grpc.aio.AioRpcError as err:
+        print(f"moss-serve chat: {err.code().name}: {err.details()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 async def chat(target: str, out_dir: Path, *, sampling: common_pb2.SamplingParams | None = None, voice: str = "",

@@ -314,32 +314,12 @@ def audio_lead(args) -> float:
     return CUDA_AUDIO_LEAD if args.device.startswith("cuda") else 0.0
 
 
-def print_timings(result, path: str) -> None:
-    s = result.summary
-    rows = [
-        ("time to first audio (client)", result.client_ttfa),
-        ("time to first audio (gateway)", s.ttfa_seconds),
-        ("llm queue", s.llm_queue_seconds),
-        ("llm prefill", s.llm_prefill_seconds),
-        ("llm first chunk at gateway", s.llm_first_chunk_seconds),
-        ("llm decode (all tokens)", s.llm_decode_seconds),
-        ("vocoder first chunk compute", s.vocoder_first_chunk_seconds),
-        ("vocoder compute (all chunks)", s.vocoder_compute_seconds),
-        ("total (gateway)", s.total_seconds),
-    ]
-    print(f"wrote {path}: {s.audio_seconds:.2f} s of audio, {s.audio_tokens} tokens, {len(result.chunks)} chunks, "
-          f"{result.sample_rate} Hz")
-    for name, seconds in rows:
-        print(f"  {name:<32} {seconds * 1000:9.1f} ms")
-    print(f"  {'real-time factor':<32} {s.real_time_factor:9.3f}")
-
-
 def run_say(args) -> int:
     import grpc
     from moss.speech.v1 import common_pb2
 
     from services.common.audio import write_wav
-    from services.gateway.client import converse
+    from services.gateway.client import converse, print_timings
 
     tls, error = _client_tls(args, "say")
     if error:
@@ -367,26 +347,13 @@ def _sampling_fields(args) -> dict:
 
 
 def run_chat(args) -> int:
-    from pathlib import Path
-
-    import grpc
-    from moss.speech.v1 import common_pb2
-
-    from services.chat import chat
+    from services.chat import run
 
     tls, error = _client_tls(args, "chat")
     if error:
         print(error, file=sys.stderr)
         return 2
-    try:
-        asyncio.run(chat(args.target, Path(args.out_dir), sampling=common_pb2.SamplingParams(**_sampling_fields(args)),
-                         voice=args.voice, system_prompt=args.system_prompt, api_key=args.api_key, tls=tls))
-    except grpc.aio.AioRpcError as err:
-        print(f"moss-serve chat: {err.code().name}: {err.details()}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run(args, tls, _sampling_fields(args))
 
 
 def run_bench(args, argv: list[str]) -> int:

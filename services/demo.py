@@ -10,9 +10,8 @@ import tempfile
 
 from moss.speech.v1 import common_pb2
 
-from services.cli import print_timings
 from services.common.audio import write_wav
-from services.gateway.client import synthesize
+from services.gateway.client import print_timings, synthesize
 from services.stack import Ports, Stack
 
 SENTENCE = "Hello! Could you tell me what the weather will be like tomorrow?"

@@ -72,11 +72,8 @@ async def one(target: str, kind: str, rng: random.Random) -> tuple[str, float | 
                 await channel.close(grace=None)  # the connection goes, mid-stream
                 return "CANCELLED", None
         return (await call.code()).name, None
-    except grpc.aio.AioRpcError as err:
-        hint = dict(err.trailing_metadata() or ()).get("retry-after-ms")
-        return err.code().name, int(hint) / 1000 if hint else None
-    except asyncio.CancelledError:
-        return "CANCELLED", None
+    except (grpc.aio.AioRpcError, asyncio.CancelledError) as err:
+        return how_it_ended(err)
     finally:
         await channel.close()
 
@@ -107,13 +104,18 @@ async def one_session(target: str, kind: str, rng: random.Random) -> tuple[str, 
             elif what == "cancelled" and msg.turn == long_no:
                 await call.write(gateway_pb2.ConverseRequest(close=gateway_pb2.CloseSession()))
         return (await call.code()).name, None
-    except grpc.aio.AioRpcError as err:
-        hint = dict(err.trailing_metadata() or ()).get("retry-after-ms")
-        return err.code().name, int(hint) / 1000 if hint else None
-    except asyncio.CancelledError:
-        return "CANCELLED", None
+    except (grpc.aio.AioRpcError, asyncio.CancelledError) as err:
+        return how_it_ended(err)
     finally:
         await channel.close()
+
+
+def how_it_ended(err: BaseException) -> tuple[str, float | None]:
+    """→ (the status code's name, the retry hint in seconds if the call was refused)."""
+    if isinstance(err, asyncio.CancelledError):
+        return "CANCELLED", None
+    hint = dict(err.trailing_metadata() or ()).get("retry-after-ms")
+    return err.code().name, int(hint) / 1000 if hint else None
 
 
 def test_mixed_load_leaves_nothing_behind(bounded):

@@ -1,6 +1,6 @@
 """Clients of the gateway, used by `moss-serve say` and `chat`, the demo and the tests.
 
-- `synthesize(...)`: one Synthesize call → a SynthesisResult (audio, timings).
+- `synthesize(...)`: one Synthesize call → a SynthesisResult (audio, timings); `print_timings` shows one.
 - `converse(...)`: a Converse session, as an async context manager → a Conversation:
 
       async with converse("localhost:50051", sampling=...) as conv:
@@ -44,6 +44,24 @@ class SynthesisResult:
     def samples(self) -> np.ndarray:
         return decode_pcm(b"".join(self.chunks), self.format)
 
+    def take(self, msg, start: float) -> None:
+        """Add one message of a Synthesize stream, or of a Converse turn; start: when the call (turn) began."""
+        kind = msg.WhichOneof("kind")
+        if kind == "metadata":
+            self.request_id = msg.metadata.request_id
+            self.sample_rate, self.format = msg.metadata.sample_rate, msg.metadata.format
+        elif kind == "audio":
+            if not self.chunks:
+                self.client_ttfa = time.perf_counter() - start
+            self.chunks.append(msg.audio.pcm)
+            self.offsets.append(msg.audio.sample_offset)
+        elif kind == "text":
+            self.text += msg.text.text
+        elif kind == "summary":
+            self.summary = msg.summary
+        elif kind == "cancelled":
+            self.cancelled = msg.cancelled
+
 
 async def synthesize(
     target: str, text: str, *, voice: str = "", fmt: int = common_pb2.AUDIO_FORMAT_PCM16,
@@ -55,17 +73,7 @@ async def synthesize(
     start = time.perf_counter()
     async with channel(target, tls) as ch:
         async for msg in gateway_pb2_grpc.GatewayStub(ch).Synthesize(request, timeout=timeout, metadata=bearer(api_key)):
-            kind = msg.WhichOneof("kind")
-            if kind == "metadata":
-                result.request_id = msg.metadata.request_id
-                result.sample_rate, result.format = msg.metadata.sample_rate, msg.metadata.format
-            elif kind == "audio":
-                if not result.chunks:
-                    result.client_ttfa = time.perf_counter() - start
-                result.chunks.append(msg.audio.pcm)
-                result.offsets.append(msg.audio.sample_offset)
-            elif kind == "summary":
-                result.summary = msg.summary
+            result.take(msg, start)
     result.client_total = time.perf_counter() - start
     return result
 
@@ -78,6 +86,7 @@ class Conversation:
         self.call = call
         self.session_id = ""
         self.ended: gateway_pb2.SessionEnded | None = None
+        self.turns_sent = 0  # the gateway numbers turns from 1 in the order they came
 
     async def _write(self, request: gateway_pb2.ConverseRequest) -> None:
         """Send, or raise the call's own status if it has ended (a write to an ended call fails with a bare
@@ -105,6 +114,7 @@ class Conversation:
     async def send(self, text: str, sampling: common_pb2.SamplingParams | None = None) -> None:
         """Start a turn (one running is cancelled first, by the gateway); sampling: this turn's own."""
         await self._write(gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text=text, sampling=sampling)))
+        self.turns_sent += 1
 
     async def cancel(self) -> None:
         """Barge-in: stop the turn running; its replies() end with a `cancelled` message."""
@@ -131,26 +141,9 @@ class Conversation:
         result = SynthesisResult()
         start = time.perf_counter()
         await self.send(text, sampling)
-        turn = None
         async for msg in self.replies():
-            if turn is not None and msg.turn != turn:
-                continue
-            kind = msg.WhichOneof("kind")
-            if kind == "metadata":
-                turn = msg.turn
-                result.request_id = msg.metadata.request_id
-                result.sample_rate, result.format = msg.metadata.sample_rate, msg.metadata.format
-            elif kind == "audio":
-                if not result.chunks:
-                    result.client_ttfa = time.perf_counter() - start
-                result.chunks.append(msg.audio.pcm)
-                result.offsets.append(msg.audio.sample_offset)
-            elif kind == "text":
-                result.text += msg.text.text
-            elif kind == "summary":
-                result.summary = msg.summary
-            elif kind == "cancelled":
-                result.cancelled = msg.cancelled
+            if msg.turn == self.turns_sent:  # (not a late message of a turn before it)
+                result.take(msg, start)
         result.client_total = time.perf_counter() - start
         return result
 
@@ -186,3 +179,24 @@ async def converse(
             await conv.close()
         finally:
             call.cancel()
+
+
+def print_timings(result: SynthesisResult, path: str) -> None:
+    """The turn's per-stage timings, as `moss-serve say` and `make demo` print them."""
+    s = result.summary
+    rows = [
+        ("time to first audio (client)", result.client_ttfa),
+        ("time to first audio (gateway)", s.ttfa_seconds),
+        ("llm queue", s.llm_queue_seconds),
+        ("llm prefill", s.llm_prefill_seconds),
+        ("llm first chunk at gateway", s.llm_first_chunk_seconds),
+        ("llm decode (all tokens)", s.llm_decode_seconds),
+        ("vocoder first chunk compute", s.vocoder_first_chunk_seconds),
+        ("vocoder compute (all chunks)", s.vocoder_compute_seconds),
+        ("total (gateway)", s.total_seconds),
+    ]
+    print(f"wrote {path}: {s.audio_seconds:.2f} s of audio, {s.audio_tokens} tokens, {len(result.chunks)} chunks, "
+          f"{result.sample_rate} Hz")
+    for name, seconds in rows:
+        print(f"  {name:<32} {seconds * 1000:9.1f} ms")
+    print(f"  {'real-time factor':<32} {s.real_time_factor:9.3f}")

@@ -66,8 +66,8 @@ class Conversation:
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.turn_no = 0
         self.turn: asyncio.Task | None = None
-        self.answered: set[int] = set()   # turns whose summary is out: what is left of them (the vocoder's
-        self.tails: set[asyncio.Task] = set()  # goodbye) is no turn to cancel; they finish in `tails`
+        self.answered: set[int] = set()        # turns whose summary is out: nothing left to cancel
+        self.tails: set[asyncio.Task] = set()  # answered turns' tasks, still closing their vocoder call
         self.cancelled: set[int] = set()  # turns whose remaining messages are dropped
         self.last_activity = time.monotonic()
 
