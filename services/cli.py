@@ -159,8 +159,16 @@ def parser() -> argparse.ArgumentParser:
 
     gw = sub.add_parser("gateway", help="the public gateway")
     _common(gw, 50051, 9091)
-    gw.add_argument("--llm-target", default="127.0.0.1:50052")
-    gw.add_argument("--vocoder-target", default="127.0.0.1:50053")
+    gw.add_argument("--llm-target", type=_targets, action="extend", dest="llm_targets", metavar="HOST:PORT[,...]",
+                    help="llm replicas (repeat the flag, or separate with commas): a Converse session stays on one, new "
+                         "sessions go to the least loaded, one that fails its health checks is skipped until it "
+                         "recovers (default 127.0.0.1:50052)")
+    gw.add_argument("--vocoder-target", type=_targets, action="extend", dest="vocoder_targets", metavar="HOST:PORT[,...]",
+                    help="vocoder replicas, as --llm-target; each stream goes to the least loaded (default 127.0.0.1:50053)")
+    gw.add_argument("--health-check-seconds", type=_positive(float), default=0.5,
+                    help="how often a ready replica's health check is asked (one that is not ready: every 0.5 s at "
+                         "most); a replica that fails it, or that a call finds unreachable, gets no calls until it "
+                         "passes again (default 0.5)")
     gw.add_argument("--backend-ca", help="PEM CA: reach llm and vocoder over TLS, checking their certificates")
     gw.add_argument("--backend-cert", help="PEM certificate the gateway presents to llm and vocoder (mutual TLS)")
     gw.add_argument("--backend-key", help="PEM private key of --backend-cert")
@@ -257,6 +265,18 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+def _targets(text: str) -> list[str]:
+    """An argparse type: HOST:PORT addresses, comma-separated."""
+    targets = [part.strip() for part in text.split(",") if part.strip()]
+    for target in targets:
+        host, _, port = target.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise argparse.ArgumentTypeError(f"not HOST:PORT: {target!r}")
+    if not targets:
+        raise argparse.ArgumentTypeError("no address given")
+    return targets
+
+
 def _concurrencies(text: str) -> list[int]:
     """An argparse type: positive integers, comma-separated."""
     return [_positive(int)(part.strip()) for part in text.split(",")]
@@ -269,6 +289,11 @@ def run_service(args) -> int:
     die_with_parent()  # started by `moss-serve up` (or a test's stack): end with it, even if it is SIGKILLed
     from services.common.tls import channel_tls, server_tls
 
+    if args.command == "gateway":
+        for flag, targets in (("--llm-target", args.llm_targets or []), ("--vocoder-target", args.vocoder_targets or [])):
+            if len(set(targets)) != len(targets):
+                print(f"moss-serve gateway: {flag}: an address given twice: {', '.join(targets)}", file=sys.stderr)
+                return 2
     try:  # wrong TLS flags fail here, before a model loads
         tls = server_tls(args.tls_cert, args.tls_key, args.tls_client_ca)
         backend_tls = channel_tls(args.backend_ca, args.backend_cert, args.backend_key) if args.command == "gateway" else None
@@ -292,12 +317,13 @@ def run_service(args) -> int:
     else:
         from services.gateway.server import GatewaySettings, run
 
-        settings = GatewaySettings(args.host, args.port, args.metrics_port, args.llm_target, args.vocoder_target,
-                                   args.max_text_chars, ready_wait=args.ready_wait, max_turns=args.max_turns,
+        settings = GatewaySettings(args.host, args.port, args.metrics_port, args.llm_targets or ["127.0.0.1:50052"],
+                                   args.vocoder_targets or ["127.0.0.1:50053"], args.max_text_chars, ready_wait=args.ready_wait, max_turns=args.max_turns,
                                    max_queued_turns=args.max_queued_turns, api_keys_file=args.api_keys_file,
                                    max_message_bytes=args.max_message_bytes,
                                    max_streams_per_connection=args.max_streams_per_connection,
                                    session_idle_seconds=args.session_idle_seconds, tls=tls,
+                                   health_check_seconds=args.health_check_seconds,
                                    backend_tls=backend_tls)
     try:
         asyncio.run(run(settings))

@@ -1,6 +1,7 @@
 """The three services as separate processes on one host: start, wait until healthy, stop.
 
-Used by `moss-serve up`, `make demo` and the integration tests.
+Used by `moss-serve up`, `make demo` and the integration tests. With `replicas`, llm and vocoder run as
+several processes each ("llm", "llm-2", ...; "vocoder", "vocoder-2", ...), all behind the one gateway.
 """
 
 from __future__ import annotations
@@ -21,6 +22,22 @@ from services.common.lifetime import PARENT_ENV
 from services.common.tls import ChannelTls
 
 SERVICES = ("llm", "vocoder", "gateway")
+REPLICATED = ("llm", "vocoder")
+
+
+def instances(replicas: dict[str, int] | None = None) -> list[str]:
+    """The processes of a stack, in start order: "llm", "llm-2", ..., "vocoder", ..., "gateway"."""
+    replicas = replicas or {}
+    for service, n in replicas.items():
+        if service not in REPLICATED or n < 1:
+            raise ValueError(f"replicas: {service}={n} (llm and vocoder, 1 or more)")
+    return [name for service in SERVICES
+            for name in [service, *(f"{service}-{i}" for i in range(2, replicas.get(service, 1) + 1))]]
+
+
+def service_of(name: str) -> str:
+    """"llm-2" → "llm"."""
+    return name.split("-", 1)[0]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -35,8 +52,9 @@ class Ports:
     metrics: dict[str, int] = field(default_factory=lambda: {"gateway": 9091, "llm": 9092, "vocoder": 9093})
 
     @classmethod
-    def free(cls) -> "Ports":
-        return cls({s: free_port() for s in SERVICES}, {s: free_port() for s in SERVICES})
+    def free(cls, replicas: dict[str, int] | None = None) -> "Ports":
+        names = instances(replicas)
+        return cls({s: free_port() for s in names}, {s: free_port() for s in names})
 
 
 def is_serving(target: str, timeout: float = 1.0, tls: ChannelTls | None = None) -> bool:
@@ -51,43 +69,61 @@ def is_serving(target: str, timeout: float = 1.0, tls: ChannelTls | None = None)
 class Stack:
     def __init__(self, ports: Ports | None = None, host: str = "127.0.0.1", extra_args: dict[str, list[str]] | None = None,
                  log_dir: str | Path | None = None, env: dict[str, dict[str, str]] | None = None,
-                 health_tls: dict[str, ChannelTls] | None = None):
-        """health_tls: service → how to reach it for its health check, where it serves TLS."""
+                 health_tls: dict[str, ChannelTls] | None = None, replicas: dict[str, int] | None = None):
+        """extra_args, env, health_tls: by service ("llm": every llm replica) or by instance ("llm-2": that one
+        too); env is what to add to its environment (e.g. an MPS daemon's pipe directory); health_tls is how to
+        reach it for its health check, where it serves TLS. replicas: service → processes (llm, vocoder)."""
+        self.names = instances(replicas)
         self.ports = ports or Ports()
+        if missing := [name for name in self.names if name not in self.ports.grpc or name not in self.ports.metrics]:
+            raise ValueError(f"no ports for {', '.join(missing)}")
         self.host = host
         self.extra_args = extra_args or {}
         self.log_dir = Path(log_dir) if log_dir else None
-        self.env = env or {}  # service → what to add to its environment (e.g. an MPS daemon's pipe directory)
+        self.env = env or {}
         self.health_tls = health_tls or {}
         self.procs: dict[str, subprocess.Popen] = {}
+
+    @staticmethod
+    def _settings(table: dict, name: str) -> list:
+        """table's entries for the instance's service, then for the instance itself ("llm", then "llm-2")."""
+        return [table[key] for key in dict.fromkeys([service_of(name), name]) if key in table]
+
+    def replicas(self, service: str) -> list[str]:
+        return [name for name in self.names if service_of(name) == service]
 
     def target(self, service: str) -> str:
         return f"{self.host}:{self.ports.grpc[service]}"
 
-    def command(self, service: str) -> list[str]:
-        cmd = [sys.executable, "-m", "services.cli", service, "--host", self.host,
-               "--port", str(self.ports.grpc[service]), "--metrics-port", str(self.ports.metrics[service])]
-        if service == "gateway":
-            cmd += ["--llm-target", self.target("llm"), "--vocoder-target", self.target("vocoder")]
-        return cmd + self.extra_args.get(service, [])
+    def command(self, name: str) -> list[str]:
+        cmd = [sys.executable, "-m", "services.cli", service_of(name), "--host", self.host,
+               "--port", str(self.ports.grpc[name]), "--metrics-port", str(self.ports.metrics[name])]
+        if name == "gateway":
+            cmd += ["--llm-target", ",".join(map(self.target, self.replicas("llm"))),
+                    "--vocoder-target", ",".join(map(self.target, self.replicas("vocoder")))]
+        return cmd + [arg for args in self._settings(self.extra_args, name) for arg in args]
 
-    def start(self, service: str) -> None:
+    def start(self, name: str) -> None:
+        """Start one process. From the main thread: it ends when the thread that started it does (lifetime.py)."""
         out = None
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            out = open(self.log_dir / f"{service}.log", "ab")
-        env = {**os.environ, **self.env.get(service, {}), "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
-        self.procs[service] = subprocess.Popen(self.command(service), stdout=out, stderr=subprocess.STDOUT if out else None, env=env)
+            out = open(self.log_dir / f"{name}.log", "ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
+        for extra in self._settings(self.env, name):
+            env.update(extra)
+        self.procs[name] = subprocess.Popen(self.command(name), stdout=out, stderr=subprocess.STDOUT if out else None, env=env)
 
     def start_all(self, timeout: float = 120.0) -> None:
-        for service in SERVICES:
-            self.start(service)
-        self.wait_serving(SERVICES, timeout)
+        for name in self.names:
+            self.start(name)
+        self.wait_serving(self.names, timeout)
 
-    def wait_serving(self, services=SERVICES, timeout: float = 120.0) -> None:
+    def wait_serving(self, services=None, timeout: float = 120.0) -> None:
+        services = self.names if services is None else services
         deadline = time.monotonic() + timeout
         for service in services:
-            while not is_serving(self.target(service), tls=self.health_tls.get(service)):
+            while not is_serving(self.target(service), tls=(self._settings(self.health_tls, service) or [None])[-1]):
                 proc = self.procs.get(service)
                 if proc is not None and proc.poll() is not None:
                     raise RuntimeError(f"{service} exited with code {proc.returncode} before serving{self._log_hint(service)}")
@@ -112,8 +148,8 @@ class Stack:
         return proc.returncode
 
     def stop_all(self) -> None:
-        for service in reversed(SERVICES):
-            self.stop(service)
+        for name in reversed(self.names):
+            self.stop(name)
 
     def __enter__(self) -> "Stack":
         try:

@@ -27,10 +27,21 @@ QUOTED_METRIC = re.compile(r"""["']((?:gateway|llm|vocoder)_[A-Za-z0-9_]+)["']""
 SERIES_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
+class ComposeLoader(yaml.SafeLoader):
+    """YAML as Compose reads it: its merge tags (!override, !reset) say how to merge, not what the value is."""
+
+
+for _tag in ("!override", "!reset"):
+    ComposeLoader.add_constructor(_tag, lambda loader, node: (
+        loader.construct_sequence(node, deep=True) if isinstance(node, yaml.SequenceNode)
+        else loader.construct_mapping(node, deep=True) if isinstance(node, yaml.MappingNode)
+        else loader.construct_scalar(node)))
+
+
 def load_yaml(rel: str):
     path = DEPLOY / rel
     assert path.is_file(), f"missing {path.relative_to(ROOT)}"
-    return yaml.safe_load(path.read_text())
+    return yaml.load(path.read_text(), Loader=ComposeLoader)
 
 
 @pytest.fixture(scope="module")
@@ -254,16 +265,41 @@ def test_the_image_installs_the_torch_build_the_gpu_code_is_tested_with():
 # --- Prometheus ---------------------------------------------------------------------------------
 
 
-def test_prometheus_scrapes_the_three_metrics_ports():
+def test_prometheus_scrapes_the_three_metrics_ports(compose):
+    """The gateway by name; llm and vocoder by a network alias that every replica of theirs carries."""
     config = load_yaml("prometheus/prometheus.yml")
     default_interval = config.get("global", {}).get("scrape_interval", "1m")
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     for name, (_, metrics_port) in PORTS.items():
         assert name in jobs, f"no scrape job {name!r}"
         job = jobs[name]
-        targets = [t for sc in job.get("static_configs", []) for t in sc["targets"]]
-        assert f"{name}:{metrics_port}" in targets
         assert job.get("scrape_interval", default_interval) == "5s"
+        if name == "gateway":
+            assert [t for sc in job["static_configs"] for t in sc["targets"]] == [f"gateway:{metrics_port}"]
+            continue
+        (sd,) = job["dns_sd_configs"]
+        assert sd["type"] == "A" and sd["port"] == metrics_port
+        assert sd["names"] == compose["services"][name]["networks"]["default"]["aliases"] == [f"{name}-replicas"]
+
+
+def test_the_two_gpu_overlay_adds_a_replica_of_each_gpu_service_on_gpu_1(compose):
+    overlay = load_yaml("docker-compose.two-gpus.yml")["services"]
+    gpu = lambda svc: svc["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]  # noqa: E731
+    for name in ("mps", "llm", "vocoder"):
+        assert gpu(overlay[name]) == ["0"], name
+        copy = overlay[f"{name}-2"]
+        assert copy["extends"] == {"file": "docker-compose.yml", "service": name}
+        assert gpu(copy) == ["1"], name
+        assert copy["volumes"] == ["mps-pipe-2:/tmp/nvidia-mps"]  # GPU 1's own MPS daemon
+        if name != "mps":
+            assert copy["ipc"] == "service:mps-2" and list(copy["depends_on"]) == ["mps-2"]
+    base = command_args(compose["services"]["gateway"])
+    argv = command_args(overlay["gateway"])
+    assert flag(argv, "--llm-target") == "llm:50052,llm-2:50052"
+    assert flag(argv, "--vocoder-target") == "vocoder:50053,vocoder-2:50053"
+    for name in ("--llm-target", "--vocoder-target"):  # otherwise the main file's command, as it is
+        argv[argv.index(name) + 1] = base[base.index(name) + 1]
+    assert argv == base
 
 
 # --- Grafana ------------------------------------------------------------------------------------

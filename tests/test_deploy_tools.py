@@ -57,8 +57,10 @@ def test_compose_v2_accepts_the_compose_file_and_refuses_a_broken_one(tmp_path):
     assert done.returncode != 0 and "restarts" in done.stderr, done.stderr  # not a service key
 
 
-def test_compose_v2_accepts_the_file_with_its_tls_overlay(tmp_path):
-    done = compose_config(DEPLOY, tmp_path, "docker-compose.tls.yml")
+@pytest.mark.parametrize("overlays", [["docker-compose.tls.yml"], ["docker-compose.two-gpus.yml"],
+                                      ["docker-compose.tls.yml", "docker-compose.two-gpus.yml"]])
+def test_compose_v2_accepts_the_file_with_its_overlays(tmp_path, overlays):
+    done = compose_config(DEPLOY, tmp_path, *overlays)
     assert done.returncode == 0, done.stderr
 
 

@@ -97,7 +97,9 @@ def test_busy_session_is_failed_precondition(llm):
     async def two_turns():
         async with grpc.aio.insecure_channel(target) as channel:
             stub = llm_pb2_grpc.LlmStub(channel)
-            long_turn = stub.Generate(llm_pb2.GenerateRequest(text="Long", session_id="busy", sampling=common_pb2.SamplingParams(max_new_tokens=400)))
+            # Long for sure: no end of speech before 2000 tokens (the second turn waits up to 1 s for a busy one).
+            sampling = common_pb2.SamplingParams(max_new_tokens=2000, min_new_tokens=2000, seed=1)
+            long_turn = stub.Generate(llm_pb2.GenerateRequest(text="Long", session_id="busy", sampling=sampling))
             await long_turn.read()  # running now
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 [m async for m in stub.Generate(llm_pb2.GenerateRequest(text="Again", session_id="busy"))]

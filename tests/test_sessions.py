@@ -1,4 +1,6 @@
-"""Sessions: a second turn computes only what the cache lacks and equals a cold run of the history."""
+"""Sessions: a second turn computes only what the cache lacks and equals a cold run of the history; the history a
+caller keeps (each turn's final chunk carries what it added) starts the session again wherever the engine's own
+copy is missing or differs (a restart, a session let go, another replica), speaking as the session would."""
 
 import pytest
 
@@ -177,3 +179,124 @@ def test_a_session_closed_while_its_turn_runs_goes_when_the_turn_ends(model, tur
         engine.step()
     assert "s" not in engine.sessions.sessions and engine.block_manager.num_used == 0
     assert not engine.close_session("s")  # gone
+
+
+# ---- a history kept by the caller ----------------------------------------------------------------------------
+def turn_kept(engine, text, history=None, session="s"):
+    """Run one turn to its end, given the history its caller kept → (its sequence, its final chunk)."""
+    seq = engine.make_sequence(GenerationRequest(
+        text, GREEDY, ChunkSettings(), text=text, session_id=session,
+        history_text_ids=history[0] if history else None, history_audio_ids=history[1] if history else None))
+    engine.add(seq)
+    final = None
+    while engine.has_work():
+        final = next((c for c in engine.step() if c.final and c.seq_id == seq.seq_id), final)
+    return seq, final
+
+
+
+def join(*turn_tokens):
+    return [t for tt in turn_tokens for t in tt[0]], [a for tt in turn_tokens for a in tt[1]]
+
+
+def test_each_turn_reports_what_it_added_to_the_history(model):
+    engine = make_engine(model)
+    _, first = turn_kept(engine, "Hello, who are you?")
+    session = engine.sessions.sessions["s"]
+    assert (session.text_ids, session.audio_ids) == first.turn_tokens  # the first turn: system prompt and all
+    _, second = turn_kept(engine, "Tell me more.")
+    assert (session.text_ids, session.audio_ids) == join(first.turn_tokens, second.turn_tokens)
+    assert second.turn_tokens[0][-2:] == engine.turn_end[0]  # closed as the history keeps it
+    _, plain = turn_kept(engine, "No session", session="")
+    assert plain.turn_tokens is None
+
+
+def test_another_engine_given_the_history_speaks_as_the_session_would(model):
+    """Failover: the replica that held the session is gone; another one, given the history the caller kept,
+    says exactly what the first would have (greedy), computing the history once."""
+    engine = make_engine(model)
+    _, first = turn_kept(engine, "Hello, who are you?")
+    _, second = turn_kept(engine, "Tell me more.")
+    expected, _ = turn_kept(engine, "And then?")
+
+    other = make_engine(model)
+    before = other.counters.prefill_tokens
+    moved, _ = turn_kept(other, "And then?", history=join(first.turn_tokens, second.turn_tokens))
+    assert generated(moved) == generated(expected)
+    assert moved.text_ids[:moved.num_prompt] == expected.text_ids[:expected.num_prompt]
+    assert other.counters.prefill_tokens - before == moved.num_prompt  # nothing was cached there
+
+
+def test_the_same_copy_is_continued_with_its_blocks(model):
+    engine = make_engine(model)
+    _, first = turn_kept(engine, "Hello")
+    blocks = list(engine.sessions.sessions["s"].block_table)
+    before = engine.counters.prefill_tokens
+    seq, _ = turn_kept(engine, "Go on.", history=first.turn_tokens)
+    assert seq.num_prefilled == engine.counters.prefill_tokens - before < seq.num_prompt // 2  # the cache served the rest
+    assert engine.sessions.sessions["s"].block_table[:len(blocks) - 1] == blocks[:-1]
+
+
+def test_a_copy_that_differs_starts_again_from_the_callers(model):
+    """The engine finished a turn its caller never saw end (the reply was cut off on the way): the caller's
+    history, without that turn, wins; the common prefix comes from the cache."""
+    engine = make_engine(model)
+    _, first = turn_kept(engine, "Hello")
+    turn_kept(engine, "A turn the caller lost")
+    before = engine.counters.prefill_tokens
+    seq, _ = turn_kept(engine, "Where were we?", history=first.turn_tokens)
+    assert seq.text_ids[:len(first.turn_tokens[0])] == first.turn_tokens[0]
+    assert seq.num_prompt < len(first.turn_tokens[0]) + 40  # the lost turn is not in the prompt
+    assert engine.counters.prefill_tokens - before < seq.num_prompt  # the first turn's full blocks hit
+
+    reference = make_engine(model)
+    turn_kept(reference, "Hello")
+    expected, _ = turn_kept(reference, "Where were we?")
+    assert generated(seq) == generated(expected)
+
+
+def test_a_session_let_go_comes_back_from_the_history(model):
+    engine = make_engine(model)
+    _, first = turn_kept(engine, "Hello")
+    assert engine.close_session("s") and engine.block_manager.num_used == 0
+    seq, _ = turn_kept(engine, "Still there?", history=first.turn_tokens)
+    assert seq.text_ids[:len(first.turn_tokens[0])] == first.turn_tokens[0]
+    assert seq.num_prefilled < seq.num_prompt  # freed blocks keep their contents: the prefix cache still had them
+
+
+def test_a_history_is_checked_like_a_prompt(model):
+    engine = make_engine(model, max_model_len=200)
+    _, first = turn_kept(engine, "Hello")
+    text, audio = first.turn_tokens
+
+    def request(**kw):
+        base = dict(text="Next", session_id="s", history_text_ids=text, history_audio_ids=audio)
+        return engine.make_sequence(GenerationRequest("r", GREEDY, ChunkSettings(), **{**base, **kw}))
+
+    for kw, field in [({"history_text_ids": text[:-1]}, "history.audio"),
+                      ({"history_text_ids": [CFG.vocab_size] + text[1:]}, "history.text"),
+                      ({"history_audio_ids": [-1] + audio[1:]}, "history.audio"),
+                      ({"history_text_ids": [], "history_audio_ids": audio}, "history.text"),
+                      ({"session_id": ""}, "history"),
+                      ({"history_text_ids": text * 4, "history_audio_ids": audio * 4}, "text")]:
+        with pytest.raises(InvalidArgument) as info:
+            request(**kw)
+        assert info.value.field == field, (kw.keys(), info.value)
+    assert request().history == (text, audio)
+
+
+def test_a_history_for_a_session_whose_turn_runs_waits_its_turn(model):
+    engine = make_engine(model)
+    _, first = turn_kept(engine, "Hello")
+    running = engine.make_sequence(GenerationRequest("t2", GREEDY, ChunkSettings(), text="Go on", session_id="s"))
+    engine.add(running)
+    engine.step()
+    other = engine.make_sequence(GenerationRequest("t3", GREEDY, ChunkSettings(), text="Other", session_id="s",
+                                                   history_text_ids=first.turn_tokens[0],
+                                                   history_audio_ids=first.turn_tokens[1]))
+    with pytest.raises(FailedPrecondition, match="session_id"):
+        engine.add(other)
+    assert engine.sessions.sessions["s"].busy and other.seq_id not in engine.sequences
+    while engine.has_work():
+        engine.step()
+    assert running.finish_reason is not None

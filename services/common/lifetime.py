@@ -4,6 +4,10 @@ Linux's PR_SET_PDEATHSIG has the kernel send the child a signal when its parent 
 finds its parent already gone (it died before the child could ask) exits at once. `moss-serve up` and the
 test stacks name themselves in PARENT_ENV; each service calls `die_with_parent()` first thing. Elsewhere
 than Linux this does nothing.
+
+The kernel's "parent" is the thread that started the child: start services from a thread that lives as long
+as they should (the main thread). One started from a worker thread (asyncio.to_thread) is signalled when
+that thread ends.
 """
 
 from __future__ import annotations

@@ -1,10 +1,16 @@
-"""The gateway's two backends, llm and vocoder: their channels, and whether each answers its health check.
+"""The gateway's backends: a pool of replicas per stage (llm, vocoder), and which replica takes each call.
 
-The gateway reports SERVING only while both backends do: a watcher asks each one's grpc.health.v1 Check
-every POLL_SECONDS. A turn that finds a backend not ready waits for it, for at most `ready_wait` seconds and
-within the turn's own deadline, instead of failing at once: requests sent while a stack is still starting
-(or while a supervisor restarts a stage) are answered late, not refused. A backend that stays down fails the
-turn with UNAVAILABLE naming it; one that dies during a turn fails that turn at once (pipeline.py).
+- Health: a replica is ready while it answers its grpc.health.v1 Check SERVING (a watcher asks each ready
+  replica every `health_check_seconds`, and each other one more often), and not ready from the moment a call
+  finds it unreachable until its check passes again. Calls go to ready replicas only: one that fails is
+  skipped until it recovers.
+- Placement: the ready replica with the fewest calls in progress from this gateway, then the fewest sessions,
+  then the next in turn (so equal replicas share the work). A Converse session keeps its llm replica from
+  turn to turn, where its KV cache is (conversation.py), and moves only when that replica is not ready;
+  vocoder streams are placed one by one.
+- Readiness: the gateway reports SERVING while every stage has a ready replica. A call that finds none waits
+  for one, for at most `ready_wait` seconds and within its own deadline, instead of failing at once (a stack
+  still starting, a supervisor restarting a stage); then UNAVAILABLE naming the stage.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from services.gateway import metrics
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 0.5
+HEALTH_CHECK_SECONDS = 0.5    # how often a ready replica's health is asked (--health-check-seconds)
+RECOVERY_CHECK_SECONDS = 0.5  # ... and at most how long between two checks of one that is not ready
 CHECK_TIMEOUT = 1.0
 # A stage that restarts is found again within a second: the default backoff grows to two minutes,
 # and a channel in backoff fails calls at once without trying to connect.
@@ -35,13 +42,21 @@ CHANNEL_OPTIONS = [
 ]
 
 
-class Backend:
-    def __init__(self, name: str, target: str, stub_class, tls: ChannelTls | None = None):
-        self.name, self.target = name, target
+class Replica:
+    """One address of a stage: its channel, stub and health, and what this gateway has placed on it."""
+
+    def __init__(self, stage: str, target: str, stub_class, tls: ChannelTls | None = None):
+        self.stage, self.target = stage, target
         self.channel = channel(target, tls, CHANNEL_OPTIONS)
         self.stub = stub_class(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
-        self.ready = asyncio.Event()
+        self.ready = False
+        self.checked = 0.0  # time.monotonic() of its last health check
+        self.calls = 0     # calls in progress: turns on an llm, streams on a vocoder
+        self.sessions = 0  # Converse sessions whose history this llm holds
+
+    def __repr__(self) -> str:
+        return f"{self.stage} at {self.target}"
 
     async def check(self) -> bool:
         try:
@@ -50,62 +65,140 @@ class Backend:
             return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
+    def add_calls(self, n: int) -> None:
+        """n calls began (n > 0) or ended (n < 0) on this replica."""
+        self.calls += n
+        metrics.REPLICA_CALLS.labels(self.stage, self.target).set(self.calls)
 
-class Backends:
-    def __init__(self, llm_target: str, vocoder_target: str, ready_wait: float, tls: ChannelTls | None = None):
-        self.llm = Backend("llm", llm_target, llm_pb2_grpc.LlmStub, tls)
-        self.vocoder = Backend("vocoder", vocoder_target, vocoder_pb2_grpc.VocoderStub, tls)
-        self.ready_wait = ready_wait
+    def add_sessions(self, n: int) -> None:
+        self.sessions += n
+        metrics.REPLICA_SESSIONS.labels(self.target).set(self.sessions)
+
+
+class Pool:
+    """The replicas of one stage."""
+
+    def __init__(self, stage: str, targets: list[str], stub_class, tls: ChannelTls | None = None):
+        if not targets:
+            raise ValueError(f"no {stage} target")
+        if len(set(targets)) != len(targets):
+            raise ValueError(f"{stage} targets repeat: {', '.join(targets)}")
+        self.stage = stage
+        self.replicas = [Replica(stage, target, stub_class, tls) for target in targets]
+        self._any_ready = asyncio.Event()
+        self._turn = 0  # where ties start: equal replicas take calls in turn
+        for replica in self.replicas:  # every series exported from the start, at 0
+            metrics.REPLICA_READY.labels(stage, replica.target).set(0)
+            metrics.REPLICA_CALLS.labels(stage, replica.target).set(0)
+            if stage == "llm":
+                replica.add_sessions(0)
+        metrics.BACKEND_READY.labels(stage).set(0)
+        metrics.REPLICA_RETRIES.labels(stage)
 
     @property
-    def all(self) -> tuple[Backend, Backend]:
+    def ready(self) -> bool:
+        return self._any_ready.is_set()
+
+    def set_ready(self, replica: Replica, ok: bool, why: str = "") -> None:
+        if ok != replica.ready:
+            log.info("gateway: %s is %s%s", replica, "ready" if ok else "NOT ready", why)
+        replica.ready = ok
+        metrics.REPLICA_READY.labels(self.stage, replica.target).set(int(ok))
+        (self._any_ready.set if any(r.ready for r in self.replicas) else self._any_ready.clear)()
+        metrics.BACKEND_READY.labels(self.stage).set(int(self.ready))
+
+    def mark_down(self, replica: Replica) -> None:
+        """A call found this replica unreachable: skip it until its health check passes again."""
+        if replica.ready:
+            self.set_ready(replica, False, "; a call failed: skipped until its health check passes")
+
+    def pick(self, prefer: Replica | None = None) -> Replica | None:
+        """`prefer` if it is ready, else the least-loaded ready replica (None: no replica is ready)."""
+        if prefer is not None and prefer.ready:
+            return prefer
+        n = len(self.replicas)
+        ready = [(r.calls, r.sessions, (i - self._turn) % n, i) for i, r in enumerate(self.replicas) if r.ready]
+        if not ready:
+            return None
+        i = min(ready)[-1]
+        self._turn = (i + 1) % n
+        return self.replicas[i]
+
+    async def wait(self, seconds: float, limit: float) -> None:
+        """Until a replica is ready, for at most `seconds`; then Unavailable naming the stage (and `limit`,
+        the whole wait allowed)."""
+        try:
+            await asyncio.wait_for(self._any_ready.wait(), max(seconds, 0.0))
+        except TimeoutError:
+            targets = ", ".join(r.target for r in self.replicas)
+            raise Unavailable(self.stage, f"not ready (no SERVING health check from {targets} within "
+                                          f"{max(limit, 0.0):.1f} s)") from None
+
+    async def poll(self, every: float) -> None:
+        """Check the replicas that are not ready, and those ready ones not checked for `every` seconds."""
+        now = time.monotonic()
+        due = [r for r in self.replicas if not r.ready or now - r.checked >= every]
+        for replica, ok in zip(due, await asyncio.gather(*(r.check() for r in due))):
+            replica.checked = now
+            self.set_ready(replica, ok)
+
+    async def close(self) -> None:
+        for replica in self.replicas:
+            await replica.channel.close()
+
+
+class Backends:
+    def __init__(self, llm_targets: list[str], vocoder_targets: list[str], ready_wait: float,
+                 tls: ChannelTls | None = None, health_check_seconds: float = HEALTH_CHECK_SECONDS):
+        self.llm = Pool("llm", llm_targets, llm_pb2_grpc.LlmStub, tls)
+        self.vocoder = Pool("vocoder", vocoder_targets, vocoder_pb2_grpc.VocoderStub, tls)
+        self.ready_wait, self.health_check_seconds = ready_wait, health_check_seconds
+
+    @property
+    def pools(self) -> tuple[Pool, Pool]:
         return self.llm, self.vocoder
 
     async def watch(self, on_change: Callable[[bool], Awaitable[None]]) -> None:
-        """Poll both health checks until cancelled; on_change(all ready) whenever that flips."""
+        """Ask the replicas' health checks until cancelled: a ready replica every `health_check_seconds`, one that
+        is not every RECOVERY_CHECK_SECONDS at most (so that one starting or back is used within a moment);
+        on_change(every stage ready) whenever that flips."""
         serving = None
         while True:
-            for backend, ok in zip(self.all, await asyncio.gather(*(b.check() for b in self.all))):
-                if ok != backend.ready.is_set():
-                    log.info("gateway: %s at %s is %s", backend.name, backend.target, "ready" if ok else "NOT ready")
-                    (backend.ready.set if ok else backend.ready.clear)()
-                metrics.BACKEND_READY.labels(backend.name).set(int(ok))
-            now_serving = all(b.ready.is_set() for b in self.all)
+            await asyncio.gather(*(pool.poll(self.health_check_seconds) for pool in self.pools))
+            now_serving = all(pool.ready for pool in self.pools)
             if now_serving != serving:
                 serving = now_serving
                 await on_change(serving)
-            await asyncio.sleep(POLL_SECONDS)
+            await asyncio.sleep(min(self.health_check_seconds, RECOVERY_CHECK_SECONDS))
 
-    async def wait_ready(self, budget: float) -> float:
-        """Wait until both backends are ready, for at most `ready_wait` and `budget` seconds
-        → seconds waited. Raises Unavailable naming the first backend that was not."""
-        if all(b.ready.is_set() for b in self.all):
+    async def acquire(self, budget: float, llm: Replica | None = None) -> tuple[Replica, Replica, float]:
+        """A replica of each stage for one turn (`llm`: the session's, if it is ready) → (llm, vocoder, seconds
+        waited for a stage to be ready). Raises Unavailable naming a stage that had none within the wait."""
+        waited = await self._wait_ready(self.pools, budget)
+        return self.llm.pick(llm), self.vocoder.pick(), waited
+
+    async def replace(self, pool: Pool, failed: Replica, budget: float) -> Replica:
+        """A replica of `pool` failed a call before answering it: mark it down → another ready replica, waited
+        for as in acquire (the same one, once its health check passes again: a stage that restarted)."""
+        pool.mark_down(failed)
+        metrics.REPLICA_RETRIES.labels(pool.stage).inc()
+        await self._wait_ready((pool,), budget)
+        return pool.pick()
+
+    async def _wait_ready(self, pools: tuple[Pool, ...], budget: float) -> float:
+        """Until every pool has a ready replica, for at most `ready_wait` and `budget` seconds → seconds waited."""
+        if all(pool.ready for pool in pools):
             return 0.0
         start = time.perf_counter()
+        limit = min(self.ready_wait, budget)
         try:
-            await self._wait(start, budget)
+            while not all(pool.ready for pool in pools):  # (one may fail again while another is awaited)
+                for pool in pools:
+                    await pool.wait(limit - (time.perf_counter() - start), limit)
         finally:
             metrics.READY_WAIT.observe(time.perf_counter() - start)
         return time.perf_counter() - start
 
-    async def _wait(self, start: float, budget: float) -> None:
-        for backend in self.all:
-            if backend.ready.is_set():
-                continue
-            left = min(self.ready_wait, budget) - (time.perf_counter() - start)
-            try:
-                await asyncio.wait_for(backend.ready.wait(), max(left, 0.0))
-            except TimeoutError:
-                raise Unavailable(backend.name, f"not ready (no SERVING health check from {backend.target} "
-                                                f"within {max(min(self.ready_wait, budget), 0.0):.1f} s)") from None
-
-    def mark_down(self, name: str) -> None:
-        """A turn found this backend unreachable: treat it as not ready until its health check passes again."""
-        for backend in self.all:
-            if backend.name == name and backend.ready.is_set():
-                log.info("gateway: %s at %s failed a turn; NOT ready until its health check passes", name, backend.target)
-                backend.ready.clear()
-
     async def close(self) -> None:
-        for backend in self.all:
-            await backend.channel.close()
+        for pool in self.pools:
+            await pool.close()

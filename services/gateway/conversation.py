@@ -3,27 +3,26 @@
     client ──config, turns, cancel, close──▶ reader task ──starts / cancels──▶ turn task (a Turn, pipeline.py)
     client ◀──────────────── outbox (one queue, in order) ◀──────────────── every task's messages
 
-Each turn is a Turn of its own, run as a task, with the session's id: the llm keeps the session's history
-and its KV blocks between turns. One turn runs at a time. A cancel (or a new turn while one runs) cancels
+Each turn is a Turn of its own, run as a task, with the session (session.py): its llm replica keeps the
+session's history and KV blocks between turns, and the gateway keeps the history too, so that the session
+survives its replica. One turn runs at a time. A cancel (or a new turn while one runs) cancels
 the turn's task: Turn.run's cleanup cancels its llm and vocoder calls (the llm frees the turn's blocks, and
 the session keeps its history from before the turn), and messages of that turn still in the outbox are
 dropped, so no audio of it reaches the client after its TurnCancelled.
 
 Whatever ends the call (close, half-close, idle timeout, an error, the client leaving), every task is
-cancelled and awaited and the llm forgets the session, so nothing outlives it.
+cancelled and awaited and the llm replica forgets the session, so nothing outlives it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 
-import grpc
-from moss.speech.v1 import gateway_pb2, llm_pb2
+from moss.speech.v1 import gateway_pb2
 
 from services.common.audio import resolve_format
 from services.common.errors import InvalidArgument
@@ -32,13 +31,12 @@ from services.gateway import metrics
 from services.gateway.admission import Admission
 from services.gateway.backends import Backends
 from services.gateway.pipeline import Turn, TurnLimits, validate_text
+from services.gateway.session import Session
 from services.gateway.voices import resolve_voice
 
 log = logging.getLogger(__name__)
 
-CLOSE_SESSION_SECONDS = 2.0  # how long the end of a call waits for the llm to forget the session
-_END = object()              # in the outbox: the call is over (a SessionEnded was just sent)
-_FORGETTING: set[asyncio.Task] = set()  # CloseSession calls under way (a reference each, until done)
+_END = object()  # in the outbox: the call is over (a SessionEnded was just sent)
 
 Reason = gateway_pb2.SessionEndReason
 
@@ -61,7 +59,7 @@ class Conversation:
     def __init__(self, backends: Backends, limits: TurnLimits, admission: Admission, idle_seconds: float, context):
         self.backends, self.limits, self.admission = backends, limits, admission
         self.idle_seconds, self.context = idle_seconds, context
-        self.session_id = uuid.uuid4().hex
+        self.session = Session(uuid.uuid4().hex)
         self.config = gateway_pb2.SessionConfig()
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.turn_no = 0
@@ -78,11 +76,12 @@ class Conversation:
             raise InvalidArgument("config", "the first message of a Converse call must be a config")
         check_config(first.config, self.limits)
         self.config = first.config
+        self.session.system_prompt = first.config.system_prompt
         metrics.SESSIONS.inc()
         reason = Reason.SESSION_END_REASON_UNSPECIFIED
         tasks = [asyncio.create_task(self._read(requests)), asyncio.create_task(self._watch_idle())]
         try:
-            yield gateway_pb2.ConverseResponse(session=gateway_pb2.SessionStarted(session_id=self.session_id))
+            yield gateway_pb2.ConverseResponse(session=gateway_pb2.SessionStarted(session_id=self.session.session_id))
             while (msg := await self.outbox.get()) is not _END:
                 if isinstance(msg, BaseException):
                     raise msg
@@ -101,10 +100,7 @@ class Conversation:
             running = [t for t in [*tasks, self.turn, *self.tails] if t is not None]
             for task in running:
                 task.cancel()  # a turn's own cleanup cancels its llm and vocoder calls
-            if self.turn_no:  # the llm heard of the session: have it forget (after that turn, if one runs)
-                forget = asyncio.create_task(self._forget())
-                _FORGETTING.add(forget)
-                forget.add_done_callback(_FORGETTING.discard)
+            self.session.close()  # its llm replica forgets it (after the turn running there, if any)
             await asyncio.gather(*running, return_exceptions=True)
 
     # ---- the client's messages -------------------------------------------------------------------
@@ -170,14 +166,14 @@ class Conversation:
             async with self.admission.turn(self.context.time_remaining()):
                 metrics.ACTIVE.inc()
                 try:
-                    turn = Turn(req, self.backends, self.limits, self.context.time_remaining(), self.session_id,
-                                self.config.system_prompt,
+                    turn = Turn(req, self.backends, self.limits, self.context.time_remaining(), self.session,
                                 on_text=lambda piece: put(gateway_pb2.ConverseResponse(turn=n, text=gateway_pb2.TextPiece(text=piece))))
                     async for msg in turn.run():
                         kind = msg.WhichOneof("kind")
-                        put(gateway_pb2.ConverseResponse(turn=n, **{kind: getattr(msg, kind)}))
-                        if kind == "summary":
+                        if kind == "summary":  # the turn is the client's now: it joins the history
+                            self.session.remember(turn.turn_tokens)
                             self.answered.add(n)
+                        put(gateway_pb2.ConverseResponse(turn=n, **{kind: getattr(msg, kind)}))
                 finally:
                     metrics.ACTIVE.dec()
         except asyncio.CancelledError:
@@ -205,10 +201,3 @@ class Conversation:
         metrics.CANCELS.inc()
         metrics.CANCEL.observe(seconds)
         self.outbox.put_nowait(gateway_pb2.ConverseResponse(turn=self.turn_no, cancelled=gateway_pb2.TurnCancelled(seconds=seconds)))
-
-    async def _forget(self) -> None:
-        """The llm forgets the session (its history and KV blocks). Best effort: a session it cannot be told
-        about (llm down) it reclaims anyway, least recently used first, when its pool runs short."""
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
-            await self.backends.llm.stub.CloseSession(llm_pb2.CloseSessionRequest(session_id=self.session_id),
-                                                      timeout=CLOSE_SESSION_SECONDS)

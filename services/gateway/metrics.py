@@ -24,6 +24,8 @@ ACTIVE = Gauge("gateway_active_requests", "Turns in progress (Synthesize calls a
 SESSIONS = Gauge("gateway_active_sessions", "Converse sessions open")
 SESSIONS_ENDED = Counter("gateway_sessions_ended_total", "Converse sessions ended, by how: closed, client_done (half-close), "
                          "idle, or aborted (an error, or the client left)", ["reason"])
+for _reason in ("closed", "client_done", "idle", "aborted"):  # exported from the start, at 0
+    SESSIONS_ENDED.labels(_reason)
 CANCELS = Counter("gateway_turn_cancels_total", "Converse turns cancelled while running (barge-in)")
 CANCEL = Histogram("gateway_turn_cancel_seconds", "Cancel received to the turn stopped in every stage",
                    buckets=LATENCY_BUCKETS)
@@ -32,7 +34,18 @@ ADMISSIONS_REFUSED = Counter("gateway_admissions_refused_total", "Turns refused 
 QUEUED_TURNS = Gauge("gateway_queued_turns", "Turns waiting for a place (admission control)")
 ADMISSION_WAIT = Histogram("gateway_admission_wait_seconds", "How long turns waited for a place (turns admitted at "
                            "once are not counted)", buckets=LATENCY_BUCKETS)
-BACKEND_READY = Gauge("gateway_backend_ready", "1 while the backend answers its health check SERVING, else 0", ["backend"])
+BACKEND_READY = Gauge("gateway_backend_ready", "1 while a replica of the backend (llm, vocoder) answers its health "
+                      "check SERVING, else 0", ["backend"])
+# Replicas: `target` is a configured address (a handful per gateway).
+REPLICA_READY = Gauge("gateway_replica_ready", "1 while this replica answers its health check SERVING and no call has "
+                      "found it unreachable since, else 0 (it gets no new calls)", ["backend", "target"])
+REPLICA_CALLS = Gauge("gateway_replica_calls", "Calls in progress on this replica: turns on an llm, streams on a vocoder",
+                      ["backend", "target"])
+REPLICA_SESSIONS = Gauge("gateway_replica_sessions", "Converse sessions placed on this llm replica", ["target"])
+REPLICA_RETRIES = Counter("gateway_replica_retries_total", "Calls started again on another replica (or the same one, "
+                          "back) because theirs failed before answering", ["backend"])
+SESSION_MOVES = Counter("gateway_session_moves_total", "Converse sessions moved to another llm replica because theirs "
+                        "was not ready (the new one is given the session's history)")
 READY_WAIT = Histogram("gateway_ready_wait_seconds", "How long turns waited for a backend that was not ready "
                        "(turns that found both ready are not counted)", buckets=LATENCY_BUCKETS)
 REQUESTS = Counter("gateway_requests_total", "Finished calls, by gRPC status code", ["code"])

@@ -25,11 +25,13 @@ from services.common.errors import DeadlineExceeded, InvalidArgument, ServiceErr
 from services.common.playback import JITTER_SECONDS, PlaybackClock
 from services.common.sampling import resolve_chunking, resolve_sampling, sampling_to_fields
 from services.gateway import metrics
-from services.gateway.backends import Backends
+from services.gateway.backends import Backends, Pool, Replica
+from services.gateway.session import Session
 from services.gateway.voices import resolve_voice
 
 
 VOCODER_CLOSE_SECONDS = 1.0  # after the last PCM: how long the vocoder may take to end its call
+STATUS_SECONDS = 1.0         # after a failed write: how long the call's own status may take to arrive
 
 
 @dataclass(frozen=True)
@@ -39,13 +41,13 @@ class TurnLimits:
     default_timeout: float = 120.0  # seconds, when the client sets no deadline
 
 
-def stage_error(stage: str, err: grpc.aio.AioRpcError) -> ServiceError:
-    code = err.code()
+def stage_error(stage: str, code: grpc.StatusCode, details: str | None) -> ServiceError:
+    """A stage's call ended with this status: the error the gateway reports, the stage named."""
     if code == grpc.StatusCode.UNAVAILABLE:
-        return Unavailable(stage, err.details() or "connection failed")
+        return Unavailable(stage, details or "connection failed")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return DeadlineExceeded(f"{stage}: deadline exceeded")
-    return StageError(stage, code.name, err.details() or code.name)
+    return StageError(stage, code.name, details or code.name)
 
 
 def validate_text(text: str, limits: TurnLimits, field: str = "text") -> None:
@@ -55,10 +57,10 @@ def validate_text(text: str, limits: TurnLimits, field: str = "text") -> None:
         raise InvalidArgument(field, f"{len(text)} characters is over the limit of {limits.max_text_chars}")
 
 
-def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits, session_id: str = "",
-             system_prompt: str = "") -> tuple[llm_pb2.GenerateRequest, int]:
+def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits, session: Session | None = None,
+             ) -> tuple[llm_pb2.GenerateRequest, int]:
     """Everything a client can get wrong is refused here, before any stage is called.
-    session_id: the turn continues that llm session; system_prompt: replaces the voice's.
+    session: the turn continues that session (its system prompt replaces the voice's).
     → (the llm request, the resolved audio format)."""
     validate_text(req.text, limits)
     voice = resolve_voice(req.voice)
@@ -67,9 +69,10 @@ def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits, session_id:
     chunking = resolve_chunking(req.chunking if req.HasField("chunking") else None)
     return llm_pb2.GenerateRequest(
         request_id=uuid.uuid4().hex,
-        session_id=session_id,
+        session_id=session.session_id if session else "",
+        history=session.request_history() if session else None,
         text=req.text,
-        system_prompt=system_prompt or voice.system_prompt,
+        system_prompt=(session.system_prompt if session else "") or voice.system_prompt,
         sampling=common_pb2.SamplingParams(**sampling_to_fields(sampling)),
         chunking=common_pb2.ChunkPolicy(first_chunk_tokens=chunking.first_chunk_tokens, chunk_tokens=chunking.chunk_tokens,
                                         lookahead_frames=chunking.lookahead_frames),
@@ -77,99 +80,182 @@ def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits, session_id:
     ), fmt
 
 
+class Leg:
+    """One stage's part of a turn: the replica it runs on (counted there as a call in progress) and its call."""
+
+    def __init__(self, pool: Pool):
+        self.pool = pool
+        self.replica: Replica | None = None
+        self.call = None
+
+    def move(self, replica: Replica | None, open_call: Callable[[Replica], object] | None = None) -> None:
+        """Run on `replica` (None: nowhere) with the call `open_call` makes there, leaving the call before."""
+        if self.replica is not None:
+            self.call.cancel()
+            self.replica.add_calls(-1)
+        self.replica = replica
+        if replica is not None:
+            replica.add_calls(1)
+            self.call = open_call(replica)
+
+
 class Turn:
     """State of one turn (a Synthesize call, or a turn of a Converse session); `run()` yields Synthesize's
-    messages. session_id / system_prompt: see validate(); on_text(piece) gets the text the model emits."""
+    messages. session: the Converse session (its replica and history, session.py); on_text(piece) gets the
+    text the model emits.
 
-    def __init__(self, req, backends: Backends, limits: TurnLimits, timeout: float | None, session_id: str = "",
-                 system_prompt: str = "", on_text: Callable[[str], None] | None = None):
+    A replica that fails before it has answered the turn (unreachable: it died, or is restarting) is marked
+    down and its part starts again on another (or on the same one once it is back, within --ready-wait):
+    the llm's until its first chunk, the vocoder's until its header. Once a stage has answered, a failure
+    ends the turn."""
+
+    def __init__(self, req, backends: Backends, limits: TurnLimits, timeout: float | None,
+                 session: Session | None = None, on_text: Callable[[str], None] | None = None):
         self.start = time.perf_counter()
         self.req = req
-        self.session_id, self.system_prompt, self.on_text = session_id, system_prompt, on_text
+        self.session, self.on_text = session, on_text
         self.backends = backends
-        self.llm, self.vocoder = backends.llm.stub, backends.vocoder.stub
         self.limits = limits
-        self.timeout = timeout if timeout is not None else limits.default_timeout
+        self.deadline = self.start + (timeout if timeout is not None else limits.default_timeout)
         self.summary = gateway_pb2.SynthesisSummary()
         self.first_tokens_sent: float | None = None
         self.stalls = 0
+        self.turn_tokens: llm_pb2.PromptTokens | None = None  # a session's turn: what it added to the history
+        self.gen_req = llm_pb2.GenerateRequest()
+        self.llm, self.vocoder = Leg(backends.llm), Leg(backends.vocoder)
+
+    def _left(self) -> float:
+        return self.deadline - time.perf_counter()
 
     async def run(self):
-        gen_req, fmt = validate(self.req, self.limits, self.session_id, self.system_prompt)
-        waited = await self.backends.wait_ready(self.timeout)  # a stage still starting: wait, within the deadline
-        timeout = self.timeout - waited
-        llm_call = self.llm.Generate(gen_req, timeout=timeout)
-        voc_call = self.vocoder.Vocode(timeout=timeout)
+        self.gen_req, fmt = validate(self.req, self.limits, self.session)
+        # A replica of each stage (the session's llm while it is ready); a stage still starting is waited
+        # for, within the deadline.
+        llm, vocoder, _ = await self.backends.acquire(self._left(), self.session.replica if self.session else None)
         pump = None
         try:
-            header = await self._vocoder_io(voc_call.write(vocoder_pb2.VocodeRequest(
-                config=vocoder_pb2.VocodeConfig(request_id=gen_req.request_id, format=fmt,
-                                                lookahead_frames=gen_req.chunking.lookahead_frames
-                                                if gen_req.chunking.HasField("lookahead_frames") else None))))
-            header = await self._vocoder_io(voc_call.read())
-            if header is grpc.aio.EOF:
-                raise Unavailable("vocoder", "stream closed before its header")
+            self._use_llm(llm)  # the prompt is prefilled while the vocoder stream opens
+            header = await self._open_vocoder(vocoder, fmt)
             yield gateway_pb2.SynthesizeResponse(metadata=gateway_pb2.StreamMetadata(
-                request_id=gen_req.request_id, sample_rate=header.sample_rate, format=header.format, channels=1))
-            pump = asyncio.create_task(self._pump(llm_call, voc_call))
-            async for msg in self._pcm(voc_call, pump, BYTES_PER_SAMPLE[fmt], header.sample_rate):
+                request_id=self.gen_req.request_id, sample_rate=header.sample_rate, format=header.format, channels=1))
+            pump = asyncio.create_task(self._pump())
+            async for msg in self._pcm(pump, BYTES_PER_SAMPLE[fmt], header.sample_rate):
                 yield msg
             await pump  # the llm's final chunk has been forwarded; surfaces any pump error
             yield gateway_pb2.SynthesizeResponse(summary=self._finish(header.sample_rate))
             # The vocoder ends its call when it sees our half-close: let it, rather than cancel a finished
             # stream (its metrics would count a CANCELLED request for every turn).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(voc_call.code(), VOCODER_CLOSE_SECONDS)
-        except Unavailable as err:  # until its health check says otherwise, the next turns wait for that stage
-            self.backends.mark_down(err.stage)
+                await asyncio.wait_for(self.vocoder.call.code(), VOCODER_CLOSE_SECONDS)
+        except Unavailable as err:  # until its health check says otherwise, that replica gets no more calls
+            leg = self.llm if err.stage == "llm" else self.vocoder
+            if leg.replica is not None:
+                leg.pool.mark_down(leg.replica)
             raise
         finally:
-            llm_call.cancel()
-            voc_call.cancel()
+            self.llm.move(None)
+            self.vocoder.move(None)
             if pump is not None and not pump.done():
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
 
-    async def _vocoder_io(self, awaitable):
+    def _use_llm(self, replica: Replica) -> None:
+        """Generate on `replica` (a session's turn: the session is there now)."""
+        if self.session is not None:
+            self.session.place(replica)
+        self.llm.move(replica, lambda r: r.stub.Generate(self.gen_req, timeout=self._left()))
+
+    async def _open_vocoder(self, replica: Replica, fmt: int) -> vocoder_pb2.VocodeResponse:
+        """Open the Vocode stream → its header; a replica that fails first is replaced (see the class)."""
+        chunking = self.gen_req.chunking
+        config = vocoder_pb2.VocodeConfig(request_id=self.gen_req.request_id, format=fmt,
+                                          lookahead_frames=chunking.lookahead_frames
+                                          if chunking.HasField("lookahead_frames") else None)
+        for attempt in range(len(self.vocoder.pool.replicas) + 1):
+            self.vocoder.move(replica, lambda r: r.stub.Vocode(timeout=self._left()))
+            try:
+                call = self.vocoder.call
+                await self._vocoder_io(call, call.write(vocoder_pb2.VocodeRequest(config=config)))
+                header = await self._vocoder_io(call, call.read())
+                if header is grpc.aio.EOF:
+                    raise Unavailable("vocoder", "stream closed before its header")
+                return header
+            except Unavailable:
+                if attempt == len(self.vocoder.pool.replicas):
+                    raise
+                replica = await self.backends.replace(self.vocoder.pool, replica, self._left())
+
+    async def _vocoder_io(self, call, awaitable):
+        """Await a read or write of the Vocode call; a failure becomes the stage's error. A write that crosses
+        the end of the call fails with a bare INTERNAL ("Internal error from Core"), or finds it ended: the
+        call's own status says why it ended (UNAVAILABLE, for a vocoder that died)."""
         try:
             return await awaitable
-        except grpc.aio.AioRpcError as err:
-            raise stage_error("vocoder", err) from None
-        except asyncio.InvalidStateError:  # write after the call already ended
-            raise Unavailable("vocoder", "stream closed") from None
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as err:
+            try:
+                code = await asyncio.wait_for(call.code(), STATUS_SECONDS)
+                details = await call.details()
+            except TimeoutError:
+                code = details = None
+            if code in (None, grpc.StatusCode.OK):
+                if not isinstance(err, grpc.aio.AioRpcError):
+                    raise Unavailable("vocoder", "stream closed") from None
+                code, details = err.code(), err.details()
+            raise stage_error("vocoder", code, details) from None
 
-    async def _pump(self, llm_call, voc_call) -> None:
+    async def _llm_chunks(self):
+        """The llm's chunks. A replica that fails before its first chunk is replaced (see the class): the
+        turn, and a session with its history, starts again there."""
+        for attempt in range(len(self.llm.pool.replicas) + 1):
+            answered = False
+            try:
+                async for chunk in self.llm.call:
+                    answered = True
+                    yield chunk
+                return
+            except grpc.aio.AioRpcError as err:
+                error = stage_error("llm", err.code(), err.details())
+                if answered or not isinstance(error, Unavailable) or attempt == len(self.llm.pool.replicas):
+                    raise error from None
+            self._use_llm(await self.backends.replace(self.llm.pool, self.llm.replica, self._left()))
+
+    async def _pump(self) -> None:
         """llm token chunks → vocoder, as they arrive. On an llm error the vocoder call is cancelled
         (which unblocks the PCM reader) and the error is re-raised for run() to report."""
+        voc_call = self.vocoder.call
         try:
-            async for chunk in llm_call:
-                if chunk.first:
-                    self.summary.llm_first_chunk_seconds = time.perf_counter() - self.start
-                    metrics.LLM_FIRST_CHUNK.observe(self.summary.llm_first_chunk_seconds)
-                if chunk.text and self.on_text is not None:
-                    self.on_text(chunk.text)
-                if chunk.audio_tokens:
-                    self.first_tokens_sent = self.first_tokens_sent or time.perf_counter()
-                    self.summary.audio_tokens += len(chunk.audio_tokens)
-                    await self._vocoder_io(voc_call.write(vocoder_pb2.VocodeRequest(
-                        tokens=vocoder_pb2.AudioTokens(tokens=chunk.audio_tokens))))
-                if chunk.final:
-                    s = chunk.stats
-                    self.summary.prompt_tokens = s.prompt_tokens
-                    self.summary.llm_queue_seconds = s.queue_seconds
-                    self.summary.llm_prefill_seconds = s.prefill_seconds
-                    self.summary.llm_decode_seconds = s.decode_seconds
-            await self._vocoder_io(voc_call.write(vocoder_pb2.VocodeRequest(end=vocoder_pb2.EndOfTokens())))
-            await self._vocoder_io(voc_call.done_writing())
-        except grpc.aio.AioRpcError as err:
-            voc_call.cancel()
-            raise stage_error("llm", err) from None
+            async with contextlib.aclosing(self._llm_chunks()) as chunks:
+                async for chunk in chunks:
+                    self._take(chunk)
+                    if chunk.audio_tokens:
+                        self.first_tokens_sent = self.first_tokens_sent or time.perf_counter()
+                        self.summary.audio_tokens += len(chunk.audio_tokens)
+                        await self._vocoder_io(voc_call, voc_call.write(vocoder_pb2.VocodeRequest(
+                            tokens=vocoder_pb2.AudioTokens(tokens=chunk.audio_tokens))))
+            await self._vocoder_io(voc_call, voc_call.write(vocoder_pb2.VocodeRequest(end=vocoder_pb2.EndOfTokens())))
+            await self._vocoder_io(voc_call, voc_call.done_writing())
         except BaseException:
             voc_call.cancel()
             raise
 
-    async def _pcm(self, voc_call, pump: asyncio.Task, bytes_per_sample: int, sample_rate: int):
-        clock = PlaybackClock(sample_rate)
+    def _take(self, chunk: llm_pb2.GenerateResponse) -> None:
+        """What the gateway keeps of an llm chunk: timings, text, and on the final one its stats."""
+        if chunk.first:
+            self.summary.llm_first_chunk_seconds = time.perf_counter() - self.start
+            metrics.LLM_FIRST_CHUNK.observe(self.summary.llm_first_chunk_seconds)
+        if chunk.text and self.on_text is not None:
+            self.on_text(chunk.text)
+        if chunk.final:
+            if chunk.HasField("turn_tokens"):
+                self.turn_tokens = chunk.turn_tokens
+            s = chunk.stats
+            self.summary.prompt_tokens = s.prompt_tokens
+            self.summary.llm_queue_seconds = s.queue_seconds
+            self.summary.llm_prefill_seconds = s.prefill_seconds
+            self.summary.llm_decode_seconds = s.decode_seconds
+
+    async def _pcm(self, pump: asyncio.Task, bytes_per_sample: int, sample_rate: int):
+        clock, voc_call = PlaybackClock(sample_rate), self.vocoder.call
         while True:
             try:
                 msg = await voc_call.read()
@@ -178,7 +264,7 @@ class Turn:
                     raise pump.exception() from None  # the llm failed; the vocoder was cancelled for it
                 if isinstance(err, asyncio.CancelledError):
                     raise
-                raise stage_error("vocoder", err) from None
+                raise stage_error("vocoder", err.code(), err.details()) from None
             if msg is grpc.aio.EOF:
                 if pump.done() and pump.exception() is not None:
                     raise pump.exception()

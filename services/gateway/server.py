@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from moss.speech.v1 import gateway_pb2, gateway_pb2_grpc
 
@@ -13,7 +13,7 @@ from services.common.server import serve
 from services.common.tls import ChannelTls, ServerTls
 from services.gateway import metrics
 from services.gateway.admission import Admission
-from services.gateway.backends import Backends
+from services.gateway.backends import HEALTH_CHECK_SECONDS, Backends
 from services.gateway.pipeline import TurnLimits
 from services.gateway.servicer import GatewayServicer
 
@@ -25,12 +25,14 @@ class GatewaySettings:
     host: str = "127.0.0.1"
     port: int = 50051
     metrics_port: int = 9091
-    llm_target: str = "127.0.0.1:50052"
-    vocoder_target: str = "127.0.0.1:50053"
+    # Replicas of each stage (backends.py): a session stays on its llm replica, new ones go to the least loaded.
+    llm_targets: list[str] = field(default_factory=lambda: ["127.0.0.1:50052"])
+    vocoder_targets: list[str] = field(default_factory=lambda: ["127.0.0.1:50053"])
     max_text_chars: int = 2000
     max_new_tokens: int = 2048
     default_timeout: float = 120.0
     ready_wait: float = 10.0  # seconds a turn waits for a backend that is not ready (backends.py)
+    health_check_seconds: float = HEALTH_CHECK_SECONDS  # how often each replica's health is asked
     max_turns: int = 256      # turns running at once (admission.py)
     max_queued_turns: int = 256  # turns waiting for a place; beyond: RESOURCE_EXHAUSTED
     api_keys_file: str | None = None  # with $MOSS_API_KEYS: the keys clients must send (auth.py); none: open
@@ -42,7 +44,7 @@ class GatewaySettings:
 
 
 async def run(s: GatewaySettings) -> None:
-    backends = Backends(s.llm_target, s.vocoder_target, s.ready_wait, s.backend_tls)
+    backends = Backends(s.llm_targets, s.vocoder_targets, s.ready_wait, s.backend_tls, s.health_check_seconds)
     servicer = GatewayServicer(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
                                Admission(s.max_turns, s.max_queued_turns), s.session_idle_seconds)
     api_keys = load_keys(s.api_keys_file)

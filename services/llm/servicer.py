@@ -30,6 +30,8 @@ def to_request(req: llm_pb2.GenerateRequest, max_new_tokens_limit: int) -> Gener
         system_prompt=req.system_prompt,
         audio_reply=req.output_mode != llm_pb2.OUTPUT_MODE_TEXT,
         session_id=req.session_id,
+        history_text_ids=list(req.history.text) if req.HasField("history") else None,
+        history_audio_ids=list(req.history.audio) if req.HasField("history") else None,
     )
 
 
@@ -63,6 +65,8 @@ def to_response(chunk: Chunk, text: str = "") -> llm_pb2.GenerateResponse:
             decode_seconds=s.decode_seconds, first_audio_token_seconds=s.first_audio_token_seconds,
             finish_reason=int(s.finish_reason),
         ))
+    if chunk.turn_tokens is not None:
+        msg.turn_tokens.CopyFrom(llm_pb2.PromptTokens(text=chunk.turn_tokens[0], audio=chunk.turn_tokens[1]))
     return msg
 
 

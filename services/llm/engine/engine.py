@@ -60,6 +60,10 @@ class GenerationRequest:
     system_prompt: str = ""
     audio_reply: bool = True
     session_id: str = ""                     # continue this conversation (its KV stays warm)
+    # The session's history as the caller kept it (both channels): what the session starts again from when
+    # this engine's copy is missing or differs (session.py). None: this engine's copy, if any.
+    history_text_ids: list[int] | None = None
+    history_audio_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -176,18 +180,26 @@ class LLMEngine:
         seq = Sequence(req.request_id, text_ids, audio_ids, req.sampling, req.chunking, req.audio_reply,
                        session_id=req.session_id)
         seq.turn_start = turn_start
+        if req.history_text_ids or req.history_audio_ids:
+            if not req.session_id:
+                raise InvalidArgument("history", "needs a session_id")
+            history = list(req.history_text_ids), list(req.history_audio_ids or [])
+            self._check_prompt_tokens(*history, field="history")
+            self._check_length(len(history[0]) + len(text_ids) - turn_start, req.sampling.max_new_tokens,
+                               what="session history plus this turn")
+            seq.history = history
         seq.start_mode(self.cfg)
         return seq
 
-    def _check_prompt_tokens(self, text_ids: list[int], audio_ids: list[int]) -> None:
+    def _check_prompt_tokens(self, text_ids: list[int], audio_ids: list[int], field: str = "tokens") -> None:
         if not text_ids:
-            raise InvalidArgument("tokens.text", "the prompt must not be empty")
+            raise InvalidArgument(f"{field}.text", "the prompt must not be empty")
         if len(audio_ids) != len(text_ids):
-            raise InvalidArgument("tokens.audio", f"has {len(audio_ids)} ids, the text channel {len(text_ids)}")
+            raise InvalidArgument(f"{field}.audio", f"has {len(audio_ids)} ids, the text channel {len(text_ids)}")
         if not all(0 <= t < self.cfg.vocab_size for t in text_ids):
-            raise InvalidArgument("tokens.text", f"ids must be in [0, {self.cfg.vocab_size})")
+            raise InvalidArgument(f"{field}.text", f"ids must be in [0, {self.cfg.vocab_size})")
         if not all(0 <= a < self.cfg.audio_vocab_size for a in audio_ids):
-            raise InvalidArgument("tokens.audio", f"ids must be in [0, {self.cfg.audio_vocab_size})")
+            raise InvalidArgument(f"{field}.audio", f"ids must be in [0, {self.cfg.audio_vocab_size})")
 
     def _check_length(self, prompt_len: int, max_new: int, what: str = "prompt") -> None:
         if prompt_len + max_new > self.context_limit:
@@ -198,6 +210,8 @@ class LLMEngine:
     def add(self, seq: Sequence) -> None:
         """Queue a sequence (engine thread). A session's turn joins its history here; errors leave nothing behind."""
         if seq.session_id:
+            if seq.history is not None:  # the caller's copy wins over ours (checked against the context in make_sequence)
+                self.sessions.adopt(seq.session_id, *seq.history)
             history = self.sessions.history_len(seq.session_id)
             if history:
                 turn = len(seq) - seq.turn_start
@@ -379,7 +393,9 @@ class LLMEngine:
             if chunk is not None:
                 chunks.append(chunk)
             if seq.finished:
-                self._retire(seq)
+                turn_tokens = self._retire(seq)
+                if chunk is not None:  # a finished sequence always flushes a final chunk
+                    chunk.turn_tokens = turn_tokens
         self.last_step = stats
         return chunks
 
@@ -388,17 +404,20 @@ class LLMEngine:
         seq.finish_reason = FinishReason.FAILED
         return Chunk(seq.seq_id, seq.request_id, seq.chunks_sent, [], [], final=True, error=message)
 
-    def _retire(self, seq: Sequence) -> None:
+    def _retire(self, seq: Sequence) -> tuple[list[int], list[int]] | None:
+        """A finished sequence leaves the engine → for a session's turn, the positions it added to the history."""
         self.scheduler.finish(seq)
         self.sampler.release(seq)
         self.sequences.pop(seq.seq_id, None)
-        if seq.session_id:
-            text, audio = self.turn_end
-            if seq.mode is Mode.AUDIO:  # cut off mid-speech (length limit): close the segment first
-                text, audio = [self.cfg.modality_pad_token_id, *text], [self.cfg.eosp_token_id, *audio]
-            self.sessions.end(seq, text, audio)
-        else:
+        if not seq.session_id:
             self.block_manager.free(seq)
+            return None
+        text, audio = self.turn_end
+        if seq.mode is Mode.AUDIO:  # cut off mid-speech (length limit): close the segment first
+            text, audio = [self.cfg.modality_pad_token_id, *text], [self.cfg.eosp_token_id, *audio]
+        start = seq.history_len
+        self.sessions.end(seq, text, audio)
+        return seq.text_ids[start:] + text, seq.audio_ids[start:] + audio
 
     def record(self, stats: StepStats, start: float, batch_size: int, before: tuple[int, int, int], now: float) -> None:
         """stats.duration: from the step's launch, or the previous step's end if later (steps overlap)."""

@@ -63,6 +63,7 @@ class Chunk:
     final: bool
     stats: GenerationStats | None = None
     error: str | None = None  # set on a final chunk when this request alone failed (its stream ends INTERNAL)
+    turn_tokens: tuple[list[int], list[int]] | None = None  # final chunk of a session's turn: what it added to the history
 
     @property
     def first(self) -> bool:
@@ -108,6 +109,8 @@ class Sequence:
     def __post_init__(self):
         self.num_prompt = len(self.text_ids)
         self.turn_start = 0      # where this turn's own tokens begin (a session prepends its history)
+        self.history: tuple[list[int], list[int]] | None = None  # a session's history given by the caller
+        self.history_len = 0     # positions of session history this turn began with
         self.num_prefilled = 0   # prompt positions computed by this request (not served from the cache)
         # The sampler's noise is a hash of (noise_seed, step, token): a request's seed reproduces its
         # samples whatever else shares the batch; without one, a random key.

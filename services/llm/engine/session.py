@@ -51,6 +51,24 @@ class SessionStore:
         session = self.sessions.get(session_id)
         return len(session.text_ids) if session else 0
 
+    def adopt(self, session_id: str, text_ids: list[int], audio_ids: list[int]) -> bool:
+        """Make the caller's copy of a session's history ours, before its next turn begins. A copy we hold
+        that is the same is kept with its blocks; a different one (a turn the caller never saw end) or none
+        (restarted, let go, or another replica's session) starts again from the caller's, with no blocks:
+        the turn's allocation reuses whatever of it the prefix cache still holds. → True if it started again."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            if session.busy:
+                raise SessionBusy(f"session_id: session {session_id!r} already has a turn running")
+            if session.text_ids == text_ids and session.audio_ids == audio_ids:
+                return False
+            self._release(session)
+        else:
+            session = self.sessions[session_id] = Session(session_id)
+            self._cap()
+        session.text_ids, session.audio_ids = list(text_ids), list(audio_ids)
+        return True
+
     def begin(self, seq: Sequence, turn_start: int) -> None:
         """Start seq as the session's next turn: history + seq's turn tokens, the session's blocks."""
         session = self.sessions.get(seq.session_id)
@@ -61,6 +79,7 @@ class SessionStore:
             raise SessionBusy(f"session_id: session {seq.session_id!r} already has a turn running")
         self.sessions.move_to_end(seq.session_id)
         session.busy = True
+        seq.history_len = len(session.text_ids)
         if session.text_ids:
             seq.text_ids = session.text_ids + seq.text_ids[turn_start:]
             seq.audio_ids = session.audio_ids + seq.audio_ids[turn_start:]

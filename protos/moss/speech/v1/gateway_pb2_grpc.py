@@ -64,7 +64,8 @@ class GatewayServicer:
     def Converse(self, request_iterator, context):
         """A spoken conversation: the first message opens the session (SessionConfig), then user turns as
         text. Each turn's reply streams back as metadata, audio chunks and text, then a summary; the model
-        remembers earlier turns (their KV cache is kept and reused). A CancelTurn stops the turn running
+        remembers earlier turns (their KV cache is kept and reused; the gateway keeps the history as well, so a
+        session goes on, as heard, on another llm replica when its own is down or restarted). A CancelTurn stops the turn running
         (barge-in): no more of its audio is sent, a TurnCancelled follows, and the session forgets the turn.
         A turn sent while another runs cancels that one first. The call ends with SessionEnded after a
         CloseSession, after the client half-closes (once the turn running has finished), or after

@@ -49,7 +49,7 @@ class PromptTokens(_message.Message):
     def __init__(self, text: _Optional[_Iterable[int]] = ..., audio: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "session_id", "text", "tokens", "system_prompt", "sampling", "chunking", "output_mode")
+    __slots__ = ("request_id", "session_id", "text", "tokens", "system_prompt", "sampling", "chunking", "output_mode", "history")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class GenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     CHUNKING_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_MODE_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     session_id: str
     text: str
@@ -66,7 +67,8 @@ class GenerateRequest(_message.Message):
     sampling: _common_pb2.SamplingParams
     chunking: _common_pb2.ChunkPolicy
     output_mode: OutputMode
-    def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Union[PromptTokens, _Mapping]] = ..., system_prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., chunking: _Optional[_Union[_common_pb2.ChunkPolicy, _Mapping]] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ...) -> None: ...
+    history: PromptTokens
+    def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Union[PromptTokens, _Mapping]] = ..., system_prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., chunking: _Optional[_Union[_common_pb2.ChunkPolicy, _Mapping]] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., history: _Optional[_Union[PromptTokens, _Mapping]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
     __slots__ = ("prompt_tokens", "generated_tokens", "audio_tokens", "text_tokens", "queue_seconds", "prefill_seconds", "decode_seconds", "first_audio_token_seconds", "finish_reason")
@@ -91,7 +93,7 @@ class GenerationStats(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., audio_tokens: _Optional[int] = ..., text_tokens: _Optional[int] = ..., queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., first_audio_token_seconds: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("index", "first", "final", "audio_tokens", "text_tokens", "stats", "text")
+    __slots__ = ("index", "first", "final", "audio_tokens", "text_tokens", "stats", "text", "turn_tokens")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     FIRST_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +101,7 @@ class GenerateResponse(_message.Message):
     TEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    TURN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     index: int
     first: bool
     final: bool
@@ -106,4 +109,5 @@ class GenerateResponse(_message.Message):
     text_tokens: _containers.RepeatedScalarFieldContainer[int]
     stats: GenerationStats
     text: str
-    def __init__(self, index: _Optional[int] = ..., first: _Optional[bool] = ..., final: _Optional[bool] = ..., audio_tokens: _Optional[_Iterable[int]] = ..., text_tokens: _Optional[_Iterable[int]] = ..., stats: _Optional[_Union[GenerationStats, _Mapping]] = ..., text: _Optional[str] = ...) -> None: ...
+    turn_tokens: PromptTokens
+    def __init__(self, index: _Optional[int] = ..., first: _Optional[bool] = ..., final: _Optional[bool] = ..., audio_tokens: _Optional[_Iterable[int]] = ..., text_tokens: _Optional[_Iterable[int]] = ..., stats: _Optional[_Union[GenerationStats, _Mapping]] = ..., text: _Optional[str] = ..., turn_tokens: _Optional[_Union[PromptTokens, _Mapping]] = ...) -> None: ...
