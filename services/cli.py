@@ -11,26 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import os
 import sys
 
-from services.llm.model.config import PRESETS
-from services.vocoder.worker import (DEFAULT_FIRST_CHUNK_BATCH_FRAMES, DEFAULT_FIRST_CHUNK_BUDGET, DEFAULT_MAX_BATCH,
-                                     DEFAULT_MAX_BATCH_FRAMES)
-
-# The llm engine's options: `moss-serve llm` takes them, `moss-serve up` forwards them to its llm.
-ENGINE_OPTIONS = ("preset", "dtype", "kv_cache_gb", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                  "max_audio_lead")
-# The vocoder worker's options: `moss-serve vocoder` takes them, `moss-serve up` forwards them.
-WORKER_OPTIONS = ("max_batch", "max_batch_frames", "first_chunk_budget", "first_chunk_batch_frames")
-VOCODER_PRESETS = ("tiny", "moss-speech")  # services/vocoder/generator.py PRESETS (not imported: it pulls in torch)
-# Pacing's default on CUDA, seconds of audio a stream may have sent beyond what its listener has heard: when a
-# stream falls to it, its next chunk (up to 20 steps) and that chunk's vocoding must fit in what is left, under
-# load too. Its gain is not established: the runs that compared 1.0 s, 1.5 s and none shared the GPU with
-# stacks left running (docs/benchmarks.md, fourth sweep); every run since had it on.
-CUDA_AUDIO_LEAD = 1.5
-
+from services.options import (GATEWAY_OPTIONS, VOCODER_PRESETS, audio_lead, concurrencies, count, engine_options,
+                              gateway_options, gpu_list, positive, seconds, targets, worker_options)
 
 def _common(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in containers)")
@@ -59,81 +44,6 @@ def _client_tls(args, command: str):
         return None, f"moss-serve {command}: {e}"
 
 
-def _positive(kind):
-    """An argparse type: a positive, finite `kind` (argparse turns the error into a usage message)."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a{'n integer' if kind is int else ' number'}: {text!r}") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-        return value
-    return parse
-
-
-def _count(text: str) -> int:
-    """An argparse type: a whole number, 0 or more (frames, requests, tokens)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds, 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
-    return value
-
-
-def _power_of_two(text: str) -> int:
-    value = _positive(int)(text)
-    if value & (value - 1):
-        raise argparse.ArgumentTypeError(f"must be a power of two, got {value}")
-    return value
-
-
-def _engine_options(p: argparse.ArgumentParser) -> None:
-    """ENGINE_OPTIONS, with the same names and defaults for `llm` and `up`."""
-    p.add_argument("--preset", default="tiny", choices=list(PRESETS),
-                   help="model preset used without --model-dir: random weights at its dimensions (default tiny)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="weights and KV cache; auto: the checkpoint's, or bfloat16 on CUDA and float32 on CPU")
-    p.add_argument("--kv-cache-gb", type=_positive(float), default=1.0, help="memory budget of the KV-cache pool (default 1)")
-    p.add_argument("--block-size", type=_power_of_two, default=16, help="positions per KV-cache block (default 16)")
-    p.add_argument("--max-num-seqs", type=_positive(int), default=16, help="requests in the running batch (default 16)")
-    p.add_argument("--max-num-batched-tokens", type=_positive(int), default=512,
-                   help="positions per engine step; longer prompts are prefilled in chunks (default 512)")
-    p.add_argument("--max-model-len", type=_positive(int), default=4096,
-                   help="prompt + history + generated positions (default 4096)")
-    p.add_argument("--max-audio-lead", type=_seconds, default=None,
-                   help="pace speech: hold steps while every stream has this many seconds of audio sent ahead of "
-                        f"its listener, leaving the GPU to the vocoder (default: {CUDA_AUDIO_LEAD} on CUDA, where the "
-                        "vocoder shares the GPU; 0, off, on CPU)")
-
-
-def _worker_options(p: argparse.ArgumentParser) -> None:
-    """WORKER_OPTIONS, with the same names and defaults for `vocoder` and `up`."""
-    p.add_argument("--max-batch", type=_positive(int), default=DEFAULT_MAX_BATCH,
-                   help=f"windows per model call (default {DEFAULT_MAX_BATCH}: a first chunk never waits behind a long call)")
-    p.add_argument("--max-batch-frames", type=_positive(int), default=DEFAULT_MAX_BATCH_FRAMES,
-                   help=f"mel frames per model call, all windows together (default {DEFAULT_MAX_BATCH_FRAMES})")
-    p.add_argument("--first-chunk-budget", type=_seconds, default=DEFAULT_FIRST_CHUNK_BUDGET,
-                   help="seconds after it comes in that a stream's first chunk is due; chunks are vocoded earliest "
-                        f"deadline first (default {DEFAULT_FIRST_CHUNK_BUDGET}; 0: first chunks first)")
-    p.add_argument("--first-chunk-batch-frames", type=_count, default=DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
-                   help="mel frames of a model call that carries a stream's first chunk: a shorter call, sooner first "
-                        f"audio (default {DEFAULT_FIRST_CHUNK_BATCH_FRAMES}; 0: --max-batch-frames alone)")
-
-
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="moss-serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = root.add_subparsers(dest="command", required=True)
@@ -143,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     llm.add_argument("--model-dir", help="HF-format MOSS-Speech checkpoint (config.json, safetensors, tokenizer.json); "
                                          "without it: the --preset with random weights")
     llm.add_argument("--device", default="cpu", help="cpu or cuda")
-    _engine_options(llm)
+    engine_options(llm)
 
     voc = sub.add_parser("vocoder", help="the vocoder service")
     _common(voc, 50053, 9093)
@@ -151,44 +61,24 @@ def parser() -> argparse.ArgumentParser:
                                            "without it: the --preset with random weights")
     voc.add_argument("--preset", default="tiny", choices=VOCODER_PRESETS, help="tiny or moss-speech (24 kHz, 80 bands, hop 480)")
     voc.add_argument("--device", default="cpu")
-    voc.add_argument("--left-context", type=_count, default=None,
+    voc.add_argument("--left-context", type=count, default=None,
                      help="mel frames of left context per chunk (default: the generator's receptive field)")
-    voc.add_argument("--lookahead", type=_count, default=None,
+    voc.add_argument("--lookahead", type=count, default=None,
                      help="mel frames held back for the next chunk (default 4: one token, 80 ms at hop 480)")
-    _worker_options(voc)
+    worker_options(voc)
 
     gw = sub.add_parser("gateway", help="the public gateway")
     _common(gw, 50051, 9091)
-    gw.add_argument("--llm-target", type=_targets, action="extend", dest="llm_targets", metavar="HOST:PORT[,...]",
+    gw.add_argument("--llm-target", type=targets, action="extend", dest="llm_targets", metavar="HOST:PORT[,...]",
                     help="llm replicas (repeat the flag, or separate with commas): a Converse session stays on one, new "
                          "sessions go to the least loaded, one that fails its health checks is skipped until it "
                          "recovers (default 127.0.0.1:50052)")
-    gw.add_argument("--vocoder-target", type=_targets, action="extend", dest="vocoder_targets", metavar="HOST:PORT[,...]",
+    gw.add_argument("--vocoder-target", type=targets, action="extend", dest="vocoder_targets", metavar="HOST:PORT[,...]",
                     help="vocoder replicas, as --llm-target; each stream goes to the least loaded (default 127.0.0.1:50053)")
-    gw.add_argument("--health-check-seconds", type=_positive(float), default=0.5,
-                    help="how often a ready replica's health check is asked (one that is not ready: every 0.5 s at "
-                         "most); a replica that fails it, or that a call finds unreachable, gets no calls until it "
-                         "passes again (default 0.5)")
     gw.add_argument("--backend-ca", help="PEM CA: reach llm and vocoder over TLS, checking their certificates")
     gw.add_argument("--backend-cert", help="PEM certificate the gateway presents to llm and vocoder (mutual TLS)")
     gw.add_argument("--backend-key", help="PEM private key of --backend-cert")
-    gw.add_argument("--max-text-chars", type=int, default=2000)
-    gw.add_argument("--ready-wait", type=_seconds, default=10.0,
-                    help="seconds a request waits for a backend that is not ready (starting, restarting) before "
-                         "UNAVAILABLE; always within the request's deadline (default 10)")
-    gw.add_argument("--api-keys-file", help="a file of API keys, one per line; clients send one as 'authorization: "
-                                            "Bearer <key>' (more keys: $MOSS_API_KEYS, comma-separated; none: open)")
-    gw.add_argument("--max-turns", type=_positive(int), default=256, help="turns running at once (default 256)")
-    gw.add_argument("--max-message-bytes", type=_positive(int), default=1 << 20,
-                    help="largest request message taken; larger: RESOURCE_EXHAUSTED (default 1 MiB)")
-    gw.add_argument("--max-streams-per-connection", type=_positive(int), default=100,
-                    help="calls one client connection may have open at once; more wait on the client's side (default 100)")
-    gw.add_argument("--max-queued-turns", type=_count, default=256,
-                    help="turns waiting for a place, each within its deadline; beyond: RESOURCE_EXHAUSTED with a "
-                         "retry hint (default 256)")
-    gw.add_argument("--session-idle-seconds", type=_positive(float), default=300.0,
-                    help="a Converse session with no message from its client and no turn running for this long ends "
-                         "(default 300)")
+    gateway_options(gw)
 
     up = sub.add_parser("up", help="start llm, vocoder and gateway as separate processes")
     up.add_argument("--host", default="127.0.0.1")
@@ -207,8 +97,19 @@ def parser() -> argparse.ArgumentParser:
                     help="with --mps: the share of the GPU's multiprocessors the llm's kernels may occupy at once "
                          "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), leaving the rest to the vocoder (default 25: see docs/benchmarks.md; 25, 50 and 100 were "
                          "measured, and 33 failed every request with non-finite logits on an H200, cause not yet found)")
-    _engine_options(up.add_argument_group("llm engine (as in `moss-serve llm`)"))
-    _worker_options(up.add_argument_group("vocoder worker (as in `moss-serve vocoder`)"))
+    up.add_argument("--replicas", type=positive(int), default=1,
+                    help="llm and vocoder processes each, behind the one gateway; replica k serves on the ports given "
+                         "plus 10 x (k - 1) (default 1)")
+    up.add_argument("--gpus", type=gpu_list, metavar="LIST",
+                    help="with --device cuda: one llm and one vocoder on each of these GPUs (CUDA indices, "
+                         "comma-separated, e.g. 0,1); sets --replicas to their number")
+    up.add_argument("--tls-dir", metavar="DIR",
+                    help="TLS for the gateway's clients and mutual TLS between the services, from the files "
+                         "deploy/docker-compose.tls.yml reads: ca.pem, server.pem + server.key (every service; its "
+                         "names must cover --host), gateway-client.pem + .key (the gateway's, for llm and vocoder)")
+    engine_options(up.add_argument_group("llm engine (as in `moss-serve llm`)"))
+    worker_options(up.add_argument_group("vocoder worker (as in `moss-serve vocoder`)"))
+    gateway_options(up.add_argument_group("gateway (as in `moss-serve gateway`)"))
 
     say = sub.add_parser("say", help="synthesize text through the gateway into a WAV file")
     say.add_argument("text")
@@ -241,21 +142,21 @@ def parser() -> argparse.ArgumentParser:
                                        "at the client: TTFA quantiles, RTF, stall-free streams, per-stage times, "
                                        "errors by code. Prints a table; --out writes bench.json, bench.md, plots.")
     bench.add_argument("--target", default="localhost:50051")
-    bench.add_argument("--concurrency", type=_concurrencies, default=[1],
+    bench.add_argument("--concurrency", type=concurrencies, default=[1],
                        help="concurrent streams, or a comma-separated sweep (1,4,16,32,64,128)")
-    bench.add_argument("--rate", type=_positive(float), help="Poisson arrivals (requests/s) instead of fixed concurrency")
-    bench.add_argument("--ramp", type=_seconds, default=0.0,
+    bench.add_argument("--rate", type=positive(float), help="Poisson arrivals (requests/s) instead of fixed concurrency")
+    bench.add_argument("--ramp", type=seconds, default=0.0,
                        help="seconds over which a level's streams start, evenly spaced (default 0: all at once)")
-    bench.add_argument("--requests", type=_positive(int), default=None,
+    bench.add_argument("--requests", type=positive(int), default=None,
                        help="requests per level (default: 4 x the concurrency, at least 8; with --rate: 30 s of arrivals)")
     bench.add_argument("--prompts", help="a UTF-8 file, one prompt per line (default: built-in prompts)")
-    bench.add_argument("--warmup", type=_count, default=2, help="requests sent first and not counted")
-    bench.add_argument("--max-new-tokens", type=_positive(int), default=75, help="audio tokens per request (80 ms each)")
-    bench.add_argument("--min-new-tokens", type=_count, default=None,
+    bench.add_argument("--warmup", type=count, default=2, help="requests sent first and not counted")
+    bench.add_argument("--max-new-tokens", type=positive(int), default=75, help="audio tokens per request (80 ms each)")
+    bench.add_argument("--min-new-tokens", type=count, default=None,
                        help="end of speech suppressed before this many (default: --max-new-tokens: fixed-length audio)")
-    bench.add_argument("--first-chunk-tokens", type=_positive(int),
+    bench.add_argument("--first-chunk-tokens", type=positive(int),
                        help="the requests' first (and second) chunk, in tokens (default: the gateway's, 3)")
-    bench.add_argument("--timeout", type=_positive(float), default=120.0)
+    bench.add_argument("--timeout", type=positive(float), default=120.0)
     bench.add_argument("--api-key", default=os.environ.get("MOSS_API_KEY"), help="sent as 'authorization: Bearer <key>' "
                                                                                "(default: $MOSS_API_KEY)")
     _client_tls_options(bench)
@@ -263,23 +164,6 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", help="a directory for bench.json, bench.md and the PNG plots")
     bench.add_argument("--no-progress", action="store_true", help="no live progress bar")
     return root
-
-
-def _targets(text: str) -> list[str]:
-    """An argparse type: HOST:PORT addresses, comma-separated."""
-    targets = [part.strip() for part in text.split(",") if part.strip()]
-    for target in targets:
-        host, _, port = target.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise argparse.ArgumentTypeError(f"not HOST:PORT: {target!r}")
-    if not targets:
-        raise argparse.ArgumentTypeError("no address given")
-    return targets
-
-
-def _concurrencies(text: str) -> list[int]:
-    """An argparse type: positive integers, comma-separated."""
-    return [_positive(int)(part.strip()) for part in text.split(",")]
 
 
 def run_service(args) -> int:
@@ -318,26 +202,14 @@ def run_service(args) -> int:
         from services.gateway.server import GatewaySettings, run
 
         settings = GatewaySettings(args.host, args.port, args.metrics_port, args.llm_targets or ["127.0.0.1:50052"],
-                                   args.vocoder_targets or ["127.0.0.1:50053"], args.max_text_chars, ready_wait=args.ready_wait, max_turns=args.max_turns,
-                                   max_queued_turns=args.max_queued_turns, api_keys_file=args.api_keys_file,
-                                   max_message_bytes=args.max_message_bytes,
-                                   max_streams_per_connection=args.max_streams_per_connection,
-                                   session_idle_seconds=args.session_idle_seconds, tls=tls,
-                                   health_check_seconds=args.health_check_seconds,
-                                   backend_tls=backend_tls)
+                                   args.vocoder_targets or ["127.0.0.1:50053"], tls=tls, backend_tls=backend_tls,
+                                   **{name: getattr(args, name) for name in GATEWAY_OPTIONS})
     try:
         asyncio.run(run(settings))
     except OSError as e:  # a port in use, most often: one line, not a traceback
         print(f"moss-serve {args.command}: {e}", file=sys.stderr)
         return 1
     return 0
-
-
-def audio_lead(args) -> float:
-    """The llm's pacing bound: as given, or CUDA_AUDIO_LEAD on CUDA and 0 (off) on CPU."""
-    if args.max_audio_lead is not None:
-        return args.max_audio_lead
-    return CUDA_AUDIO_LEAD if args.device.startswith("cuda") else 0.0
 
 
 def run_say(args) -> int:

@@ -45,10 +45,11 @@ class MpsDaemon:
             raise MpsUnavailable(f"--mps: {CONTROL} not found on PATH (it comes with NVIDIA's driver utilities)")
         for path in self.env().values():
             Path(path).mkdir(parents=True, exist_ok=True)
+        control = self.root / "pipe" / "control"  # the daemon's socket: clients connect through it
+        control.unlink(missing_ok=True)  # left by a daemon that died: not a sign of the new one
         self.proc = subprocess.Popen([self.binary, "-f"], env={**os.environ, **self.env()},
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      preexec_fn=preexec_die_with_parent())  # ends with us, even on SIGKILL
-        control = self.root / "pipe" / "control"  # the daemon's socket: clients connect through it
         deadline = time.monotonic() + timeout
         while not control.exists():
             if self.proc.poll() is not None:

@@ -40,6 +40,11 @@ def service_of(name: str) -> str:
     return name.split("-", 1)[0]
 
 
+def replica_number(name: str) -> int:
+    """"llm" → 1, "llm-2" → 2."""
+    return int(name.split("-", 1)[1]) if "-" in name else 1
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -50,6 +55,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 class Ports:
     grpc: dict[str, int] = field(default_factory=lambda: {"gateway": 50051, "llm": 50052, "vocoder": 50053})
     metrics: dict[str, int] = field(default_factory=lambda: {"gateway": 9091, "llm": 9092, "vocoder": 9093})
+
+    @classmethod
+    def spaced(cls, grpc: dict[str, int], metrics: dict[str, int], replicas: dict[str, int] | None = None,
+               step: int = 10) -> "Ports":
+        """Each service's ports as given; replica k of it on those plus step x (k - 1)."""
+        names = instances(replicas)
+        offset = {name: step * (replica_number(name) - 1) for name in names}
+        return cls({n: grpc[service_of(n)] + offset[n] for n in names},
+                   {n: metrics[service_of(n)] and metrics[service_of(n)] + offset[n] for n in names})  # 0: off
 
     @classmethod
     def free(cls, replicas: dict[str, int] | None = None) -> "Ports":

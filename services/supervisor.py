@@ -53,3 +53,8 @@ class Supervisor:
                 self.restarts[name] += 1
                 st.started, st.restart_at = now, None
                 st.backoff = min(st.backoff * 2, self.max_backoff)
+
+    def started(self, name: str, now: float | None = None) -> None:
+        """`name` was started again from outside (a new MPS daemon's client): not to be restarted by us now."""
+        st = self.state[name]
+        st.started, st.restart_at = time.monotonic() if now is None else now, None

@@ -1,5 +1,5 @@
-"""`moss-serve up`: the three services as processes on one host, kept running (supervisor.py), sharing a GPU
-through CUDA MPS (mps.py) on CUDA, and stopped together."""
+"""`moss-serve up`: the services as processes on one host (llm and vocoder once, or once per GPU), kept running
+(supervisor.py), sharing each GPU through CUDA MPS (mps.py) on CUDA, and stopped together."""
 
 from __future__ import annotations
 
@@ -8,23 +8,31 @@ import signal
 import sys
 import time
 
-from services.cli import ENGINE_OPTIONS, VOCODER_PRESETS, WORKER_OPTIONS
+from services.options import ENGINE_OPTIONS, GATEWAY_OPTIONS, VOCODER_PRESETS, WORKER_OPTIONS, forward
+
+SERVICES_ON_GPU = ("llm", "vocoder")
 
 
 def up_service_args(args) -> dict[str, list[str]]:
-    """The llm's and the vocoder's flags under `moss-serve up`."""
-    llm = ["--device", args.device]
-    for name in ENGINE_OPTIONS:
-        if getattr(args, name) is not None:  # None: the llm's own default
-            llm += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    vocoder = ["--device", args.device, "--preset", vocoder_preset(args)]
-    for name in WORKER_OPTIONS:
-        vocoder += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    """The flags `moss-serve up` gives its services (by service: every replica of it)."""
+    llm = ["--device", args.device, *forward(args, ENGINE_OPTIONS)]
+    vocoder = ["--device", args.device, "--preset", vocoder_preset(args), *forward(args, WORKER_OPTIONS)]
+    gateway = forward(args, GATEWAY_OPTIONS)
     if args.model_dir:
         llm += ["--model-dir", args.model_dir]
     if args.vocoder_dir:
         vocoder += ["--vocoder-dir", args.vocoder_dir]
-    return {"llm": llm, "vocoder": vocoder}
+    if tls := stack_tls(args):
+        llm += tls.server_flags(mutual=True)
+        vocoder += tls.server_flags(mutual=True)
+        gateway += tls.server_flags(mutual=False) + tls.backend_flags()
+    return {"llm": llm, "vocoder": vocoder, "gateway": gateway}
+
+
+def stack_tls(args):
+    from services.common.tls import StackTls
+
+    return StackTls(args.tls_dir) if args.tls_dir else None
 
 
 def vocoder_preset(args) -> str:
@@ -33,61 +41,66 @@ def vocoder_preset(args) -> str:
     return "moss-speech" if args.model_dir or args.preset not in VOCODER_PRESETS else args.preset
 
 
-def run_up(args) -> int:
-    from services.stack import SERVICES, Ports, Stack
-    from services.supervisor import Supervisor
+def replicas(args) -> int:
+    """llm and vocoder processes each: one per GPU of --gpus, else --replicas. Raises ValueError."""
+    if not args.gpus:
+        return args.replicas
+    if args.device != "cuda":
+        raise ValueError("--gpus needs --device cuda")
+    if args.replicas not in (1, len(args.gpus)):
+        raise ValueError(f"--replicas {args.replicas} but {len(args.gpus)} --gpus")
+    return len(args.gpus)
 
-    extra = up_service_args(args)
+
+def gpu_env(args, names: list[str]) -> dict[str, dict[str, str]]:
+    """With --gpus: each llm and vocoder process sees only its own GPU (replica k: the k-th of the list)."""
+    from services.stack import replica_number, service_of
+
+    if not args.gpus:
+        return {}
+    return {name: {"CUDA_VISIBLE_DEVICES": args.gpus[replica_number(name) - 1]} for name in names
+            if service_of(name) in SERVICES_ON_GPU}
+
+
+def run_up(args) -> int:
+    from services.stack import SERVICES, Ports, Stack, instances
+
+    try:
+        n = replicas(args)
+        extra, tls = up_service_args(args), stack_tls(args)
+    except ValueError as e:
+        print(f"moss-serve up: {e}", file=sys.stderr)
+        return 2
     if not args.model_dir:
         print(f"moss-serve up: no --model-dir: the llm serves the {args.preset!r} preset with RANDOM weights", file=sys.stderr)
     if not args.vocoder_dir:
         print(f"moss-serve up: no --vocoder-dir: the vocoder serves the {vocoder_preset(args)!r} preset with RANDOM weights",
               file=sys.stderr)
-    ports = Ports({s: getattr(args, f"{s}_port") for s in SERVICES}, {s: getattr(args, f"{s}_metrics_port") for s in SERVICES})
-    mps = None
-    if args.mps is None and args.device == "cuda":  # the default: MPS where it can run
-        from services.mps import CONTROL
+    counts = {service: n for service in SERVICES_ON_GPU}
+    ports = Ports.spaced({s: getattr(args, f"{s}_port") for s in SERVICES},
+                         {s: getattr(args, f"{s}_metrics_port") for s in SERVICES}, counts)
+    from services.mps import MpsUnavailable
 
-        args.mps = shutil.which(CONTROL) is not None
-        if not args.mps:
-            print(f"moss-serve up: {CONTROL} not found: llm and vocoder will take turns on the GPU, which carries "
-                  f"fewer streams (docs/benchmarks.md); --no-mps silences this", file=sys.stderr)
-    if args.mps:
-        from services.mps import MpsDaemon, MpsUnavailable
-
-        if args.device != "cuda":
-            print("moss-serve up: --mps needs --device cuda", file=sys.stderr)
-            return 2
-        if not 1 <= args.mps_llm_threads <= 100:
-            print("moss-serve up: --mps-llm-threads is a percentage, 1 to 100", file=sys.stderr)
-            return 2
-        mps = MpsDaemon()
-        try:
-            mps.start()
-        except MpsUnavailable as e:
-            print(f"moss-serve up: {e}", file=sys.stderr)
-            return 1
-        print(f"moss-serve up: llm and vocoder share the GPU through CUDA MPS (the llm's kernels on at most "
-              f"{args.mps_llm_threads}% of its multiprocessors at once)", file=sys.stderr)
-    env = None
-    if mps:
-        env = {"llm": mps.env(), "vocoder": mps.env()}
-        if args.mps_llm_threads < 100:
-            env["llm"] = {**env["llm"], "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(args.mps_llm_threads)}
-    stack = Stack(ports, host=args.host, extra_args=extra, env=env)
+    try:
+        mps = start_mps(args)
+    except ValueError as e:
+        print(f"moss-serve up: {e}", file=sys.stderr)
+        return 2
+    except MpsUnavailable as e:
+        print(f"moss-serve up: {e}", file=sys.stderr)
+        return 1
+    env = {**gpu_env(args, instances(counts))}
+    for name, extra_env in mps_env(args, mps).items():
+        env[name] = {**extra_env, **env.get(name, {})}
+    health = {"llm": tls.client(mutual=True), "vocoder": tls.client(mutual=True), "gateway": tls.client(mutual=False)} if tls else {}
+    stack = Stack(ports, host=args.host, extra_args=extra, env=env, health_tls=health, replicas=counts)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:
         stack.start_all()
-        print(f"moss-serve up: gateway on {stack.target('gateway')}, llm on {stack.target('llm')}, "
-              f"vocoder on {stack.target('vocoder')}; Ctrl-C stops", file=sys.stderr)
-        supervisor = Supervisor(stack)
-        while not stopping:
-            supervisor.poll()  # a service that exits is started again, with backoff; the others keep serving
-            if mps and mps.proc.poll() is not None:
-                print(f"moss-serve up: the MPS daemon exited with code {mps.proc.returncode}; stopping", file=sys.stderr)
-                return 1
-            time.sleep(0.5)
+        where = ", ".join(f"{name} on {stack.target(name)}" for name in ["gateway", *stack.names[:-1]])
+        print(f"moss-serve up: {where}; Ctrl-C stops", file=sys.stderr)
+        keep_running(stack, mps, stopping)
     except KeyboardInterrupt:
         pass
     finally:
@@ -96,3 +109,92 @@ def run_up(args) -> int:
             mps.stop()  # after the services: the daemon waits for its clients
         print("moss-serve up: stopped", file=sys.stderr)
     return 0
+
+
+def start_mps(args):
+    """The stack's MPS daemon, started → MpsDaemon, or None without MPS. Raises ValueError for flags that do not
+    go together, MpsUnavailable if the daemon did not start."""
+    if args.mps is None and args.device == "cuda":  # the default: MPS where it can run
+        from services.mps import CONTROL
+
+        args.mps = shutil.which(CONTROL) is not None
+        if not args.mps:
+            print(f"moss-serve up: {CONTROL} not found: llm and vocoder will take turns on the GPU, which carries "
+                  f"fewer streams (docs/benchmarks.md); --no-mps silences this", file=sys.stderr)
+    if not args.mps:
+        return None
+    from services.mps import MpsDaemon
+
+    if args.device != "cuda":
+        raise ValueError("--mps needs --device cuda")
+    if not 1 <= args.mps_llm_threads <= 100:
+        raise ValueError("--mps-llm-threads is a percentage, 1 to 100")
+    mps = MpsDaemon()
+    mps.start()
+    print(f"moss-serve up: llm and vocoder share the GPU through CUDA MPS (the llm's kernels on at most "
+          f"{args.mps_llm_threads}% of its multiprocessors at once)", file=sys.stderr)
+    return mps
+
+
+def mps_env(args, mps) -> dict[str, dict[str, str]]:
+    if not mps:
+        return {}
+    env = {"llm": mps.env(), "vocoder": mps.env()}
+    if args.mps_llm_threads < 100:
+        env["llm"] = {**env["llm"], "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(args.mps_llm_threads)}
+    return env
+
+
+def keep_running(stack, mps, stopping: list) -> None:
+    """Until SIGTERM (or Ctrl-C): a service that exits is started again, with backoff, while the others keep
+    serving; an MPS daemon that exits is started again, and then the GPU services, whose GPU contexts were its
+    clients."""
+    from services.supervisor import Supervisor
+
+    supervisor = Supervisor(stack)
+    keeper = MpsKeeper(mps, stack, supervisor) if mps else None
+    while not stopping:
+        supervisor.poll()
+        if keeper is not None:
+            keeper.poll()
+        time.sleep(0.5)
+
+
+class MpsKeeper:
+    """Starts the MPS daemon again when it exits (after 1 s, doubling to 30 s while it keeps failing to start),
+    then restarts llm and vocoder: their CUDA contexts lived in its server."""
+
+    def __init__(self, mps, stack, supervisor, log=lambda m: print(f"moss-serve up: {m}", file=sys.stderr),
+                 first_backoff: float = 1.0, max_backoff: float = 30.0):
+        self.mps, self.stack, self.supervisor, self.log = mps, stack, supervisor, log
+        self.first_backoff, self.max_backoff = first_backoff, max_backoff
+        self.backoff, self.retry_at = first_backoff, None
+        self.restarts = 0
+
+    def poll(self, now: float | None = None) -> None:
+        from services.mps import MpsUnavailable
+        from services.stack import service_of
+
+        now = time.monotonic() if now is None else now
+        if self.retry_at is None:
+            if self.mps.proc is not None and self.mps.proc.poll() is None:
+                return
+            code = self.mps.proc.returncode if self.mps.proc is not None else None
+            self.log(f"the MPS daemon exited with code {code}; starting it again")
+            self.retry_at = now
+        if now < self.retry_at:
+            return
+        try:
+            self.mps.start()
+        except MpsUnavailable as e:
+            self.log(f"{e}; trying again in {self.backoff:.0f} s")
+            self.retry_at, self.backoff = now + self.backoff, min(self.backoff * 2, self.max_backoff)
+            return
+        self.retry_at, self.backoff = None, self.first_backoff
+        self.restarts += 1
+        gpu = [name for name in self.stack.names if service_of(name) in SERVICES_ON_GPU]
+        self.log(f"the MPS daemon is back; restarting {', '.join(gpu)} as its clients")
+        for name in gpu:
+            self.stack.stop(name)
+            self.stack.start(name)
+            self.supervisor.started(name, now)

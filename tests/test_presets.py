@@ -12,7 +12,8 @@ import torch
 from moss.speech.v1 import common_pb2
 
 from conftest import metric_value, scrape
-from services.cli import CUDA_AUDIO_LEAD, audio_lead, parser
+from services.cli import parser
+from services.options import CUDA_AUDIO_LEAD, audio_lead
 from services.up import up_service_args
 from services.gateway.client import synthesize
 from services.llm.model.config import NUM_SPECIAL_TEXT_TOKENS, preset, tiny_config

@@ -75,3 +75,37 @@ def channel(target: str, tls: ChannelTls | None, options=()) -> grpc.aio.Channel
     if tls is None:
         return grpc.aio.insecure_channel(target, options=list(options))
     return grpc.aio.secure_channel(target, tls.credentials(), options=list(options))
+
+
+@dataclass(frozen=True)
+class StackTls:
+    """A stack's certificates in one directory, under the names deploy/docker-compose.tls.yml mounts: every
+    service serves server.pem; llm and vocoder take only clients with a certificate of ca.pem, as the gateway's
+    gateway-client.pem is."""
+
+    directory: str
+
+    FILES = ("ca.pem", "server.pem", "server.key", "gateway-client.pem", "gateway-client.key")
+
+    def __post_init__(self):
+        if missing := [name for name in self.FILES if not (Path(self.directory) / name).is_file()]:
+            raise ValueError(f"{self.directory}: no {', '.join(missing)}")
+
+    def path(self, name: str) -> str:
+        return str(Path(self.directory) / name)
+
+    def server_flags(self, mutual: bool) -> list[str]:
+        """A service's --tls-* flags (mutual: clients must present a certificate of the CA)."""
+        flags = ["--tls-cert", self.path("server.pem"), "--tls-key", self.path("server.key")]
+        return flags + (["--tls-client-ca", self.path("ca.pem")] if mutual else [])
+
+    def backend_flags(self) -> list[str]:
+        """The gateway's flags for reaching llm and vocoder under mutual TLS."""
+        return ["--backend-ca", self.path("ca.pem"), "--backend-cert", self.path("gateway-client.pem"),
+                "--backend-key", self.path("gateway-client.key")]
+
+    def client(self, mutual: bool) -> ChannelTls:
+        """How to reach a service of the stack (mutual: with the gateway's certificate)."""
+        if mutual:
+            return ChannelTls(self.path("ca.pem"), self.path("gateway-client.pem"), self.path("gateway-client.key"))
+        return ChannelTls(self.path("ca.pem"))

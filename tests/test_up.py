@@ -1,0 +1,221 @@
+"""`moss-serve up` beyond the engine's options (test_presets.py): it forwards the gateway's options, serves TLS
+from one directory of certificates, runs llm and vocoder replicas (one per GPU with --gpus), and starts an MPS
+daemon that died again, then the GPU services that were its clients."""
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import grpc
+import pytest
+from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+from conftest import metric_value, scrape
+from services.cli import main, parser
+from services.common.tls import StackTls
+from services.gateway.client import synthesize
+from services.mps import MpsDaemon
+from services.stack import Ports, is_serving
+from services.up import MpsKeeper, gpu_env, replicas, up_service_args
+from test_mps import stand_in  # noqa: F401  (a fixture: the stand-in MPS daemon)
+from test_tls import make_ca, make_leaf, write
+
+
+@pytest.fixture(scope="module")
+def tls_dir(tmp_path_factory):
+    """Certificates as docker-compose.tls.yml reads them: ca, server, gateway-client."""
+    d = tmp_path_factory.mktemp("tls")
+    ca = make_ca("moss up CA")
+    write(d, "ca", *ca)
+    for name in ("server", "gateway-client"):
+        write(d, name, *make_leaf(ca, name))
+    return d
+
+
+def test_up_forwards_the_gateway_options():
+    argv = ["--max-turns", "7", "--max-queued-turns", "3", "--session-idle-seconds", "9.5", "--ready-wait", "2",
+            "--health-check-seconds", "0.25", "--max-text-chars", "300", "--max-message-bytes", "4096",
+            "--max-streams-per-connection", "12", "--api-keys-file", "/keys"]
+    gateway = parser().parse_args(["gateway", *up_service_args(parser().parse_args(["up", *argv]))["gateway"]])
+    alone = parser().parse_args(["gateway", *argv])
+    assert vars(gateway) == vars(alone)
+    assert (gateway.max_turns, gateway.session_idle_seconds, gateway.api_keys_file) == (7, 9.5, "/keys")
+
+
+def test_up_defaults_match_gateway_defaults():
+    gateway = parser().parse_args(["gateway", *up_service_args(parser().parse_args(["up"]))["gateway"]])
+    assert vars(gateway) == vars(parser().parse_args(["gateway"]))
+
+
+def test_up_tls_dir_gives_every_service_its_flags(tls_dir):
+    extra = up_service_args(parser().parse_args(["up", "--tls-dir", str(tls_dir)]))
+    llm, vocoder, gateway = (parser().parse_args([name, *extra[name]]) for name in ("llm", "vocoder", "gateway"))
+    for service in (llm, vocoder):  # mutual TLS: only the gateway's certificate gets in
+        assert (service.tls_cert, service.tls_key, service.tls_client_ca) == (
+            str(tls_dir / "server.pem"), str(tls_dir / "server.key"), str(tls_dir / "ca.pem"))
+    assert (gateway.tls_cert, gateway.tls_client_ca) == (str(tls_dir / "server.pem"), None)
+    assert (gateway.backend_ca, gateway.backend_cert, gateway.backend_key) == (
+        str(tls_dir / "ca.pem"), str(tls_dir / "gateway-client.pem"), str(tls_dir / "gateway-client.key"))
+
+
+def test_up_refuses_a_tls_dir_without_its_files(tmp_path, capsys):
+    (tmp_path / "ca.pem").write_text("x")
+    t0 = time.monotonic()
+    assert main(["up", "--tls-dir", str(tmp_path)]) == 2
+    assert "no server.pem, server.key, gateway-client.pem, gateway-client.key" in capsys.readouterr().err
+    assert time.monotonic() - t0 < 5  # before anything started
+
+
+def test_gpus_give_each_replica_its_own():
+    args = parser().parse_args(["up", "--device", "cuda", "--gpus", "0,3"])
+    assert replicas(args) == 2
+    env = gpu_env(args, ["llm", "llm-2", "vocoder", "vocoder-2", "gateway"])
+    assert env == {"llm": {"CUDA_VISIBLE_DEVICES": "0"}, "llm-2": {"CUDA_VISIBLE_DEVICES": "3"},
+                   "vocoder": {"CUDA_VISIBLE_DEVICES": "0"}, "vocoder-2": {"CUDA_VISIBLE_DEVICES": "3"}}
+    assert replicas(parser().parse_args(["up", "--replicas", "3"])) == 3 and gpu_env(parser().parse_args(["up"]), ["llm"]) == {}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpus", "0,1"], "--gpus needs --device cuda"),
+    (["--device", "cuda", "--gpus", "0,1", "--replicas", "3"], "--replicas 3 but 2 --gpus"),
+])
+def test_up_refuses_gpus_that_do_not_fit(argv, message, capsys):
+    assert main(["up", *argv]) == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--gpus", "0,0"], ["--gpus", "a"], ["--replicas", "0"]])
+def test_bad_replica_flags_are_usage_errors(argv):
+    with pytest.raises(SystemExit) as info:
+        parser().parse_args(["up", *argv])
+    assert info.value.code == 2
+
+
+def test_moss_serve_up_runs_replicas_over_tls(tls_dir):
+    """Two llm and two vocoder replicas behind the gateway, every hop over TLS (mutual inside), the gateway's
+    options as given: a client with the CA speaks, and its turns are spread over the replicas."""
+    ports = Ports.free()
+    flags = []
+    for service in ("gateway", "llm", "vocoder"):
+        flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
+    flags += ["--replicas", "2", "--tls-dir", str(tls_dir), "--max-turns", "5"]
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=subprocess.PIPE, text=True)
+    tls = StackTls(str(tls_dir))
+    gateway = f"127.0.0.1:{ports.grpc['gateway']}"
+    llm_2 = f"127.0.0.1:{ports.grpc['llm'] + 10}"
+    try:
+        deadline = time.monotonic() + 120
+        while not (is_serving(gateway, tls=tls.client(mutual=False)) and is_serving(llm_2, tls=tls.client(mutual=True))):
+            assert proc.poll() is None and time.monotonic() < deadline, "moss-serve up did not come up"
+            time.sleep(0.3)
+        assert not is_serving(llm_2, timeout=0.5, tls=tls.client(mutual=False))  # no client certificate: refused
+        gateway_metrics = ports.metrics["gateway"]
+        deadline = time.monotonic() + 10
+        while metric_value(scrape(gateway_metrics), "gateway_replica_ready", f'{{backend="llm",target="{llm_2}"}}') != 1:
+            assert time.monotonic() < deadline, "the gateway never saw llm-2"
+            time.sleep(0.1)
+
+        async def four():
+            sampling = common_pb2.SamplingParams(max_new_tokens=6, seed=3)
+            return await asyncio.gather(*(synthesize(gateway, "Hi", sampling=sampling, tls=tls.client(mutual=False))
+                                          for _ in range(4)))
+
+        assert all(r.summary.audio_tokens == 6 for r in asyncio.run(four()))
+        for port in (ports.metrics["llm"], ports.metrics["llm"] + 10):
+            assert metric_value(scrape(port), "llm_requests_total", '{code="OK"}') >= 1  # both replicas took turns
+        assert metric_value(scrape(gateway_metrics), "gateway_replica_calls", f'{{backend="llm",target="{llm_2}"}}') == 0
+
+        async def over_the_bound():  # --max-turns 5 (--max-queued-turns 256): the sixth waits, none is refused
+            async with grpc.aio.secure_channel(gateway, tls.client(mutual=False).credentials()) as channel:
+                stub = gateway_pb2_grpc.GatewayStub(channel)
+                sampling = common_pb2.SamplingParams(max_new_tokens=150, min_new_tokens=150, seed=1)  # seconds each
+                request = gateway_pb2.SynthesizeRequest(text="Hi", sampling=sampling)
+
+                async def one():
+                    call = stub.Synthesize(request, timeout=60)
+                    [_ async for _ in call]
+                    return await call.code()
+
+                calls = [asyncio.create_task(one()) for _ in range(6)]
+                await asyncio.sleep(1.0)
+                queued = metric_value(scrape(gateway_metrics), "gateway_queued_turns")
+                return queued, await asyncio.gather(*calls)
+
+        queued, codes = asyncio.run(over_the_bound())
+        assert queued == 1 and all(c == grpc.StatusCode.OK for c in codes), (queued, codes)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+class FakeStack:
+    """What MpsKeeper uses of a Stack: its processes' names, stop and start."""
+
+    def __init__(self):
+        self.names = ["llm", "llm-2", "vocoder", "vocoder-2", "gateway"]
+        self.calls = []
+
+    def stop(self, name):
+        self.calls.append(("stop", name))
+
+    def start(self, name):
+        self.calls.append(("start", name))
+
+
+class FakeSupervisor:
+    def __init__(self):
+        self.told = []
+
+    def started(self, name, now=None):
+        self.told.append(name)
+
+
+def test_a_dead_mps_daemon_is_started_again_then_its_clients(stand_in, monkeypatch):  # noqa: F811
+    stack, supervisor, said = FakeStack(), FakeSupervisor(), []
+    with MpsDaemon(binary=stand_in) as daemon:
+        keeper = MpsKeeper(daemon, stack, supervisor, log=said.append)
+        keeper.poll()
+        assert not stack.calls and keeper.restarts == 0  # alive: nothing to do
+        first = daemon.proc
+        first.kill()
+        first.wait()
+        monkeypatch.setenv("FAIL_AT_START", "1")  # the first try to start it again fails...
+        keeper.poll(now=100.0)
+        assert "exited with code" in said[0] and "trying again in 1 s" in said[-1] and not stack.calls
+        keeper.poll(now=100.5)  # ... and is not tried again before its backoff
+        assert keeper.restarts == 0
+        monkeypatch.delenv("FAIL_AT_START")
+        keeper.poll(now=101.0)
+        assert keeper.restarts == 1 and daemon.proc is not first and daemon.proc.poll() is None
+        assert (daemon.root / "pipe" / "control").exists()
+        gpu = ["llm", "llm-2", "vocoder", "vocoder-2"]  # restarted as the new daemon's clients; the gateway stays
+        assert stack.calls == [(verb, name) for name in gpu for verb in ("stop", "start")]
+        assert supervisor.told == gpu
+        assert "restarting llm, llm-2, vocoder, vocoder-2" in said[-1]
+    assert daemon.proc is None
+
+
+def test_a_supervisor_told_of_a_start_does_not_start_it_again():
+    from services.supervisor import Supervisor
+
+    class Proc:
+        returncode = 1
+
+        def __init__(self, alive):
+            self.alive = alive
+
+        def poll(self):
+            return None if self.alive else 1
+
+    stack = SimpleNamespace(procs={"llm": Proc(alive=False)}, started=[])
+    stack.start = lambda name: stack.started.append(name)
+    supervisor = Supervisor(stack, log=lambda m: None)
+    supervisor.poll(now=0.0)  # it died: to be started again after 1 s ...
+    stack.procs["llm"] = Proc(alive=True)
+    supervisor.started("llm", now=0.5)  # ... but someone else did it first
+    supervisor.poll(now=2.0)
+    assert stack.started == []
