@@ -156,7 +156,13 @@ def parser() -> argparse.ArgumentParser:
                        help="end of speech suppressed before this many (default: --max-new-tokens: fixed-length audio)")
     bench.add_argument("--first-chunk-tokens", type=positive(int),
                        help="the requests' first (and second) chunk, in tokens (default: the gateway's, 3)")
-    bench.add_argument("--timeout", type=positive(float), default=120.0)
+    bench.add_argument("--turns", type=count, default=0,
+                       help="each request a Converse session of this many turns, each sent once the reply before it "
+                            "has played out (plus --turn-gap); measured per turn (default 0: Synthesize calls)")
+    bench.add_argument("--turn-gap", type=seconds, default=0.5,
+                       help="seconds between a reply played out at the client and the next turn (default 0.5)")
+    bench.add_argument("--timeout", type=positive(float), default=120.0,
+                       help="seconds for a request, a whole session with --turns (default 120)")
     bench.add_argument("--api-key", default=os.environ.get("MOSS_API_KEY"), help="sent as 'authorization: Bearer <key>' "
                                                                                "(default: $MOSS_API_KEY)")
     _client_tls_options(bench)
@@ -272,7 +278,7 @@ def run_bench(args, argv: list[str]) -> int:
                     max_new_tokens=args.max_new_tokens,
                     min_new_tokens=args.max_new_tokens if args.min_new_tokens is None else args.min_new_tokens,
                     timeout=args.timeout, first_chunk_tokens=args.first_chunk_tokens, api_key=args.api_key, tls=tls, seed=args.seed,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, turns=args.turns, turn_gap=args.turn_gap)
     return run(spec, args.concurrency, args.warmup, args.out, "moss-serve bench " + " ".join(argv))
 
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from conftest import metric_value, scrape
 from services.bench import report
 from services.bench.stream import StreamRecord
 from services.bench.workload import load_prompts, poisson_arrivals
@@ -145,3 +146,27 @@ def test_the_first_chunk_size_goes_into_the_requests(stack, tmp_path):
         per_token.add(stream["stages"]["num_samples"] // stream["stages"]["audio_tokens"])
     # the lookahead held back from a first chunk is the same either way: three more tokens, three tokens' samples more
     assert len(per_token) == 1 and first[5] - first[2] == 3 * per_token.pop()
+
+
+def test_bench_converse_sessions_turn_after_turn(stack, tmp_path):
+    """--turns: each request a Converse session; a turn goes out once the reply before it has played out at the
+    client plus --turn-gap, its prompt carries the history, and every session ends."""
+    tokens, gap = 6, 0.1
+    proc = bench("--target", stack.target("gateway"), "--concurrency", "2", "--requests", "2", "--turns", "3",
+                 "--turn-gap", str(gap), "--max-new-tokens", str(tokens), "--warmup", "0", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "bench.json").read_text())
+    level = result["levels"]["2"]
+    streams, lv = level["streams"], level["summary"]
+    assert lv["requests"] == lv["ok"] == 6 and [s["turn"] for s in streams] == [1, 2, 3, 1, 2, 3]
+    for session in (streams[:3], streams[3:]):
+        for before, after in zip(session, session[1:]):
+            played_out = before["sent_s"] + before["chunk_arrivals_s"][0] + tokens * 0.08
+            assert after["sent_s"] >= played_out + gap - 0.01  # the listener heard the reply out, then spoke
+            assert after["stages"]["prompt_tokens"] > before["stages"]["prompt_tokens"] + tokens  # the history
+    assert sorted(lv["by_turn"]) == ["1", "2", "3"] and all(t["turns"] == 2 for t in lv["by_turn"].values())
+    assert "Converse sessions, by turn" in (tmp_path / "bench.md").read_text()
+    assert result["turns"] == 3
+    text = scrape(stack.ports.metrics["gateway"])
+    assert metric_value(text, "gateway_active_sessions") == 0
+    assert metric_value(text, "gateway_sessions_ended_total", '{reason="closed"}') >= 2

@@ -1,5 +1,8 @@
 """Drives the gateway: requests at a fixed concurrency or on Poisson arrivals, each stream recorded as it
-arrives (stream.py). Nothing here blocks the event loop; the progress bar writes to stderr."""
+arrives (stream.py). A request is a Synthesize call, or with `turns` a Converse session of that many turns:
+each turn is sent once the reply before it has played out at the client, plus `turn_gap` (a listener who
+hears the reply, then speaks), and is recorded as a stream of its own. Nothing here blocks the event loop;
+the progress bar writes to stderr."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from services.bench.stream import StreamRecord
 from services.bench.workload import poisson_arrivals
 from services.common.auth import bearer
 from services.common.tls import ChannelTls, channel
+from services.gateway.client import Conversation
 
 STREAMS_PER_CHANNEL = 64  # HTTP/2 connections to spread the streams over (servers cap streams per connection)
 
@@ -35,6 +39,8 @@ class LoadSpec:
     tls: ChannelTls | None = None          # reach the gateway over TLS
     seed: int = 0
     progress: bool = True
+    turns: int = 0                         # > 0: each request is a Converse session of this many turns
+    turn_gap: float = 0.5                  # seconds between a reply played out and the next turn
 
     def requests_for(self) -> int:
         """The level's request count: as given, or 4 per concurrent stream (at least 8), or 30 s of arrivals."""
@@ -57,17 +63,53 @@ async def one_request(stub, text: str, prompt: int, sampling, timeout: float,
     try:
         request = gateway_pb2.SynthesizeRequest(text=text, sampling=sampling, chunking=chunking)
         async for msg in stub.Synthesize(request, timeout=timeout, metadata=bearer(api_key)):
-            kind = msg.WhichOneof("kind")
-            if kind == "audio":
-                record.chunks.append((time.perf_counter(), msg.audio.num_samples))
-            elif kind == "metadata":
-                record.sample_rate = msg.metadata.sample_rate
-            elif kind == "summary":  # every field of the gateway's SynthesisSummary, zeros included
-                record.stages = {f.name: getattr(msg.summary, f.name) for f in msg.summary.DESCRIPTOR.fields}
+            take(record, msg)
     except grpc.aio.AioRpcError as err:
         record.code, record.error = err.code().name, err.details() or ""
     record.done = time.perf_counter()
     return record
+
+
+def take(record: StreamRecord, msg) -> None:
+    """One message of a Synthesize stream, or of a Converse turn, into its record."""
+    kind = msg.WhichOneof("kind")
+    if kind == "audio":
+        record.chunks.append((time.perf_counter(), msg.audio.num_samples))
+    elif kind == "metadata":
+        record.sample_rate = msg.metadata.sample_rate
+    elif kind == "summary":  # every field of the gateway's SynthesisSummary, zeros included
+        record.stages = {f.name: getattr(msg.summary, f.name) for f in msg.summary.DESCRIPTOR.fields}
+
+
+async def one_session(stub, texts: list[tuple[int, str]], sampling, spec: LoadSpec) -> list[StreamRecord]:
+    """A Converse session: its turns one after another (texts: (prompt index, text) each) → a record per turn
+    sent. The session ends after its last turn, or at the first turn that fails."""
+    records: list[StreamRecord] = []
+    call = stub.Converse(timeout=spec.timeout, metadata=bearer(spec.api_key))
+    conv = Conversation(call)
+    try:
+        await conv.start(gateway_pb2.SessionConfig(sampling=sampling, chunking=spec.chunking()))
+        for turn, (prompt, text) in enumerate(texts, 1):
+            if records:  # the listener hears the last reply out, then speaks
+                last = records[-1]
+                await asyncio.sleep(max(0.0, last.chunks[0][0] + last.audio_seconds + spec.turn_gap - time.perf_counter()))
+            record = StreamRecord(sent=time.perf_counter(), prompt=prompt, turn=turn)
+            records.append(record)
+            await conv.send(text)
+            async for msg in conv.replies():
+                take(record, msg)
+            record.done = time.perf_counter()
+            if not record.ok:
+                record.code, record.error = "UNKNOWN", "the turn ended without audio"
+                break
+        await conv.close()
+    except grpc.aio.AioRpcError as err:
+        if not records:
+            records.append(StreamRecord(sent=time.perf_counter(), turn=1))
+        records[-1].code, records[-1].error, records[-1].done = err.code().name, err.details() or "", time.perf_counter()
+    finally:
+        call.cancel()
+    return records
 
 
 class _Progress:
@@ -91,7 +133,7 @@ class _Progress:
 
 
 async def run_load(spec: LoadSpec, label: str = "") -> tuple[list[StreamRecord], float]:
-    """→ (one record per request in the order sent, wall seconds of the whole level)."""
+    """→ (one record per request, a session's turns one each, in the order sent; wall seconds of the whole level)."""
     total = spec.requests_for()
     width = min(spec.concurrency if spec.rate is None else total, total)
     # A local subchannel pool per channel: otherwise channels to one target share one connection, and the
@@ -100,13 +142,18 @@ async def run_load(spec: LoadSpec, label: str = "") -> tuple[list[StreamRecord],
                 for _ in range(-(-width // STREAMS_PER_CHANNEL))]
     stubs = [gateway_pb2_grpc.GatewayStub(c) for c in channels]
     progress = _Progress(total, label, spec.progress)
-    records: list[StreamRecord | None] = [None] * total
+    records: list[list[StreamRecord]] = [[] for _ in range(total)]
 
     async def request(i: int) -> None:
-        prompt = i % len(spec.prompts)
-        records[i] = await one_request(stubs[i % len(stubs)], spec.prompts[prompt], prompt, spec.sampling(i), spec.timeout,
-                                         spec.chunking(), spec.api_key)
-        progress.update(records[i])
+        stub = stubs[i % len(stubs)]
+        if spec.turns:
+            texts = [((i + k) % len(spec.prompts), spec.prompts[(i + k) % len(spec.prompts)]) for k in range(spec.turns)]
+            records[i] = await one_session(stub, texts, spec.sampling(i), spec)
+        else:
+            prompt = i % len(spec.prompts)
+            records[i] = [await one_request(stub, spec.prompts[prompt], prompt, spec.sampling(i), spec.timeout,
+                                            spec.chunking(), spec.api_key)]
+        progress.update(records[i][-1])
 
     start = time.perf_counter()
     try:
@@ -129,4 +176,4 @@ async def run_load(spec: LoadSpec, label: str = "") -> tuple[list[StreamRecord],
     finally:
         progress.close()
         await asyncio.gather(*(c.close() for c in channels))
-    return [r for r in records if r is not None], time.perf_counter() - start
+    return [r for request_records in records for r in request_records], time.perf_counter() - start

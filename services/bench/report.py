@@ -47,7 +47,23 @@ def summarize(records: list[StreamRecord], wall: float, jitter: float = JITTER_S
         "stalls": len(stalls),
         "stall_seconds": {"total": sum(stalls), "max": max(stalls, default=0.0)},
         "stages_mean_seconds": {s: _mean([r.stages[s] for r in ok if s in r.stages]) for s in STAGES},
+        "by_turn": by_turn(ok),
     }
+
+
+def by_turn(ok: list[StreamRecord]) -> dict[int, dict]:
+    """Converse sessions: each turn number's TTFA, prefill and prompt (later turns carry the history, most of it
+    cached in the llm) → {turn: figures}; {} for Synthesize calls."""
+    turns = sorted({r.turn for r in ok if r.turn})
+    out = {}
+    for turn in turns:
+        rs = [r for r in ok if r.turn == turn]
+        ttfa = [r.ttfa for r in rs]
+        out[turn] = {"turns": len(rs), "ttfa_p50": quantile(ttfa, 50), "ttfa_p95": quantile(ttfa, 95),
+                     "prefill_mean": _mean([r.stages.get("llm_prefill_seconds", math.nan) for r in rs]),
+                     "prompt_tokens_mean": _mean([r.stages.get("prompt_tokens", math.nan) for r in rs]),
+                     "stall_free_share": sum(r.stall_free() for r in rs) / len(rs)}
+    return out
 
 
 def _mean(values: list[float]) -> float:
@@ -95,3 +111,14 @@ def _format(rows: list[list[str]], markdown: bool) -> str:
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows[1:]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows)
+
+
+def turn_table(levels: dict, markdown: bool = False) -> str:
+    """Converse levels: per turn number, TTFA p50/p95, mean prefill (ms) and prompt tokens, stall-free share."""
+    rows = [["streams", "turn", "turns", "TTFA p50", "TTFA p95", "prefill", "prompt tokens", "stall-free"]]
+    for c, lv in levels.items():
+        for turn, t in lv.get("by_turn", {}).items():
+            rows.append([str(c), str(turn), str(t["turns"]), f"{t['ttfa_p50'] * 1e3:.1f} ms", f"{t['ttfa_p95'] * 1e3:.1f} ms",
+                         f"{t['prefill_mean'] * 1e3:.1f} ms", f"{t['prompt_tokens_mean']:.0f}",
+                         f"{t['stall_free_share'] * 100:.1f}%"])
+    return _format(rows, markdown) if len(rows) > 1 else ""

@@ -17,8 +17,9 @@ from services.common.playback import JITTER_SECONDS, PlaybackClock
 class StreamRecord:
     """Times in seconds on the client's monotonic clock (time.perf_counter)."""
 
-    sent: float                                     # the request went out
+    sent: float                                     # the request (a Converse session: the turn) went out
     prompt: int = 0                                 # index of its prompt
+    turn: int = 0                                   # its turn in a Converse session, from 1 (0: a Synthesize call)
     code: str = "OK"                                # the call's final gRPC status
     error: str = ""
     sample_rate: int = 0
@@ -58,6 +59,6 @@ class StreamRecord:
         """Times relative to the request's own sending; sent_s relative to `level_start` (default: itself)."""
         base = self.sent
         return {"sent_s": self.sent - (base if level_start is None else level_start),
-                "prompt": self.prompt, "code": self.code, "error": self.error, "sample_rate": self.sample_rate,
+                "prompt": self.prompt, "turn": self.turn, "code": self.code, "error": self.error, "sample_rate": self.sample_rate,
                 "chunk_arrivals_s": [t - base for t, _ in self.chunks], "chunk_samples": [n for _, n in self.chunks],
                 "stages": self.stages, "done_s": self.done - base if self.done else None}

@@ -47,7 +47,7 @@ def write(result: dict, out: Path) -> list[Path]:
     paths[1].write_text(
         f"# moss-serve bench, {result['date']}\n\n`{result['command']}`\n\n"
         f"{report.table(summaries, markdown=True)}\n\nMean stage times from the gateway's summaries (ms):\n\n"
-        f"{report.stage_table(summaries, markdown=True)}\n\nCapacity (≥ {report.CAPACITY_STALL_FREE:.0%} stall-free, "
+        f"{report.stage_table(summaries, markdown=True)}\n\n{turns_md(summaries)}Capacity (≥ {report.CAPACITY_STALL_FREE:.0%} stall-free, "
         f"TTFA p95 ≤ {report.CAPACITY_TTFA_P95 * 1e3:.0f} ms): **{result['capacity']} streams**\n")
     try:
         from services.bench import plots
@@ -56,6 +56,11 @@ def write(result: dict, out: Path) -> list[Path]:
     except ImportError as err:  # the plots can be drawn later: python -m services.bench.plots bench.json
         print(f"plots skipped ({err}); draw them later with python -m services.bench.plots {paths[0]}", file=sys.stderr)
     return paths
+
+
+def turns_md(summaries: dict) -> str:
+    table = report.turn_table(summaries, markdown=True)
+    return f"Converse sessions, by turn (later turns carry the history):\n\n{table}\n\n" if table else ""
 
 
 def run(spec: LoadSpec, concurrencies: list[int], warmup: int, out: str | None, command: str) -> int:
@@ -67,11 +72,14 @@ def run(spec: LoadSpec, concurrencies: list[int], warmup: int, out: str | None, 
     result = asyncio.run(sweep(spec, concurrencies, warmup, checkpoint))
     result.update(date=datetime.datetime.now().isoformat(timespec="seconds"), command=command, target=spec.target,
                   max_new_tokens=spec.max_new_tokens, jitter_seconds=JITTER_SECONDS,
-                  prompts=len(spec.prompts))
+                  prompts=len(spec.prompts), turns=spec.turns, turn_gap=spec.turn_gap)
     summaries = {label: lv["summary"] for label, lv in result["levels"].items()}
     print(report.table(summaries))
     print()
     print(report.stage_table(summaries))
+    if turns := report.turn_table(summaries):
+        print()
+        print(turns)
     if spec.rate is None:
         print(f"\ncapacity (>= {report.CAPACITY_STALL_FREE:.0%} stall-free, TTFA p95 <= "
               f"{report.CAPACITY_TTFA_P95 * 1e3:.0f} ms): {result['capacity']} streams")

@@ -103,7 +103,8 @@ class Conversation:
             raise grpc.aio.AioRpcError(code, await self.call.initial_metadata(), await self.call.trailing_metadata(),
                                        details=await self.call.details())
 
-    async def _open(self, config: gateway_pb2.SessionConfig) -> None:
+    async def start(self, config: gateway_pb2.SessionConfig) -> None:
+        """Open the session: send its config, wait for SessionStarted."""
         await self._write(gateway_pb2.ConverseRequest(config=config))
         first = await self.call.read()
         if first is grpc.aio.EOF or first.WhichOneof("kind") != "session":
@@ -174,7 +175,7 @@ async def converse(
         call = gateway_pb2_grpc.GatewayStub(ch).Converse(timeout=timeout, metadata=bearer(api_key))
         conv = Conversation(call)
         try:
-            await conv._open(config)
+            await conv.start(config)
             yield conv
             await conv.close()
         finally:
