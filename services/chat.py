@@ -2,7 +2,8 @@
 
 Each line typed is a turn: its reply's text is printed as it comes, its audio is written to
 <out-dir>/turn_<n>.wav, then its timings. Ctrl-C while a reply streams cancels it (barge-in: the model
-forgets that turn); Ctrl-D, or Ctrl-C at the prompt, ends the session.
+forgets that turn); a turn that fails (the gateway busy, a stage down) is said, and the session goes on;
+Ctrl-D, or Ctrl-C at the prompt, ends the session.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ async def _reply(conv, turn: int, out_dir: Path, out) -> None:
             print(msg.text.text, end="", file=out, flush=True)
         elif kind == "cancelled":
             print(f"\n[turn {turn} cancelled in {msg.cancelled.seconds * 1e3:.0f} ms]", file=out, flush=True)
+        elif kind == "failed":  # the session goes on: the line may be typed again
+            hint = f"; try again in {msg.failed.retry_after_seconds:.1f} s" if msg.failed.retry_after_seconds else ""
+            print(f"\n[turn {turn} failed: {msg.failed.code}: {msg.failed.message}{hint}]", file=out, flush=True)
         elif kind == "summary":
             s = msg.summary
             path = out_dir / f"turn_{turn}.wav"

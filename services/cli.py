@@ -240,6 +240,10 @@ def run_say(args) -> int:
     except grpc.aio.AioRpcError as err:
         print(f"moss-serve say: {err.code().name}: {err.details()}", file=sys.stderr)
         return 1
+    if result.failed is not None:
+        hint = f" (retry after {result.failed.retry_after_seconds:.1f} s)" if result.failed.retry_after_seconds else ""
+        print(f"moss-serve say: {result.failed.code}: {result.failed.message}{hint}", file=sys.stderr)
+        return 1
     write_wav(args.output, result.samples, result.sample_rate)
     print_timings(result, args.output)
     return 0

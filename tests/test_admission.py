@@ -11,6 +11,7 @@ from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from conftest import metric_value, scrape
 from services.common.errors import DeadlineExceeded, ResourceExhausted
 from services.gateway.admission import RETRY_MAX, RETRY_MIN, Admission
+from services.gateway.client import converse
 from services.stack import Ports, Stack
 
 
@@ -68,37 +69,75 @@ def test_a_waiter_that_gives_up_takes_no_place():
     asyncio.run(scenario())
 
 
-def test_gateway_refuses_beyond_its_bounds_with_a_retry_hint(tmp_path):
+@pytest.fixture(scope="module")
+def one_place(tmp_path_factory):
+    """A gateway with one place for a turn and no queue."""
     extra = {"gateway": ["--max-turns", "1", "--max-queued-turns", "0"]}
-    with Stack(Ports.free(), log_dir=tmp_path / "logs", extra_args=extra) as stack:
-        target = stack.target("gateway")
+    with Stack(Ports.free(), log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra) as stack:
+        yield stack
 
-        async def scenario():
-            async with grpc.aio.insecure_channel(target) as channel:
-                stub = gateway_pb2_grpc.GatewayStub(channel)
-                long = stub.Synthesize(gateway_pb2.SynthesizeRequest(
-                    text="a long reply", sampling=common_pb2.SamplingParams(max_new_tokens=60, min_new_tokens=60, seed=1)),
-                    timeout=60)
-                await long.read()  # its metadata: it holds the one place now
-                refused = stub.Synthesize(gateway_pb2.SynthesizeRequest(text="hi"), timeout=10)
-                with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await refused.read()
-                rest = []
-                while (msg := await long.read()) is not grpc.aio.EOF:
-                    rest.append(msg)
-                return info.value, rest, await refused.trailing_metadata()
 
-        err, rest, trailers = asyncio.run(scenario())
-        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "gateway busy" in err.details()
-        assert rest[-1].summary.audio_tokens == 60  # the admitted turn was not disturbed
-        meta = dict(trailers)
-        status = status_pb2.Status.FromString(meta["grpc-status-details-bin"])
-        assert status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
-        info = error_details_pb2.RetryInfo()
-        assert status.details[0].Unpack(info)
-        delay = info.retry_delay.ToTimedelta().total_seconds()
-        assert RETRY_MIN <= delay <= RETRY_MAX and int(meta["retry-after-ms"]) == round(delay * 1000)
-        text = scrape(stack.ports.metrics["gateway"])
-        assert metric_value(text, "gateway_admissions_refused_total") == 1
-        assert metric_value(text, "gateway_requests_total", '{code="RESOURCE_EXHAUSTED"}') == 1
-        assert metric_value(text, "gateway_queued_turns") == 0
+def test_gateway_refuses_beyond_its_bounds_with_a_retry_hint(one_place):
+    stack = one_place
+    target = stack.target("gateway")
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            long = stub.Synthesize(gateway_pb2.SynthesizeRequest(
+                text="a long reply", sampling=common_pb2.SamplingParams(max_new_tokens=60, min_new_tokens=60, seed=1)),
+                timeout=60)
+            await long.read()  # its metadata: it holds the one place now
+            refused = stub.Synthesize(gateway_pb2.SynthesizeRequest(text="hi"), timeout=10)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await refused.read()
+            rest = []
+            while (msg := await long.read()) is not grpc.aio.EOF:
+                rest.append(msg)
+            return info.value, rest, await refused.trailing_metadata()
+
+    err, rest, trailers = asyncio.run(scenario())
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "gateway busy" in err.details()
+    assert rest[-1].summary.audio_tokens == 60  # the admitted turn was not disturbed
+    meta = dict(trailers)
+    status = status_pb2.Status.FromString(meta["grpc-status-details-bin"])
+    assert status.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    info = error_details_pb2.RetryInfo()
+    assert status.details[0].Unpack(info)
+    delay = info.retry_delay.ToTimedelta().total_seconds()
+    assert RETRY_MIN <= delay <= RETRY_MAX and int(meta["retry-after-ms"]) == round(delay * 1000)
+    text = scrape(stack.ports.metrics["gateway"])
+    assert metric_value(text, "gateway_admissions_refused_total") == 1
+    assert metric_value(text, "gateway_requests_total", '{code="RESOURCE_EXHAUSTED"}') == 1
+    assert metric_value(text, "gateway_queued_turns") == 0
+
+
+def test_a_refused_converse_turn_keeps_its_session(one_place):
+    """In a session, a turn that finds no place gets TurnFailed (RESOURCE_EXHAUSTED, with the retry hint) and the
+    session goes on: the same turn sent again once the place is free is spoken, its history intact."""
+    stack = one_place
+    refused_before = metric_value(scrape(stack.ports.metrics["gateway"]), "gateway_admissions_refused_total")
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(stack.target("gateway")) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            long = stub.Synthesize(gateway_pb2.SynthesizeRequest(
+                text="a long reply", sampling=common_pb2.SamplingParams(max_new_tokens=60, min_new_tokens=60, seed=1)),
+                timeout=60)
+            await long.read()  # it holds the one place now
+            async with converse(stack.target("gateway"), sampling=common_pb2.SamplingParams(max_new_tokens=6)) as conv:
+                refused = await conv.say("hello")
+                while await long.read() is not grpc.aio.EOF:  # the place frees
+                    pass
+                await asyncio.sleep(refused.failed.retry_after_seconds)
+                spoken = await conv.say("hello")
+            return refused, spoken, conv.ended  # (closed on leaving the block)
+
+    refused, spoken, ended = asyncio.run(scenario())
+    assert refused.failed.code == "RESOURCE_EXHAUSTED" and "gateway busy" in refused.failed.message
+    assert RETRY_MIN <= refused.failed.retry_after_seconds <= RETRY_MAX and refused.summary is None
+    assert spoken.failed is None and spoken.summary.audio_tokens == 6
+    assert ended.reason == gateway_pb2.SESSION_END_REASON_CLOSED  # closed by the client, not ended by the refusal
+    text = scrape(stack.ports.metrics["gateway"])
+    assert metric_value(text, "gateway_admissions_refused_total") == refused_before + 1
+    assert metric_value(text, "gateway_turn_failures_total", '{code="RESOURCE_EXHAUSTED"}') == 1

@@ -79,29 +79,49 @@ async def one(target: str, kind: str, rng: random.Random) -> tuple[str, float | 
 
 
 async def one_session(target: str, kind: str, rng: random.Random) -> tuple[str, float | None]:
+    """A session of a short turn, a long one barged in on, then a close ("session"), or of a long turn whose
+    connection drops mid-reply ("session_drop"). A turn refused for want of a place (TurnFailed,
+    RESOURCE_EXHAUSTED) is sent again after its hint, in the same session."""
     sampling = common_pb2.SamplingParams(max_new_tokens=rng.randint(4, 12), seed=rng.randint(0, 1000))
     long = common_pb2.SamplingParams(max_new_tokens=200, min_new_tokens=200, seed=rng.randint(0, 1000))
     channel = grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
     call = gateway_pb2_grpc.GatewayStub(channel).Converse(timeout=60)
+    short_turn = gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text="hi"))
+    long_turn = gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text="say a lot", sampling=long))
+    plan = [short_turn, long_turn] if kind == "session" else [long_turn]  # what is left to get through
+    sent = 0  # UserTurns sent: the gateway numbers turns in that order, so the current one is `sent`
+
+    async def send(turn) -> None:
+        nonlocal sent
+        sent += 1
+        await call.write(turn)
+
     try:
         await call.write(gateway_pb2.ConverseRequest(config=gateway_pb2.SessionConfig(sampling=sampling)))
-        # Each write waits for what the last one started (a turn's end, its audio, its cancel): a write that
-        # crosses the call's end (a refused turn) fails with a bare INTERNAL that hides the call's status.
-        long_turn = gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text="say a lot", sampling=long))
-        await call.write(gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text="hi")) if kind == "session" else long_turn)
-        long_no = 2 if kind == "session" else 1
+        # Each write waits for what the last one started (a turn's end, its audio, its cancel).
+        await send(plan[0])
         cancelled = False
         while (msg := await call.read()) is not grpc.aio.EOF:
             what = msg.WhichOneof("kind")
-            if what == "summary" and msg.turn == 1 and kind == "session":
-                await call.write(long_turn)
-            elif what == "audio" and msg.turn == long_no and not cancelled:
+            if msg.turn != sent:
+                continue
+            if what == "failed":  # the only way a turn fails here: no place; the session goes on
+                assert msg.failed.code == "RESOURCE_EXHAUSTED", msg.failed
+                hint = msg.failed.retry_after_seconds
+                assert 0.1 <= hint <= 30, hint
+                REFUSED[kind] += 1
+                await asyncio.sleep(min(hint, 0.5))
+                await send(plan[0])
+            elif what == "summary" and plan[0] is short_turn:
+                plan.pop(0)
+                await send(plan[0])
+            elif what == "audio" and plan[0] is long_turn and not cancelled:
                 if kind == "session_drop":
                     await channel.close(grace=None)
                     return "CANCELLED", None
                 await call.write(gateway_pb2.ConverseRequest(cancel=gateway_pb2.CancelTurn()))  # barge-in
                 cancelled = True
-            elif what == "cancelled" and msg.turn == long_no:
+            elif what == "cancelled":
                 await call.write(gateway_pb2.ConverseRequest(close=gateway_pb2.CloseSession()))
         return (await call.code()).name, None
     except (grpc.aio.AioRpcError, asyncio.CancelledError) as err:

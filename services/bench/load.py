@@ -98,9 +98,12 @@ async def one_session(stub, texts: list[tuple[int, str]], sampling, spec: LoadSp
             await conv.send(text)
             async for msg in conv.replies():
                 take(record, msg)
+                if msg.WhichOneof("kind") == "failed":
+                    record.code, record.error = msg.failed.code, msg.failed.message
             record.done = time.perf_counter()
             if not record.ok:
-                record.code, record.error = "UNKNOWN", "the turn ended without audio"
+                if record.code == "OK":
+                    record.code, record.error = "UNKNOWN", "the turn ended without audio"
                 break
         await conv.close()
     except grpc.aio.AioRpcError as err:

@@ -39,6 +39,7 @@ class SynthesisResult:
     client_total: float = 0.0
     text: str = ""             # Converse: the text the model emitted alongside the audio
     cancelled: gateway_pb2.TurnCancelled | None = None  # Converse: the turn was cancelled (no summary then)
+    failed: gateway_pb2.TurnFailed | None = None        # Converse: the turn failed, the session goes on
 
     @property
     def samples(self) -> np.ndarray:
@@ -61,6 +62,8 @@ class SynthesisResult:
             self.summary = msg.summary
         elif kind == "cancelled":
             self.cancelled = msg.cancelled
+        elif kind == "failed":
+            self.failed = msg.failed
 
 
 async def synthesize(
@@ -122,8 +125,8 @@ class Conversation:
         await self._write(gateway_pb2.ConverseRequest(cancel=gateway_pb2.CancelTurn()))
 
     async def replies(self) -> AsyncIterator[gateway_pb2.ConverseResponse]:
-        """The current turn's messages, through its summary or its cancelled message (messages of turns
-        before it, cancelled ones, are skipped). Ends early if the session ends."""
+        """The current turn's messages, through its summary, cancelled or failed message. Ends early if the
+        session ends."""
         while True:
             msg = await self.call.read()
             if msg is grpc.aio.EOF:
@@ -134,11 +137,11 @@ class Conversation:
                 self.ended = msg.ended
                 return
             yield msg
-            if kind in ("summary", "cancelled"):
+            if kind in ("summary", "cancelled", "failed"):
                 return
 
     async def say(self, text: str, sampling: common_pb2.SamplingParams | None = None) -> SynthesisResult:
-        """One whole turn: its audio, text and summary."""
+        """One whole turn: its audio, text and summary (or `failed`: the session goes on)."""
         result = SynthesisResult()
         start = time.perf_counter()
         await self.send(text, sampling)

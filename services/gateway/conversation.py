@@ -8,7 +8,8 @@ session's history and KV blocks between turns, and the gateway keeps the history
 survives its replica. One turn runs at a time. A cancel (or a new turn while one runs) cancels
 the turn's task: Turn.run's cleanup cancels its llm and vocoder calls (the llm frees the turn's blocks, and
 the session keeps its history from before the turn), and messages of that turn still in the outbox are
-dropped, so no audio of it reaches the client after its TurnCancelled.
+dropped, so no audio of it reaches the client after its TurnCancelled. A turn that fails (no place, a stage
+down) is answered with TurnFailed and the session goes on, its history as before the turn.
 
 Whatever ends the call (close, half-close, idle timeout, an error, the client leaving), every task is
 cancelled and awaited and the llm replica forgets the session, so nothing outlives it.
@@ -25,7 +26,7 @@ from collections.abc import AsyncIterator
 from moss.speech.v1 import gateway_pb2
 
 from services.common.audio import resolve_format
-from services.common.errors import InvalidArgument
+from services.common.errors import Cancelled, DeadlineExceeded, InvalidArgument, ServiceError
 from services.common.sampling import resolve_chunking, resolve_sampling
 from services.gateway import metrics
 from services.gateway.admission import Admission
@@ -37,6 +38,8 @@ from services.gateway.voices import resolve_voice
 log = logging.getLogger(__name__)
 
 _END = object()  # in the outbox: the call is over (a SessionEnded was just sent)
+# Errors that end the call with their status; any other error of a turn is that turn's (TurnFailed).
+CALL_ERRORS = (InvalidArgument, DeadlineExceeded, Cancelled)
 
 Reason = gateway_pb2.SessionEndReason
 
@@ -178,8 +181,14 @@ class Conversation:
                     metrics.ACTIVE.dec()
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # noqa: BLE001  a failed turn ends the call with its status...
-            if n not in self.cancelled:  # ... unless it was being cancelled: its calls' errors are the cancel's echo
+        except BaseException as exc:  # noqa: BLE001
+            if n in self.cancelled:  # it was being cancelled: its calls' errors are the cancel's echo
+                return
+            if isinstance(exc, ServiceError) and not isinstance(exc, CALL_ERRORS):  # the turn fails, the session goes on
+                metrics.TURN_FAILURES.labels(exc.code).inc()
+                put(gateway_pb2.ConverseResponse(turn=n, failed=gateway_pb2.TurnFailed(
+                    code=exc.code, message=str(exc), retry_after_seconds=getattr(exc, "retry_after", None) or 0.0)))
+            else:  # bad input, the call's deadline, a bug: the call ends with its status
                 put(exc)
         finally:
             self.last_activity = time.monotonic()

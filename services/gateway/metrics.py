@@ -26,6 +26,10 @@ SESSIONS_ENDED = Counter("gateway_sessions_ended_total", "Converse sessions ende
                          "idle, or aborted (an error, or the client left)", ["reason"])
 for _reason in ("closed", "client_done", "idle", "aborted"):  # exported from the start, at 0
     SESSIONS_ENDED.labels(_reason)
+TURN_FAILURES = Counter("gateway_turn_failures_total", "Converse turns that failed while their session went on "
+                        "(TurnFailed), by gRPC code", ["code"])
+for _code in ("RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL"):  # the usual ones, exported from the start at 0
+    TURN_FAILURES.labels(_code)
 CANCELS = Counter("gateway_turn_cancels_total", "Converse turns cancelled while running (barge-in)")
 CANCEL = Histogram("gateway_turn_cancel_seconds", "Cancel received to the turn stopped in every stage",
                    buckets=LATENCY_BUCKETS)

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from moss.speech.v1 import common_pb2 as moss_dot_speech_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmoss/speech/v1/gateway.proto\x12\x0emoss.speech.v1\x1a\x1bmoss/speech/v1/common.proto\"\xc3\x01\n\rSessionConfig\x12\r\n\x05voice\x18\x01 \x01(\t\x12\x15\n\rsystem_prompt\x18\x02 \x01(\t\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.moss.speech.v1.SamplingParams\x12+\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x1b.moss.speech.v1.AudioFormat\x12-\n\x08\x63hunking\x18\x05 \x01(\x0b\x32\x1b.moss.speech.v1.ChunkPolicy\"J\n\x08UserTurn\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x30\n\x08sampling\x18\x02 \x01(\x0b\x32\x1e.moss.speech.v1.SamplingParams\"\x0c\n\nCancelTurn\"\x0e\n\x0c\x43loseSession\"\xd1\x01\n\x0f\x43onverseRequest\x12/\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1d.moss.speech.v1.SessionConfigH\x00\x12(\n\x04turn\x18\x02 \x01(\x0b\x32\x18.moss.speech.v1.UserTurnH\x00\x12,\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x1a.moss.speech.v1.CancelTurnH\x00\x12-\n\x05\x63lose\x18\x04 \x01(\x0b\x32\x1c.moss.speech.v1.CloseSessionH\x00\x42\x06\n\x04kind\"$\n\x0eSessionStarted\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x19\n\tTextPiece\x12\x0c\n\x04text\x18\x01 \x01(\t\" \n\rTurnCancelled\x12\x0f\n\x07seconds\x18\x01 \x01(\x01\"@\n\x0cSessionEnded\x12\x30\n\x06reason\x18\x01 \x01(\x0e\x32 .moss.speech.v1.SessionEndReason\"\xff\x02\n\x10\x43onverseResponse\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x31\n\x07session\x18\x02 \x01(\x0b\x32\x1e.moss.speech.v1.SessionStartedH\x00\x12\x32\n\x08metadata\x18\x03 \x01(\x0b\x32\x1e.moss.speech.v1.StreamMetadataH\x00\x12+\n\x05\x61udio\x18\x04 \x01(\x0b\x32\x1a.moss.speech.v1.AudioChunkH\x00\x12)\n\x04text\x18\x05 \x01(\x0b\x32\x19.moss.speech.v1.TextPieceH\x00\x12\x33\n\x07summary\x18\x06 \x01(\x0b\x32 .moss.speech.v1.SynthesisSummaryH\x00\x12\x32\n\tcancelled\x18\x07 \x01(\x0b\x32\x1d.moss.speech.v1.TurnCancelledH\x00\x12-\n\x05\x65nded\x18\x08 \x01(\x0b\x32\x1c.moss.speech.v1.SessionEndedH\x00\x42\x06\n\x04kind\"\xbe\x01\n\x11SynthesizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05voice\x18\x02 \x01(\t\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.moss.speech.v1.SamplingParams\x12+\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x1b.moss.speech.v1.AudioFormat\x12-\n\x08\x63hunking\x18\x05 \x01(\x0b\x32\x1b.moss.speech.v1.ChunkPolicy\"x\n\x0eStreamMetadata\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0bsample_rate\x18\x02 \x01(\r\x12+\n\x06\x66ormat\x18\x03 \x01(\x0e\x32\x1b.moss.speech.v1.AudioFormat\x12\x10\n\x08\x63hannels\x18\x04 \x01(\r\"E\n\nAudioChunk\x12\x0b\n\x03pcm\x18\x01 \x01(\x0c\x12\x15\n\rsample_offset\x18\x02 \x01(\x04\x12\x13\n\x0bnum_samples\x18\x03 \x01(\r\"\xed\x02\n\x10SynthesisSummary\x12\x14\n\x0cttfa_seconds\x18\x01 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x02 \x01(\x01\x12\x19\n\x11llm_queue_seconds\x18\x03 \x01(\x01\x12\x1b\n\x13llm_prefill_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12llm_decode_seconds\x18\x05 \x01(\x01\x12\x1f\n\x17llm_first_chunk_seconds\x18\x06 \x01(\x01\x12\x1f\n\x17vocoder_compute_seconds\x18\x07 \x01(\x01\x12#\n\x1bvocoder_first_chunk_seconds\x18\x08 \x01(\x01\x12\x14\n\x0c\x61udio_tokens\x18\t \x01(\r\x12\x13\n\x0bnum_samples\x18\n \x01(\r\x12\x15\n\raudio_seconds\x18\x0b \x01(\x01\x12\x18\n\x10real_time_factor\x18\x0c \x01(\x01\x12\x15\n\rprompt_tokens\x18\r \x01(\r\"\xb2\x01\n\x12SynthesizeResponse\x12\x32\n\x08metadata\x18\x01 \x01(\x0b\x32\x1e.moss.speech.v1.StreamMetadataH\x00\x12+\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x1a.moss.speech.v1.AudioChunkH\x00\x12\x33\n\x07summary\x18\x03 \x01(\x0b\x32 .moss.speech.v1.SynthesisSummaryH\x00\x42\x06\n\x04kind*\x96\x01\n\x10SessionEndReason\x12\"\n\x1eSESSION_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19SESSION_END_REASON_CLOSED\x10\x01\x12\"\n\x1eSESSION_END_REASON_CLIENT_DONE\x10\x02\x12\x1b\n\x17SESSION_END_REASON_IDLE\x10\x03\x32\xb3\x01\n\x07Gateway\x12U\n\nSynthesize\x12!.moss.speech.v1.SynthesizeRequest\x1a\".moss.speech.v1.SynthesizeResponse0\x01\x12Q\n\x08\x43onverse\x12\x1f.moss.speech.v1.ConverseRequest\x1a .moss.speech.v1.ConverseResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmoss/speech/v1/gateway.proto\x12\x0emoss.speech.v1\x1a\x1bmoss/speech/v1/common.proto\"\xc3\x01\n\rSessionConfig\x12\r\n\x05voice\x18\x01 \x01(\t\x12\x15\n\rsystem_prompt\x18\x02 \x01(\t\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.moss.speech.v1.SamplingParams\x12+\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x1b.moss.speech.v1.AudioFormat\x12-\n\x08\x63hunking\x18\x05 \x01(\x0b\x32\x1b.moss.speech.v1.ChunkPolicy\"J\n\x08UserTurn\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x30\n\x08sampling\x18\x02 \x01(\x0b\x32\x1e.moss.speech.v1.SamplingParams\"\x0c\n\nCancelTurn\"\x0e\n\x0c\x43loseSession\"\xd1\x01\n\x0f\x43onverseRequest\x12/\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1d.moss.speech.v1.SessionConfigH\x00\x12(\n\x04turn\x18\x02 \x01(\x0b\x32\x18.moss.speech.v1.UserTurnH\x00\x12,\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x1a.moss.speech.v1.CancelTurnH\x00\x12-\n\x05\x63lose\x18\x04 \x01(\x0b\x32\x1c.moss.speech.v1.CloseSessionH\x00\x42\x06\n\x04kind\"$\n\x0eSessionStarted\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x19\n\tTextPiece\x12\x0c\n\x04text\x18\x01 \x01(\t\" \n\rTurnCancelled\x12\x0f\n\x07seconds\x18\x01 \x01(\x01\"H\n\nTurnFailed\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x1b\n\x13retry_after_seconds\x18\x03 \x01(\x01\"@\n\x0cSessionEnded\x12\x30\n\x06reason\x18\x01 \x01(\x0e\x32 .moss.speech.v1.SessionEndReason\"\xad\x03\n\x10\x43onverseResponse\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x31\n\x07session\x18\x02 \x01(\x0b\x32\x1e.moss.speech.v1.SessionStartedH\x00\x12\x32\n\x08metadata\x18\x03 \x01(\x0b\x32\x1e.moss.speech.v1.StreamMetadataH\x00\x12+\n\x05\x61udio\x18\x04 \x01(\x0b\x32\x1a.moss.speech.v1.AudioChunkH\x00\x12)\n\x04text\x18\x05 \x01(\x0b\x32\x19.moss.speech.v1.TextPieceH\x00\x12\x33\n\x07summary\x18\x06 \x01(\x0b\x32 .moss.speech.v1.SynthesisSummaryH\x00\x12\x32\n\tcancelled\x18\x07 \x01(\x0b\x32\x1d.moss.speech.v1.TurnCancelledH\x00\x12-\n\x05\x65nded\x18\x08 \x01(\x0b\x32\x1c.moss.speech.v1.SessionEndedH\x00\x12,\n\x06\x66\x61iled\x18\t \x01(\x0b\x32\x1a.moss.speech.v1.TurnFailedH\x00\x42\x06\n\x04kind\"\xbe\x01\n\x11SynthesizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\r\n\x05voice\x18\x02 \x01(\t\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.moss.speech.v1.SamplingParams\x12+\n\x06\x66ormat\x18\x04 \x01(\x0e\x32\x1b.moss.speech.v1.AudioFormat\x12-\n\x08\x63hunking\x18\x05 \x01(\x0b\x32\x1b.moss.speech.v1.ChunkPolicy\"x\n\x0eStreamMetadata\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0bsample_rate\x18\x02 \x01(\r\x12+\n\x06\x66ormat\x18\x03 \x01(\x0e\x32\x1b.moss.speech.v1.AudioFormat\x12\x10\n\x08\x63hannels\x18\x04 \x01(\r\"E\n\nAudioChunk\x12\x0b\n\x03pcm\x18\x01 \x01(\x0c\x12\x15\n\rsample_offset\x18\x02 \x01(\x04\x12\x13\n\x0bnum_samples\x18\x03 \x01(\r\"\xed\x02\n\x10SynthesisSummary\x12\x14\n\x0cttfa_seconds\x18\x01 \x01(\x01\x12\x15\n\rtotal_seconds\x18\x02 \x01(\x01\x12\x19\n\x11llm_queue_seconds\x18\x03 \x01(\x01\x12\x1b\n\x13llm_prefill_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12llm_decode_seconds\x18\x05 \x01(\x01\x12\x1f\n\x17llm_first_chunk_seconds\x18\x06 \x01(\x01\x12\x1f\n\x17vocoder_compute_seconds\x18\x07 \x01(\x01\x12#\n\x1bvocoder_first_chunk_seconds\x18\x08 \x01(\x01\x12\x14\n\x0c\x61udio_tokens\x18\t \x01(\r\x12\x13\n\x0bnum_samples\x18\n \x01(\r\x12\x15\n\raudio_seconds\x18\x0b \x01(\x01\x12\x18\n\x10real_time_factor\x18\x0c \x01(\x01\x12\x15\n\rprompt_tokens\x18\r \x01(\r\"\xb2\x01\n\x12SynthesizeResponse\x12\x32\n\x08metadata\x18\x01 \x01(\x0b\x32\x1e.moss.speech.v1.StreamMetadataH\x00\x12+\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x1a.moss.speech.v1.AudioChunkH\x00\x12\x33\n\x07summary\x18\x03 \x01(\x0b\x32 .moss.speech.v1.SynthesisSummaryH\x00\x42\x06\n\x04kind*\x96\x01\n\x10SessionEndReason\x12\"\n\x1eSESSION_END_REASON_UNSPECIFIED\x10\x00\x12\x1d\n\x19SESSION_END_REASON_CLOSED\x10\x01\x12\"\n\x1eSESSION_END_REASON_CLIENT_DONE\x10\x02\x12\x1b\n\x17SESSION_END_REASON_IDLE\x10\x03\x32\xb3\x01\n\x07Gateway\x12U\n\nSynthesize\x12!.moss.speech.v1.SynthesizeRequest\x1a\".moss.speech.v1.SynthesizeResponse0\x01\x12Q\n\x08\x43onverse\x12\x1f.moss.speech.v1.ConverseRequest\x1a .moss.speech.v1.ConverseResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'moss.speech.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SESSIONENDREASON']._serialized_start=2080
-  _globals['_SESSIONENDREASON']._serialized_end=2230
+  _globals['_SESSIONENDREASON']._serialized_start=2200
+  _globals['_SESSIONENDREASON']._serialized_end=2350
   _globals['_SESSIONCONFIG']._serialized_start=78
   _globals['_SESSIONCONFIG']._serialized_end=273
   _globals['_USERTURN']._serialized_start=275
@@ -50,20 +50,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TEXTPIECE']._serialized_end=656
   _globals['_TURNCANCELLED']._serialized_start=658
   _globals['_TURNCANCELLED']._serialized_end=690
-  _globals['_SESSIONENDED']._serialized_start=692
-  _globals['_SESSIONENDED']._serialized_end=756
-  _globals['_CONVERSERESPONSE']._serialized_start=759
-  _globals['_CONVERSERESPONSE']._serialized_end=1142
-  _globals['_SYNTHESIZEREQUEST']._serialized_start=1145
-  _globals['_SYNTHESIZEREQUEST']._serialized_end=1335
-  _globals['_STREAMMETADATA']._serialized_start=1337
-  _globals['_STREAMMETADATA']._serialized_end=1457
-  _globals['_AUDIOCHUNK']._serialized_start=1459
-  _globals['_AUDIOCHUNK']._serialized_end=1528
-  _globals['_SYNTHESISSUMMARY']._serialized_start=1531
-  _globals['_SYNTHESISSUMMARY']._serialized_end=1896
-  _globals['_SYNTHESIZERESPONSE']._serialized_start=1899
-  _globals['_SYNTHESIZERESPONSE']._serialized_end=2077
-  _globals['_GATEWAY']._serialized_start=2233
-  _globals['_GATEWAY']._serialized_end=2412
+  _globals['_TURNFAILED']._serialized_start=692
+  _globals['_TURNFAILED']._serialized_end=764
+  _globals['_SESSIONENDED']._serialized_start=766
+  _globals['_SESSIONENDED']._serialized_end=830
+  _globals['_CONVERSERESPONSE']._serialized_start=833
+  _globals['_CONVERSERESPONSE']._serialized_end=1262
+  _globals['_SYNTHESIZEREQUEST']._serialized_start=1265
+  _globals['_SYNTHESIZEREQUEST']._serialized_end=1455
+  _globals['_STREAMMETADATA']._serialized_start=1457
+  _globals['_STREAMMETADATA']._serialized_end=1577
+  _globals['_AUDIOCHUNK']._serialized_start=1579
+  _globals['_AUDIOCHUNK']._serialized_end=1648
+  _globals['_SYNTHESISSUMMARY']._serialized_start=1651
+  _globals['_SYNTHESISSUMMARY']._serialized_end=2016
+  _globals['_SYNTHESIZERESPONSE']._serialized_start=2019
+  _globals['_SYNTHESIZERESPONSE']._serialized_end=2197
+  _globals['_GATEWAY']._serialized_start=2353
+  _globals['_GATEWAY']._serialized_end=2532
 # @@protoc_insertion_point(module_scope)

@@ -78,6 +78,16 @@ class TurnCancelled(_message.Message):
     seconds: float
     def __init__(self, seconds: _Optional[float] = ...) -> None: ...
 
+class TurnFailed(_message.Message):
+    __slots__ = ("code", "message", "retry_after_seconds")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    retry_after_seconds: float
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., retry_after_seconds: _Optional[float] = ...) -> None: ...
+
 class SessionEnded(_message.Message):
     __slots__ = ("reason",)
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -85,7 +95,7 @@ class SessionEnded(_message.Message):
     def __init__(self, reason: _Optional[_Union[SessionEndReason, str]] = ...) -> None: ...
 
 class ConverseResponse(_message.Message):
-    __slots__ = ("turn", "session", "metadata", "audio", "text", "summary", "cancelled", "ended")
+    __slots__ = ("turn", "session", "metadata", "audio", "text", "summary", "cancelled", "ended", "failed")
     TURN_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +104,7 @@ class ConverseResponse(_message.Message):
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     ENDED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
     turn: int
     session: SessionStarted
     metadata: StreamMetadata
@@ -102,7 +113,8 @@ class ConverseResponse(_message.Message):
     summary: SynthesisSummary
     cancelled: TurnCancelled
     ended: SessionEnded
-    def __init__(self, turn: _Optional[int] = ..., session: _Optional[_Union[SessionStarted, _Mapping]] = ..., metadata: _Optional[_Union[StreamMetadata, _Mapping]] = ..., audio: _Optional[_Union[AudioChunk, _Mapping]] = ..., text: _Optional[_Union[TextPiece, _Mapping]] = ..., summary: _Optional[_Union[SynthesisSummary, _Mapping]] = ..., cancelled: _Optional[_Union[TurnCancelled, _Mapping]] = ..., ended: _Optional[_Union[SessionEnded, _Mapping]] = ...) -> None: ...
+    failed: TurnFailed
+    def __init__(self, turn: _Optional[int] = ..., session: _Optional[_Union[SessionStarted, _Mapping]] = ..., metadata: _Optional[_Union[StreamMetadata, _Mapping]] = ..., audio: _Optional[_Union[AudioChunk, _Mapping]] = ..., text: _Optional[_Union[TextPiece, _Mapping]] = ..., summary: _Optional[_Union[SynthesisSummary, _Mapping]] = ..., cancelled: _Optional[_Union[TurnCancelled, _Mapping]] = ..., ended: _Optional[_Union[SessionEnded, _Mapping]] = ..., failed: _Optional[_Union[TurnFailed, _Mapping]] = ...) -> None: ...
 
 class SynthesizeRequest(_message.Message):
     __slots__ = ("text", "voice", "sampling", "format", "chunking")

@@ -70,9 +70,12 @@ class GatewayServicer:
         A turn sent while another runs cancels that one first. The call ends with SessionEnded after a
         CloseSession, after the client half-closes (once the turn running has finished), or after
         --session-idle-seconds without a message and without a turn running.
-        Errors end the call, as for Synthesize: INVALID_ARGUMENT naming the field (e.g. "config: the first
-        message must be a config"), RESOURCE_EXHAUSTED (a turn found no place), DEADLINE_EXCEEDED (the call's
-        deadline), UNAVAILABLE naming the stage.
+        A turn that fails is answered with TurnFailed, and the session goes on: RESOURCE_EXHAUSTED (the turn
+        found no place; retry after its hint), UNAVAILABLE naming the stage (down, and not back within the
+        gateway's --ready-wait; the next turn waits for it, or goes to another replica), INTERNAL and other stage
+        errors naming the stage. The call itself ends with a status for INVALID_ARGUMENT naming the field (e.g.
+        "config: the first message must be a config", "turn.text: must not be empty") and DEADLINE_EXCEEDED (the
+        call's deadline).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
