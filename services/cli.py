@@ -17,6 +17,7 @@ import sys
 from services.options import (GATEWAY_OPTIONS, VOCODER_PRESETS, audio_lead, concurrencies, count, engine_options,
                               gateway_options, gpu_list, positive, seconds, targets, worker_options)
 
+
 def _common(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in containers)")
     p.add_argument("--port", type=int, default=port, help=f"gRPC port (default {port})")
@@ -210,11 +211,16 @@ def run_service(args) -> int:
         settings = GatewaySettings(args.host, args.port, args.metrics_port, args.llm_targets or ["127.0.0.1:50052"],
                                    args.vocoder_targets or ["127.0.0.1:50053"], tls=tls, backend_tls=backend_tls,
                                    **{name: getattr(args, name) for name in GATEWAY_OPTIONS})
+    from services.common.errors import DeviceLost
+
     try:
         asyncio.run(run(settings))
     except OSError as e:  # a port in use, most often: one line, not a traceback
         print(f"moss-serve {args.command}: {e}", file=sys.stderr)
         return 1
+    except DeviceLost as e:  # its GPU context is gone: exit, to be started again on a fresh one (device.py)
+        print(f"moss-serve {args.command}: {e}", file=sys.stderr)
+        return DeviceLost.EXIT_CODE
     return 0
 
 

@@ -148,22 +148,25 @@ class Stack:
     def _log_hint(self, service: str) -> str:
         return f" (log: {self.log_dir / f'{service}.log'})" if self.log_dir else ""
 
-    def stop(self, service: str, timeout: float = 15.0) -> int | None:
-        proc = self.procs.pop(service, None)
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+    def stop(self, *names: str, timeout: float = 15.0) -> None:
+        """Stop these processes: SIGTERM to each at once, then up to `timeout` seconds for all of them to end
+        before SIGKILL."""
+        procs = [proc for name in names if (proc := self.procs.pop(name, None)) is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in procs:
             try:
-                proc.wait(timeout)
+                proc.wait(max(deadline - time.monotonic(), 0.0))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        return proc.returncode
 
     def stop_all(self) -> None:
-        for name in reversed(self.names):
-            self.stop(name)
+        """The gateway first (no new turns), then llm and vocoder together."""
+        self.stop("gateway")
+        self.stop(*reversed(self.names))
 
     def __enter__(self) -> "Stack":
         try:

@@ -45,9 +45,9 @@ class Supervisor:
                     if now - st.started >= self.healthy_after:
                         st.backoff = self.first_backoff
                     continue
-                code = proc.returncode if proc is not None else None
+                how = f"exited with code {proc.returncode}" if proc is not None else "was stopped"
                 st.restart_at = now + st.backoff
-                self.log(f"{name} exited with code {code}; starting it again in {st.backoff:.0f} s")
+                self.log(f"{name} {how}; starting it again in {st.backoff:.0f} s")
             elif now >= st.restart_at:
                 self.stack.start(name)
                 self.restarts[name] += 1

@@ -100,7 +100,7 @@ def run_up(args) -> int:
         stack.start_all()
         where = ", ".join(f"{name} on {stack.target(name)}" for name in ["gateway", *stack.names[:-1]])
         print(f"moss-serve up: {where}; Ctrl-C stops", file=sys.stderr)
-        keep_running(stack, mps, stopping)
+        keep_running(stack, mps, stopping, gpu_groups(args, stack.names))
     except KeyboardInterrupt:
         pass
     finally:
@@ -145,14 +145,13 @@ def mps_env(args, mps) -> dict[str, dict[str, str]]:
     return env
 
 
-def keep_running(stack, mps, stopping: list) -> None:
+def keep_running(stack, mps, stopping: list, groups: list[list[str]]) -> None:
     """Until SIGTERM (or Ctrl-C): a service that exits is started again, with backoff, while the others keep
-    serving; an MPS daemon that exits is started again, and then the GPU services, whose GPU contexts were its
-    clients."""
+    serving; under MPS, see MpsKeeper. groups: the GPU services of each GPU."""
     from services.supervisor import Supervisor
 
     supervisor = Supervisor(stack)
-    keeper = MpsKeeper(mps, stack, supervisor) if mps else None
+    keeper = MpsKeeper(mps, stack, supervisor, groups) if mps else None
     while not stopping:
         supervisor.poll()
         if keeper is not None:
@@ -160,22 +159,60 @@ def keep_running(stack, mps, stopping: list) -> None:
         time.sleep(0.5)
 
 
-class MpsKeeper:
-    """Starts the MPS daemon again when it exits (after 1 s, doubling to 30 s while it keeps failing to start),
-    then restarts llm and vocoder: their CUDA contexts lived in its server."""
+def gpu_groups(args, names: list[str]) -> list[list[str]]:
+    """The llm and vocoder processes that share each GPU: one group per --gpus entry, else one of them all."""
+    from services.stack import replica_number, service_of
 
-    def __init__(self, mps, stack, supervisor, log=lambda m: print(f"moss-serve up: {m}", file=sys.stderr),
+    on_gpu = [name for name in names if service_of(name) in SERVICES_ON_GPU]
+    if not args.gpus:
+        return [on_gpu]
+    return [[name for name in on_gpu if replica_number(name) == k] for k in range(1, len(args.gpus) + 1)]
+
+
+class MpsKeeper:
+    """What MPS adds to supervision: one GPU's llm and vocoder processes are clients of one MPS server, and
+    share its fate.
+
+    - A client that dies can leave the server faulted for the others (seen on an H100: an llm replica SIGKILLed
+      under load gave its neighbours an illegal memory access), and a faulted server takes no new client until
+      all of its old ones are gone (CUDA error 807, "MPS server is not ready to accept new MPS client
+      requests"): so when one exits, the others of its GPU are stopped too, and the supervisor starts them all
+      again (with its backoff) as clients of a fresh server.
+    - The daemon itself is started again when it exits (after 1 s, doubling to 30 s while it keeps failing to
+      start), then every client."""
+
+    def __init__(self, mps, stack, supervisor, groups: list[list[str]],
+                 log=lambda m: print(f"moss-serve up: {m}", file=sys.stderr),
                  first_backoff: float = 1.0, max_backoff: float = 30.0):
-        self.mps, self.stack, self.supervisor, self.log = mps, stack, supervisor, log
+        self.mps, self.stack, self.supervisor, self.groups, self.log = mps, stack, supervisor, groups, log
         self.first_backoff, self.max_backoff = first_backoff, max_backoff
         self.backoff, self.retry_at = first_backoff, None
         self.restarts = 0
+        self.handled: set[int] = set()  # id() of the exited processes already dealt with
 
     def poll(self, now: float | None = None) -> None:
-        from services.mps import MpsUnavailable
-        from services.stack import service_of
-
         now = time.monotonic() if now is None else now
+        self._keep_daemon(now)
+        if self.retry_at is None:
+            self._share_fate()
+
+    def _share_fate(self) -> None:
+        for group in self.groups:
+            procs = {name: self.stack.procs.get(name) for name in group}
+            dead = [name for name, proc in procs.items()
+                    if proc is not None and proc.poll() is not None and id(proc) not in self.handled]
+            if not dead:
+                continue
+            self.handled.update(id(procs[name]) for name in dead)
+            others = [name for name, proc in procs.items() if proc is not None and proc.poll() is None]
+            if others:
+                self.log(f"{', '.join(dead)} exited; stopping {', '.join(others)} too: they share its GPU's MPS server, "
+                         f"which takes no new client until every old one is gone")
+                self.stack.stop(*others)  # the supervisor starts them all again
+
+    def _keep_daemon(self, now: float) -> None:
+        from services.mps import MpsUnavailable
+
         if self.retry_at is None:
             if self.mps.proc is not None and self.mps.proc.poll() is None:
                 return
@@ -192,9 +229,9 @@ class MpsKeeper:
             return
         self.retry_at, self.backoff = None, self.first_backoff
         self.restarts += 1
-        gpu = [name for name in self.stack.names if service_of(name) in SERVICES_ON_GPU]
+        gpu = [name for group in self.groups for name in group]
         self.log(f"the MPS daemon is back; restarting {', '.join(gpu)} as its clients")
+        self.stack.stop(*gpu)
         for name in gpu:
-            self.stack.stop(name)
             self.stack.start(name)
             self.supervisor.started(name, now)

@@ -52,3 +52,39 @@ def test_a_fill_recomputes_exactly_the_skipped_text_kv():
         assert session.text_kv_upto == session.num_cached
         pools.append(engine.runner.runner.kv_cache[session.block_table][:, text_layers])
     torch.testing.assert_close(pools[1], pools[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_session_given_its_history_elsewhere_speaks_as_it_would_have():
+    """The kernel runner, text branch skipped while speaking: a session's third turn on another engine given the
+    history its caller kept (each turn's turn_tokens), or on its own engine after it let the session go (the
+    prefix cache serving what it still holds), is the turn the session would have spoken."""
+    from forcing import GREEDY
+
+    from services.common.sampling import ChunkSettings
+    from services.llm.engine.engine import GenerationRequest
+
+    model = random_model(CFG, device=DEVICE, dtype=torch.float32, seed=25)
+    texts = ["Hello there, how are you?", "Tell me more.", "And then?"]
+
+    def turn(engine, t, history=None):
+        seq = engine.make_sequence(GenerationRequest(
+            f"0.{t}", GREEDY, ChunkSettings(), text=texts[t], session_id="s0",  # "0": forced text, speech, text, ...
+            history_text_ids=history[0] if history else None, history_audio_ids=history[1] if history else None))
+        engine.add(seq)
+        final = None
+        while engine.has_work():
+            final = next((c for c in engine.step() if c.final and c.seq_id == seq.seq_id), final)
+        return (seq.text_ids[seq.num_prompt:], seq.audio_ids[seq.num_prompt:]), final.turn_tokens
+
+    whole = make_engine(model, "kernels", text_skip=True)
+    kept = [turn(whole, 0)[1], turn(whole, 1)[1]]
+    expected, _ = turn(whole, 2)
+    assert whole.runner.runner.skipped_steps > 0  # the turns spoke, and the text branch was left out
+    history = ([t for tt in kept for t in tt[0]], [a for tt in kept for a in tt[1]])
+
+    moved = make_engine(model, "kernels", text_skip=True)
+    assert turn(moved, 2, history)[0] == expected
+    assert whole.close_session("s0")
+    hits = whole.block_manager.hit_tokens
+    assert turn(whole, 2, history)[0] == expected
+    assert whole.block_manager.hit_tokens > hits  # the history's blocks came from the cache

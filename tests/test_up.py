@@ -4,6 +4,7 @@ daemon that died again, then the GPU services that were its clients."""
 
 import asyncio
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -93,10 +94,23 @@ def test_bad_replica_flags_are_usage_errors(argv):
     assert info.value.code == 2
 
 
+def spaced_free_ports() -> Ports:
+    """Free ports for a stack, and free 10 above them too (where `up` puts the second replicas)."""
+    while True:
+        ports = Ports.free()
+        try:
+            for port in [*ports.grpc.values(), *ports.metrics.values()]:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + 10))
+            return ports
+        except OSError:
+            continue
+
+
 def test_moss_serve_up_runs_replicas_over_tls(tls_dir):
     """Two llm and two vocoder replicas behind the gateway, every hop over TLS (mutual inside), the gateway's
     options as given: a client with the CA speaks, and its turns are spread over the replicas."""
-    ports = Ports.free()
+    ports = spaced_free_ports()
     flags = []
     for service in ("gateway", "llm", "vocoder"):
         flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
@@ -152,18 +166,30 @@ def test_moss_serve_up_runs_replicas_over_tls(tls_dir):
             proc.kill()
 
 
+class FakeProc:
+    def __init__(self, code=None):
+        self.returncode = code
+
+    def poll(self):
+        return self.returncode
+
+
 class FakeStack:
-    """What MpsKeeper uses of a Stack: its processes' names, stop and start."""
+    """What MpsKeeper uses of a Stack: its processes, stop and start."""
 
     def __init__(self):
         self.names = ["llm", "llm-2", "vocoder", "vocoder-2", "gateway"]
+        self.procs = {name: FakeProc() for name in self.names}
         self.calls = []
 
-    def stop(self, name):
-        self.calls.append(("stop", name))
+    def stop(self, *names):
+        self.calls.append(("stop", *names))
+        for name in names:
+            self.procs.pop(name, None)
 
     def start(self, name):
         self.calls.append(("start", name))
+        self.procs[name] = FakeProc()
 
 
 class FakeSupervisor:
@@ -174,10 +200,13 @@ class FakeSupervisor:
         self.told.append(name)
 
 
+GPU = ["llm", "llm-2", "vocoder", "vocoder-2"]
+
+
 def test_a_dead_mps_daemon_is_started_again_then_its_clients(stand_in, monkeypatch):  # noqa: F811
     stack, supervisor, said = FakeStack(), FakeSupervisor(), []
     with MpsDaemon(binary=stand_in) as daemon:
-        keeper = MpsKeeper(daemon, stack, supervisor, log=said.append)
+        keeper = MpsKeeper(daemon, stack, supervisor, [GPU], log=said.append)
         keeper.poll()
         assert not stack.calls and keeper.restarts == 0  # alive: nothing to do
         first = daemon.proc
@@ -192,11 +221,31 @@ def test_a_dead_mps_daemon_is_started_again_then_its_clients(stand_in, monkeypat
         keeper.poll(now=101.0)
         assert keeper.restarts == 1 and daemon.proc is not first and daemon.proc.poll() is None
         assert (daemon.root / "pipe" / "control").exists()
-        gpu = ["llm", "llm-2", "vocoder", "vocoder-2"]  # restarted as the new daemon's clients; the gateway stays
-        assert stack.calls == [(verb, name) for name in gpu for verb in ("stop", "start")]
-        assert supervisor.told == gpu
+        # restarted as the new daemon's clients (all stopped first, together); the gateway stays
+        assert stack.calls == [("stop", *GPU)] + [("start", name) for name in GPU]
+        assert supervisor.told == GPU
         assert "restarting llm, llm-2, vocoder, vocoder-2" in said[-1]
     assert daemon.proc is None
+
+
+@pytest.mark.parametrize("groups, stopped", [
+    ([GPU], ["llm", "vocoder", "vocoder-2"]),                         # one GPU: every other client
+    ([["llm", "vocoder"], ["llm-2", "vocoder-2"]], ["vocoder-2"]),    # --gpus 0,1: the dead one's GPU only
+])
+def test_a_dead_client_takes_the_others_of_its_gpu_with_it(stand_in, groups, stopped):  # noqa: F811
+    stack, said = FakeStack(), []
+    with MpsDaemon(binary=stand_in) as daemon:
+        keeper = MpsKeeper(daemon, stack, FakeSupervisor(), groups, log=said.append)
+        stack.procs["llm-2"].returncode = -9  # killed
+        keeper.poll()
+        assert stack.calls == [("stop", *stopped)]  # the supervisor starts them again, the dead one too
+        assert "llm-2 exited; stopping" in said[-1] and "gateway" not in said[-1]
+        keeper.poll()
+        assert len(stack.calls) == 1  # dealt with once
+        stack.start("llm-2")  # as the supervisor does; it dies again at once: the same again, with whoever is up
+        stack.procs["llm-2"].returncode = 1
+        keeper.poll()
+        assert stack.calls[-1] == ("start", "llm-2")  # nobody else of its GPU was running: nothing to stop
 
 
 def test_a_supervisor_told_of_a_start_does_not_start_it_again():

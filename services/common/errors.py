@@ -64,3 +64,11 @@ class Cancelled(ServiceError):
 
 class Internal(ServiceError):
     code = "INTERNAL"
+
+
+class DeviceLost(ServiceError):
+    """The service's GPU no longer runs its work (a sticky CUDA error): it stops serving and exits, to be
+    started again on a fresh context (services/common/device.py). Callers may retry elsewhere, or soon."""
+
+    code = "UNAVAILABLE"
+    EXIT_CODE = 3  # the process's, so that its supervisor can tell

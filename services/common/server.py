@@ -36,6 +36,7 @@ async def serve(
     max_message_bytes: int = 4 << 20,
     max_streams_per_connection: int | None = None,
     tls: ServerTls | None = None,
+    fatal: asyncio.Future | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop taking calls, give running ones GRACE_SECONDS, and clean up.
 
@@ -47,7 +48,9 @@ async def serve(
     max_streams_per_connection: calls one client connection may have open at once (HTTP/2's
     SETTINGS_MAX_CONCURRENT_STREAMS; more wait on the client's side); None: no limit (llm and vocoder,
     whose one client, the gateway, carries every turn on one connection).
-    tls: serve TLS (mutual, with a client CA) instead of plaintext (tls.py)."""
+    tls: serve TLS (mutual, with a client CA) instead of plaintext (tls.py).
+    fatal: completes with an exception when the service can no longer work (its device lost: device.py):
+    serving stops as on SIGTERM, then serve raises it."""
     # gRPC sets SO_REUSEPORT by default on Linux: a second copy of a service would then bind the same port
     # and silently take half of the new connections. Off, a port in use is an error at start.
     # ErrorInterceptor first: it sees (and counts) the UNAUTHENTICATED of a refused key too.
@@ -84,7 +87,9 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    waits = [asyncio.ensure_future(stop.wait())] + ([fatal] if fatal is not None else [])
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    waits[0].cancel()
     log.info("%s stopping", name)
     if watcher is not None:
         watcher.cancel()
@@ -95,6 +100,8 @@ async def serve(
     if asyncio.iscoroutine(result):
         await result
     log.info("%s stopped", name)
+    if fatal is not None and fatal.done():
+        raise fatal.exception()
 
 
 def configure_logging(level: str = "INFO") -> None:

@@ -11,6 +11,10 @@ reach this thread by another path (the call's cancellation) than the new turn, i
 
 A step slower than SLOW_SECONDS, or as long spent between two steps (the thread's own work, or waiting
 for the interpreter lock), is logged with what the step held: the first place to look when streams stall.
+
+A step that fails fails the requests it held; if the device itself is lost (`lost()`: a sticky CUDA error,
+services/common/device.py), every request, held or still coming, fails with DeviceLost, the thread ends, and
+`on_fatal` tells the server to stop, so that the service is started again on a fresh context.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
-from services.common.errors import Internal, ServiceError
+from services.common.errors import DeviceLost, Internal, ServiceError
 from services.llm.engine.engine import EngineLoad, LLMEngine, StepStats
 from services.llm.engine.sequence import Chunk, Sequence
 from services.llm.engine.session import SessionBusy
@@ -42,13 +46,18 @@ class AsyncEngine:
         on_step: Callable[[StepStats], None] = lambda s: None,
         on_load: Callable[[EngineLoad], None] = lambda load: None,
         on_hold: Callable[[float], None] = lambda seconds: None,
+        lost: Callable[[], bool] = lambda: False,
+        on_fatal: Callable[[DeviceLost], None] = lambda err: None,
     ):
         """on_step per step; on_load whenever the queues may have changed; on_hold(seconds) after each
-        wait that pacing imposed."""
+        wait that pacing imposed; lost() after a failed step: is the device gone? on_fatal(err) once if so
+        (from the engine thread)."""
         self.engine = engine
         self.on_step = on_step
         self.on_load = on_load
         self.on_hold = on_hold
+        self.lost, self.on_fatal = lost, on_fatal
+        self.fatal: DeviceLost | None = None  # set when the device was lost: the thread has ended
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outputs: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # by seq_id
         self._deferred: dict[int, tuple[Sequence, float]] = {}  # seq_id → (a busy session's next turn, give-up time)
@@ -67,10 +76,12 @@ class AsyncEngine:
         """Submit `seq` and yield its chunks; leaving early (cancel, error) aborts it in the engine."""
         loop = asyncio.get_running_loop()
         out: asyncio.Queue = asyncio.Queue()
-        self._outputs[seq.seq_id] = (loop, out)
-        self._inbox.put(seq)
+        self._outputs[seq.seq_id] = (loop, out)  # before the check: the thread, dying, fails every registered one
         done = False
         try:
+            if self.fatal is not None:
+                raise self.fatal
+            self._inbox.put(seq)
             while True:
                 item = await out.get()
                 if isinstance(item, BaseException):
@@ -86,6 +97,8 @@ class AsyncEngine:
 
     async def close_session(self, session_id: str) -> bool:
         """Forget a session and free its blocks, on the engine thread (after any abort sent before it)."""
+        if self.fatal is not None:  # its sessions went with the device
+            return False
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
         self._inbox.put((_CLOSE, session_id, loop, done))
@@ -154,6 +167,9 @@ class AsyncEngine:
                 chunks = self.engine.step()
             except Exception as exc:  # a failed step must not kill the loop or leak blocks
                 log.exception("engine step failed")
+                if self.lost():
+                    self._die(DeviceLost(f"its GPU failed ({str(exc).splitlines()[0]}); restarting"))
+                    return
                 self._fail_all(exc)
                 continue
             for chunk in chunks:
@@ -171,6 +187,24 @@ class AsyncEngine:
         log.warning("llm: slow step: %.0f ms in step() (batch %d: %d prefill and %d decode positions), %.0f ms "
                     "since the previous step; %d running, %d waiting", (end - start) * 1e3, s.batch_size,
                     s.prefill_tokens, s.decode_tokens, between * 1e3, load.running, load.waiting)
+
+    def _die(self, err: DeviceLost) -> None:
+        """The device is lost: fail every request (running, queued, deferred, registered), answer every
+        CloseSession, and tell the server. The thread ends after this."""
+        log.critical("llm: %s: failing every request and stopping", err)
+        self.fatal = err
+        self._deferred.clear()
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, tuple) and item[0] is _CLOSE:
+                _, _, loop, done = item
+                loop.call_soon_threadsafe(lambda done=done: done.done() or done.set_result(False))
+        for seq_id in list(self._outputs):
+            self._deliver(seq_id, err)
+        self.on_fatal(err)
 
     def _fail_all(self, exc: Exception) -> None:
         err = exc if isinstance(exc, ServiceError) else Internal(f"engine step failed: {exc}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import logging
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from moss.speech.v1 import llm_pb2, llm_pb2_grpc
 
+from services.common.device import fatal_signal
+from services.common.device import lost as device_lost
 from services.common.metrics import start_metrics_server
 from services.common.server import serve
 from services.common.tls import ServerTls
@@ -90,7 +93,9 @@ async def run(s: LlmSettings) -> None:
         started = time.perf_counter()
         ran = warm_up(llm)
         log.info("llm: warm-up of %d synthetic turns in %.1f s", ran, time.perf_counter() - started)
-    engine = AsyncEngine(llm, on_step=metrics.observe_step, on_load=metrics.observe_load, on_hold=metrics.observe_hold)
+    fatal, report = fatal_signal(asyncio.get_running_loop())  # the device lost: stop serving, exit (device.py)
+    engine = AsyncEngine(llm, on_step=metrics.observe_step, on_load=metrics.observe_load, on_hold=metrics.observe_hold,
+                         lost=lambda: device_lost(s.device), on_fatal=report)
     # The model, torch's modules and the captured graphs are hundreds of thousands of long-lived objects:
     # frozen, a full collection no longer walks them (otherwise ~20 ms pauses in the engine thread, a
     # stall in every stream; measured in bench/llm_engine.py's per-step maxima on an H100).
@@ -108,4 +113,5 @@ async def run(s: LlmSettings) -> None:
         on_done=metrics.observe_request,
         on_stop=engine.stop,
         tls=s.tls,
+        fatal=fatal,
     )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
 
 from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
+from services.common.device import fatal_signal
+from services.common.device import lost as device_lost
 from services.common.metrics import start_metrics_server
 from services.common.server import serve
 from services.common.tls import ServerTls
@@ -55,9 +58,11 @@ async def run(s: VocoderSettings) -> None:
     vocoder.runner.warm_up(batches, exact_frames=(left + lookahead,))
     if vocoder.runner.graphs:
         log.info("vocoder: %d CUDA graphs captured in %.1f s", len(vocoder.runner.graphs), time.perf_counter() - started)
+    fatal, report = fatal_signal(asyncio.get_running_loop())  # the device lost: stop serving, exit (device.py)
     servicer = VocoderServicer(vocoder, s.left_context, s.lookahead, max_batch=s.max_batch,
                                max_batch_frames=s.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
-                               first_chunk_batch_frames=s.first_chunk_batch_frames)
+                               first_chunk_batch_frames=s.first_chunk_batch_frames,
+                               lost=lambda: device_lost(s.device), on_fatal=report)
     start_metrics_server(s.host, s.metrics_port)
     await serve(
         name="vocoder",
@@ -68,4 +73,5 @@ async def run(s: VocoderSettings) -> None:
         on_done=metrics.observe_request,
         on_stop=servicer.worker.stop,
         tls=s.tls,
+        fatal=fatal,
     )

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import numpy as np
 from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
 from services.common.audio import encode_pcm, resolve_format
-from services.common.errors import InvalidArgument
+from services.common.errors import DeviceLost, InvalidArgument
 from services.common.sampling import resolve_lookahead
 from services.vocoder import metrics
 from services.vocoder.streamer import MelStreamer
@@ -30,15 +31,17 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
     def __init__(self, vocoder: TokenVocoder, left_context: int | None = None, lookahead: int | None = None,
                  max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002,
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
-                 first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES):
+                 first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
+                 lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
-        others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most first_chunk_batch_frames (worker.py)."""
+        others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most first_chunk_batch_frames (worker.py).
+        lost / on_fatal: what the worker does when its device is lost (worker.py)."""
         self.vocoder = vocoder
         self.left_context, self.lookahead = left_context, lookahead
         self.worker = VocoderWorker(vocoder, max_batch, max_wait, on_batch=metrics.observe_batch,
                                     max_batch_frames=max_batch_frames, first_chunk_budget=first_chunk_budget,
-                                    first_chunk_batch_frames=first_chunk_batch_frames)
+                                    first_chunk_batch_frames=first_chunk_batch_frames, lost=lost, on_fatal=on_fatal)
 
     def _check_tokens(self, tokens) -> list[int]:
         if len(tokens) > MAX_TOKENS_PER_MESSAGE:

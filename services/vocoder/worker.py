@@ -36,6 +36,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from services.common.errors import DeviceLost
+
 if TYPE_CHECKING:  # (not imported: it pulls in torch, and `moss-serve` reads DEFAULT_MAX_BATCH from here)
     import numpy as np
 
@@ -89,14 +91,18 @@ class VocoderWorker:
     def __init__(self, vocoder, max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002,
                  on_batch: Callable[[int, float], None] = lambda size, seconds: None,
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
-                 first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES):
+                 first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
+                 lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None):
         """vocoder: TokenVocoder (its `vocode(windows, last)` runs a batch); on_batch(size, seconds) per batch.
         A call holds at most max_batch windows and max_batch_frames mel frames (but always one window), and
         at most first_chunk_batch_frames (when > 0) if it carries a first chunk; first_chunk_budget: seconds.
-        See the module's docstring."""
+        lost(): after a failed batch, is the device gone? If so every job fails with DeviceLost, the worker
+        stops, and on_fatal(err) tells the server (device.py). See the module's docstring."""
         self.vocoder, self.max_batch, self.max_wait, self.on_batch = vocoder, max_batch, max_wait, on_batch
         self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
         self.first_chunk_batch_frames = first_chunk_batch_frames
+        self.lost, self.on_fatal = lost, on_fatal
+        self.fatal: DeviceLost | None = None
         self.pending: list[Job] = []
         self.cv = threading.Condition()
         self.stopping = False
@@ -106,7 +112,7 @@ class VocoderWorker:
     def submit(self, job: Job) -> Future:
         with self.cv:
             if self.stopping:
-                raise RuntimeError("the vocoder worker has stopped")
+                raise self.fatal or RuntimeError("the vocoder worker has stopped")
             self.pending.append(job)
             self.cv.notify()
         return job.future
@@ -153,9 +159,23 @@ class VocoderWorker:
                 self._run(batch)
             except Exception as exc:  # noqa: BLE001  a bug here must not stop the thread every stream waits on
                 log.exception("vocoder: a batch failed")
+                if self.lost():
+                    self._die(DeviceLost(f"its GPU failed ({str(exc).splitlines()[0]}); restarting"), batch)
+                    return
                 for job in batch:
                     if not job.future.done():
                         job.future.set_exception(exc)
+
+    def _die(self, err: DeviceLost, batch: list[Job]) -> None:
+        """The device is lost: every job fails, none is taken any more, and the server is told."""
+        log.critical("vocoder: %s: failing every stream and stopping", err)
+        with self.cv:
+            self.fatal, self.stopping = err, True
+            jobs, self.pending = batch + self.pending, []
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(err)
+        self.on_fatal(err)
 
     def _decode_tokens(self, batch: list[Job]) -> dict[int, tuple]:
         """The new tokens of every stream in the batch through the token decoder in one pass (by id(job)).

@@ -1,0 +1,38 @@
+"""Whether the accelerator a service computes on still works.
+
+A CUDA error such as an illegal memory access is sticky: every later call on that context fails too. Seen on
+an H100 (docs/benchmarks.md, issue 10): one llm replica SIGKILLed under load, and the other, a client of the
+same MPS server, failed every step after it while its health check still said SERVING. So a service whose
+work fails asks `lost()`; if its device is gone, it fails what it holds with DeviceLost (UNAVAILABLE: the
+gateway starts a turn not yet answered again elsewhere), stops serving and exits, and what supervises it
+(`moss-serve up`, compose's restart policy) starts it again on a fresh context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import torch
+
+def lost(device: torch.device | str) -> bool:
+    """True if `device` no longer runs work (a CPU never is). Waits for the work queued on it."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1).item()
+    except Exception:  # noqa: BLE001  whatever the driver raises, the context cannot be used
+        return True
+    return False
+
+
+def fatal_signal(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Future, Callable[[Exception], None]]:
+    """→ (a future for serve(fatal=...), the callback a worker thread reports its lost device through)."""
+    fatal = loop.create_future()
+
+    def report(err: Exception) -> None:
+        loop.call_soon_threadsafe(lambda: fatal.done() or fatal.set_exception(err))
+
+    return fatal, report

@@ -1,0 +1,175 @@
+"""A service whose GPU context is lost (a sticky CUDA error: seen when an MPS neighbour was killed) fails what it
+holds with DeviceLost (UNAVAILABLE), takes nothing more, and stops serving, so that its supervisor starts it
+again on a fresh context; a failure that leaves the device working fails only what it touched, as before.
+No GPU here: the device's loss is what the `lost` probe says, and the failures are raised by stand-ins."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.common.device import fatal_signal, lost
+from services.common.errors import DeviceLost, Internal
+from services.common.sampling import ChunkSettings, SamplingSettings
+from services.common.server import serve
+from services.llm.async_engine import AsyncEngine
+from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
+from services.llm.model.checkpoint import random_model
+from services.llm.model.config import tiny_config
+from services.llm.model.tokenizer import tiny_tokenizer
+from services.stack import free_port
+from services.vocoder.streamer import MelStreamer
+from services.vocoder.vocoder import load_vocoder
+from services.vocoder.worker import Job, VocoderWorker
+
+CFG = tiny_config()
+LONG = SamplingSettings(max_new_tokens=400, min_new_tokens=400, seed=1)
+
+
+class Breaking:
+    """An LLMEngine whose steps fail once `broken` is set (as a CUDA error would raise from step())."""
+
+    def __init__(self, engine: LLMEngine):
+        self.engine, self.broken = engine, threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def step(self):
+        if self.broken.is_set():
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self.engine.step()
+
+
+@pytest.fixture
+def engine():
+    return Breaking(LLMEngine(random_model(CFG, seed=3), tiny_tokenizer(CFG), EngineConfig(kv_cache_bytes=1 << 22)))
+
+
+def request(engine, name: str, session: str = "") -> object:
+    return engine.make_sequence(GenerationRequest(name, LONG, ChunkSettings(), text="hello", session_id=session))
+
+
+async def first_then_rest(agen):
+    """Read a generation's first chunk, then the rest → the error that ended it (None: it finished)."""
+    await anext(agen)
+    try:
+        async for _ in agen:
+            pass
+    except Exception as exc:  # noqa: BLE001
+        return exc
+    return None
+
+
+def test_an_llm_whose_device_is_lost_fails_everything_and_says_so(engine):
+    told = []
+    driver = AsyncEngine(engine, lost=lambda: True, on_fatal=told.append)
+    driver.start()
+
+    async def scenario():
+        running = asyncio.create_task(first_then_rest(driver.generate(request(engine, "a", session="s"))))
+        await asyncio.sleep(0.2)  # streaming
+        engine.broken.set()
+        err = await asyncio.wait_for(running, 10)
+        with pytest.raises(DeviceLost):  # nothing more is taken: at once, not after a wait
+            await asyncio.wait_for(anext(driver.generate(request(engine, "b"))), 1)
+        closed = await asyncio.wait_for(driver.close_session("s"), 1)
+        return err, closed
+
+    err, closed = asyncio.run(scenario())
+    assert isinstance(err, DeviceLost) and err.code == "UNAVAILABLE" and "illegal memory access" in str(err)
+    assert told == [err] and driver.fatal is err and not closed
+    driver._thread.join(5)
+    assert not driver._thread.is_alive()  # the engine thread has ended
+
+
+def test_a_failed_step_on_a_working_device_fails_only_what_it_held(engine):
+    told = []
+    driver = AsyncEngine(engine, lost=lambda: False, on_fatal=told.append)
+    driver.start()
+
+    async def scenario():
+        running = asyncio.create_task(first_then_rest(driver.generate(request(engine, "a"))))
+        await asyncio.sleep(0.2)
+        engine.broken.set()
+        err = await asyncio.wait_for(running, 10)
+        engine.broken.clear()
+        short = SamplingSettings(max_new_tokens=4, seed=1)
+        chunks = [c async for c in driver.generate(engine.make_sequence(
+            GenerationRequest("b", short, ChunkSettings(), text="again")))]
+        return err, chunks
+
+    try:
+        err, chunks = asyncio.run(scenario())
+    finally:
+        driver.stop()
+    assert isinstance(err, Internal) and "illegal memory access" in str(err)
+    assert chunks[-1].final and not told and driver.fatal is None
+
+
+class BreakingVocoder:
+    def __init__(self, vocoder):
+        self.vocoder = vocoder
+
+    def __getattr__(self, name):
+        return getattr(self.vocoder, name)
+
+    def vocode(self, windows, last):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+@pytest.mark.parametrize("device_lost", [True, False])
+def test_a_vocoder_whose_device_is_lost_fails_every_stream_and_takes_no_more(device_lost):
+    vocoder = BreakingVocoder(load_vocoder(None, "tiny"))
+    told = []
+    worker = VocoderWorker(vocoder, max_batch=2, lost=lambda: device_lost, on_fatal=told.append)
+    try:
+        tokens = np.arange(6).tolist()
+        futures = [worker.submit(Job(MelStreamer(vocoder), tokens, None, 0.0)) for _ in range(3)]
+        errors = [f.exception(timeout=10) for f in futures]
+        if device_lost:
+            assert all(isinstance(e, DeviceLost) for e in errors) and told == [errors[0]]
+            with pytest.raises(DeviceLost):
+                worker.submit(Job(MelStreamer(vocoder), tokens, None, 0.0))
+        else:  # each batch failed alone; the worker goes on
+            assert all(isinstance(e, RuntimeError) and not isinstance(e, DeviceLost) for e in errors) and not told
+            assert not worker.fatal and worker.thread.is_alive()
+    finally:
+        worker.stop()
+
+
+def test_a_cpu_is_never_lost():
+    assert not lost("cpu")
+
+
+def test_serve_stops_and_raises_when_its_work_is_lost():
+    port = free_port()
+
+    async def scenario():
+        fatal, report = fatal_signal(asyncio.get_running_loop())
+        server = asyncio.create_task(serve(name="test", full_service_name="test.Service", host="127.0.0.1", port=port,
+                                           add_servicer=lambda s: None, on_done=lambda m, c: None, fatal=fatal))
+        target = f"127.0.0.1:{port}"
+        async with grpc.aio.insecure_channel(target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for _ in range(50):
+                try:
+                    if (await health.Check(health_pb2.HealthCheckRequest(), timeout=1)).status == 1:
+                        break
+                except grpc.aio.AioRpcError:
+                    await asyncio.sleep(0.05)
+            err = DeviceLost("test: its GPU failed")
+            started = time.monotonic()
+            threading.Thread(target=report, args=(err,)).start()  # as a worker thread reports it
+            with pytest.raises(DeviceLost) as info:
+                await asyncio.wait_for(server, 10)
+            return info.value is err, time.monotonic() - started
+
+    same, seconds = asyncio.run(scenario())
+    assert same and seconds < 5.5  # (its calls get the usual grace to end)
