@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 
+from services.common.errors import DeviceLost
 from services.options import ENGINE_OPTIONS, GATEWAY_OPTIONS, VOCODER_PRESETS, WORKER_OPTIONS, forward
 
 SERVICES_ON_GPU = ("llm", "vocoder")
@@ -173,11 +174,13 @@ class MpsKeeper:
     """What MPS adds to supervision: one GPU's llm and vocoder processes are clients of one MPS server, and
     share its fate.
 
-    - A client that dies can leave the server faulted for the others (seen on an H100: an llm replica SIGKILLed
-      under load gave its neighbours an illegal memory access), and a faulted server takes no new client until
-      all of its old ones are gone (CUDA error 807, "MPS server is not ready to accept new MPS client
-      requests"): so when one exits, the others of its GPU are stopped too, and the supervisor starts them all
-      again (with its backoff) as clients of a fresh server.
+    - A client killed while its kernels run can leave the server faulted for the others (seen on an H100: an
+      llm replica SIGKILLed under load gave its neighbours an illegal memory access), and a faulted server
+      takes no new client until all of its old ones are gone (CUDA error 807, "MPS server is not ready to accept
+      new MPS client requests"): so when one is killed by a signal, or exits because its device was lost, the
+      others of its GPU are stopped too, and the supervisor starts them all again (with its backoff) as clients
+      of a fresh server. (Each also finds a faulted context by itself within PROBE_SECONDS, idle or not:
+      services/common/device.py; this is sooner.) A plain exit (a Python error) leaves the others alone.
     - The daemon itself is started again when it exits (after 1 s, doubling to 30 s while it keeps failing to
       start), then every client."""
 
@@ -200,14 +203,15 @@ class MpsKeeper:
         for group in self.groups:
             procs = {name: self.stack.procs.get(name) for name in group}
             dead = [name for name, proc in procs.items()
-                    if proc is not None and proc.poll() is not None and id(proc) not in self.handled]
+                    if proc is not None and proc.poll() is not None and id(proc) not in self.handled
+                    and (proc.returncode < 0 or proc.returncode == DeviceLost.EXIT_CODE)]
             if not dead:
                 continue
             self.handled.update(id(procs[name]) for name in dead)
             others = [name for name, proc in procs.items() if proc is not None and proc.poll() is None]
             if others:
-                self.log(f"{', '.join(dead)} exited; stopping {', '.join(others)} too: they share its GPU's MPS server, "
-                         f"which takes no new client until every old one is gone")
+                self.log(f"{', '.join(dead)} died ({', '.join(str(procs[n].returncode) for n in dead)}); stopping "
+                         f"{', '.join(others)} too: they share its GPU's MPS server, which it may have left faulted")
                 self.stack.stop(*others)  # the supervisor starts them all again
 
     def _keep_daemon(self, now: float) -> None:

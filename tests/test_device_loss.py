@@ -173,3 +173,31 @@ def test_serve_stops_and_raises_when_its_work_is_lost():
 
     same, seconds = asyncio.run(scenario())
     assert same and seconds < 5.5  # (its calls get the usual grace to end)
+
+
+def test_an_idle_llm_asks_after_its_device_and_goes_when_it_is_lost(engine):
+    """Nothing running: a fault elsewhere on the GPU (another MPS client's) is found by asking, every
+    probe_seconds, and the service goes as if a step had failed."""
+    gone, told = threading.Event(), []
+    driver = AsyncEngine(engine, lost=gone.is_set, on_fatal=told.append, probe_seconds=0.05)
+    driver.start()
+    time.sleep(0.2)
+    assert not told and driver._thread.is_alive()  # asked, and it works
+    gone.set()
+    driver._thread.join(5)
+    assert not driver._thread.is_alive() and len(told) == 1 and "while idle" in str(told[0])
+
+
+def test_an_idle_vocoder_asks_after_its_device_and_goes_when_it_is_lost():
+    gone, told = threading.Event(), []
+    worker = VocoderWorker(load_vocoder(None, "tiny"), lost=gone.is_set, on_fatal=told.append, probe_seconds=0.05)
+    try:
+        time.sleep(0.2)
+        assert not told and worker.thread.is_alive()
+        gone.set()
+        worker.thread.join(5)
+        assert not worker.thread.is_alive() and len(told) == 1 and "while idle" in str(told[0])
+        with pytest.raises(DeviceLost):
+            worker.submit(Job(MelStreamer(worker.vocoder), [1, 2, 3], None, 0.0))
+    finally:
+        worker.stop()

@@ -239,13 +239,20 @@ def test_a_dead_client_takes_the_others_of_its_gpu_with_it(stand_in, groups, sto
         stack.procs["llm-2"].returncode = -9  # killed
         keeper.poll()
         assert stack.calls == [("stop", *stopped)]  # the supervisor starts them again, the dead one too
-        assert "llm-2 exited; stopping" in said[-1] and "gateway" not in said[-1]
+        assert "llm-2 died (-9); stopping" in said[-1] and "gateway" not in said[-1]
         keeper.poll()
         assert len(stack.calls) == 1  # dealt with once
-        stack.start("llm-2")  # as the supervisor does; it dies again at once: the same again, with whoever is up
-        stack.procs["llm-2"].returncode = 1
+        for name in stopped:  # as the supervisor does
+            stack.start(name)
+        stack.start("llm-2")
+        stack.procs["llm-2"].returncode = 1  # a plain exit (the MPS server not ready yet, say): the others stay
         keeper.poll()
-        assert stack.calls[-1] == ("start", "llm-2")  # nobody else of its GPU was running: nothing to stop
+        assert stack.calls[-1] == ("start", "llm-2")
+        stack.procs["vocoder-2"].returncode = 3  # its device lost: the others of its GPU still up go too
+        group = next(g for g in groups if "vocoder-2" in g)
+        up_there = [n for n in group if n != "vocoder-2" and stack.procs[n].poll() is None]
+        keeper.poll()
+        assert stack.calls[-1] == (("stop", *up_there) if up_there else ("start", "llm-2"))
 
 
 def test_a_supervisor_told_of_a_start_does_not_start_it_again():

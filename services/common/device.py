@@ -3,7 +3,7 @@
 A CUDA error such as an illegal memory access is sticky: every later call on that context fails too. Seen on
 an H100 (docs/benchmarks.md, issue 10): one llm replica SIGKILLed under load, and the other, a client of the
 same MPS server, failed every step after it while its health check still said SERVING. So a service whose
-work fails asks `lost()`; if its device is gone, it fails what it holds with DeviceLost (UNAVAILABLE: the
+work fails asks `lost()` (and so does one idle for PROBE_SECONDS); if its device is gone, it fails what it holds with DeviceLost (UNAVAILABLE: the
 gateway starts a turn not yet answered again elsewhere), stops serving and exits, and what supervises it
 (`moss-serve up`, compose's restart policy) starts it again on a fresh context.
 """
@@ -14,6 +14,12 @@ import asyncio
 from collections.abc import Callable
 
 import torch
+
+# Idle, a service asks every so often whether its device still works: under MPS a fault in another client of
+# its server reaches this one's context too, and a faulted server takes no new client until every old one is
+# gone, so an idle client that kept its broken context would keep the GPU from coming back.
+PROBE_SECONDS = 5.0
+
 
 def lost(device: torch.device | str) -> bool:
     """True if `device` no longer runs work (a CPU never is). Waits for the work queued on it."""

@@ -13,8 +13,9 @@ A step slower than SLOW_SECONDS, or as long spent between two steps (the thread'
 for the interpreter lock), is logged with what the step held: the first place to look when streams stall.
 
 A step that fails fails the requests it held; if the device itself is lost (`lost()`: a sticky CUDA error,
-services/common/device.py), every request, held or still coming, fails with DeviceLost, the thread ends, and
-`on_fatal` tells the server to stop, so that the service is started again on a fresh context.
+services/common/device.py; also asked every PROBE_SECONDS while idle), every request, held or still coming,
+fails with DeviceLost, the thread ends, and `on_fatal` tells the server to stop, so that the service is
+started again on a fresh context.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
+from services.common.device import PROBE_SECONDS
 from services.common.errors import DeviceLost, Internal, ServiceError
 from services.llm.engine.engine import EngineLoad, LLMEngine, StepStats
 from services.llm.engine.sequence import Chunk, Sequence
@@ -48,15 +50,16 @@ class AsyncEngine:
         on_hold: Callable[[float], None] = lambda seconds: None,
         lost: Callable[[], bool] = lambda: False,
         on_fatal: Callable[[DeviceLost], None] = lambda err: None,
+        probe_seconds: float = PROBE_SECONDS,
     ):
         """on_step per step; on_load whenever the queues may have changed; on_hold(seconds) after each
-        wait that pacing imposed; lost() after a failed step: is the device gone? on_fatal(err) once if so
-        (from the engine thread)."""
+        wait that pacing imposed; lost(): is the device gone? (asked after a failed step, and after every
+        probe_seconds idle); on_fatal(err) once if so (from the engine thread)."""
         self.engine = engine
         self.on_step = on_step
         self.on_load = on_load
         self.on_hold = on_hold
-        self.lost, self.on_fatal = lost, on_fatal
+        self.lost, self.on_fatal, self.probe_seconds = lost, on_fatal, probe_seconds
         self.fatal: DeviceLost | None = None  # set when the device was lost: the thread has ended
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outputs: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # by seq_id
@@ -111,11 +114,14 @@ class AsyncEngine:
             loop, out = target
             loop.call_soon_threadsafe(out.put_nowait, item)
 
-    def _drain_inbox(self, block: bool, timeout: float | None = None) -> None:
+    def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
+        """Take what callers sent (requests, aborts, closes) → whether anything came."""
         if self._deferred and block:
             timeout = 0.01 if timeout is None else min(timeout, 0.01)  # a deferred turn is tried again soon
+        came = False
         try:
             item = self._inbox.get(block=block, timeout=timeout)
+            came = True
             while True:
                 if isinstance(item, tuple) and item[0] is _ABORT:
                     self.engine.abort(item[1])
@@ -132,6 +138,7 @@ class AsyncEngine:
         for seq, give_up in list(self._deferred.values()):  # after the aborts that may have freed their sessions
             del self._deferred[seq.seq_id]
             self._add(seq, give_up)
+        return came
 
     def _add(self, seq: Sequence, give_up: float) -> None:
         try:
@@ -149,7 +156,9 @@ class AsyncEngine:
         while not self._stop.is_set():
             if not self.engine.has_work():
                 last_step_end = None
-                self._drain_inbox(block=True)
+                if not self._drain_inbox(block=True, timeout=self.probe_seconds) and not self._deferred and self.lost():
+                    self._die(DeviceLost("its GPU failed (found while idle); restarting"))  # (a fault elsewhere: MPS)
+                    return
             elif (hold := self.engine.hold_seconds()) > 0:
                 waited = time.perf_counter()
                 self._drain_inbox(block=True, timeout=hold)  # a request or an abort ends the wait early

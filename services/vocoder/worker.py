@@ -36,6 +36,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from services.common.device import PROBE_SECONDS
 from services.common.errors import DeviceLost
 
 if TYPE_CHECKING:  # (not imported: it pulls in torch, and `moss-serve` reads DEFAULT_MAX_BATCH from here)
@@ -92,16 +93,18 @@ class VocoderWorker:
                  on_batch: Callable[[int, float], None] = lambda size, seconds: None,
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
-                 lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None):
+                 lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
+                 probe_seconds: float = PROBE_SECONDS):
         """vocoder: TokenVocoder (its `vocode(windows, last)` runs a batch); on_batch(size, seconds) per batch.
         A call holds at most max_batch windows and max_batch_frames mel frames (but always one window), and
         at most first_chunk_batch_frames (when > 0) if it carries a first chunk; first_chunk_budget: seconds.
-        lost(): after a failed batch, is the device gone? If so every job fails with DeviceLost, the worker
-        stops, and on_fatal(err) tells the server (device.py). See the module's docstring."""
+        lost(): is the device gone? (asked after a failed batch, and after every probe_seconds idle) If so
+        every job fails with DeviceLost, the worker stops, and on_fatal(err) tells the server (device.py). See
+        the module's docstring."""
         self.vocoder, self.max_batch, self.max_wait, self.on_batch = vocoder, max_batch, max_wait, on_batch
         self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
         self.first_chunk_batch_frames = first_chunk_batch_frames
-        self.lost, self.on_fatal = lost, on_fatal
+        self.lost, self.on_fatal, self.probe_seconds = lost, on_fatal, probe_seconds
         self.fatal: DeviceLost | None = None
         self.pending: list[Job] = []
         self.cv = threading.Condition()
@@ -125,10 +128,13 @@ class VocoderWorker:
 
     # ---- the thread ------------------------------------------------------------------------------
     def _take(self) -> list[Job] | None:
-        """Wait for work → the next batch, most urgent first (None: stopping)."""
+        """Wait for work → the next batch, most urgent first ([]: idle for probe_seconds; None: stopping)."""
         with self.cv:
+            idle_until = time.monotonic() + self.probe_seconds
             while not self.pending and not self.stopping:
-                self.cv.wait()
+                if (left := idle_until - time.monotonic()) <= 0:
+                    return []
+                self.cv.wait(left)
             if self.stopping:
                 for job in self.pending:
                     job.future.set_exception(RuntimeError("the vocoder worker has stopped"))
@@ -153,6 +159,11 @@ class VocoderWorker:
 
     def _loop(self) -> None:
         while (batch := self._take()) is not None:
+            if not batch:  # idle: does the device still work? (under MPS, another client's fault reaches it)
+                if self.lost():
+                    self._die(DeviceLost("its GPU failed (found while idle); restarting"), [])
+                    return
+                continue
             # A stream whose caller went away (a cancelled await cancels its future) is dropped here.
             batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
             try:
