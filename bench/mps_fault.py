@@ -114,23 +114,28 @@ def main() -> int:
     parser.add_argument("--kill-after", type=float, default=10.0)
     parser.add_argument("--log-dir", default="/tmp/mps_fault_logs")
     args = parser.parse_args()
-    from services.mps import MpsDaemon
-
     if args.stack:
         events = stack_run(args.stack, args.kill_after, f"{args.log_dir}/{args.stack}")
-        for what, value in events.items():
-            print(f"{args.stack}: {what:<45} {value}")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(events, f, indent=1)
-        return 0
+    else:
+        events = bare_clients(args.busy_seconds)
+    for what, value in events.items():
+        print(f"{args.stack or 'bare clients'}: {what:<45} {value}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(events, f, indent=1)
+    return 0
+
+
+def bare_clients(busy_seconds: float) -> dict:
+    from services.mps import MpsDaemon
+
     events = {}
     with MpsDaemon() as daemon:
         env = {**os.environ, **daemon.env()}
         a, b = spawn(BUSY, env), spawn(IDLE, env)
         for proc in (a, b):
             assert proc.stdout.readline().strip() == "ready", "a client did not start"
-        time.sleep(args.busy_seconds)
+        time.sleep(busy_seconds)
         killed = time.time()
         a.send_signal(signal.SIGKILL)
         a.wait()
@@ -145,13 +150,7 @@ def main() -> int:
         events["B exit code"] = b.returncode
         time.sleep(1.0)
         events["new client after B has gone"] = new_client(env)
-    for what, value in events.items():
-        print(f"{what:<40} {value}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(events, f, indent=1)
-    return 0
-
+    return events
 
 if __name__ == "__main__":
     sys.exit(main())
