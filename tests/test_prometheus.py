@@ -32,7 +32,7 @@ from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from services.common.metrics import LATENCY_BUCKETS
 from services.stack import free_port
-from test_deploy import METRIC_IN_EXPR, exprs_of, panels_of
+from test_dashboard import METRIC_IN_EXPR, exprs_of, panels_of
 from test_deploy_tools import tool
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -415,9 +415,7 @@ class LLMEngine:
         text, audio = self.turn_end
         if seq.mode is Mode.AUDIO:  # cut off mid-speech (length limit): close the segment first
             text, audio = [self.cfg.modality_pad_token_id, *text], [self.cfg.eosp_token_id, *audio]
-        start = seq.history_len
-        self.sessions.end(seq, text, audio)
-        return seq.text_ids[start:] + text, seq.audio_ids[start:] + audio
+        return self.sessions.end(seq, text, audio)
 
     def record(self, stats: StepStats, start: float, batch_size: int, before: tuple[int, int, int], now: float) -> None:
         """stats.duration: from the step's launch, or the previous step's end if later (steps overlap)."""

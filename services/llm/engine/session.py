@@ -51,23 +51,22 @@ class SessionStore:
         session = self.sessions.get(session_id)
         return len(session.text_ids) if session else 0
 
-    def adopt(self, session_id: str, text_ids: list[int], audio_ids: list[int]) -> bool:
+    def adopt(self, session_id: str, text_ids: list[int], audio_ids: list[int]) -> None:
         """Make the caller's copy of a session's history ours, before its next turn begins. A copy we hold
         that is the same is kept with its blocks; a different one (a turn the caller never saw end) or none
         (restarted, let go, or another replica's session) starts again from the caller's, with no blocks:
-        the turn's allocation reuses whatever of it the prefix cache still holds. → True if it started again."""
+        the turn's allocation reuses whatever of it the prefix cache still holds."""
         session = self.sessions.get(session_id)
         if session is not None:
             if session.busy:
                 raise SessionBusy(f"session_id: session {session_id!r} already has a turn running")
             if session.text_ids == text_ids and session.audio_ids == audio_ids:
-                return False
+                return
             self._release(session)
         else:
             session = self.sessions[session_id] = Session(session_id)
             self._cap()
         session.text_ids, session.audio_ids = list(text_ids), list(audio_ids)
-        return True
 
     def begin(self, seq: Sequence, turn_start: int) -> None:
         """Start seq as the session's next turn: history + seq's turn tokens, the session's blocks."""
@@ -89,16 +88,19 @@ class SessionStore:
         session.resume = (session.num_cached, session.text_kv_upto)
         session.block_table, session.block_hashes, session.num_cached, session.text_kv_upto = [], [], 0, 0
 
-    def end(self, seq: Sequence, closing_text: list[int], closing_audio: list[int]) -> None:
-        """The turn finished: keep its tokens, closed, and its blocks for the next turn."""
+    def end(self, seq: Sequence, closing_text: list[int], closing_audio: list[int]) -> tuple[list[int], list[int]]:
+        """The turn finished: keep its tokens, closed, and its blocks for the next turn → the positions the
+        turn added to the history (both channels), for its caller to keep."""
         session = self.sessions[seq.session_id]
         session.text_ids = seq.text_ids + closing_text
         session.audio_ids = seq.audio_ids + closing_audio
+        added = session.text_ids[seq.history_len:], session.audio_ids[seq.history_len:]
         session.block_table, session.block_hashes, session.num_cached = seq.block_table, seq.block_hashes, seq.num_cached
         session.text_kv_upto = min(seq.text_kv_upto, seq.num_cached)
         seq.block_table, seq.block_hashes, seq.num_cached, seq.text_kv_upto = [], [], 0, 0
         session.busy = False
         self._close_if_closing(session)
+        return added
 
     def abort(self, seq: Sequence) -> None:
         """The turn was aborted (barge-in): the session keeps its history from before the turn, and takes back
