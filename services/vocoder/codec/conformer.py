@@ -1,0 +1,182 @@
+"""The flow's token encoder (the reference's `UpsampleConformerEncoder`): token embeddings → a look-ahead
+convolution → conformer layers → nearest ×stride upsampling and a causal convolution → conformer layers at
+the mel frame rate. Attention is relative-position (Transformer-XL style, ESPnet's encoding) and, when
+streaming, static-chunk causal: a position sees every position of its own chunk and the chunks before.
+
+Module and parameter names are the reference's (`embed.out.0`, `pre_lookahead_layer.conv1`,
+`encoders.N.self_attn.linear_q`, ...), so its state dict loads by name.
+
+Batching: rows are padded at their ends; a row's outputs are those it has alone. Everything here is causal
+except the look-ahead convolution, which reads `pre_lookahead_len` positions to the right: each row's
+look-ahead context sits right after its tokens and zeros after that, as it would alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from services.vocoder.codec.config import EncoderConfig
+
+
+def chunk_mask(lengths: torch.Tensor, size: int, chunk: int) -> torch.Tensor:
+    """lengths [B] → bool [B, size, size]: query i may read key j (j valid, and j's chunk ≤ i's; chunk 0: all)."""
+    pos = torch.arange(size, device=lengths.device)
+    valid = pos[None, :] < lengths[:, None]                                     # [B, size] keys
+    if chunk <= 0:
+        return valid[:, None, :].expand(-1, size, -1)
+    block_end = (pos // chunk + 1) * chunk                                      # [size] per query
+    return valid[:, None, :] & (pos[None, :] < block_end[:, None])[None]
+
+
+class RelPositionalEncoding(nn.Module):
+    """ESPnet's relative encoding: scales x by √d and returns sinusoids for relative positions T-1 … -(T-1)."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.d_model, self.xscale = d_model, math.sqrt(d_model)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, d] → (x·√d, pos_emb [1, 2T-1, d]: row r holds relative position T-1-r)."""
+        T = x.shape[1]
+        rel = torch.arange(T - 1, -T, -1, device=x.device, dtype=torch.float32)[:, None]        # [2T-1, 1]
+        freq = torch.exp(torch.arange(0, self.d_model, 2, device=x.device, dtype=torch.float32)
+                         * -(math.log(10000.0) / self.d_model))
+        pe = torch.zeros(2 * T - 1, self.d_model, device=x.device)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(rel * freq), torch.cos(rel * freq)
+        return x * self.xscale, pe[None].to(x.dtype)
+
+
+class LinearEmbed(nn.Module):
+    """The reference's LinearNoSubsampling: Linear → LayerNorm, then the positional encoding."""
+
+    def __init__(self, idim: int, odim: int):
+        super().__init__()
+        self.out = nn.Sequential(nn.Linear(idim, odim), nn.LayerNorm(odim, eps=1e-5), nn.Dropout(0.0))
+        self.pos_enc = RelPositionalEncoding(odim)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.pos_enc(self.out(x))
+
+
+class RelPositionAttention(nn.Module):
+    def __init__(self, n_head: int, n_feat: int):
+        super().__init__()
+        self.h, self.d_k = n_head, n_feat // n_head
+        self.linear_q, self.linear_k = nn.Linear(n_feat, n_feat), nn.Linear(n_feat, n_feat)
+        self.linear_v, self.linear_out = nn.Linear(n_feat, n_feat), nn.Linear(n_feat, n_feat)
+        self.linear_pos = nn.Linear(n_feat, n_feat, bias=False)
+        self.pos_bias_u = nn.Parameter(torch.zeros(self.h, self.d_k))
+        self.pos_bias_v = nn.Parameter(torch.zeros(self.h, self.d_k))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor) -> torch.Tensor:
+        """x [B, T, d], mask bool [B, T, T], pos_emb [1, 2T-1, d] → [B, T, d]."""
+        B, T, _ = x.shape
+        q = self.linear_q(x).view(B, T, self.h, self.d_k)
+        k = self.linear_k(x).view(B, T, self.h, self.d_k).transpose(1, 2)
+        v = self.linear_v(x).view(B, T, self.h, self.d_k).transpose(1, 2)
+        p = self.linear_pos(pos_emb).view(1, -1, self.h, self.d_k).transpose(1, 2)       # [1, h, 2T-1, d_k]
+        content = (q + self.pos_bias_u).transpose(1, 2) @ k.transpose(-2, -1)             # [B, h, T, T]
+        position = (q + self.pos_bias_v).transpose(1, 2) @ p.transpose(-2, -1)            # [B, h, T, 2T-1]
+        # Query i, key j are i - j apart: pos_emb row T-1-(i-j).
+        i, j = torch.arange(T, device=x.device)[:, None], torch.arange(T, device=x.device)[None, :]
+        position = position.gather(-1, (T - 1 - i + j).expand(B, self.h, T, T))
+        scores = (content + position) / math.sqrt(self.d_k)
+        blocked = ~mask[:, None]
+        attn = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1).masked_fill(blocked, 0.0)
+        return self.linear_out((attn @ v).transpose(1, 2).reshape(B, T, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, idim: int, hidden: int):
+        super().__init__()
+        self.w_1, self.w_2 = nn.Linear(idim, hidden), nn.Linear(hidden, idim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_2(F.silu(self.w_1(x)))
+
+
+class ConformerLayer(nn.Module):
+    """Pre-norm self-attention and feed-forward (the reference's conformer without macaron or convolution)."""
+
+    def __init__(self, size: int, heads: int, hidden: int):
+        super().__init__()
+        self.self_attn, self.feed_forward = RelPositionAttention(heads, size), FeedForward(size, hidden)
+        self.norm_ff, self.norm_mha = nn.LayerNorm(size, eps=1e-12), nn.LayerNorm(size, eps=1e-12)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.norm_mha(x), mask, pos_emb)
+        return x + self.feed_forward(self.norm_ff(x))
+
+
+class PreLookaheadLayer(nn.Module):
+    """Each position reads itself and `pre_lookahead_len` positions after it, then 2 before (causal)."""
+
+    def __init__(self, channels: int, pre_lookahead_len: int):
+        super().__init__()
+        self.pre_lookahead_len = pre_lookahead_len
+        self.conv1 = nn.Conv1d(channels, channels, pre_lookahead_len + 1)
+        self.conv2 = nn.Conv1d(channels, channels, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T + pre_lookahead_len, C] (each row's look-ahead context, or zeros, after its T positions)
+        → [B, T, C]."""
+        out = F.leaky_relu(self.conv1(x.transpose(1, 2)))                 # [B, C, T]
+        out = self.conv2(F.pad(out, (2, 0))).transpose(1, 2)
+        return out + x[:, : out.shape[1]]
+
+
+class Upsample1D(nn.Module):
+    """Nearest ×stride, then a causal convolution over 2·stride + 1 frames."""
+
+    def __init__(self, channels: int, stride: int):
+        super().__init__()
+        self.stride = stride
+        self.conv = nn.Conv1d(channels, channels, stride * 2 + 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, C, T] → [B, C, T·stride]."""
+        x = F.interpolate(x, scale_factor=float(self.stride), mode="nearest")
+        return self.conv(F.pad(x, (self.stride * 2, 0)))
+
+
+class UpsampleConformerEncoder(nn.Module):
+    def __init__(self, input_size: int, cfg: EncoderConfig, pre_lookahead_len: int):
+        super().__init__()
+        d = cfg.output_size
+        self.cfg = cfg
+        self.embed = LinearEmbed(input_size, d)
+        self.pre_lookahead_layer = PreLookaheadLayer(d, pre_lookahead_len)
+        self.encoders = nn.ModuleList(ConformerLayer(d, cfg.attention_heads, cfg.linear_units) for _ in range(cfg.num_blocks))
+        self.up_layer = Upsample1D(d, cfg.upsample_stride)
+        self.up_embed = LinearEmbed(input_size, d)
+        self.up_encoders = nn.ModuleList(ConformerLayer(d, cfg.attention_heads, cfg.linear_units)
+                                         for _ in range(cfg.num_up_blocks))
+        self.after_norm = nn.LayerNorm(d, eps=1e-5)
+
+    def forward(self, xs: torch.Tensor, lengths: torch.Tensor, context_lengths: torch.Tensor,
+                streaming: bool) -> torch.Tensor:
+        """xs [B, T, input_size]: each row's token embeddings, then its look-ahead context tokens' (context_lengths
+        of them; 0 at a stream's end), then zero padding; lengths [B]: the tokens to encode (without context)
+        → [B, T·stride, output_size], valid up to lengths·stride."""
+        T, lookahead = xs.shape[1], self.pre_lookahead_layer.pre_lookahead_len
+        x, _ = self.embed(xs)
+        pos = torch.arange(T, device=xs.device)
+        read = (pos[None, :] < (lengths + context_lengths)[:, None]).to(x.dtype)[..., None]  # tokens and context
+        x = F.pad(x * read, (0, 0, 0, lookahead))          # zeros after each row's context, as it has alone
+        x = self.pre_lookahead_layer(x)                    # [B, T, d]
+        pos_emb = self.embed.pos_enc(x)[1]
+        chunk = self.cfg.static_chunk_size if streaming else 0
+        mask = chunk_mask(lengths, T, chunk)
+        for layer in self.encoders:
+            x = layer(x, mask, pos_emb)
+        x = self.up_layer(x.transpose(1, 2)).transpose(1, 2)  # [B, T·stride, d]
+        stride = self.cfg.upsample_stride
+        x, pos_emb = self.up_embed(x)
+        mask = chunk_mask(lengths * stride, T * stride, chunk * stride)
+        for layer in self.up_encoders:
+            x = layer(x, mask, pos_emb)
+        return self.after_norm(x)
