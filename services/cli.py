@@ -14,8 +14,9 @@ import asyncio
 import os
 import sys
 
-from services.options import (GATEWAY_OPTIONS, VOCODER_PRESETS, audio_lead, concurrencies, count, engine_options,
-                              gateway_options, gpu_list, positive, seconds, targets, worker_options)
+from services.options import (CODEC_OPTIONS, GATEWAY_OPTIONS, VOCODER_PRESETS, audio_lead, codec_options, concurrencies,
+                              count, engine_options, gateway_options, gpu_list, positive, seconds, targets,
+                              worker_options)
 
 
 def _common(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
@@ -58,15 +59,20 @@ def parser() -> argparse.ArgumentParser:
 
     voc = sub.add_parser("vocoder", help="the vocoder service")
     _common(voc, 50053, 9093)
-    voc.add_argument("--vocoder-dir", help="BigVGAN-v2 directory (config.json, bigvgan_generator.pt[, token_decoder.*]); "
-                                           "without it: the --preset with random weights")
-    voc.add_argument("--preset", default="tiny", choices=VOCODER_PRESETS, help="tiny or moss-speech (24 kHz, 80 bands, hop 480)")
+    voc.add_argument("--vocoder-dir", help="the codec decoder's directory (codec.json, flow.pt, hift.pt, voices/), or a "
+                                           "BigVGAN-v2 directory for the stand-in decoder (config.json, "
+                                           "bigvgan_generator.pt[, token_decoder.*]); without it: the --preset with "
+                                           "random weights")
+    voc.add_argument("--preset", default="tiny", choices=VOCODER_PRESETS,
+                     help="moss-speech: the codec's flow + HiFT at their real size; tiny-codec: the same, small; tiny: "
+                          "the stand-in decoder and a small BigVGAN (24 kHz, 80 bands, hop 480 all)")
     voc.add_argument("--device", default="cpu")
     voc.add_argument("--left-context", type=count, default=None,
                      help="mel frames of left context per chunk (default: the generator's receptive field)")
     voc.add_argument("--lookahead", type=count, default=None,
                      help="mel frames held back for the next chunk (default 4: one token, 80 ms at hop 480)")
     worker_options(voc)
+    codec_options(voc)
 
     gw = sub.add_parser("gateway", help="the public gateway")
     _common(gw, 50051, 9091)
@@ -110,6 +116,7 @@ def parser() -> argparse.ArgumentParser:
                          "names must cover --host), gateway-client.pem + .key (the gateway's, for llm and vocoder)")
     engine_options(up.add_argument_group("llm engine (as in `moss-serve llm`)"))
     worker_options(up.add_argument_group("vocoder worker (as in `moss-serve vocoder`)"))
+    codec_options(up.add_argument_group("codec decoder (as in `moss-serve vocoder`)"))
     gateway_options(up.add_argument_group("gateway (as in `moss-serve gateway`)"))
 
     say = sub.add_parser("say", help="synthesize text through the gateway into a WAV file")
@@ -204,7 +211,8 @@ def run_service(args) -> int:
 
         settings = VocoderSettings(args.host, args.port, args.metrics_port, args.vocoder_dir, args.preset, args.device,
                                    args.left_context, args.lookahead, args.max_batch, args.max_batch_frames,
-                                   args.first_chunk_budget, first_chunk_batch_frames=args.first_chunk_batch_frames, tls=tls)
+                                   args.first_chunk_budget, first_chunk_batch_frames=args.first_chunk_batch_frames, tls=tls,
+                                   **{name: getattr(args, name) for name in CODEC_OPTIONS})
     else:
         from services.gateway.server import GatewaySettings, run
 
@@ -221,6 +229,9 @@ def run_service(args) -> int:
     except DeviceLost as e:  # its GPU context is gone: exit, to be started again on a fresh one (device.py)
         print(f"moss-serve {args.command}: {e}", file=sys.stderr)
         return DeviceLost.EXIT_CODE
+    except ValueError as e:  # a model, voice or setting refused at start (a checkpoint's wrong tensors, a bad voice)
+        print(f"moss-serve {args.command}: cannot start: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

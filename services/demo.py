@@ -1,5 +1,6 @@
-"""`make demo`: start the stack on its embedded default (the tiny preset, RANDOM weights), speak one
-sentence into a WAV file, print per-stage latencies, stop the stack."""
+"""`make demo`: start the stack on its embedded default (the tiny llm and the codec's own decoder small, flow +
+HiFT: the tiny-codec preset; RANDOM weights), speak one sentence into a WAV file, print per-stage latencies, stop
+the stack."""
 
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ def main() -> int:
     p.add_argument("--device", default="cpu", help="cpu or cuda, for the llm and the vocoder")
     args = p.parse_args()
     logs = tempfile.mkdtemp(prefix="moss-demo-")
-    print("starting llm, vocoder and gateway (tiny preset, RANDOM weights: the audio is noise, the timings are real) ...")
+    print("starting llm, vocoder and gateway (tiny presets, the codec's flow + HiFT; RANDOM weights: the audio is noise, "
+          "the timings are real) ...")
     device = ["--device", args.device]
-    with Stack(Ports.free(), log_dir=logs, extra_args={"llm": device, "vocoder": device}) as stack:
+    vocoder = [*device, "--preset", "tiny-codec"]
+    with Stack(Ports.free(), log_dir=logs, extra_args={"llm": device, "vocoder": vocoder}) as stack:
         print(f"gateway on {stack.target('gateway')}; service logs in {logs}")
         sampling = common_pb2.SamplingParams(max_new_tokens=args.max_new_tokens, seed=0)
         asyncio.run(synthesize(stack.target("gateway"), "Warm up.", sampling=common_pb2.SamplingParams(max_new_tokens=4)))

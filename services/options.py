@@ -15,7 +15,9 @@ ENGINE_OPTIONS = ("preset", "dtype", "kv_cache_gb", "block_size", "max_num_seqs"
                   "max_audio_lead")
 # The vocoder worker's options: `moss-serve vocoder` takes them, `moss-serve up` forwards them.
 WORKER_OPTIONS = ("max_batch", "max_batch_frames", "first_chunk_budget", "first_chunk_batch_frames")
-VOCODER_PRESETS = ("tiny", "moss-speech")  # services/vocoder/generator.py PRESETS (not imported: it pulls in torch)
+VOCODER_PRESETS = ("tiny", "tiny-codec", "moss-speech")  # services/vocoder/vocoder.py PRESETS (not imported: torch)
+# The codec decoder's options: `moss-serve vocoder` takes them, `moss-serve up` forwards them.
+CODEC_OPTIONS = ("voices_dir", "generator", "flow_block_tokens", "flow_context_tokens", "flow_steps", "flow_cfg_rate")
 # Pacing's default on CUDA, seconds of audio a stream may have sent beyond what its listener has heard: when a
 # stream falls to it, its next chunk (up to 20 steps) and that chunk's vocoding must fit in what is left, under
 # load too. Its gain is not established: the runs that compared 1.0 s, 1.5 s and none shared the GPU with
@@ -122,6 +124,22 @@ def worker_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first-chunk-batch-frames", type=count, default=DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                    help="mel frames of a model call that carries a stream's first chunk: a shorter call, sooner first "
                         f"audio (default {DEFAULT_FIRST_CHUNK_BATCH_FRAMES}; 0: --max-batch-frames alone)")
+
+
+def codec_options(p: argparse.ArgumentParser) -> None:
+    """CODEC_OPTIONS, with the same names and defaults for `vocoder` and `up` (docs/codec.md)."""
+    p.add_argument("--voices-dir", help="the flow decoder's voices, <name>.safetensors each (default: the codec "
+                                        "directory's voices/; a preset without it: one random 'default' voice)")
+    p.add_argument("--generator", choices=["hift", "bigvgan"], default=None,
+                   help="with a codec directory: its HiFT (default), or the BigVGAN-v2 beside it (config.json, "
+                        "bigvgan_generator.pt) trained on the flow's mel format")
+    p.add_argument("--flow-block-tokens", type=positive(int), default=None,
+                   help="tokens the flow decodes at a time, once the look-ahead tokens after them are in (default 5)")
+    p.add_argument("--flow-context-tokens", type=positive(int), default=None,
+                   help="latest tokens a block is decoded with, itself and its look-ahead included (default 40)")
+    p.add_argument("--flow-steps", type=positive(int), default=None, help="Euler steps of the flow (default 10)")
+    p.add_argument("--flow-cfg-rate", type=seconds, default=None,
+                   help="classifier-free guidance rate of the flow, 0 or more (default 0.7)")
 
 
 def gateway_options(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,8 @@ import sys
 import time
 
 from services.common.errors import DeviceLost
-from services.options import ENGINE_OPTIONS, GATEWAY_OPTIONS, VOCODER_PRESETS, WORKER_OPTIONS, forward
+from services.options import (CODEC_OPTIONS, ENGINE_OPTIONS, GATEWAY_OPTIONS, VOCODER_PRESETS, WORKER_OPTIONS,
+                              forward)
 
 SERVICES_ON_GPU = ("llm", "vocoder")
 
@@ -17,7 +18,8 @@ SERVICES_ON_GPU = ("llm", "vocoder")
 def up_service_args(args) -> dict[str, list[str]]:
     """The flags `moss-serve up` gives its services (by service: every replica of it)."""
     llm = ["--device", args.device, *forward(args, ENGINE_OPTIONS)]
-    vocoder = ["--device", args.device, "--preset", vocoder_preset(args), *forward(args, WORKER_OPTIONS)]
+    vocoder = ["--device", args.device, "--preset", vocoder_preset(args), *forward(args, WORKER_OPTIONS),
+               *forward(args, CODEC_OPTIONS)]
     gateway = forward(args, GATEWAY_OPTIONS)
     if args.model_dir:
         llm += ["--model-dir", args.model_dir]
@@ -37,9 +39,10 @@ def stack_tls(args):
 
 
 def vocoder_preset(args) -> str:
-    """The vocoder's codebook must cover the llm's audio codes: the llm's preset, or the real one
-    (which covers the tiny codes too) for a checkpoint."""
-    return "moss-speech" if args.model_dir or args.preset not in VOCODER_PRESETS else args.preset
+    """The codec's decoder (flow + HiFT) at the llm's size: tiny-codec for the tiny llm, whose 1,024 codes it covers;
+    the real one (which covers the tiny codes too) for anything else and for a checkpoint. The stand-in decoder
+    (the vocoder's own `--preset tiny`) is not chosen by `up`."""
+    return "tiny-codec" if not args.model_dir and args.preset == "tiny" else "moss-speech"
 
 
 def replicas(args) -> int:

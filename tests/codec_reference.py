@@ -1,5 +1,6 @@
 """The reference's codec decoder as a test oracle: CosyVoice2's flow, flow matching, upsampling encoder and HiFT
-modules from the `cosyvoice2-eu` wheel (installed with --no-deps; Makefile), built from our CodecConfig.
+modules from the `cosyvoice2-eu` wheel (installed with --no-deps; Makefile), built from our CodecConfig. Also the
+peer of bench/codec.py.
 
 The wheel's `matcha.utils` package imports hydra and lightning (training only) and `cosyvoice.utils.class_utils`
 imports its LLM and CLI; the modules used here need neither, so those two are replaced in sys.modules by the
@@ -18,7 +19,15 @@ import pytest
 from services.vocoder.codec.config import CodecConfig
 
 
+class _AttrDict(dict):
+    __getattr__ = dict.__getitem__
+
+
 def _stub_modules() -> None:
+    try:  # its DictConfig holds the flow-matching parameters; a dict with attribute access does the same
+        import omegaconf  # noqa: F401
+    except ImportError:
+        sys.modules["omegaconf"] = types.SimpleNamespace(DictConfig=_AttrDict)
     if "matcha.utils.pylogger" not in sys.modules:
         utils = types.ModuleType("matcha.utils")
         utils.__path__ = []
@@ -51,9 +60,9 @@ def reference():
 
 
 def reference_flow(cfg: CodecConfig):
+    ref, f = reference(), cfg.flow
     from omegaconf import DictConfig
 
-    ref, f = reference(), cfg.flow
     e, d = f.encoder, f.estimator
     encoder = ref.upsample_encoder.UpsampleConformerEncoder(
         input_size=f.input_size, output_size=e.output_size, attention_heads=e.attention_heads,

@@ -10,7 +10,7 @@ from services.vocoder.codec.checkpoint import CheckpointMismatch, load_codec, lo
 from services.vocoder.codec.config import moss_speech, tiny
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
 from services.vocoder.codec.hift import HiFTGenerator
-from tests.codec_reference import reference_flow, reference_hift
+from codec_reference import reference_flow, reference_hift
 
 
 def _randomize(module: torch.nn.Module, seed: int) -> None:
@@ -44,7 +44,7 @@ def test_flow_mel_matches_reference(flows, streaming, finalize):
                                 finalize=finalize)
     context = 0 if finalize else 3
     batch = FlowBatch(torch.cat([prompt, tokens], 1), torch.tensor([P + N - context]), torch.tensor([context]),
-                      prompt_mel, torch.tensor([4 * P]), xvec)
+                      prompt_mel, torch.tensor([4 * P]), xvec, torch.tensor([0]))
     with torch.inference_mode():
         mel = ours(batch, streaming)[:, :, 4 * P : 4 * (P + N - context)]
     assert mel.shape == expected.shape

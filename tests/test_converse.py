@@ -17,7 +17,6 @@ from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, vocoder_pb
 from conftest import metric_value, scrape
 from services.common.sampling import ChunkSettings, resolve_sampling
 from services.gateway.client import converse
-from services.gateway.voices import resolve_voice
 from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import preset
@@ -130,7 +129,7 @@ def local_turns(texts: list[str]):
     for i, text in enumerate(texts):
         seq = engine.make_sequence(GenerationRequest(
             f"t{i}", resolve_sampling(GREEDY, 2048), ChunkSettings(), text=text,
-            system_prompt=resolve_voice("").system_prompt, session_id="local"))
+            system_prompt="", session_id="local"))
         engine.add(seq)
         while engine.has_work():
             engine.step()

@@ -140,7 +140,7 @@ def test_up_defaults_match_llm_defaults():
 def test_up_vocoder_preset_follows_the_llm():
     def vocoder_preset(*argv):
         return parser().parse_args(["vocoder", *up_service_args(parser().parse_args(["up", *argv]))["vocoder"]]).preset
-    assert vocoder_preset() == "tiny"
+    assert vocoder_preset() == "tiny-codec"  # the codec's own decoder, small
     assert vocoder_preset("--preset", "moss-speech") == "moss-speech"
     assert vocoder_preset("--model-dir", "/ckpt") == "moss-speech"  # a checkpoint's codes need the real codebook
 
@@ -178,7 +178,7 @@ def test_moss_serve_up_runs_the_engine_it_was_given():
         assert proc.wait(timeout=30) == 0
         err = proc.stderr.read()
         assert "llm serves the 'tiny' preset with RANDOM weights" in err
-        assert "vocoder serves the 'tiny' preset with RANDOM weights" in err
+        assert "vocoder serves the 'tiny-codec' preset with RANDOM weights" in err
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from moss.speech.v1 import llm_pb2_grpc, vocoder_pb2_grpc
+from moss.speech.v1 import llm_pb2_grpc, vocoder_pb2, vocoder_pb2_grpc
 
 from services.common.errors import Unavailable
 from services.common.tls import ChannelTls, channel
@@ -54,6 +54,7 @@ class Replica:
         self.checked = 0.0  # time.monotonic() of its last health check
         self.calls = 0     # calls in progress: turns on an llm, streams on a vocoder
         self.sessions = 0  # Converse sessions whose history this llm holds
+        self.voices: tuple[str, ...] | None = None  # a vocoder's ListVoices (None: not known, or not a vocoder)
 
     def __repr__(self) -> str:
         return f"{self.stage} at {self.target}"
@@ -63,7 +64,16 @@ class Replica:
             reply = await self.health.Check(health_pb2.HealthCheckRequest(), timeout=CHECK_TIMEOUT)
         except grpc.aio.AioRpcError:
             return False
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
+        serving = reply.status == health_pb2.HealthCheckResponse.SERVING
+        if serving and self.stage == "vocoder" and not self.ready:  # (again) ready: what voices does it have now?
+            try:
+                self.voices = tuple((await self.stub.ListVoices(vocoder_pb2.ListVoicesRequest(),
+                                                                timeout=CHECK_TIMEOUT)).voices)
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.UNIMPLEMENTED:  # (a vocoder without it checks names itself)
+                    return False
+                self.voices = None
+        return serving
 
     def add_calls(self, n: int) -> None:
         """n calls began (n > 0) or ended (n < 0) on this replica."""
@@ -157,6 +167,11 @@ class Backends:
     @property
     def pools(self) -> tuple[Pool, Pool]:
         return self.llm, self.vocoder
+
+    def voices(self) -> tuple[str, ...] | None:
+        """The voices of the ready vocoder replicas, all together (None: none has said)."""
+        known = [r.voices for r in self.vocoder.replicas if r.ready and r.voices is not None]
+        return tuple(sorted(set().union(*known))) if known else None
 
     async def watch(self, on_change: Callable[[bool], Awaitable[None]]) -> None:
         """Ask the replicas' health checks until cancelled: a ready replica every `health_check_seconds`, one that

@@ -44,10 +44,11 @@ CALL_ERRORS = (InvalidArgument, DeadlineExceeded, Cancelled)
 Reason = gateway_pb2.SessionEndReason
 
 
-def check_config(config: gateway_pb2.SessionConfig, limits: TurnLimits) -> None:
-    """Refuse a bad session config before anything runs, its fields named as the client sent them."""
+def check_config(config: gateway_pb2.SessionConfig, limits: TurnLimits, voices: tuple[str, ...] | None = None) -> None:
+    """Refuse a bad session config before anything runs, its fields named as the client sent them. voices: those
+    the ready vocoders have (None: not known yet; each turn's is checked again where it goes)."""
     try:
-        resolve_voice(config.voice)
+        resolve_voice(config.voice, voices)
         resolve_format(config.format, "format")
         resolve_sampling(config.sampling if config.HasField("sampling") else None, limits.max_new_tokens)
         resolve_chunking(config.chunking if config.HasField("chunking") else None)
@@ -77,7 +78,7 @@ class Conversation:
         first = await anext(requests, None)
         if first is None or first.WhichOneof("kind") != "config":
             raise InvalidArgument("config", "the first message of a Converse call must be a config")
-        check_config(first.config, self.limits)
+        check_config(first.config, self.limits, self.backends.voices())
         self.config = first.config
         self.session.system_prompt = first.config.system_prompt
         metrics.SESSIONS.inc()

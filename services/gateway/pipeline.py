@@ -63,7 +63,6 @@ def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits, session: Se
     session: the turn continues that session (its system prompt replaces the voice's).
     → (the llm request, the resolved audio format)."""
     validate_text(req.text, limits)
-    voice = resolve_voice(req.voice)
     fmt = resolve_format(req.format, "format")
     sampling = resolve_sampling(req.sampling if req.HasField("sampling") else None, limits.max_new_tokens)
     chunking = resolve_chunking(req.chunking if req.HasField("chunking") else None)
@@ -72,7 +71,7 @@ def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits, session: Se
         session_id=session.session_id if session else "",
         history=session.request_history() if session else None,
         text=req.text,
-        system_prompt=(session.system_prompt if session else "") or voice.system_prompt,
+        system_prompt=session.system_prompt if session else "",
         sampling=common_pb2.SamplingParams(**sampling_to_fields(sampling)),
         chunking=common_pb2.ChunkPolicy(first_chunk_tokens=chunking.first_chunk_tokens, chunk_tokens=chunking.chunk_tokens,
                                         lookahead_frames=chunking.lookahead_frames),
@@ -123,6 +122,7 @@ class Turn:
         self.turn_tokens: llm_pb2.PromptTokens | None = None  # a session's turn: what it added to the history
         self.gen_req = llm_pb2.GenerateRequest()
         self.llm, self.vocoder = Leg(backends.llm), Leg(backends.vocoder)
+        self.voice = ""
 
     def _left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -132,6 +132,7 @@ class Turn:
         # A replica of each stage (the session's llm while it is ready); a stage still starting is waited
         # for, within the deadline.
         llm, vocoder, _ = await self.backends.acquire(self._left(), self.session.replica if self.session else None)
+        self.voice = resolve_voice(self.req.voice, vocoder.voices)  # before any stage works on the turn
         pump = None
         try:
             self._use_llm(llm)  # the prompt is prefilled while the vocoder stream opens
@@ -168,7 +169,7 @@ class Turn:
     async def _open_vocoder(self, replica: Replica, fmt: int) -> vocoder_pb2.VocodeResponse:
         """Open the Vocode stream → its header; a replica that fails first is replaced (see the class)."""
         chunking = self.gen_req.chunking
-        config = vocoder_pb2.VocodeConfig(request_id=self.gen_req.request_id, format=fmt,
+        config = vocoder_pb2.VocodeConfig(request_id=self.gen_req.request_id, format=fmt, voice=self.voice,
                                           lookahead_frames=chunking.lookahead_frames
                                           if chunking.HasField("lookahead_frames") else None)
         for attempt in range(len(self.vocoder.pool.replicas) + 1):

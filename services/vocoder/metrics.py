@@ -38,4 +38,5 @@ def observe_audio(seconds: float) -> None:
 
 
 def observe_request(method: str, code: str) -> None:
-    REQUESTS.labels(code).inc()
+    if method == "Vocode":  # (ListVoices, asked by every gateway as a vocoder becomes ready, is not a request)
+        REQUESTS.labels(code).inc()

@@ -39,7 +39,7 @@ def smallest(buckets, n: int) -> int | None:
 class GeneratorRunner:
     def __init__(self, generator: torch.nn.Module, hop: int, device: torch.device, dtype: torch.dtype | None = None,
                  graphs: bool | None = None, fuse: bool | None = None, channels_last: bool | None = None,
-                 frame_buckets=FRAME_BUCKETS, batch_buckets=BATCH_BUCKETS):
+                 frame_buckets=FRAME_BUCKETS, batch_buckets=BATCH_BUCKETS, cond_dtypes=(), cond_shapes=()):
         cuda = device.type == "cuda"
         self.hop, self.device = hop, device
         self.dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
@@ -60,6 +60,10 @@ class GeneratorRunner:
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.exact_frames: set[int] = set()  # last-window lengths that run in graphs (warm_up)
         self.pool = None
+        # A conditioned generator's further inputs per row (dtype, shape after the batch axis): what warm_up
+        # captures graphs with. HiFT: its source's phase at an anchor frame, that frame, the frame whose phase
+        # it returns, the window's first sample (codec/hift.py).
+        self.cond_dtypes, self.cond_shapes = tuple(cond_dtypes), tuple(cond_shapes)
 
     @property
     def num_mels(self) -> int:
@@ -75,15 +79,18 @@ class GeneratorRunner:
         return torch.zeros(batch, self.num_mels, frames, **kw)
 
     # ---- graphs ----------------------------------------------------------------------------------
-    def _graph(self, batch: int, frames: int):
+    def _graph(self, batch: int, frames: int, cond_dtypes=(), cond_shapes=()):
+        """The (batch, frames) graph: (graph, [static mel, static conditions...], static output)."""
         key = (batch, frames)
         if key not in self.graphs:
-            static_in = self._input(batch, frames)
-            self.generator(static_in)  # warm-up outside capture (kernel compilation, cuDNN choices)
+            static_in = [self._input(batch, frames)]
+            static_in += [torch.zeros(batch, *shape, dtype=dtype, device=self.device)
+                          for dtype, shape in zip(cond_dtypes or self.cond_dtypes, cond_shapes or self.cond_shapes)]
+            self.generator(*static_in)  # warm-up outside capture (kernel compilation, cuDNN choices)
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                static_out = self.generator(static_in)
+                static_out = self.generator(*static_in)
             self.pool = graph.pool()  # one pool: a batch's samples are copied out before the next replay
             self.graphs[key] = (graph, static_in, static_out)
         return self.graphs[key]
@@ -100,9 +107,13 @@ class GeneratorRunner:
 
     # ---- running ---------------------------------------------------------------------------------
     @torch.inference_mode()
-    def __call__(self, windows: list[torch.Tensor], exact: list[bool] | None = None) -> list[torch.Tensor]:
+    def __call__(self, windows: list[torch.Tensor], exact: list[bool] | None = None,
+                 conditions: list[tuple[torch.Tensor, ...]] | None = None) -> list[torch.Tensor]:
         """windows: mel [num_mels, F_i] each → float32 samples [F_i * hop] each, on the CPU.
         exact[i]: window i is its stream's last (run at its exact length).
+        conditions[i]: window i's further inputs, for a generator called as generator(mel, *conditions) that
+        returns (samples, *outputs) (HiFT: its source's phase and noise position, codec/hift.py); then each
+        window's entry is (samples, [its outputs]), the outputs on the device.
         The groups' samples come back in one device-to-host copy: one synchronisation a call, however many
         groups it has (each wait is also a chance for the llm's process to take the GPU)."""
         exact = exact or [False] * len(windows)
@@ -111,26 +122,29 @@ class GeneratorRunner:
             frames = mel.shape[1]
             bucket = None if last else smallest(self.frame_buckets, frames)
             groups[("bucket", bucket) if bucket else ("exact", frames)].append(i)
-        order, pieces = [], []
+        order, pieces, outputs = [], [], []
         for (kind, frames), members in groups.items():
             for start in range(0, len(members), self.batch_buckets[-1]):
                 part = members[start : start + self.batch_buckets[-1]]
-                samples = self._run([windows[i] for i in part], frames, graph=kind == "bucket" or frames in self.exact_frames)
-                for i, wav in zip(part, samples):
+                conds = [conditions[i] for i in part] if conditions is not None else None
+                samples, outs = self._run([windows[i] for i in part], frames, kind == "bucket" or frames in self.exact_frames,
+                                          conds)
+                for row, (i, wav) in enumerate(zip(part, samples)):
                     order.append(i)
                     pieces.append(wav[: windows[i].shape[1] * self.hop])
+                    outputs.append([o[row] for o in outs])
         if not pieces:
             return []
         host = torch.cat(pieces).cpu().split([p.numel() for p in pieces])
-        out: list[torch.Tensor | None] = [None] * len(windows)
-        for i, wav in zip(order, host):
-            out[i] = wav
+        out: list = [None] * len(windows)
+        for i, wav, outs in zip(order, host, outputs):
+            out[i] = wav if conditions is None else (wav, outs)
         return out
 
-    def _run(self, mels: list[torch.Tensor], frames: int, graph: bool) -> torch.Tensor:
-        """Same-bucket (or same exact length) windows → float32 samples [len(mels), frames * hop] on the
-        device, a copy (the graphs share one memory pool: the next replay may overwrite their outputs).
-        graph: run in the (batch bucket, frames) graph, when graphs are on."""
+    def _run(self, mels: list[torch.Tensor], frames: int, graph: bool, conds: list[tuple] | None = None):
+        """Same-bucket (or same exact length) windows → (float32 samples [len(mels), frames * hop] on the device,
+        the generator's further outputs [len(mels), ...] each), copies (the graphs share one memory pool: the next
+        replay may overwrite their outputs). graph: run in the (batch bucket, frames) graph, when graphs are on."""
         graph = graph and self.use_graphs
         batch = smallest(self.batch_buckets, len(mels)) if graph else len(mels)
         x = self._input(batch, frames)
@@ -139,12 +153,21 @@ class GeneratorRunner:
             n = mel.shape[1]
             rows[row, :, :n] = mel.to(self.device, self.dtype)
             rows[row, :, n:] = rows[row, :, n - 1 : n]  # repeat the last frame (see the module docstring)
+        extra = []
+        if conds is not None:  # one batch tensor per input; padding rows of zeros
+            for column in zip(*conds):
+                stacked = torch.stack([c.to(self.device) for c in column])
+                extra.append(torch.cat([stacked, stacked.new_zeros(batch - len(mels), *stacked.shape[1:])]))
         if graph:
-            cuda_graph, static_in, static_out = self._graph(batch, frames)
-            static_in.copy_(x)
+            cuda_graph, static_in, static_out = self._graph(batch, frames, [e.dtype for e in extra], [e.shape[1:] for e in extra])
+            static_in[0].copy_(x)
+            for static, e in zip(static_in[1:], extra):
+                static.copy_(e)
             cuda_graph.replay()
             y = static_out
         else:
-            y = self.generator(x)
+            y = self.generator(x, *extra)
+        y, outs = (y[0], y[1:]) if isinstance(y, tuple) else (y, ())
         y = y.reshape(y.shape[0], -1)  # [batch, 1, T] or [batch, 1, 1, T] → [batch, T]
-        return y[: len(mels), : frames * self.hop].to(torch.float32, copy=True)
+        return (y[: len(mels), : frames * self.hop].to(torch.float32, copy=True),
+                [o[: len(mels)].clone() for o in outs])

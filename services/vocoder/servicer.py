@@ -67,6 +67,9 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         if extra is not None:
             raise InvalidArgument(extra.WhichOneof("kind") or "kind", "no message may follow end")
 
+    async def ListVoices(self, request, context):
+        return vocoder_pb2.ListVoicesResponse(voices=self.vocoder.voice_names())
+
     async def Vocode(self, request_iterator, context):
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("kind") != "config":
@@ -74,7 +77,11 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         fmt = resolve_format(first.config.format, "config.format")
         lookahead = resolve_lookahead(first.config, "config")  # this stream's trade of latency for exactness
         rate = self.vocoder.sample_rate
-        streamer = MelStreamer(self.vocoder, self.left_context, self.lookahead if lookahead is None else lookahead)
+        try:
+            streamer = MelStreamer(self.vocoder, self.left_context, self.lookahead if lookahead is None else lookahead,
+                                   voice=first.config.voice)
+        except InvalidArgument as err:
+            raise err.within("config") from None
         stats = vocoder_pb2.VocodeStats()
         offset = 0
         first_tokens_at: float | None = None

@@ -11,6 +11,15 @@ latency) and DEFAULT_LOOKAHEAD frames on the right (each frame of lookahead dela
 the frames after a window's end are its last frame repeated, runner.py): ≥ 44 dB streamed-vs-offline
 for every chunk schedule, one-token chunks included, at the 24 kHz hop-480 preset (random weights,
 64 channels); 6 frames give ≥ 53 dB, 8 frames ≥ 65 dB.
+
+The token decoder decides when frames come: the stand-in gives a token's frames with it, the flow a block's
+frames once the block and its look-ahead tokens are in (codec/decoder.py), and the rest at the end.
+
+With HiFT (a conditioned generator) each window also carries where the stream's source stands: the source's
+phase before the window's first new frame (kept from the window before, `source_phase`) and the window's first
+sample in the stream (the source noise's position). Then a window's samples are offline synthesis's, to float
+error, given the receptive field (codec/hift.py) as context; the reference instead restarts the source every
+call and crossfades the seam.
 """
 
 from __future__ import annotations
@@ -33,15 +42,18 @@ class Window:
     start: int
     upto: int
     last: bool
+    conditions: tuple = ()  # a conditioned generator's inputs (HiFT: anchor phase, anchor, upto, first sample)
 
 
 DEFAULT_LOOKAHEAD = 4  # mel frames: one token, 80 ms at hop 480
 
 
 class MelStreamer:
-    def __init__(self, vocoder: TokenVocoder, left_context: int | None = None, lookahead: int | None = None):
+    def __init__(self, vocoder: TokenVocoder, left_context: int | None = None, lookahead: int | None = None,
+                 voice: str = ""):
         """left_context: frames before each chunk (default: the generator's receptive field);
-        lookahead: frames held back for the next chunk (default DEFAULT_LOOKAHEAD)."""
+        lookahead: frames held back for the next chunk (default DEFAULT_LOOKAHEAD); voice: the flow's voice
+        ("": the default; unknown: InvalidArgument listing the known ones)."""
         self.vocoder = vocoder
         self.left_context = vocoder.receptive_field[0] if left_context is None else left_context
         self.lookahead = DEFAULT_LOOKAHEAD if lookahead is None else lookahead
@@ -49,7 +61,8 @@ class MelStreamer:
         self.base = 0
         self.emitted = 0                      # frames whose samples have been returned
         self.tokens = 0
-        self.decoder_state = None             # the token decoder's state for this stream (token_decoder.py)
+        self.decoder_state = vocoder.start(voice)  # the token decoder's state for this stream
+        self.source_phase = torch.zeros(vocoder.harmonics) if vocoder.conditioned else None  # before frame emitted
         self.ended = False
 
     @property
@@ -67,7 +80,8 @@ class MelStreamer:
     def window_frames(self, tokens: int | None) -> int:
         """Mel frames of the window prepare() would return after this many new tokens (None: the end); 0 if
         nothing would be due. What the worker weighs a chunk by, before decoding it."""
-        span = self._span(self.total_frames + (tokens or 0) * self.vocoder.decoder.cfg.frames_per_token, tokens is None)
+        new = self.vocoder.decoder.pending_frames(self.decoder_state, tokens)
+        span = self._span(self.total_frames + new, tokens is None)
         return 0 if span is None else span[2] - span[0]
 
     def prepare(self, tokens: list[int] | None, decoded: tuple[torch.Tensor, object] | None = None) -> Window:
@@ -75,21 +89,28 @@ class MelStreamer:
         decoded: the tokens' (frames, next decoder state), when the caller decoded several streams at once."""
         if self.ended:
             raise InvalidArgument("tokens" if tokens is not None else "end", "the stream has already ended")
-        if tokens:
-            frames, self.decoder_state = decoded or self.vocoder.mel_chunk(tokens, self.decoder_state)
+        if tokens or tokens is None:
+            frames, self.decoder_state = decoded or self.vocoder.mel_chunks([(tokens, self.decoder_state)])[0]
             self.mel = frames if self.mel is None else torch.cat([self.mel, frames], dim=1)
-            self.tokens += len(tokens)
+            self.tokens += len(tokens or ())
         last = self.ended = tokens is None
         span = self._span(self.total_frames, last)
         if span is None:
             return Window(None, self.emitted, self.emitted, last)
         start, upto, end = span
-        return Window(self.mel[:, start - self.base : end - self.base], start, upto, last)
+        conditions = ()
+        if self.source_phase is not None:
+            conditions = (self.source_phase, torch.tensor(self.emitted - start), torch.tensor(upto - start),
+                          torch.tensor(start * self.vocoder.hop_size))
+        return Window(self.mel[:, start - self.base : end - self.base], start, upto, last, conditions)
 
-    def commit(self, window: Window, wav: np.ndarray | None) -> np.ndarray:
-        """The window's samples (frames × hop) → the samples now final; frees the mel no call will read."""
+    def commit(self, window: Window, wav) -> np.ndarray:
+        """The window's samples (frames × hop; with conditions, (samples, [outputs])) → the samples now final;
+        frees the mel no call will read."""
         if window.mel is None:
             return np.zeros(0, dtype=np.float32)
+        if window.conditions:
+            wav, (self.source_phase,) = wav[0], wav[1]
         hop = self.vocoder.hop_size
         out = wav[(self.emitted - window.start) * hop : (window.upto - window.start) * hop]
         self.emitted = window.upto
@@ -108,5 +129,7 @@ class MelStreamer:
         return self._run(self.prepare(None))
 
     def _run(self, window: Window) -> np.ndarray:
-        wav = None if window.mel is None else self.vocoder.vocode([window.mel], [window.last])[0]
-        return self.commit(window, wav)
+        if window.mel is None:
+            return self.commit(window, None)
+        conditions = [window.conditions] if window.conditions else None
+        return self.commit(window, self.vocoder.vocode([window.mel], [window.last], conditions)[0])

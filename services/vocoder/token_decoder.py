@@ -33,14 +33,14 @@ class MelFormat:
 
 
 @dataclass(frozen=True)
-class TokenDecoderConfig:
+class TokenFormat:
+    """What every token decoder (this stand-in, the codec's flow: codec/decoder.py) takes and makes."""
+
     codebook_size: int = 16384
     frames_per_token: int = 4
     num_mels: int = 80
     sampling_rate: int = 24000
     hop_size: int = 480
-    embed_dim: int = 512
-    context_tokens: int = 2  # earlier tokens a token's frames depend on (the causal convolution's reach)
 
     @property
     def mel_format(self) -> MelFormat:
@@ -49,6 +49,12 @@ class TokenDecoderConfig:
     @property
     def samples_per_token(self) -> int:
         return self.frames_per_token * self.hop_size
+
+
+@dataclass(frozen=True)
+class TokenDecoderConfig(TokenFormat):
+    embed_dim: int = 512
+    context_tokens: int = 2  # earlier tokens a token's frames depend on (the causal convolution's reach)
 
 
 DecoderState = torch.Tensor  # one stream's last context_tokens embeddings [context_tokens, embed_dim]
@@ -103,6 +109,29 @@ class TokenDecoder(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """A whole stream: tokens [n] → log-mel [num_mels, n * frames_per_token]."""
         return self.decode(tokens)[0]
+
+    # ---- the interface the vocoder drives every token decoder through (codec/decoder.py has the other) ----
+    def start(self, voice=None) -> DecoderState | None:
+        """A stream's state before its first token (this stand-in speaks in no voice: `voice` is not read)."""
+        return None
+
+    def pending_frames(self, state: DecoderState | None, new_tokens: int | None) -> int:
+        """Frames decode_chunks would return for this many new tokens (None: the stream's end)."""
+        return (new_tokens or 0) * self.cfg.frames_per_token
+
+    def decode_chunks(self, chunks: list[tuple[list[int] | None, DecoderState | None]]
+                      ) -> list[tuple[torch.Tensor, DecoderState | None]]:
+        """[(a stream's new tokens, or None at its end; its state)] → [(log-mel [num_mels, n], its next state)],
+        in one pass. A token's frames come with it, so an end brings none."""
+        device = self.embed.weight.device
+        live = [i for i, (tokens, _) in enumerate(chunks) if tokens]
+        out = [(torch.zeros(self.cfg.num_mels, 0, device=device), state) for _, state in chunks]
+        if live:
+            flat = torch.tensor([t for i in live for t in chunks[i][0]], dtype=torch.long, device=device)
+            decoded = self.decode_batch(flat, [len(chunks[i][0]) for i in live], [chunks[i][1] for i in live])
+            for i, d in zip(live, decoded):
+                out[i] = d
+        return out
 
 
 def save_token_decoder(decoder: TokenDecoder, directory: str | Path) -> None:

@@ -1,15 +1,29 @@
-"""Token decoder + BigVGAN: audio tokens → mel → waveform, for one model instance."""
+"""A token decoder and a generator: audio tokens → mel → waveform, for one model instance.
+
+Two pairs are served (docs/codec.md):
+- the MOSS-Speech codec's own: the flow-matching token decoder (codec/decoder.py) and HiFT (codec/hift.py), or
+  the flow and a BigVGAN-v2 trained on its mel format; voices (codec/voice.py) condition the flow;
+- the stand-in: a small causal token decoder with random weights (token_decoder.py) and BigVGAN-v2, for the
+  `tiny` preset only. It speaks in no voice ("default" is its only name).
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from services.common.errors import InvalidArgument
 from services.vocoder import generator as gen
+from services.vocoder.codec import checkpoint as codec_checkpoint
+from services.vocoder.codec import config as codec_config
+from services.vocoder.codec.decoder import DEFAULT_BLOCK_TOKENS, DEFAULT_MAX_CONTEXT_TOKENS, FlowTokenDecoder
+from services.vocoder.codec.hift import HiFTGenerator
+from services.vocoder.codec.hift import receptive_field as hift_receptive_field
+from services.vocoder.codec.voice import DEFAULT, Voice, load_voices, random_voice
 from services.vocoder.receptive_field import receptive_field
 from services.vocoder.runner import GeneratorRunner
 from services.vocoder.token_decoder import (
@@ -23,28 +37,63 @@ from services.vocoder.token_decoder import (
 log = logging.getLogger(__name__)
 
 TINY_CODEBOOK = 1024  # services/llm/config.py tiny_config().audio_codebook_size
+PRESETS = ("tiny", "tiny-codec", "moss-speech")
+DEFAULT_PROMPT_TOKENS = 40  # a random voice's prompt: 3.2 s, whole blocks (docs/codec.md)
 
 
 class MelFormatMismatch(ValueError):
     pass
 
 
+@dataclass(frozen=True)
+class FlowOptions:
+    """How the flow decodes (codec/decoder.py): tokens per block, latest tokens a block sees, Euler steps, CFG."""
+
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS
+    n_timesteps: int | None = None     # None: the checkpoint's (10)
+    cfg_rate: float | None = None      # None: the checkpoint's (0.7)
+
+
+def generator_format(generator: torch.nn.Module):
+    return generator.cfg.mel_format if isinstance(generator, HiFTGenerator) else gen.mel_format(generator.h)
+
+
 @dataclass
 class TokenVocoder:
-    decoder: TokenDecoder
+    decoder: TokenDecoder | FlowTokenDecoder
     generator: torch.nn.Module
     device: torch.device
+    voices: dict[str, Voice] = field(default_factory=dict)  # the flow's; the stand-in speaks in none
 
     def __post_init__(self):
-        produced = self.decoder.cfg.mel_format
-        consumed = gen.mel_format(self.generator.h)
+        produced, consumed = self.decoder.cfg.mel_format, generator_format(self.generator)
         if produced != consumed:
             raise MelFormatMismatch(
-                f"the token decoder produces mel frames of {produced} but the BigVGAN vocoder expects {consumed}; "
-                "use a vocoder trained for the token decoder's mel format"
-            )
-        self.decoder.to(self.device)
-        self.runner = GeneratorRunner(self.generator, self.hop_size, self.device)
+                f"the token decoder produces mel frames of {produced} but the {self.generator_name} generator expects "
+                f"{consumed}; use a generator trained for the token decoder's mel format")
+        if isinstance(self.decoder, TokenDecoder):
+            self.decoder.to(self.device)
+        elif not self.voices:
+            raise ValueError("the flow decoder needs at least one voice")
+        hift = isinstance(self.generator, HiFTGenerator)
+        conds = dict(cond_dtypes=(torch.float32, torch.long, torch.long, torch.long),
+                     cond_shapes=((self.generator.m_source.harmonics,), (), (), ())) if hift else {}
+        self.runner = GeneratorRunner(self.generator, self.hop_size, self.device,
+                                      **(dict(fuse=False, channels_last=False) if hift else {}), **conds)
+
+    @property
+    def generator_name(self) -> str:
+        return "HiFT" if isinstance(self.generator, HiFTGenerator) else "BigVGAN"
+
+    @property
+    def conditioned(self) -> bool:
+        """The generator carries a stream's source phase from window to window (HiFT)."""
+        return isinstance(self.generator, HiFTGenerator)
+
+    @property
+    def harmonics(self) -> int:
+        return self.generator.m_source.harmonics
 
     @property
     def sample_rate(self) -> int:
@@ -61,55 +110,103 @@ class TokenVocoder:
     @property
     def receptive_field(self) -> tuple[int, int]:
         """Mel frames (before, after) that a frame's samples depend on."""
+        if isinstance(self.generator, HiFTGenerator):
+            return hift_receptive_field(self.generator.cfg)
         return receptive_field(self.generator.h)
 
     @property
     def samples_per_token(self) -> int:
         return self.decoder.cfg.samples_per_token
 
-    def mel(self, tokens: list[int]) -> torch.Tensor:
-        """A whole stream's tokens → log-mel [num_mels, len(tokens) * frames_per_token]."""
-        return self.decoder(torch.tensor(tokens, dtype=torch.long, device=self.device))
+    def voice_names(self) -> list[str]:
+        return sorted(self.voices) if self.voices else [DEFAULT]
 
-    def mel_chunk(self, tokens: list[int], state: DecoderState | None) -> tuple[torch.Tensor, DecoderState]:
-        """A chunk of one stream's tokens and the stream's decoder state (None at its start) → (log-mel
-        [num_mels, len(tokens) * frames_per_token], the stream's next state)."""
-        return self.decoder.decode(torch.tensor(tokens, dtype=torch.long, device=self.device), state)
+    def start(self, voice: str = "") -> DecoderState | object:
+        """A stream's decoder state in this voice ("": the default), or InvalidArgument listing the known ones."""
+        name = voice or DEFAULT
+        if name not in self.voice_names():
+            raise InvalidArgument("voice", f"unknown voice {name!r}; known voices: {', '.join(self.voice_names())}")
+        return self.decoder.start(self.voices.get(name))
 
-    def mel_chunks(self, chunks: list[tuple[list[int], DecoderState | None]]) -> list[tuple[torch.Tensor, DecoderState]]:
-        """mel_chunk for several streams at once (one pass of the token decoder)."""
-        tokens = torch.tensor([t for chunk, _ in chunks for t in chunk], dtype=torch.long, device=self.device)
-        return self.decoder.decode_batch(tokens, [len(chunk) for chunk, _ in chunks], [state for _, state in chunks])
+    def mel(self, tokens: list[int], voice: str = "") -> torch.Tensor:
+        """A whole stream's tokens decoded at once → log-mel [num_mels, len(tokens) * frames_per_token]."""
+        state = self.start(voice)
+        if isinstance(self.decoder, FlowTokenDecoder):  # offline: one final decode over every token
+            state = type(state)(state.voice, tuple(tokens), 0, 0)
+            return self.decoder.decode_chunks([(None, state)])[0][0]
+        return self.decoder.decode_chunks([(tokens, state)])[0][0]
 
-    def vocode(self, windows: list[torch.Tensor], last: list[bool]) -> list[np.ndarray]:
+    def mel_chunks(self, chunks: list[tuple[list[int] | None, object]]) -> list[tuple[torch.Tensor, object]]:
+        """[(a stream's new tokens, or None at its end; its decoder state)] → [(log-mel [num_mels, n], next state)],
+        every stream in one pass of the token decoder."""
+        return self.decoder.decode_chunks(chunks)
+
+    def vocode(self, windows: list[torch.Tensor], last: list[bool], conditions: list[tuple] | None = None) -> list:
         """Windows of mel [num_mels, F_i] (any streams) → float32 samples [F_i * hop] each, in [-1, 1];
-        last[i]: window i ends its stream. Batched and padded as runner.py describes. (A config whose
-        upsample kernels exceed their strides by an odd number, as the 24 kHz hop-480 preset's do,
-        yields a few samples after the last frame's: they are cut.)"""
-        return [wav.numpy() for wav in self.runner(windows, last)]
+        last[i]: window i ends its stream. With conditions (HiFT: streamer.py), (samples, [outputs]) each.
+        Batched and padded as runner.py describes. (A config whose upsample kernels exceed their strides by an
+        odd number, as the 24 kHz hop-480 BigVGAN preset's do, yields a few samples after the last frame's: they
+        are cut.)"""
+        out = self.runner(windows, last, conditions)
+        return [wav.numpy() for wav in out] if conditions is None else [(wav.numpy(), outs) for wav, outs in out]
 
     def waveform(self, mel: torch.Tensor) -> np.ndarray:
-        """Offline synthesis: mel [num_mels, frames] → float32 samples [frames * hop]."""
+        """Offline synthesis: mel [num_mels, frames] → float32 samples [frames * hop] (HiFT: its source from the
+        stream's start, the noise table from sample 0)."""
+        if self.conditioned:
+            return self.vocode([mel], [True], [self.stream_start_conditions(mel.shape[1])])[0][0]
         return self.vocode([mel], [True])[0]
 
+    def stream_start_conditions(self, frames: int) -> tuple:
+        """HiFT's inputs for a whole stream in one window: phase 0 at frame 0, noise from sample 0."""
+        return (torch.zeros(self.harmonics), torch.tensor(0), torch.tensor(frames), torch.tensor(0))
 
-def load_vocoder(directory: str | Path | None, preset: str = "tiny", device: str = "cpu", seed: int = 0) -> TokenVocoder:
-    """From a directory (BigVGAN config + checkpoint, token decoder beside it), or a preset with
-    random weights. A directory without a token decoder gets a random one in its mel format."""
+
+def load_vocoder(directory: str | Path | None, preset: str = "tiny", device: str = "cpu", seed: int = 0,
+                 voices_dir: str | Path | None = None, flow: FlowOptions = FlowOptions(),
+                 generator: str = "hift") -> TokenVocoder:
+    """From a directory, or a preset with random weights.
+
+    A directory with codec.json (flow.pt, hift.pt) is the codec's decoder: flow + HiFT, or flow + the BigVGAN-v2
+    of the same directory (config.json, bigvgan_generator.pt) with generator="bigvgan". A directory of BigVGAN
+    files only is the stand-in's (token_decoder.json beside it, or a random one). voices_dir: the flow's voices
+    (default: <directory>/voices; a preset without one gets a random "default" voice)."""
     dev = torch.device(device)
+    if directory is not None and (Path(directory) / "codec.json").exists():
+        flow_model, hift, cfg = codec_checkpoint.load_codec(directory)
+        voices = load_voices(voices_dir or Path(directory) / "voices", cfg.flow)
+        out = hift
+        if generator == "bigvgan":
+            out, _ = gen.load_generator(directory)
+        return TokenVocoder(_flow_decoder(flow_model, dev, flow), out, dev, voices)
+    if directory is None and preset in ("tiny-codec", "moss-speech"):
+        cfg = codec_config.PRESETS["tiny" if preset == "tiny-codec" else "moss-speech"]()
+        flow_model, hift = codec_checkpoint.random_codec(cfg, seed)
+        voices = (load_voices(voices_dir, cfg.flow) if voices_dir else
+                  {DEFAULT: random_voice(cfg.flow, prompt_tokens=10 if preset == "tiny-codec" else DEFAULT_PROMPT_TOKENS,
+                                         seed=seed)})
+        log.warning("no --vocoder-dir: %r codec preset (flow + HiFT) with RANDOM weights (output is noise)", preset)
+        return TokenVocoder(_flow_decoder(flow_model, dev, flow), hift, dev, voices)
     if directory is None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown vocoder preset {preset!r}; known: {', '.join(PRESETS)}")
         h = gen.preset_config(preset)
-        tiny = preset == "tiny"
-        decoder = _random_decoder_for(h, TINY_CODEBOOK if tiny else 16384, 64 if tiny else 512, seed)
+        decoder = _random_decoder_for(h, TINY_CODEBOOK, 64, seed)
         log.warning("no --vocoder-dir: %r vocoder preset with RANDOM weights (output is noise)", preset)
         return TokenVocoder(decoder, gen.build_generator(h, seed=seed), dev)
-    generator, h = gen.load_generator(directory)
+    generator_model, h = gen.load_generator(directory)
     if (Path(directory) / "token_decoder.json").exists():
         decoder = load_token_decoder(directory)
     else:
         decoder = _random_decoder_for(h, 16384, 512, seed)
         log.warning("%s has no token_decoder.json: using a RANDOM token decoder for %s", directory, gen.mel_format(h))
-    return TokenVocoder(decoder, generator, dev)
+    return TokenVocoder(decoder, generator_model, dev)
+
+
+def _flow_decoder(flow_model, device: torch.device, options: FlowOptions) -> FlowTokenDecoder:
+    return FlowTokenDecoder(flow_model, device, block_tokens=options.block_tokens,
+                            max_context_tokens=options.max_context_tokens, n_timesteps=options.n_timesteps,
+                            cfg_rate=options.cfg_rate)
 
 
 def _random_decoder_for(h, codebook_size: int, embed_dim: int, seed: int) -> TokenDecoder:

@@ -189,9 +189,9 @@ class VocoderWorker:
         self.on_fatal(err)
 
     def _decode_tokens(self, batch: list[Job]) -> dict[int, tuple]:
-        """The new tokens of every stream in the batch through the token decoder in one pass (by id(job)).
+        """The new tokens (or the end) of every stream in the batch through the token decoder in one pass (by id(job)).
         Should that pass fail, each stream decodes its own in prepare(), so a fault stays with its stream."""
-        jobs = [job for job in batch if job.tokens and not job.streamer.ended]
+        jobs = [job for job in batch if (job.tokens or job.tokens is None) and not job.streamer.ended]
         if not jobs:
             return {}
         try:
@@ -216,7 +216,13 @@ class VocoderWorker:
                 log.exception("vocoder: preparing a chunk failed")
                 job.future.set_exception(exc)
         due = [i for i, w in enumerate(windows) if w.mel is not None]
-        wavs = self.vocoder.vocode([windows[i].mel for i in due], [windows[i].last for i in due]) if due else []
+        mels, last = [windows[i].mel for i in due], [windows[i].last for i in due]
+        if not due:
+            wavs = []
+        elif self.vocoder.conditioned:  # HiFT: each window's source position too (streamer.py)
+            wavs = self.vocoder.vocode(mels, last, [windows[i].conditions for i in due])
+        else:
+            wavs = self.vocoder.vocode(mels, last)
         seconds = time.perf_counter() - started
         if due:
             self.on_batch(len(due), seconds)

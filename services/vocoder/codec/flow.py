@@ -43,12 +43,16 @@ class ConditionalCFM(nn.Module):
         self.register_buffer("noise", torch.randn(1, cfg.output_size, NOISE_FRAMES, generator=gen), persistent=False)
 
     def forward(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
-                streaming: bool) -> torch.Tensor:
-        """mu, cond [B, 80, T]; mask [B, 1, T]; spks [B, 80] → mel [B, 80, T]."""
+                streaming: bool, noise_index: torch.Tensor | None = None) -> torch.Tensor:
+        """mu, cond [B, 80, T]; mask [B, 1, T]; spks [B, 80]; noise_index [B, T]: the noise table's column for each
+        frame (None: frame i takes column i, as the reference's) → mel [B, 80, T]."""
         B, _, T = mu.shape
-        if T > self.noise.shape[-1]:
-            raise ValueError(f"flow: {T} mel frames exceed the noise table's {self.noise.shape[-1]}")
-        x = self.noise[:, :, :T].to(mu.dtype).expand(B, -1, -1)
+        if noise_index is None:
+            if T > self.noise.shape[-1]:
+                raise ValueError(f"flow: {T} mel frames exceed the noise table's {self.noise.shape[-1]}")
+            x = self.noise[:, :, :T].to(mu.dtype).expand(B, -1, -1)
+        else:
+            x = self.noise[0][:, noise_index.clamp(max=self.noise.shape[-1] - 1)].transpose(0, 1).to(mu.dtype)
         zeros = torch.zeros_like
         mu2, spks2, cond2 = torch.cat([mu, zeros(mu)]), torch.cat([spks, zeros(spks)]), torch.cat([cond, zeros(cond)])
         mask2 = torch.cat([mask, mask])
@@ -70,7 +74,8 @@ class FlowBatch:
 
     tokens [B, T] long; lengths [B]: prompt + tokens (what is decoded); context [B]: look-ahead tokens after them
     (0 at a stream's end); prompt_mel [B, P, 80] (zeros past each row's prompt_frames); prompt_frames [B]
-    (= prompt tokens × token_mel_ratio); embedding [B, 192] (the x-vector, unnormalized)."""
+    (= prompt tokens × token_mel_ratio); embedding [B, 192] (the x-vector, unnormalized); noise_shift [B]: the
+    row's first token's frame in its stream (its tokens' frames take the noise of their place in the stream)."""
 
     tokens: torch.Tensor
     lengths: torch.Tensor
@@ -78,6 +83,7 @@ class FlowBatch:
     prompt_mel: torch.Tensor
     prompt_frames: torch.Tensor
     embedding: torch.Tensor
+    noise_shift: torch.Tensor
 
 
 class CausalMaskedDiffWithXvec(nn.Module):
@@ -105,4 +111,9 @@ class CausalMaskedDiffWithXvec(nn.Module):
         cond = torch.zeros_like(h)
         P = batch.prompt_mel.shape[1]
         cond[:, :P] = batch.prompt_mel.to(h.dtype) * (frames[None, :P, None] < batch.prompt_frames[:, None, None])
-        return self.decoder(h.transpose(1, 2).contiguous(), mask, spks, cond.transpose(1, 2).contiguous(), streaming)
+        # Noise by place in the stream: a frame decoded again in a later window (the window slid past the stream's
+        # start) gets the noise it had, so the flow solves the same problem with less context, not a new one.
+        after_prompt = frames[None, :] >= batch.prompt_frames[:, None]
+        noise_index = frames[None, :] + batch.noise_shift[:, None] * after_prompt
+        return self.decoder(h.transpose(1, 2).contiguous(), mask, spks, cond.transpose(1, 2).contiguous(), streaming,
+                            noise_index)

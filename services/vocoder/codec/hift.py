@@ -164,15 +164,53 @@ class HiFTGenerator(nn.Module):
                           self.istft_hop, self.n_fft, window=self.window.float())
         return wav.clamp(-self.cfg.audio_limit, self.cfg.audio_limit)
 
-    def forward(self, mel: torch.Tensor, phase0: torch.Tensor | None = None, noise_offset: torch.Tensor | None = None,
-                noise: torch.Tensor | None = None) -> torch.Tensor:
-        """mel [B, 80, F]; phase0 [B, H] (None: a stream's start); noise_offset [B] (None: 0), or the noise itself
-        [B, F·hop, H] → samples [B, 1, F·hop]."""
-        B, _, frames = mel.shape
-        if noise is None:
-            zeros = mel.new_zeros(B, dtype=torch.long)
-            noise = self.source_noise(zeros if noise_offset is None else noise_offset, frames * self.hop_size)
-        f0 = self.f0_predictor(mel)
-        phase0 = mel.new_zeros(B, self.m_source.harmonics) if phase0 is None else phase0
+    def synthesize(self, mel: torch.Tensor, f0: torch.Tensor, phase0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """mel [B, 80, F], its F0 [B, F], phase0 [B, H] (cycles before frame 0), noise [B, F·hop, H] → [B, 1, F·hop]."""
         source = self.m_source(f0.float(), phase0.float(), noise)
         return self.decode(mel, source.to(mel.dtype))[:, None]
+
+    def forward(self, mel: torch.Tensor, anchor_phase: torch.Tensor | None = None, anchor: torch.Tensor | None = None,
+                upto: torch.Tensor | None = None, noise_offset: torch.Tensor | None = None, noise: torch.Tensor | None = None):
+        """Offline (anchor_phase None): mel [B, 80, F] as a whole stream → samples [B, 1, F·hop]; `noise` [B, F·hop, H]
+        replaces the table's (tests drive it as the reference draws it).
+
+        A window of a stream (streamer.py): anchor_phase [B, H]: the stream's source cycles before frame `anchor`
+        [B] of the window (mod 1); noise_offset [B]: the stream's sample at the window's start → (samples
+        [B, 1, F·hop], the cycles before frame `upto` [B] of the window, mod 1: the next window's anchor). The
+        phase is pinned at the anchor, where the window's F0 is exact (the context before it covers the F0
+        predictor's reach), and runs from there both ways."""
+        B, _, frames = mel.shape
+        f0 = self.f0_predictor(mel).float()
+        if noise is None:
+            offsets = mel.new_zeros(B, dtype=torch.long) if noise_offset is None else noise_offset
+            noise = self.source_noise(offsets, frames * self.hop_size)
+        if anchor_phase is None:
+            return self.synthesize(mel, f0, mel.new_zeros(B, self.m_source.harmonics), noise)
+        rad = self.m_source.frame_phase(f0)                                              # [B, F, H]
+        before = F.pad(torch.cumsum(rad, dim=1), (0, 0, 1, 0))                           # [B, F + 1, H]: Σ k < i
+        at = lambda i: before.gather(1, i.view(B, 1, 1).expand(B, 1, rad.shape[-1]))[:, 0]  # noqa: E731
+        phase0 = (anchor_phase.float() - at(anchor)) % 1
+        return self.synthesize(mel, f0, phase0, noise), (phase0 + at(upto)) % 1
+
+
+def receptive_field(cfg: HiftConfig) -> tuple[int, int]:
+    """Mel frames (before, after) that one frame's samples depend on: the network's reach, walked back from the
+    frame's samples as receptive_field.py walks BigVGAN's, plus the F0 predictor's (its five 3-tap convolutions:
+    the source of those frames comes from the F0 there). Sequence edges are ignored (an interior frame)."""
+    hop, frame = cfg.hop_size, 1 << 16
+    lo, hi = frame * hop, frame * hop + hop - 1                               # output samples
+    n_fft, step = cfg.istft_n_fft, cfg.istft_hop_len
+    lo, hi = -(-(lo - n_fft // 2 + 1) // step), (hi + n_fft // 2) // step    # iSTFT: frames overlapping them
+    lo, hi = lo - 3, hi + 3                                                   # conv_post
+    lo, hi = lo - 1, hi                                                       # the reflection pad's shift
+    rates, kernels = cfg.upsample_rates, cfg.upsample_kernel_sizes
+    for stage in reversed(range(len(rates))):
+        reach = max(sum(d * (k - 1) // 2 + (k - 1) // 2 for d in ds)
+                    for k, ds in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes))
+        lo, hi = lo - reach, hi + reach
+        k, u = kernels[stage], rates[stage]
+        p = (k - u) // 2
+        lo, hi = -(-(lo + p - k + 1) // u), (hi + p) // u                     # ConvTranspose1d, back a rate
+    lo, hi = lo - 3, hi + 3                                                   # conv_pre
+    f0_reach = 5
+    return frame - lo + f0_reach, hi - frame + f0_reach

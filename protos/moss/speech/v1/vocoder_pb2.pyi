@@ -7,15 +7,27 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ListVoicesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListVoicesResponse(_message.Message):
+    __slots__ = ("voices",)
+    VOICES_FIELD_NUMBER: _ClassVar[int]
+    voices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, voices: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class VocodeConfig(_message.Message):
-    __slots__ = ("request_id", "format", "lookahead_frames")
+    __slots__ = ("request_id", "format", "lookahead_frames", "voice")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     LOOKAHEAD_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    VOICE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     format: _common_pb2.AudioFormat
     lookahead_frames: int
-    def __init__(self, request_id: _Optional[str] = ..., format: _Optional[_Union[_common_pb2.AudioFormat, str]] = ..., lookahead_frames: _Optional[int] = ...) -> None: ...
+    voice: str
+    def __init__(self, request_id: _Optional[str] = ..., format: _Optional[_Union[_common_pb2.AudioFormat, str]] = ..., lookahead_frames: _Optional[int] = ..., voice: _Optional[str] = ...) -> None: ...
 
 class AudioTokens(_message.Message):
     __slots__ = ("tokens",)

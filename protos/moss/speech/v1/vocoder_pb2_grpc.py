@@ -39,6 +39,11 @@ class VocoderStub:
                 request_serializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.VocodeRequest.SerializeToString,
                 response_deserializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.VocodeResponse.FromString,
                 _registered_method=True)
+        self.ListVoices = channel.unary_unary(
+                '/moss.speech.v1.Vocoder/ListVoices',
+                request_serializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.ListVoicesRequest.SerializeToString,
+                response_deserializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.ListVoicesResponse.FromString,
+                _registered_method=True)
 
 
 class VocoderServicer:
@@ -49,6 +54,14 @@ class VocoderServicer:
         chunks come back as soon as each is ready; the last one has final set. INVALID_ARGUMENT, naming
         the field: a first message that is not a config, an unknown format, a code outside the codebook,
         more than 4096 tokens in a message, or any message after end (reported after the final chunk).
+        An unknown config.voice is refused the same way, listing the voices this vocoder has.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListVoices(self, request, context):
+        """The voices a Vocode config may name (the gateway checks a request's voice against them).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -61,6 +74,11 @@ def add_VocoderServicer_to_server(servicer, server):
                     servicer.Vocode,
                     request_deserializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.VocodeRequest.FromString,
                     response_serializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.VocodeResponse.SerializeToString,
+            ),
+            'ListVoices': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListVoices,
+                    request_deserializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.ListVoicesRequest.FromString,
+                    response_serializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.ListVoicesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -90,6 +108,33 @@ class Vocoder:
             '/moss.speech.v1.Vocoder/Vocode',
             moss_dot_speech_dot_v1_dot_vocoder__pb2.VocodeRequest.SerializeToString,
             moss_dot_speech_dot_v1_dot_vocoder__pb2.VocodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListVoices(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/moss.speech.v1.Vocoder/ListVoices',
+            moss_dot_speech_dot_v1_dot_vocoder__pb2.ListVoicesRequest.SerializeToString,
+            moss_dot_speech_dot_v1_dot_vocoder__pb2.ListVoicesResponse.FromString,
             options,
             channel_credentials,
             insecure,
