@@ -141,6 +141,17 @@ def test_receptive_field_is_what_the_gradient_sees():
     assert (probe - int(reached.min()) + 5, int(reached.max()) - probe + 5) == (left, right) == (19, 19)
 
 
+def test_hift_istft_is_torch_istft():
+    """HiFT's iSTFT, written out so that a CUDA graph can capture it, is torch.istft's (centred, Hann window)."""
+    model = HiFTGenerator(moss_speech().hift)
+    for frames in (2, 5, 61):
+        spec = torch.randn(3, model.n_fft // 2 + 1, frames, dtype=torch.complex64)
+        want = torch.istft(spec, model.n_fft, model.istft_hop, model.n_fft, window=model.window)
+        got = model.istft(spec)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
 def test_voices_load_and_bad_ones_are_refused_by_name(tmp_path):
     cfg = tiny().flow
     save_voice(random_voice(cfg, "alto", prompt_tokens=6, seed=1), tmp_path)

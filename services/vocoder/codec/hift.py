@@ -103,7 +103,7 @@ class SourceModuleHnNSF(nn.Module):
         uv = (F.interpolate(f0[:, None], scale_factor=float(self.upsample)).transpose(1, 2) > self.threshold).to(sines.dtype)
         noise = (uv * self.noise_std + (1 - uv) * self.sine_amp / 3) * noise
         source = sines * uv + noise
-        return torch.tanh(self.l_linear(source)).transpose(1, 2)
+        return torch.tanh(self.l_linear(source.to(self.l_linear.weight.dtype))).transpose(1, 2)
 
 
 class HiFTGenerator(nn.Module):
@@ -160,9 +160,19 @@ class HiFTGenerator(nn.Module):
         half = self.n_fft // 2 + 1
         magnitude = torch.exp(x[:, :half].float()).clamp(max=1e2)
         phase = torch.sin(x[:, half:].float())
-        wav = torch.istft(torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase)), self.n_fft,
-                          self.istft_hop, self.n_fft, window=self.window.float())
+        wav = self.istft(torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase)))
         return wav.clamp(-self.cfg.audio_limit, self.cfg.audio_limit)
+
+    def istft(self, spec: torch.Tensor) -> torch.Tensor:
+        """spec [B, n_fft/2 + 1, N] complex → samples [B, (N - 1)·hop]: torch.istft (centred, Hann window), written
+        out so that a CUDA graph can capture it (torch.istft checks the window's overlap on the host: a sync)."""
+        n, hop, N = self.n_fft, self.istft_hop, spec.shape[-1]
+        window = self.window.float()
+        frames = torch.fft.irfft(spec, n=n, dim=1) * window[None, :, None]             # [B, n_fft, N]
+        size, fold = (1, n + hop * (N - 1)), dict(kernel_size=(1, n), stride=(1, hop))
+        wav = F.fold(frames, size, **fold)[:, 0, 0]                                     # overlap-add
+        envelope = F.fold(window.pow(2)[None, :, None].expand(1, n, N), size, **fold)[0, 0, 0]
+        return (wav / envelope)[:, n // 2 : size[1] - n // 2]
 
     def synthesize(self, mel: torch.Tensor, f0: torch.Tensor, phase0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """mel [B, 80, F], its F0 [B, F], phase0 [B, H] (cycles before frame 0), noise [B, F·hop, H] → [B, 1, F·hop]."""
