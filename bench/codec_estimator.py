@@ -1,0 +1,130 @@
+"""Where the flow decoder's time goes, and what compiling its estimator buys (issue 20), on one GPU in one run.
+
+    python bench/codec_estimator.py --json out.json
+
+The flow at the real size (random weights, bf16), as the vocoder calls it: one CUDA graph per (batch, token bucket)
+over the encoder and the 10 Euler steps (each a CFG pair of rows through the estimator). Two shapes: a stream's first
+block alone (prompt 40 + 8 tokens; its time is time to first audio) and a saturated call (16 streams, prompt 40 +
+window 40 tokens; its time bounds the aggregate). Variants: eager modules (today), the estimator compiled by
+torch.compile (dynamic shapes: one compilation serves every bucket), and compiled for each shape. Floors: the
+estimator's multiply-adds over the GPU's measured bf16 matrix rate. Also a profile of the eager saturated call, by
+kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from services.vocoder.codec.checkpoint import random_codec
+from services.vocoder.codec.config import moss_speech
+from services.vocoder.codec.decoder import FlowState, FlowTokenDecoder
+from services.vocoder.codec.voice import random_voice
+
+
+def timed(fn, reps: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def matmul_rate() -> float:
+    """The GPU's bf16 matrix rate (FLOP/s), measured on an 8192³ product."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    return 2 * 8192 ** 3 / timed(lambda: a @ b, 10)
+
+
+def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
+    ref, x = ref.float(), x.float()
+    return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum().clamp(min=1e-30)))
+
+
+@torch.inference_mode()
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json")
+    p.add_argument("--streams", type=int, default=16, help="streams in the saturated call")
+    p.add_argument("--variants", default="eager,compiled-dynamic,compiled-static")
+    args = p.parse_args()
+    device = torch.device("cuda")
+    cfg = moss_speech()
+    voice = random_voice(cfg.flow, prompt_tokens=40, seed=3)
+    g = torch.Generator().manual_seed(1)
+    first = FlowState(voice, tuple(torch.randint(0, 16384, (8,), generator=g).tolist()), 0, 0)
+    full = [FlowState(voice, tuple(torch.randint(0, 16384, (40,), generator=g).tolist()), 0, 32)
+            for _ in range(args.streams)]
+    shapes = {"first block (1 stream, 48 tokens)": [first], f"saturated ({args.streams} streams, 80 tokens)": full}
+    est_params = sum(p.numel() for p in random_codec(cfg, 0)[0].decoder.estimator.parameters())
+    rate = matmul_rate()
+    out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
+           "torch": torch.__version__, "estimator_params": est_params, "bf16_matmul_tflops": rate / 1e12, "cells": {}}
+    print(f"{out['gpu']}: bf16 matmul {rate / 1e12:.0f} TFLOP/s; estimator {est_params / 1e6:.1f}M parameters", flush=True)
+
+    def frames_of(states):  # estimator frames a call computes: (prompt + window) tokens x 4, both CFG rows
+        return sum(4 * (len(s.voice.prompt_tokens) + len(s.tokens)) * 2 for s in states)
+
+    reference = {}
+    for variant in args.variants.split(","):
+        flow, _ = random_codec(cfg, 0)
+        if variant.startswith("compiled"):
+            flow.decoder.estimator.compile(dynamic=variant == "compiled-dynamic", fullgraph=True)
+        decoder = FlowTokenDecoder(flow, device)
+        for name, states in shapes.items():
+            rows = [([], s) for s in states]
+            t0 = time.perf_counter()
+            mels = decoder.decode_chunks(rows)  # compiles (first use) and captures this shape's graph
+            torch.cuda.synchronize()
+            setup = time.perf_counter() - t0
+            seconds = timed(lambda: decoder.decode_chunks(rows))
+            mel = torch.cat([m for m, _ in mels], 1)
+            if variant == "eager":
+                reference[name] = mel
+            floor = 2 * est_params * frames_of(states) * decoder.flow.decoder.n_timesteps / rate
+            cell = {"ms": seconds * 1e3, "setup_s": setup, "floor_ms": floor * 1e3, "x_floor": seconds / floor,
+                    "snr_vs_eager_db": snr_db(reference[name], mel) if name in reference else None,
+                    "audio_x_realtime": 0.4 * len(states) / seconds}
+            out["cells"][f"{variant} | {name}"] = cell
+            print(f"{variant:18s} {name:36s} {cell['ms']:8.2f} ms (floor {cell['floor_ms']:.2f}, {cell['x_floor']:.1f}x; "
+                  f"{cell['audio_x_realtime']:.0f}x real time; first use {setup:.1f} s; SNR vs eager "
+                  f"{cell['snr_vs_eager_db'] if cell['snr_vs_eager_db'] is not None else float('nan'):.1f} dB)", flush=True)
+        if variant == "eager":  # a profile of the saturated call, eager modules, no graph
+            decoder.use_graphs = False
+            rows = [([], s) for s in full]
+            decoder.decode_chunks(rows)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                decoder.decode_chunks(rows)
+                torch.cuda.synchronize()
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60)
+            out["profile"] = table
+            print(table, flush=True)
+        del decoder, flow
+        torch.cuda.empty_cache()
+
+    print(f"\n{out['gpu']}, torch {out['torch']}, {out['date']}")
+    print(f"{'variant':18s} {'shape':36s} {'ms':>8s} {'floor':>7s} {'x floor':>7s} {'x RT':>6s} {'SNR dB':>7s}")
+    for key, c in out["cells"].items():
+        variant, name = key.split(" | ")
+        snr = c["snr_vs_eager_db"]
+        print(f"{variant:18s} {name:36s} {c['ms']:8.2f} {c['floor_ms']:7.2f} {c['x_floor']:7.1f} "
+              f"{c['audio_x_realtime']:6.0f} {snr if snr is not None else float('nan'):7.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
