@@ -142,7 +142,8 @@ def main():
     # ---- correctness: ours float32 eager, and ours as served, against the reference -----------------------
     eager = FlowTokenDecoder(CausalMaskedDiffWithXvec(cfg.flow).eval(), device, dtype=torch.float32, graphs=False)
     eager.flow.load_state_dict(flow.state_dict())
-    served = FlowTokenDecoder(flow, device)  # bf16, graphs on CUDA
+    served = FlowTokenDecoder(flow, device)  # bf16, graphs on CUDA, the voice's prompt prefix solved once
+    served.set_voices([voice])
     t = time.perf_counter()
     served.warm_up([voice], args.max_batch)
     out["flow_graphs"], out["flow_warm_up_s"] = len(served.graphs), time.perf_counter() - t

@@ -5,18 +5,25 @@
 The flow at the real size (random weights, bf16), as the vocoder calls it: one CUDA graph per (batch, token bucket)
 over the encoder and the 10 Euler steps (each a CFG pair of rows through the estimator). Two shapes: a stream's first
 block alone (prompt 40 + 8 tokens; its time is time to first audio) and a saturated call (16 streams, prompt 40 +
-window 40 tokens; its time bounds the aggregate). Variants: eager modules (today), the estimator compiled by
-torch.compile (dynamic shapes: one compilation serves every bucket), and compiled for each shape. Floors: the
-estimator's multiply-adds over the GPU's measured bf16 matrix rate. Also a profile of the eager saturated call, by
-kernel.
+window 40 tokens; its time bounds the aggregate). Variants:
+- before: the flow and estimator of an earlier commit (--before DIR: its estimator.py and flow.py, e.g.
+  `git show REV:services/vocoder/codec/estimator.py`), to time a change against its parent on the same card;
+- eager: today's modules, every prompt frame solved in every call;
+- prefix: today's, as served: the voice's prompt prefix solved once (codec/prefix.py);
+- compiled-dynamic / compiled-static: the estimator through torch.compile (one compilation for every shape, or
+  one per shape).
+Floors: the estimator's multiply-adds over the GPU's measured bf16 matrix rate. Also a profile of the first
+variant's saturated call, by kernel.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -49,6 +56,26 @@ def matmul_rate() -> float:
     return 2 * 8192 ** 3 / timed(lambda: a @ b, 10)
 
 
+def before_flow(directory: str, cfg):
+    """The flow class of an earlier commit (its estimator.py and flow.py in `directory`), with today's weights."""
+    def load(name: str, file: str):
+        spec = importlib.util.spec_from_file_location(name, Path(directory) / file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    load("before_estimator", "estimator.py")
+    source = (Path(directory) / "flow.py").read_text().replace("services.vocoder.codec.estimator", "before_estimator")
+    (Path(directory) / "before_flow.py").write_text(source)
+    cls = load("before_flow", "before_flow.py").CausalMaskedDiffWithXvec
+    forward = cls.forward
+    cls.forward = lambda self, batch, streaming=True, prefix=None: forward(self, batch, streaming)  # today's call
+    old = cls(cfg.flow).eval()
+    old.load_state_dict(random_codec(cfg, 0)[0].state_dict())
+    return old
+
+
 def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
     ref, x = ref.float(), x.float()
     return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum().clamp(min=1e-30)))
@@ -59,7 +86,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
     p.add_argument("--streams", type=int, default=16, help="streams in the saturated call")
-    p.add_argument("--variants", default="eager,compiled-dynamic,compiled-static")
+    p.add_argument("--variants", default="eager,prefix")
+    p.add_argument("--before", help="a directory with an earlier commit's estimator.py and flow.py (variant 'before')")
     args = p.parse_args()
     device = torch.device("cuda")
     cfg = moss_speech()
@@ -75,15 +103,18 @@ def main():
            "torch": torch.__version__, "estimator_params": est_params, "bf16_matmul_tflops": rate / 1e12, "cells": {}}
     print(f"{out['gpu']}: bf16 matmul {rate / 1e12:.0f} TFLOP/s; estimator {est_params / 1e6:.1f}M parameters", flush=True)
 
-    def frames_of(states):  # estimator frames a call computes: (prompt + window) tokens x 4, both CFG rows
-        return sum(4 * (len(s.voice.prompt_tokens) + len(s.tokens)) * 2 for s in states)
+    def frames_of(states, skipped):  # estimator frames a call computes: (prompt + window) tokens x 4, both CFG rows
+        return sum((4 * (len(s.voice.prompt_tokens) + len(s.tokens)) - skipped) * 2 for s in states)
 
-    reference = {}
-    for variant in args.variants.split(","):
-        flow, _ = random_codec(cfg, 0)
+    reference, variants = {}, args.variants.split(",")
+    for variant in variants:
+        flow = before_flow(args.before, cfg) if variant == "before" else random_codec(cfg, 0)[0]
         if variant.startswith("compiled"):
             flow.decoder.estimator.compile(dynamic=variant == "compiled-dynamic", fullgraph=True)
         decoder = FlowTokenDecoder(flow, device)
+        if variant == "prefix":
+            decoder.set_voices([voice])
+        skipped = decoder.prefix.frames if decoder.prefix else 0
         for name, states in shapes.items():
             rows = [([], s) for s in states]
             t0 = time.perf_counter()
@@ -92,17 +123,16 @@ def main():
             setup = time.perf_counter() - t0
             seconds = timed(lambda: decoder.decode_chunks(rows))
             mel = torch.cat([m for m, _ in mels], 1)
-            if variant == "eager":
-                reference[name] = mel
-            floor = 2 * est_params * frames_of(states) * decoder.flow.decoder.n_timesteps / rate
+            reference.setdefault(name, mel)  # the first variant's
+            floor = 2 * est_params * frames_of(states, skipped) * decoder.flow.decoder.n_timesteps / rate
             cell = {"ms": seconds * 1e3, "setup_s": setup, "floor_ms": floor * 1e3, "x_floor": seconds / floor,
-                    "snr_vs_eager_db": snr_db(reference[name], mel) if name in reference else None,
+                    "snr_vs_first_db": snr_db(reference[name], mel),
                     "audio_x_realtime": 0.4 * len(states) / seconds}
             out["cells"][f"{variant} | {name}"] = cell
             print(f"{variant:18s} {name:36s} {cell['ms']:8.2f} ms (floor {cell['floor_ms']:.2f}, {cell['x_floor']:.1f}x; "
-                  f"{cell['audio_x_realtime']:.0f}x real time; first use {setup:.1f} s; SNR vs eager "
-                  f"{cell['snr_vs_eager_db'] if cell['snr_vs_eager_db'] is not None else float('nan'):.1f} dB)", flush=True)
-        if variant == "eager":  # a profile of the saturated call, eager modules, no graph
+                  f"{cell['audio_x_realtime']:.0f}x real time; first use {setup:.1f} s; SNR vs {variants[0]} "
+                  f"{cell['snr_vs_first_db']:.1f} dB)", flush=True)
+        if variant in ("eager", "prefix"):  # a profile of the saturated call, no graph
             decoder.use_graphs = False
             rows = [([], s) for s in full]
             decoder.decode_chunks(rows)
@@ -110,7 +140,7 @@ def main():
                 decoder.decode_chunks(rows)
                 torch.cuda.synchronize()
             table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60)
-            out["profile"] = table
+            out[f"profile_{variant}"] = table
             print(table, flush=True)
         del decoder, flow
         torch.cuda.empty_cache()
@@ -119,9 +149,8 @@ def main():
     print(f"{'variant':18s} {'shape':36s} {'ms':>8s} {'floor':>7s} {'x floor':>7s} {'x RT':>6s} {'SNR dB':>7s}")
     for key, c in out["cells"].items():
         variant, name = key.split(" | ")
-        snr = c["snr_vs_eager_db"]
         print(f"{variant:18s} {name:36s} {c['ms']:8.2f} {c['floor_ms']:7.2f} {c['x_floor']:7.1f} "
-              f"{c['audio_x_realtime']:6.0f} {snr if snr is not None else float('nan'):7.1f}")
+              f"{c['audio_x_realtime']:6.0f} {c['snr_vs_first_db']:7.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
 

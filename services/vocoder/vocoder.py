@@ -76,6 +76,8 @@ class TokenVocoder:
             self.decoder.to(self.device)
         elif not self.voices:
             raise ValueError("the flow decoder needs at least one voice")
+        else:
+            self.decoder.set_voices(list(self.voices.values()))
         hift = isinstance(self.generator, HiFTGenerator)
         conds = dict(cond_dtypes=(torch.float32, torch.long, torch.long, torch.long),
                      cond_shapes=((self.generator.m_source.harmonics,), (), (), ())) if hift else {}

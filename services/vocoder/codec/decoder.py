@@ -19,6 +19,10 @@ decodes them one call each), so the earlier of them may see up to a block less l
 **Batching**: the rows of a call (one per stream with a block due) are padded to a token bucket; padding
 never reaches a row's kept frames (conformer.py, estimator.py). On CUDA each (batch bucket, token bucket)
 call is a CUDA graph (the encoder and all Euler steps), captured by `warm_up` before serving.
+
+**The prompt's prefix** (prefix.py): the voices' prompts begin every row, and their first whole chunks are the
+same in every call; `set_voices` computes them once, and calls whose voices are all known solve only the frames
+after them (at the real size, 180 of a saturated row's 320 frames).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
+from services.vocoder.codec.prefix import PromptPrefix
 from services.vocoder.codec.voice import Voice
 from services.vocoder.runner import smallest
 from services.vocoder.token_decoder import TokenFormat
@@ -88,8 +93,15 @@ class FlowTokenDecoder:
         self.cfg = TokenFormat(codebook_size=cfg.vocab_size, frames_per_token=cfg.token_mel_ratio,
                                num_mels=cfg.output_size, sampling_rate=cfg.sampling_rate, hop_size=cfg.hop_size)
         self.use_graphs = cuda if graphs is None else graphs
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, FlowBatch, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, FlowBatch, torch.Tensor]] = {}
         self.pool = None
+        self.prefix: PromptPrefix | None = None
+
+    def set_voices(self, voices: list[Voice]) -> None:
+        """The voices streams will speak in: their prompts' common prefix is solved now, once (prefix.py)."""
+        prefix = PromptPrefix(self.flow, voices)
+        self.prefix = prefix if prefix else None
+        self.graphs, self.pool = {}, None  # graphs read the prefix's tensors: captured again
 
     # ---- streams ---------------------------------------------------------------------------------
     def start(self, voice: Voice) -> FlowState:
@@ -150,30 +162,34 @@ class FlowTokenDecoder:
         graph = self.use_graphs and smallest(TOKEN_BUCKETS, longest) is not None and len(rows) <= BATCH_BUCKETS[-1]
         T = smallest(TOKEN_BUCKETS, longest) if graph else longest
         B = smallest(BATCH_BUCKETS, len(rows)) if graph else len(rows)
-        batch = self._batch(rows, B, T)
+        prefixed = self.prefix is not None and self.prefix.covers(s.voice for s, _ in rows)
+        batch = self._batch(rows, B, T, prefixed)
         if graph:
-            cuda_graph, static, static_out = self._graph(B, T)
-            for name in ("tokens", "lengths", "context", "prompt_mel", "prompt_frames", "embedding", "noise_shift"):
+            cuda_graph, static, static_out = self._graph(B, T, prefixed)
+            for name in ("tokens", "lengths", "context", "prompt_mel", "prompt_frames", "embedding", "noise_shift",
+                         "voice_index"):
                 getattr(static, name).copy_(getattr(batch, name))
             cuda_graph.replay()
             mel = static_out
         else:
-            mel = self.flow(batch, streaming=True)
+            mel = self.flow(batch, streaming=True, prefix=self.prefix if prefixed else None)
+        skipped = self.prefix.frames if prefixed else 0  # the mel starts after the prompt's prefix
         out = []
         for row, (state, plan) in enumerate(rows):
             prompt = len(state.voice.prompt_tokens)
             a, b = (prompt + plan.emit_from - plan.start) * self.ratio, (prompt + plan.decode_end - plan.start) * self.ratio
-            out.append(mel[row, :, a:b].float().clone())  # a copy: the next replay overwrites the graph's output
+            out.append(mel[row, :, a - skipped : b - skipped].float().clone())  # a copy: a replay overwrites it
         return out
 
-    def _batch(self, rows: list[tuple[FlowState, Plan]], B: int, T: int) -> FlowBatch:
-        """Rows padded to [B, T] (padding rows: one token of code 0, no prompt) on the device."""
+    def _batch(self, rows: list[tuple[FlowState, Plan]], B: int, T: int, prefixed: bool = False) -> FlowBatch:
+        """Rows padded to [B, T] (padding rows: one token of code 0, no prompt, the first voice's prefix) on the
+        device."""
         tokens = torch.zeros(B, T, dtype=torch.long)
         lengths, context = torch.ones(B, dtype=torch.long), torch.zeros(B, dtype=torch.long)
         prompt_mel = torch.zeros(B, T * self.ratio, self.cfg.num_mels)
         prompt_frames = torch.zeros(B, dtype=torch.long)
         embedding = torch.zeros(B, rows[0][0].voice.embedding.shape[0])
-        noise_shift = torch.zeros(B, dtype=torch.long)
+        noise_shift, voice_index = torch.zeros(B, dtype=torch.long), torch.zeros(B, dtype=torch.long)
         for row, (state, plan) in enumerate(rows):
             voice = state.voice
             seq = torch.cat([voice.prompt_tokens, torch.tensor(state.window(plan.start, plan.end), dtype=torch.long)])
@@ -184,20 +200,24 @@ class FlowTokenDecoder:
             prompt_frames[row] = voice.prompt_frames
             embedding[row] = voice.embedding
             noise_shift[row] = plan.start * self.ratio
+            if prefixed:
+                voice_index[row] = self.prefix.voice_index(voice)
         to = dict(device=self.device)
         return FlowBatch(tokens.to(**to), lengths.to(**to), context.to(**to), prompt_mel.to(dtype=self.dtype, **to),
-                         prompt_frames.to(**to), embedding.to(dtype=self.dtype, **to), noise_shift.to(**to))
+                         prompt_frames.to(**to), embedding.to(dtype=self.dtype, **to), noise_shift.to(**to),
+                         voice_index.to(**to))
 
     # ---- graphs ----------------------------------------------------------------------------------
-    def _graph(self, B: int, T: int):
-        key = (B, T)
+    def _graph(self, B: int, T: int, prefixed: bool):
+        key = (B, T, prefixed)
         if key not in self.graphs:
             static = self._empty(B, T)
-            self.flow(static, streaming=True)  # warm-up outside capture (cuBLAS and cuDNN choices)
+            prefix = self.prefix if prefixed else None
+            self.flow(static, streaming=True, prefix=prefix)  # warm-up outside capture (cuBLAS and cuDNN choices)
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                out = self.flow(static, streaming=True)
+                out = self.flow(static, streaming=True, prefix=prefix)
             self.pool = graph.pool()
             self.graphs[key] = (graph, static, out)
         return self.graphs[key]
@@ -209,7 +229,7 @@ class FlowTokenDecoder:
                          torch.zeros(B, T * self.ratio, self.cfg.num_mels, dtype=self.dtype, **to),
                          torch.zeros(B, dtype=torch.long, **to),
                          torch.zeros(B, self.flow.cfg.spk_embed_dim, dtype=self.dtype, **to),
-                         torch.zeros(B, dtype=torch.long, **to))
+                         torch.zeros(B, dtype=torch.long, **to), torch.zeros(B, dtype=torch.long, **to))
 
     @torch.inference_mode()
     def warm_up(self, voices: list[Voice], max_batch: int) -> None:
@@ -221,6 +241,7 @@ class FlowTokenDecoder:
         low = smallest(TOKEN_BUCKETS, min(prompts) + self.block + self.lookahead) or TOKEN_BUCKETS[-1]
         high = smallest(TOKEN_BUCKETS, max(prompts) + self.max_context) or TOKEN_BUCKETS[-1]
         ceiling = smallest(BATCH_BUCKETS, max_batch) or BATCH_BUCKETS[-1]
+        prefixed = self.prefix is not None and self.prefix.covers(voices)
         for B in (b for b in BATCH_BUCKETS if b <= ceiling):
             for T in (t for t in TOKEN_BUCKETS if low <= t <= high):
-                self._graph(B, T)
+                self._graph(B, T, prefixed)

@@ -6,6 +6,12 @@ mel cond (zeros after the prompt), 4 × 80. Convolutions are causal (left-padded
 so with static-chunk attention (streaming) a frame depends on its own chunk and the chunks before it only.
 Module and parameter names are the reference's (`time_mlp.linear_1`, `down_blocks.0.0.block1.block.0`,
 `down_blocks.0.1.0.attn1.to_q`, `final_proj`, ...).
+
+Layout: activations are [B, T, C] (frames, then channels) from end to end, where the reference's are [B, C, T]:
+the transformer blocks and the per-frame LayerNorms want rows of channels, and a causal convolution is then one
+matrix product over each frame with the frames before it (unfolded), so nothing changes layout between the
+blocks. On an H100 the reference's layout spent more time transposing, normalising transposed rows and in
+elementwise kernels over strided tensors than in its matrix products (docs/benchmarks.md, issue 20).
 """
 
 from __future__ import annotations
@@ -22,27 +28,44 @@ MASKED = -1.0e10  # the reference's additive attention bias for a key a query ma
 
 
 class CausalConv1d(nn.Conv1d):
+    """A left-padded convolution over frames, on [B, T, Cin] → [B, T, Cout] (weights as nn.Conv1d's). With a
+    prompt prefix (prefix.py) the frames before T's first are the prefix's last, not zeros."""
+
+    slot = 0  # its place among the estimator's causal convolutions (prefix.py keeps one state each)
+
     def __init__(self, cin: int, cout: int, kernel: int):
         super().__init__(cin, cout, kernel)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(F.pad(x, (self.kernel_size[0] - 1, 0)))
+    def forward(self, x: torch.Tensor, prefix=None) -> torch.Tensor:
+        k = self.kernel_size[0]
+        padded = F.pad(x, (0, 0, k - 1, 0)) if prefix is None else prefix.left(self.slot, x, k - 1)
+        cols = padded.unfold(1, k, 1)                                      # [B, T, Cin, k]: frame t-k+1..t
+        return F.linear(cols.reshape(*x.shape[:2], -1), self.weight.view(self.out_channels, -1), self.bias)
 
 
-class Transpose(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.transpose(1, 2)
+def pointwise(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
+    """A kernel-1 nn.Conv1d applied to [B, T, Cin] → [B, T, Cout]."""
+    return F.linear(x, conv.weight[:, :, 0], conv.bias)
+
+
+def across_frames(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A strided or transposed convolution (the levels of a multi-level U-Net only) on [B, T, C]."""
+    return conv(x.transpose(1, 2)).transpose(1, 2)
 
 
 class CausalBlock1D(nn.Module):
-    """Causal conv → LayerNorm over channels → Mish, zero outside the mask (`block.0` conv, `block.2` norm)."""
+    """Causal conv → LayerNorm over channels → Mish, zero outside the mask (`block.0` conv, `block.2` norm; 1 and 3
+    are the reference's transposes, not needed in this layout)."""
 
     def __init__(self, dim: int, dim_out: int):
         super().__init__()
-        self.block = nn.Sequential(CausalConv1d(dim, dim_out, 3), Transpose(), nn.LayerNorm(dim_out), Transpose(), nn.Mish())
+        self.block = nn.Sequential(CausalConv1d(dim, dim_out, 3), nn.Identity(), nn.LayerNorm(dim_out), nn.Identity(),
+                                   nn.Mish())
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.block(x * mask) * mask
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, prefix=None) -> torch.Tensor:
+        """x [B, T, dim], mask [B, T, 1] → [B, T, dim_out]."""
+        conv, _, norm, _, mish = self.block
+        return mish(norm(conv(x * mask, prefix))) * mask
 
 
 class CausalResnetBlock1D(nn.Module):
@@ -52,9 +75,10 @@ class CausalResnetBlock1D(nn.Module):
         self.block1, self.block2 = CausalBlock1D(dim, dim_out), CausalBlock1D(dim_out, dim_out)
         self.res_conv = nn.Conv1d(dim, dim_out, 1)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        h = self.block1(x, mask) + self.mlp(t)[:, :, None]
-        return self.block2(h, mask) + self.res_conv(x * mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, t: torch.Tensor, prefix=None) -> torch.Tensor:
+        """x [B, T, dim], mask [B, T, 1], t [B, time_emb_dim] → [B, T, dim_out]."""
+        h = self.block1(x, mask, prefix) + self.mlp(t)[:, None, :]
+        return self.block2(h, mask, prefix) + pointwise(self.res_conv, x * mask)
 
 
 class GELU(nn.Module):
@@ -78,6 +102,8 @@ class FeedForward(nn.Module):
 
 
 class Attention(nn.Module):
+    slot = 0  # its place among the estimator's attentions (prefix.py keeps their keys and values)
+
     def __init__(self, dim: int, heads: int, dim_head: int):
         super().__init__()
         inner = heads * dim_head
@@ -85,10 +111,14 @@ class Attention(nn.Module):
         self.to_q, self.to_k, self.to_v = (nn.Linear(dim, inner, bias=False) for _ in range(3))
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Dropout(0.0)])
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """x [B, T, dim], bias [B, 1, T, T] (0 or MASKED) → [B, T, dim]."""
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, prefix=None) -> torch.Tensor:
+        """x [B, T, dim], bias [B, 1, T, S] (0 or MASKED; S = T, or T and a prompt prefix's frames before them)
+        → [B, T, dim]. q, k and v in one matrix product."""
         B, T, _ = x.shape
-        q, k, v = (proj(x).view(B, T, self.heads, -1).transpose(1, 2) for proj in (self.to_q, self.to_k, self.to_v))
+        weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])    # [3·inner, dim]
+        q, k, v = F.linear(x, weight).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [B, heads, T, d] each
+        if prefix is not None:
+            k, v = prefix.keys(self.slot, k, v)                                         # [B, heads, S, d]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         return self.to_out[0](out.transpose(1, 2).reshape(B, T, -1))
 
@@ -100,8 +130,8 @@ class BasicTransformerBlock(nn.Module):
         self.attn1 = Attention(dim, heads, dim_head)
         self.ff = FeedForward(dim)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn1(self.norm1(x), bias)
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, prefix=None) -> torch.Tensor:
+        x = x + self.attn1(self.norm1(x), bias, prefix)
         return x + self.ff(self.norm3(x))
 
 
@@ -122,6 +152,19 @@ class TimestepEmbedding(nn.Module):
 
 def _transformers(dim: int, cfg: EstimatorConfig) -> nn.ModuleList:
     return nn.ModuleList(BasicTransformerBlock(dim, cfg.num_heads, cfg.attention_head_dim) for _ in range(cfg.n_blocks))
+
+
+def attention_bias(mask: torch.Tensor, chunk: int, dtype: torch.dtype, prefix_frames: int = 0) -> torch.Tensor:
+    """mask [B, T, 1] → the additive bias [B, 1, T, prefix_frames + T] of a query (row) reading a key (column): keys
+    in the mask, and with chunk > 0 (streaming) only those in the query's static chunk or before it. A prompt
+    prefix's frames (whole chunks before the first frame) are read by every query."""
+    T = mask.shape[1]
+    allowed = mask.bool().transpose(1, 2).expand(-1, T, -1)              # [B, T(query), T(key)]
+    if chunk > 0:
+        pos = torch.arange(T, device=mask.device)
+        allowed = allowed & (pos[None, :] < ((pos // chunk + 1) * chunk)[:, None])[None]
+    bias = (~allowed).to(dtype) * MASKED
+    return F.pad(bias, (prefix_frames, 0))[:, None]
 
 
 class CausalConditionalDecoder(nn.Module):
@@ -148,40 +191,52 @@ class CausalConditionalDecoder(nn.Module):
                                                  _transformers(ups[i + 1], cfg), up]))
         self.final_block = CausalBlock1D(ups[-1], ups[-1])
         self.final_proj = nn.Conv1d(ups[-1], cfg.out_channels, 1)
+        for kind in (Attention, CausalConv1d):
+            for slot, module in enumerate(m for m in self.modules() if isinstance(m, kind)):
+                module.slot = slot
 
-    def _attend(self, x: torch.Tensor, mask: torch.Tensor, blocks: nn.ModuleList, chunk: int) -> torch.Tensor:
-        """x [B, C, T] through transformer blocks; mask [B, 1, T]; chunk: static-chunk frames (0: full)."""
-        T = x.shape[-1]
-        pos = torch.arange(T, device=x.device)
-        allowed = mask.bool().expand(-1, T, -1)                               # [B, T(query), T(key)]
-        if chunk > 0:
-            allowed = allowed & (pos[None, :] < ((pos // chunk + 1) * chunk)[:, None])[None]
-        bias = ((~allowed).to(x.dtype) * MASKED)[:, None]                      # [B, 1, T, T]
-        h = x.transpose(1, 2)
-        for block in blocks:
-            h = block(h, bias)
-        return h.transpose(1, 2)
+    def slots(self, kind: type) -> list[nn.Module]:
+        """The estimator's attentions or causal convolutions, in slot order."""
+        return [m for m in self.modules() if isinstance(m, kind)]
+
+    @property
+    def single_level(self) -> bool:
+        """One U-Net level (the published estimator's): every convolution causal, so a prompt prefix applies."""
+        return len(self.cfg.channels) == 1
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
-                cond: torch.Tensor, streaming: bool = False) -> torch.Tensor:
-        """x, mu, cond [B, 80, T]; mask [B, 1, T]; t [B]; spks [B, 80] → the velocity [B, 80, T]."""
+                cond: torch.Tensor, streaming: bool = False, prefix=None) -> torch.Tensor:
+        """x, mu, cond [B, T, 80]; mask [B, T, 1]; t [B]; spks [B, 80] → the velocity [B, T, 80].
+
+        prefix (prefix.py; streaming, single level only): the frames are those after a prompt prefix whose
+        attention keys and values and convolution inputs it holds; or, recording, it keeps the frames' own."""
         chunk = self.cfg.static_chunk_size if streaming else 0
         temb = self.time_mlp(t)
-        x = torch.cat([x, mu, spks[:, :, None].expand(-1, -1, x.shape[-1]), cond], dim=1)
+        x = torch.cat([x, mu, spks[:, None, :].expand(-1, x.shape[1], -1), cond], dim=-1)
         skips, masks = [], [mask]
+        biases = {}  # one attention bias per U-Net level (its frame count)
+        before = 0 if prefix is None else prefix.prepended
+
+        def attend(h, m, blocks):
+            bias = biases.setdefault(m.shape[1], attention_bias(m, chunk, h.dtype, before))
+            for block in blocks:
+                h = block(h, bias, prefix)
+            return h
+
         for resnet, blocks, down in self.down_blocks:
             m = masks[-1]
-            x = self._attend(resnet(x, m, temb), m, blocks, chunk)
+            x = attend(resnet(x, m, temb, prefix), m, blocks)
             skips.append(x)
-            x = down(x * m)
-            masks.append(m[:, :, ::2])
+            x = down(x * m, prefix) if isinstance(down, CausalConv1d) else across_frames(down, x * m)
+            masks.append(m[:, ::2])
         masks.pop()
         m = masks[-1]
         for resnet, blocks in self.mid_blocks:
-            x = self._attend(resnet(x, m, temb), m, blocks, chunk)
+            x = attend(resnet(x, m, temb, prefix), m, blocks)
         for resnet, blocks, up in self.up_blocks:
             m, skip = masks.pop(), skips.pop()
-            x = torch.cat([x[:, :, : skip.shape[-1]], skip], dim=1)
-            x = up(self._attend(resnet(x, m, temb), m, blocks, chunk) * m)
-        x = self.final_block(x, m)
-        return self.final_proj(x * m) * mask
+            x = torch.cat([x[:, : skip.shape[1]], skip], dim=-1)
+            x = attend(resnet(x, m, temb, prefix), m, blocks) * m
+            x = up(x, prefix) if isinstance(up, CausalConv1d) else across_frames(up, x)
+        x = self.final_block(x, m, prefix)
+        return pointwise(self.final_proj, x * m) * mask

@@ -43,23 +43,25 @@ class ConditionalCFM(nn.Module):
         self.register_buffer("noise", torch.randn(1, cfg.output_size, NOISE_FRAMES, generator=gen), persistent=False)
 
     def forward(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
-                streaming: bool, noise_index: torch.Tensor | None = None) -> torch.Tensor:
-        """mu, cond [B, 80, T]; mask [B, 1, T]; spks [B, 80]; noise_index [B, T]: the noise table's column for each
-        frame (None: frame i takes column i, as the reference's) → mel [B, 80, T]."""
-        B, _, T = mu.shape
+                streaming: bool, noise_index: torch.Tensor | None = None, prefix=None) -> torch.Tensor:
+        """mu, cond [B, T, 80]; mask [B, T, 1]; spks [B, 80]; noise_index [B, T]: the noise table's column for each
+        frame (None: frame i takes column i, as the reference's) → mel [B, T, 80]. prefix: prefix.py's, told
+        the Euler step before each estimator call."""
+        B, T, _ = mu.shape
         if noise_index is None:
             if T > self.noise.shape[-1]:
                 raise ValueError(f"flow: {T} mel frames exceed the noise table's {self.noise.shape[-1]}")
-            x = self.noise[:, :, :T].to(mu.dtype).expand(B, -1, -1)
-        else:
-            x = self.noise[0][:, noise_index.clamp(max=self.noise.shape[-1] - 1)].transpose(0, 1).to(mu.dtype)
+            noise_index = torch.arange(T, device=mu.device).expand(B, -1)
+        x = self.noise[0].t()[noise_index.clamp(max=self.noise.shape[-1] - 1)].to(mu.dtype)   # [B, T, 80]
         zeros = torch.zeros_like
         mu2, spks2, cond2 = torch.cat([mu, zeros(mu)]), torch.cat([spks, zeros(spks)]), torch.cat([cond, zeros(cond)])
         mask2 = torch.cat([mask, mask])
         t_span = cosine_schedule(self.n_timesteps, mu.dtype, mu.device)
         t, dt = t_span[0:1], t_span[1] - t_span[0]
         for step in range(1, self.n_timesteps + 1):
-            v = self.estimator(torch.cat([x, x]), mask2, mu2, t.expand(2 * B), spks2, cond2, streaming)
+            if prefix is not None:
+                prefix.step = step - 1
+            v = self.estimator(torch.cat([x, x]), mask2, mu2, t.expand(2 * B), spks2, cond2, streaming, prefix)
             v_cond, v_free = v[:B], v[B:]
             x = x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_free)
             t = t + dt
@@ -75,7 +77,8 @@ class FlowBatch:
     tokens [B, T] long; lengths [B]: prompt + tokens (what is decoded); context [B]: look-ahead tokens after them
     (0 at a stream's end); prompt_mel [B, P, 80] (zeros past each row's prompt_frames); prompt_frames [B]
     (= prompt tokens × token_mel_ratio); embedding [B, 192] (the x-vector, unnormalized); noise_shift [B]: the
-    row's first token's frame in its stream (its tokens' frames take the noise of their place in the stream)."""
+    row's first token's frame in its stream (its tokens' frames take the noise of their place in the stream);
+    voice_index [B]: each row's voice in a PromptPrefix (prefix.py), when the call reads one."""
 
     tokens: torch.Tensor
     lengths: torch.Tensor
@@ -84,6 +87,7 @@ class FlowBatch:
     prompt_frames: torch.Tensor
     embedding: torch.Tensor
     noise_shift: torch.Tensor
+    voice_index: torch.Tensor | None = None
 
 
 class CausalMaskedDiffWithXvec(nn.Module):
@@ -96,9 +100,12 @@ class CausalMaskedDiffWithXvec(nn.Module):
         self.encoder_proj = nn.Linear(cfg.encoder.output_size, cfg.output_size)
         self.decoder = ConditionalCFM(cfg)
 
-    def forward(self, batch: FlowBatch, streaming: bool = True) -> torch.Tensor:
+    def forward(self, batch: FlowBatch, streaming: bool = True, prefix=None) -> torch.Tensor:
         """→ mel [B, 80, T·token_mel_ratio] (T: the batch's row length), each row valid for lengths·ratio frames;
-        its first prompt_frames frames are the prompt's own (solved along, not returned to a listener)."""
+        its first prompt_frames frames are the prompt's own (solved along, not returned to a listener).
+
+        prefix (streaming): a PromptPrefix (prefix.py) whose frames every row's prompt begins with: they are not
+        solved again, and the mel starts after them ([B, 80, T·ratio - prefix.frames]); or its Recorder."""
         ratio = self.cfg.token_mel_ratio
         spks = self.spk_embed_affine_layer(F.normalize(batch.embedding, dim=1))
         T = batch.tokens.shape[1]
@@ -107,7 +114,7 @@ class CausalMaskedDiffWithXvec(nn.Module):
         x = self.input_embedding(batch.tokens.clamp(min=0)) * present.to(spks.dtype)
         h = self.encoder_proj(self.encoder(x, batch.lengths, batch.context, streaming))    # [B, T·ratio, 80]
         frames = torch.arange(T * ratio, device=h.device)
-        mask = (frames[None, :] < (batch.lengths * ratio)[:, None]).to(h.dtype)[:, None]  # [B, 1, T·ratio]
+        mask = (frames[None, :] < (batch.lengths * ratio)[:, None]).to(h.dtype)[:, :, None]  # [B, T·ratio, 1]
         cond = torch.zeros_like(h)
         P = batch.prompt_mel.shape[1]
         cond[:, :P] = batch.prompt_mel.to(h.dtype) * (frames[None, :P, None] < batch.prompt_frames[:, None, None])
@@ -115,5 +122,10 @@ class CausalMaskedDiffWithXvec(nn.Module):
         # start) gets the noise it had, so the flow solves the same problem with less context, not a new one.
         after_prompt = frames[None, :] >= batch.prompt_frames[:, None]
         noise_index = frames[None, :] + batch.noise_shift[:, None] * after_prompt
-        return self.decoder(h.transpose(1, 2).contiguous(), mask, spks, cond.transpose(1, 2).contiguous(), streaming,
-                            noise_index)
+        view = None
+        if prefix is not None and prefix.recording:
+            view = prefix                                            # recording: the whole prompt, kept as it goes
+        elif prefix is not None:
+            view, n = prefix.view(batch.voice_index), prefix.frames
+            h, mask, cond, noise_index = h[:, n:], mask[:, n:], cond[:, n:], noise_index[:, n:]
+        return self.decoder(h, mask, spks, cond, streaming, noise_index, view).transpose(1, 2)

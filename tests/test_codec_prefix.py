@@ -1,0 +1,108 @@
+"""The voices' prompt prefix solved once (codec/prefix.py): calls that skip it give the mel of calls that solve it
+(float32, tiny-codec layout), for several voices of different prompt lengths batched together."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from services.vocoder.codec.checkpoint import random_codec
+from services.vocoder.codec.config import tiny
+from services.vocoder.codec.decoder import FlowState, FlowTokenDecoder
+from services.vocoder.codec.prefix import PromptPrefix, prefix_frames
+from services.vocoder.codec.voice import random_voice
+
+CPU = torch.device("cpu")
+
+
+def codes(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 1024, n).tolist()
+
+
+@pytest.fixture(scope="module")
+def flow():
+    return random_codec(tiny(), 0)[0].eval()
+
+
+@pytest.fixture(scope="module")
+def voices():
+    cfg = tiny().flow
+    return [random_voice(cfg, "alto", prompt_tokens=10, seed=1), random_voice(cfg, "tenor", prompt_tokens=17, seed=2)]
+
+
+def decoders(flow, voices):
+    """The same flow twice: solving every prompt frame, and skipping the voices' common prefix."""
+    whole, skipping = FlowTokenDecoder(flow, CPU), FlowTokenDecoder(flow, CPU)
+    skipping.set_voices(voices)
+    return whole, skipping
+
+
+def test_prefix_is_the_prompts_chunks_that_no_later_token_reaches(flow, voices):
+    # tiny: attention chunks of 20 frames (5 tokens), the encoder's of 5 tokens, 3 tokens of look-ahead
+    assert prefix_frames(flow, voices) == 20                      # the shortest prompt: 10 tokens, (10 - 3) // 5 * 5
+    assert prefix_frames(flow, voices[1:]) == 40                  # 17 tokens: two whole chunks before the last 3
+    short = random_voice(tiny().flow, "short", prompt_tokens=7)
+    assert prefix_frames(flow, [short]) == 0 and not PromptPrefix(flow, [short])
+    two_levels = dataclasses.replace(tiny(), flow=dataclasses.replace(
+        tiny().flow, estimator=dataclasses.replace(tiny().flow.estimator, channels=(32, 32))))
+    assert prefix_frames(random_codec(two_levels, 0)[0], voices) == 0  # a strided level reads ahead: no prefix
+
+
+@pytest.mark.parametrize("window", [11, 23, 40])
+def test_skipping_the_prefix_gives_the_same_mel(flow, voices, window):
+    """Streams of both voices in one call, at their first block, mid-stream and with a full window."""
+    whole, skipping = decoders(flow, voices)
+    assert skipping.prefix is not None and skipping.prefix.frames == 20
+    streams = [FlowState(v, tuple(codes(window, seed=i)), 0, 0 if window == 11 else window - 8)
+               for i, v in enumerate(voices)]
+    want = whole.decode_chunks([([], s) for s in streams])
+    got = skipping.decode_chunks([([], s) for s in streams])
+    for (w, ws), (g, gs) in zip(want, got):
+        assert g.shape == w.shape and w.shape[1] > 0
+        assert gs == ws
+        torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-5)
+
+
+def test_a_whole_stream_with_the_prefix_is_the_stream_without(flow, voices):
+    whole, skipping = decoders(flow, voices)
+    tokens = codes(60, seed=9)
+    outs = []
+    for decoder in (whole, skipping):
+        state, pieces = FlowState(voices[1]), []
+        for at in range(0, 60, 7):
+            mel, state = decoder.decode_chunks([(tokens[at : at + 7], state)])[0]
+            pieces.append(mel)
+        pieces.append(decoder.decode_chunks([(None, state)])[0][0])
+        outs.append(torch.cat(pieces, 1))
+    assert outs[0].shape == (80, 240)
+    torch.testing.assert_close(outs[1], outs[0], atol=2e-5, rtol=1e-5)
+
+
+def test_a_voice_outside_the_prefix_is_solved_whole(flow, voices):
+    """A call with a voice the prefix was not made for (not set_voices') solves every frame, and is right."""
+    whole, skipping = decoders(flow, voices[:1])
+    streams = [FlowState(v, tuple(codes(13, seed=3)), 0, 0) for v in voices]
+    assert not skipping.prefix.covers(s.voice for s in streams)
+    for (w, _), (g, _) in zip(whole.decode_chunks([([], s) for s in streams]),
+                              skipping.decode_chunks([([], s) for s in streams])):
+        torch.testing.assert_close(g, w, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs of the flow: needs a GPU")
+def test_prefix_in_cuda_graphs_is_the_eager_whole_call(flow, voices):
+    """bf16 graphs reading the prefix's tensors give the eager call that solves every frame (to bf16 rounding)."""
+    device = torch.device("cuda")
+    whole = FlowTokenDecoder(random_codec(tiny(), 0)[0].eval(), device, graphs=False)
+    graphs = FlowTokenDecoder(random_codec(tiny(), 0)[0].eval(), device)
+    graphs.set_voices(voices)
+    graphs.warm_up(voices, 4)
+    assert graphs.graphs and all(prefixed for _, _, prefixed in graphs.graphs)
+    streams = [FlowState(v, tuple(codes(23, seed=i)), 0, 15) for i, v in enumerate(voices)]
+    for (w, _), (g, _) in zip(whole.decode_chunks([([], s) for s in streams]),
+                              graphs.decode_chunks([([], s) for s in streams])):
+        assert g.shape == w.shape and w.shape[1] > 0
+        err = (g - w).float().pow(2).sum() / w.float().pow(2).sum()
+        assert err < 1e-3, f"relative error {float(err):.2e}"
