@@ -9,7 +9,8 @@ window 40 tokens; its time bounds the aggregate). Variants:
 - before: the flow and estimator of an earlier commit (--before DIR: its estimator.py and flow.py, e.g.
   `git show REV:services/vocoder/codec/estimator.py`), to time a change against its parent on the same card;
 - eager: today's modules, every prompt frame solved in every call;
-- prefix: today's, as served: the voice's prompt prefix solved once (codec/prefix.py);
+- prefix: today's with the voice's prompt prefix solved once (codec/prefix.py), in calls of every size (served:
+  from decoder.PREFIX_MIN_ROWS rows on);
 - compiled-dynamic / compiled-static: the estimator through torch.compile (one compilation for every shape, or
   one per shape).
 Floors: the estimator's multiply-adds over the GPU's measured bf16 matrix rate. Also a profile of the first
@@ -111,7 +112,7 @@ def main():
         flow = before_flow(args.before, cfg) if variant == "before" else random_codec(cfg, 0)[0]
         if variant.startswith("compiled"):
             flow.decoder.estimator.compile(dynamic=variant == "compiled-dynamic", fullgraph=True)
-        decoder = FlowTokenDecoder(flow, device)
+        decoder = FlowTokenDecoder(flow, device, prefix_min_rows=1)
         if variant == "prefix":
             decoder.set_voices([voice])
         skipped = decoder.prefix.frames if decoder.prefix else 0

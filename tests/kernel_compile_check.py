@@ -18,6 +18,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from services.llm.runner.kernels import fused, paged_attention, sampling  # noqa: E402
 from services.vocoder import activation  # noqa: E402
+from services.vocoder.codec import chunk_attention  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -73,6 +74,14 @@ KERNELS = {
         activation._anti_aliased_snake_kernel,
         {"x_ptr": BF16, "f_ptr": "*fp32", "g_ptr": "*fp32", "alpha_ptr": "*fp32", "inv_beta_ptr": "*fp32",
          "out_ptr": BF16, "scratch_ptr": "*fp32"}, (), dict(BC=64, BT=16, CHANNELS_LAST=True)), 4),
+    "codec: static-chunk attention with a prompt prefix": (chunk_attention._chunk_attention, *signature(
+        chunk_attention._chunk_attention,
+        {"Q": BF16, "K": BF16, "V": BF16, "KP": BF16, "VP": BF16, "O": BF16, "ROWS": "*i64", "LENGTHS": "*i32"},
+        ("scale",), dict(H=8, D=64, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32")), 4),
+    "codec: static-chunk attention, float32 (tests)": (chunk_attention._chunk_attention, *signature(
+        chunk_attention._chunk_attention,
+        {"Q": "*fp32", "K": "*fp32", "V": "*fp32", "KP": "*fp32", "VP": "*fp32", "O": "*fp32", "ROWS": "*i64",
+         "LENGTHS": "*i32"}, ("scale",), dict(H=2, D=16, BLOCK_M=16, BLOCK_N=16, PRECISION="ieee")), 4),
 }
 
 

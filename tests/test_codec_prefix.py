@@ -35,7 +35,7 @@ def voices():
 
 def decoders(flow, voices):
     """The same flow twice: solving every prompt frame, and skipping the voices' common prefix."""
-    whole, skipping = FlowTokenDecoder(flow, CPU), FlowTokenDecoder(flow, CPU)
+    whole, skipping = FlowTokenDecoder(flow, CPU), FlowTokenDecoder(flow, CPU, prefix_min_rows=1)
     skipping.set_voices(voices)
     return whole, skipping
 
@@ -96,13 +96,22 @@ def test_prefix_in_cuda_graphs_is_the_eager_whole_call(flow, voices):
     """bf16 graphs reading the prefix's tensors give the eager call that solves every frame (to bf16 rounding)."""
     device = torch.device("cuda")
     whole = FlowTokenDecoder(random_codec(tiny(), 0)[0].eval(), device, graphs=False)
-    graphs = FlowTokenDecoder(random_codec(tiny(), 0)[0].eval(), device)
+    graphs = FlowTokenDecoder(random_codec(tiny(), 0)[0].eval(), device)  # the prefix from 4 rows on
     graphs.set_voices(voices)
     graphs.warm_up(voices, 4)
-    assert graphs.graphs and all(prefixed for _, _, prefixed in graphs.graphs)
-    streams = [FlowState(v, tuple(codes(23, seed=i)), 0, 15) for i, v in enumerate(voices)]
+    assert {B for B, _, prefixed in graphs.graphs if prefixed} == {4}
+    assert {B for B, _, prefixed in graphs.graphs if not prefixed} == {1, 2, 3}
+    streams = [FlowState(v, tuple(codes(23, seed=i)), 0, 15) for i, v in enumerate(voices + voices)]  # 4 rows
     for (w, _), (g, _) in zip(whole.decode_chunks([([], s) for s in streams]),
                               graphs.decode_chunks([([], s) for s in streams])):
         assert g.shape == w.shape and w.shape[1] > 0
         err = (g - w).float().pow(2).sum() / w.float().pow(2).sum()
         assert err < 1e-3, f"relative error {float(err):.2e}"
+
+
+def test_small_calls_solve_every_frame(flow, voices):
+    """Under prefix_min_rows rows a call does not read the prefix (it would take more launches than it saves)."""
+    decoder = FlowTokenDecoder(flow, CPU, prefix_min_rows=3)
+    decoder.set_voices(voices)
+    assert not decoder._prefixed(2, voices) and decoder._prefixed(3, voices)
+    assert not decoder._prefixed(3, [random_voice(tiny().flow, "other", prompt_tokens=10)])

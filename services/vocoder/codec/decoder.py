@@ -21,8 +21,10 @@ never reaches a row's kept frames (conformer.py, estimator.py). On CUDA each (ba
 call is a CUDA graph (the encoder and all Euler steps), captured by `warm_up` before serving.
 
 **The prompt's prefix** (prefix.py): the voices' prompts begin every row, and their first whole chunks are the
-same in every call; `set_voices` computes them once, and calls whose voices are all known solve only the frames
-after them (at the real size, 180 of a saturated row's 320 frames).
+same in every call; `set_voices` computes them once, and calls of `prefix_min_rows` rows or more whose voices are
+all known solve only the frames after them (at the real size, 180 of a saturated row's 320 frames). Smaller
+calls solve every frame: they are bound by their kernel launches, not their work, and reading the prefix takes
+more launches (H100: 16 rows 118 -> 87 ms with the prefix, 1 row 29 -> 37 ms; docs/benchmarks.md, issue 20).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ TOKEN_BUCKETS = (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)   # prompt + wind
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 DEFAULT_BLOCK_TOKENS = 5
 DEFAULT_MAX_CONTEXT_TOKENS = 40
+PREFIX_MIN_ROWS = 4  # measured: 1 row slower with the prefix, 16 faster; the crossover between is not
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,8 @@ class Plan:
 class FlowTokenDecoder:
     def __init__(self, flow: CausalMaskedDiffWithXvec, device: torch.device, dtype: torch.dtype | None = None,
                  block_tokens: int = DEFAULT_BLOCK_TOKENS, max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
-                 n_timesteps: int | None = None, cfg_rate: float | None = None, graphs: bool | None = None):
+                 n_timesteps: int | None = None, cfg_rate: float | None = None, graphs: bool | None = None,
+                 prefix_min_rows: int = PREFIX_MIN_ROWS):
         cfg = flow.cfg
         if block_tokens < 1:
             raise ValueError(f"flow decoder: block_tokens must be >= 1, got {block_tokens}")
@@ -96,6 +100,7 @@ class FlowTokenDecoder:
         self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, FlowBatch, torch.Tensor]] = {}
         self.pool = None
         self.prefix: PromptPrefix | None = None
+        self.prefix_min_rows = prefix_min_rows
 
     def set_voices(self, voices: list[Voice]) -> None:
         """The voices streams will speak in: their prompts' common prefix is solved now, once (prefix.py)."""
@@ -162,7 +167,7 @@ class FlowTokenDecoder:
         graph = self.use_graphs and smallest(TOKEN_BUCKETS, longest) is not None and len(rows) <= BATCH_BUCKETS[-1]
         T = smallest(TOKEN_BUCKETS, longest) if graph else longest
         B = smallest(BATCH_BUCKETS, len(rows)) if graph else len(rows)
-        prefixed = self.prefix is not None and self.prefix.covers(s.voice for s, _ in rows)
+        prefixed = self._prefixed(B, [s.voice for s, _ in rows])
         batch = self._batch(rows, B, T, prefixed)
         if graph:
             cuda_graph, static, static_out = self._graph(B, T, prefixed)
@@ -180,6 +185,10 @@ class FlowTokenDecoder:
             a, b = (prompt + plan.emit_from - plan.start) * self.ratio, (prompt + plan.decode_end - plan.start) * self.ratio
             out.append(mel[row, :, a - skipped : b - skipped].float().clone())  # a copy: a replay overwrites it
         return out
+
+    def _prefixed(self, B: int, voices) -> bool:
+        """Whether a call of B rows (its batch bucket) in these voices reads the prompt prefix."""
+        return self.prefix is not None and B >= self.prefix_min_rows and self.prefix.covers(voices)
 
     def _batch(self, rows: list[tuple[FlowState, Plan]], B: int, T: int, prefixed: bool = False) -> FlowBatch:
         """Rows padded to [B, T] (padding rows: one token of code 0, no prompt, the first voice's prefix) on the
@@ -241,7 +250,6 @@ class FlowTokenDecoder:
         low = smallest(TOKEN_BUCKETS, min(prompts) + self.block + self.lookahead) or TOKEN_BUCKETS[-1]
         high = smallest(TOKEN_BUCKETS, max(prompts) + self.max_context) or TOKEN_BUCKETS[-1]
         ceiling = smallest(BATCH_BUCKETS, max_batch) or BATCH_BUCKETS[-1]
-        prefixed = self.prefix is not None and self.prefix.covers(voices)
         for B in (b for b in BATCH_BUCKETS if b <= ceiling):
             for T in (t for t in TOKEN_BUCKETS if low <= t <= high):
-                self._graph(B, T, prefixed)
+                self._graph(B, T, self._prefixed(B, voices))

@@ -22,9 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.vocoder.codec.chunk_attention import chunk_attention
 from services.vocoder.codec.config import EstimatorConfig
-
-MASKED = -1.0e10  # the reference's additive attention bias for a key a query may not read
 
 
 class CausalConv1d(nn.Conv1d):
@@ -111,16 +110,15 @@ class Attention(nn.Module):
         self.to_q, self.to_k, self.to_v = (nn.Linear(dim, inner, bias=False) for _ in range(3))
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Dropout(0.0)])
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor, prefix=None) -> torch.Tensor:
-        """x [B, T, dim], bias [B, 1, T, S] (0 or MASKED; S = T, or T and a prompt prefix's frames before them)
-        → [B, T, dim]. q, k and v in one matrix product."""
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, chunk: int, prefix=None) -> torch.Tensor:
+        """x [B, T, dim]; lengths [B]: each row's valid frames (keys past them are not read); chunk: static-chunk
+        frames (0: none); prefix: a prompt prefix read before the row's keys (prefix.py) → [B, T, dim]. q, k and
+        v in one matrix product."""
         B, T, _ = x.shape
         weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])    # [3·inner, dim]
         q, k, v = F.linear(x, weight).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [B, heads, T, d] each
-        if prefix is not None:
-            k, v = prefix.keys(self.slot, k, v)                                         # [B, heads, S, d]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        return self.to_out[0](out.transpose(1, 2).reshape(B, T, -1))
+        before = None if prefix is None else prefix.kv(self.slot, k, v)
+        return self.to_out[0](chunk_attention(q, k, v, lengths, chunk, before))
 
 
 class BasicTransformerBlock(nn.Module):
@@ -130,8 +128,8 @@ class BasicTransformerBlock(nn.Module):
         self.attn1 = Attention(dim, heads, dim_head)
         self.ff = FeedForward(dim)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor, prefix=None) -> torch.Tensor:
-        x = x + self.attn1(self.norm1(x), bias, prefix)
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, chunk: int, prefix=None) -> torch.Tensor:
+        x = x + self.attn1(self.norm1(x), lengths, chunk, prefix)
         return x + self.ff(self.norm3(x))
 
 
@@ -152,19 +150,6 @@ class TimestepEmbedding(nn.Module):
 
 def _transformers(dim: int, cfg: EstimatorConfig) -> nn.ModuleList:
     return nn.ModuleList(BasicTransformerBlock(dim, cfg.num_heads, cfg.attention_head_dim) for _ in range(cfg.n_blocks))
-
-
-def attention_bias(mask: torch.Tensor, chunk: int, dtype: torch.dtype, prefix_frames: int = 0) -> torch.Tensor:
-    """mask [B, T, 1] → the additive bias [B, 1, T, prefix_frames + T] of a query (row) reading a key (column): keys
-    in the mask, and with chunk > 0 (streaming) only those in the query's static chunk or before it. A prompt
-    prefix's frames (whole chunks before the first frame) are read by every query."""
-    T = mask.shape[1]
-    allowed = mask.bool().transpose(1, 2).expand(-1, T, -1)              # [B, T(query), T(key)]
-    if chunk > 0:
-        pos = torch.arange(T, device=mask.device)
-        allowed = allowed & (pos[None, :] < ((pos // chunk + 1) * chunk)[:, None])[None]
-    bias = (~allowed).to(dtype) * MASKED
-    return F.pad(bias, (prefix_frames, 0))[:, None]
 
 
 class CausalConditionalDecoder(nn.Module):
@@ -214,13 +199,11 @@ class CausalConditionalDecoder(nn.Module):
         temb = self.time_mlp(t)
         x = torch.cat([x, mu, spks[:, None, :].expand(-1, x.shape[1], -1), cond], dim=-1)
         skips, masks = [], [mask]
-        biases = {}  # one attention bias per U-Net level (its frame count)
-        before = 0 if prefix is None else prefix.prepended
 
         def attend(h, m, blocks):
-            bias = biases.setdefault(m.shape[1], attention_bias(m, chunk, h.dtype, before))
+            lengths = m[:, :, 0].sum(1).to(torch.int32)  # each row's valid frames: the mask is a row's first frames
             for block in blocks:
-                h = block(h, bias, prefix)
+                h = block(h, lengths, chunk, prefix)
             return h
 
         for resnet, blocks, down in self.down_blocks:

@@ -10,7 +10,8 @@ prompt of 40 tokens that is 140 of a saturated call's 320 frames per row, and 14
 `PromptPrefix` records, per voice, at every Euler step and for both CFG rows, what later frames read of those
 frames: each attention's keys and values and each causal convolution's last input frames. A call then runs the
 estimator on the frames after the prefix only, its attention reading the prefix's keys and values before its own
-and its convolutions the prefix's frames before its first. The mel of the frames after the prefix is what the
+(chunk_attention.py: on CUDA straight from this cache, by each row's voice) and its convolutions the prefix's
+frames before its first. The mel of the frames after the prefix is what the
 whole call gives (tests/test_codec_prefix.py). The prefix is as long for every voice: the shortest voice's.
 
 Memory: per voice, 2 x steps x (2 x heads x head_dim x frames per attention); at the real size with a 40-token
@@ -97,13 +98,11 @@ class PrefixView:
 
     def __init__(self, cache: PromptPrefix, rows: torch.Tensor):
         self.cache, self.rows, self.step = cache, rows, 0
-        self.prepended = cache.frames
 
-    def keys(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The call's keys and values [B, heads, T, d] with the prefix's before them → [B, heads, frames + T, d]."""
-        pk = self.cache.keys[slot][self.step].index_select(0, self.rows)
-        pv = self.cache.values[slot][self.step].index_select(0, self.rows)
-        return torch.cat([pk, k], 2), torch.cat([pv, v], 2)
+    def kv(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What an attention reads before the call's keys and values: the prefix's [R, heads, frames, d] at this
+        step, and each row's place in them [B] (chunk_attention.py)."""
+        return self.cache.keys[slot][self.step], self.cache.values[slot][self.step], self.rows
 
     def left(self, slot: int, x: torch.Tensor, frames: int) -> torch.Tensor:
         """A convolution's input [B, T, C] with the prefix's last `frames` frames before it."""
@@ -113,16 +112,16 @@ class PrefixView:
 class Recorder:
     """Prefix-recording mode: the estimator runs over the whole prompt as usual; its first frames are kept."""
 
-    prepended, recording = 0, True
+    recording = True
 
     def __init__(self, cache: PromptPrefix, voice: int):
         self.cache, self.at, self.step = cache, slice(2 * voice, 2 * voice + 2), 0
 
-    def keys(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def kv(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keeps the whole prompt's first keys and values; the attention reads no prefix before them."""
         n = self.cache.frames
         self.cache.keys[slot][self.step][self.at] = k[:, :, :n]
         self.cache.values[slot][self.step][self.at] = v[:, :, :n]
-        return k, v
 
     def left(self, slot: int, x: torch.Tensor, frames: int) -> torch.Tensor:
         n = self.cache.frames

@@ -1,0 +1,135 @@
+"""The estimator's attention: static-chunk causal, over a row's valid frames, after a voice's prompt prefix.
+
+A query at frame i of a row with `length` valid frames reads the keys j < min(length, the end of i's chunk)
+(chunk 0: j < length), and, with a prompt prefix (prefix.py), every key of the prefix before them: those
+frames are whole chunks before the row's first. In PyTorch that is an additive mask over [T, T] per row and
+the prefix's keys and values gathered and concatenated before the row's, for each of the 56 attentions and
+10 Euler steps of a flow call; on an H100 the masked attention and the concatenation took 40% of a saturated
+call (docs/benchmarks.md, issue 20). On CUDA a Triton kernel does it in one pass instead: the chunk rule and
+the lengths in the kernel, the prefix read where it lies (its voice's rows of the cache), the output written
+in the [B, T, heads·d] layout the output projection reads. Elsewhere (CPU) the PyTorch form runs.
+
+Shapes: q, k, v [B, heads, T, d] (any strides, d contiguous); lengths [B] int; prefix keys and values
+[R, heads, F, d] with rows [B] (each row's in R) → [B, T, heads·d].
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover (CI installs triton; the PyTorch form needs none)
+    triton = None
+
+MASKED = -1.0e10  # the reference's additive attention bias for a key a query may not read
+
+
+def attention_bias(lengths: torch.Tensor, T: int, chunk: int, dtype: torch.dtype, prefix_frames: int = 0):
+    """The additive bias [B, 1, T, prefix_frames + T] of a query (row) reading a key (column)."""
+    pos = torch.arange(T, device=lengths.device)
+    allowed = (pos[None, None, :] < lengths[:, None, None]).expand(-1, T, -1)          # [B, T(query), T(key)]
+    if chunk > 0:
+        allowed = allowed & (pos[None, :] < ((pos // chunk + 1) * chunk)[:, None])[None]
+    return F.pad((~allowed).to(dtype) * MASKED, (prefix_frames, 0))[:, None]
+
+
+def reference(q, k, v, lengths, chunk, prefix=None):
+    """PyTorch: the mask as a bias, the prefix gathered and concatenated, scaled_dot_product_attention."""
+    B, H, T, d = q.shape
+    frames = 0
+    if prefix is not None:
+        pk, pv, rows = prefix
+        k, v = torch.cat([pk.index_select(0, rows), k], 2), torch.cat([pv.index_select(0, rows), v], 2)
+        frames = pk.shape[2]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_bias(lengths, T, chunk, q.dtype, frames))
+    return out.transpose(1, 2).reshape(B, T, H * d)
+
+
+def chunk_attention(q, k, v, lengths, chunk: int, prefix=None):
+    """→ [B, T, heads·d]: the Triton kernel on CUDA, the PyTorch form elsewhere (module docstring)."""
+    if not q.is_cuda or triton is None:
+        return reference(q, k, v, lengths, chunk, prefix)
+    return kernel(q, k, v, lengths, chunk, prefix)
+
+
+def kernel(q, k, v, lengths, chunk: int, prefix=None):
+    """The Triton kernel (on CPU tensors: Triton's interpreter, for the tests)."""
+    B, H, T, d = q.shape
+    out = torch.empty(B, T, H, d, device=q.device, dtype=q.dtype)
+    if prefix is None:
+        pk = pv = k  # unread: no prefix frames
+        rows, frames = lengths, 0
+    else:
+        pk, pv, rows = prefix
+        frames = pk.shape[2]
+    block_m = 64 if T >= 64 else 16
+    grid = (triton.cdiv(T, block_m), B * H)
+    _chunk_attention[grid](q, k, v, pk, pv, out, rows, lengths,
+                           *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *pk.stride()[:3], *pv.stride()[:3],
+                           *out.stride()[:3], T, frames, chunk, 1.0 / math.sqrt(d),
+                           H=H, D=d, BLOCK_M=block_m, BLOCK_N=64 if T >= 64 else 16,
+                           # float32 (tests): products in full precision; a GPU's default for them is tf32 (1e-3)
+                           PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    return out.view(B, T, H * d)
+
+
+if triton is not None:
+    @triton.jit
+    def _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION: tl.constexpr):
+        """One block of keys (kt [D, N], values at v_ptrs [N, D]; key_ok [N]: inside the tensor) into the running
+        max, sum and output of the queries (allowed [M, N]: what each may read)."""
+        s = tl.where(allowed, tl.dot(q, kt, input_precision=PRECISION) * scale, -1.0e30)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.where(allowed, tl.exp(s - m_new[:, None]), 0.0)
+        alpha = tl.exp(m_i - m_new)
+        v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        return m_new, l_i * alpha + tl.sum(p, 1), acc
+
+    @triton.jit
+    def _chunk_attention(Q, K, V, KP, VP, O, ROWS, LENGTHS,
+                         sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
+                         skp_r, skp_h, skp_t, svp_r, svp_h, svp_t, so_b, so_t, so_h,
+                         T, frames, chunk, scale,
+                         H: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         PRECISION: tl.constexpr):
+        pid_m, bh = tl.program_id(0), tl.program_id(1)
+        b, h = bh // H, bh % H
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, D)
+        q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :], mask=offs_m[:, None] < T,
+                    other=0.0)
+        length = tl.load(LENGTHS + b).to(tl.int32)
+        limit = tl.zeros([BLOCK_M], tl.int32) + length              # a query reads the row's keys before this
+        if chunk > 0:
+            limit = tl.minimum((offs_m // chunk + 1) * chunk, limit)
+        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        if frames > 0:  # the prompt prefix: every query reads all of it
+            row = tl.load(ROWS + b)
+            for start in range(0, frames, BLOCK_N):
+                offs_n = start + tl.arange(0, BLOCK_N)
+                key_ok = offs_n < frames
+                allowed = key_ok[None, :] & (offs_m[:, None] >= 0)
+                kt = tl.load(KP + row * skp_r + h * skp_h + offs_n[None, :] * skp_t + offs_d[:, None],
+                             mask=key_ok[None, :], other=0.0)
+                v_ptrs = VP + row * svp_r + h * svp_h + offs_n[:, None] * svp_t + offs_d[None, :]
+                m_i, l_i, acc = _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION)
+        hi = tl.minimum(tl.max(limit, 0), T)
+        for start in range(0, hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            key_ok = offs_n < hi
+            allowed = offs_n[None, :] < limit[:, None]
+            kt = tl.load(K + b * sk_b + h * sk_h + offs_n[None, :] * sk_t + offs_d[:, None], mask=key_ok[None, :],
+                         other=0.0)
+            v_ptrs = V + b * sv_b + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :]
+            m_i, l_i, acc = _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION)
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]              # a query with no key (a row of none): 0
+        tl.store(O + b * so_b + offs_m[:, None] * so_t + h * so_h + offs_d[None, :], out.to(O.dtype.element_ty),
+                 mask=offs_m[:, None] < T)

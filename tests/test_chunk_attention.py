@@ -1,0 +1,78 @@
+"""The estimator's attention kernel (codec/chunk_attention.py) against its PyTorch form: static chunks, rows of
+fewer valid frames, a prompt prefix read by each row's voice; q, k and v strided as the estimator makes them.
+Without CUDA the kernel runs in Triton's CPU interpreter (float32, small shapes); with CUDA also in bfloat16 at
+the real size. The graph's output is poisoned before its replay."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+pytest.importorskip("triton", reason="triton is not importable; the codec attention kernel untested")
+
+from services.vocoder.codec.chunk_attention import kernel, reference  # noqa: E402
+
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+
+
+def qkv(gen, B, H, T, d, dtype):
+    """q, k, v [B, H, T, d] as views of one [B, T, 3, H, d] projection (the estimator's strides)."""
+    x = torch.randn(B, T, 3, H, d, generator=gen, device=DEVICE).to(dtype)
+    return x.permute(2, 0, 3, 1, 4).unbind(0)
+
+
+CASES = [  # (B, H, T, d, chunk, prefix frames, prompt voices)
+    (3, 2, 37, 16, 4, 0, 0),
+    (3, 2, 37, 16, 0, 0, 0),
+    (4, 2, 29, 16, 4, 8, 2),
+    (2, 1, 70, 32, 20, 40, 3),
+]
+
+
+@pytest.mark.parametrize("B,H,T,d,chunk,frames,voices", CASES)
+def test_kernel_is_the_pytorch_form(B, H, T, d, chunk, frames, voices):
+    gen = torch.Generator(DEVICE).manual_seed(B * 1000 + T)
+    for dtype in [torch.float32] + ([torch.bfloat16] if CUDA else []):
+        q, k, v = qkv(gen, B, H, T, d, dtype)
+        lengths = torch.randint(1, T + 1, (B,), generator=gen, device=DEVICE).to(torch.int32)
+        lengths[0] = T  # one whole row
+        prefix = None
+        if frames:
+            pk, pv = (torch.randn(2 * voices, H, frames, d, generator=gen, device=DEVICE).to(dtype) for _ in range(2))
+            prefix = (pk, pv, torch.randint(0, 2 * voices, (B,), generator=gen, device=DEVICE))
+        want = reference(q, k, v, lengths, chunk, prefix).float()
+        got = kernel(q, k, v, lengths, chunk, prefix).float()
+        assert got.shape == (B, T, H * d) and torch.isfinite(got).all()
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+def test_a_row_of_no_frames_reads_only_its_prefix():
+    """After the prompt prefix, a padding row may have no valid frame: it reads the prefix alone, finite."""
+    gen = torch.Generator(DEVICE).manual_seed(5)
+    q, k, v = qkv(gen, 2, 2, 16, 16, torch.float32)
+    lengths = torch.tensor([16, 0], dtype=torch.int32, device=DEVICE)
+    pk, pv = (torch.randn(2, 2, 8, 16, generator=gen, device=DEVICE) for _ in range(2))
+    rows = torch.tensor([0, 1], device=DEVICE)
+    got = kernel(q, k, v, lengths, 4, (pk, pv, rows))
+    torch.testing.assert_close(got, reference(q, k, v, lengths, 4, (pk, pv, rows)), atol=1e-5, rtol=1e-5)
+    alone = torch.softmax(q[1] @ pk[1].transpose(1, 2) / 4, -1) @ pv[1]       # [H, T, d]: the prefix only
+    torch.testing.assert_close(got[1].view(16, 2, 16).transpose(0, 1), alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not CUDA, reason="the real size in bfloat16: needs a GPU")
+def test_real_size_in_a_cuda_graph():
+    """32 rows, 8 heads, 180 frames after a 140-frame prefix of 2 voices, captured in a CUDA graph and replayed."""
+    gen = torch.Generator(DEVICE).manual_seed(7)
+    q, k, v = qkv(gen, 32, 8, 180, 64, torch.bfloat16)
+    lengths = torch.randint(100, 181, (32,), generator=gen, device=DEVICE).to(torch.int32)
+    pk, pv = (torch.randn(4, 8, 140, 64, generator=gen, device=DEVICE).to(torch.bfloat16) for _ in range(2))
+    rows = torch.randint(0, 4, (32,), generator=gen, device=DEVICE)
+    kernel(q, k, v, lengths, 20, (pk, pv, rows))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernel(q, k, v, lengths, 20, (pk, pv, rows))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.testing.assert_close(out.float(), reference(q, k, v, lengths, 20, (pk, pv, rows)).float(), atol=2e-2, rtol=2e-2)
