@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,42 +30,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from codec_reference import reference_flow, reference_hift  # noqa: E402
+from measure import median_time, snr_db  # noqa: E402
 
 from services.vocoder import generator as gen  # noqa: E402
 from services.vocoder.codec.checkpoint import load_into  # noqa: E402
 from services.vocoder.codec.config import PRESETS  # noqa: E402
 from services.vocoder.codec.decoder import FlowState, FlowTokenDecoder  # noqa: E402
-from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch  # noqa: E402
+from services.vocoder.codec.flow import CausalMaskedDiffWithXvec  # noqa: E402
 from services.vocoder.codec.hift import HiFTGenerator, receptive_field  # noqa: E402
 from services.vocoder.codec.voice import random_voice  # noqa: E402
 from services.vocoder.runner import GeneratorRunner  # noqa: E402
 from services.vocoder.streamer import DEFAULT_LOOKAHEAD  # noqa: E402
 
 BLOCK_SECONDS = 0.4  # 5 tokens of 80 ms
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, reps: int, device) -> float:
-    """Median seconds of fn() over reps runs, after one warm-up."""
-    fn()
-    sync(device)
-    times = []
-    for _ in range(reps):
-        sync(device)
-        t = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
-    ref, x = ref.float().cpu(), x.float().cpu()
-    return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum().clamp(min=1e-30)))
 
 
 def build(device, preset: str):
@@ -196,20 +172,20 @@ def main():
     first_tokens = torch.randint(0, vocab, (first + 3,), generator=g).tolist()
     fresh = FlowState(voice, tuple(first_tokens), 0, 0)
     cells = {}
-    cells["reference flow + HiFT"] = timed(lambda: ref.block(first_tokens, 0), args.reps, device)
-    cells["ours flow + HiFT"] = timed(lambda: hift_windows([served.decode_chunks([([], fresh)])[0][0]], True), args.reps, device)
-    cells["ours flow + BigVGAN"] = timed(lambda: bigvgan_windows([served.decode_chunks([([], fresh)])[0][0]], True),
+    cells["reference flow + HiFT"] = median_time(lambda: ref.block(first_tokens, 0), args.reps, device)
+    cells["ours flow + HiFT"] = median_time(lambda: hift_windows([served.decode_chunks([([], fresh)])[0][0]], True), args.reps, device)
+    cells["ours flow + BigVGAN"] = median_time(lambda: bigvgan_windows([served.decode_chunks([([], fresh)])[0][0]], True),
                                          args.reps, device)
-    cells["ours flow"] = timed(lambda: served.decode_chunks([([], fresh)])[0][0].cpu(), args.reps, device)
-    cells["reference flow"] = timed(lambda: ref.block(first_tokens, 0, with_hift=False).cpu(), args.reps, device)
+    cells["ours flow"] = median_time(lambda: served.decode_chunks([([], fresh)])[0][0].cpu(), args.reps, device)
+    cells["reference flow"] = median_time(lambda: ref.block(first_tokens, 0, with_hift=False).cpu(), args.reps, device)
     out["first_chunk_ms"] = {k: v * 1e3 for k, v in cells.items()}
     out["first_block_tokens"] = first
     for k, v in out["first_chunk_ms"].items():
         print(f"first chunk ({first} + 3 tokens): {k:24s} {v:8.2f} ms", flush=True)
 
     # ---- aggregate: every stream with a saturated block due --------------------------------------------------
-    ref_block = timed(lambda: ref.block(window, state.decoded), max(3, args.reps // 2), device)
-    ref_flow_block = timed(lambda: ref.block(window, state.decoded, with_hift=False).cpu(), max(3, args.reps // 2), device)
+    ref_block = median_time(lambda: ref.block(window, state.decoded), max(3, args.reps // 2), device)
+    ref_flow_block = median_time(lambda: ref.block(window, state.decoded, with_hift=False).cpu(), max(3, args.reps // 2), device)
     out["reference_block_ms"], out["reference_flow_block_ms"] = ref_block * 1e3, ref_flow_block * 1e3
     out["streams"] = {}
     for n in (int(s) for s in args.streams.split(",")):
@@ -228,9 +204,9 @@ def main():
                 bigvgan_windows([m for m, _ in served.decode_chunks([([], s) for s in call])], False)
 
         audio = n * BLOCK_SECONDS
-        cell = {"ours_flow_hift_x_realtime": audio / timed(with_hift, max(3, args.reps // 2), device),
-                "ours_flow_bigvgan_x_realtime": audio / timed(with_bigvgan, max(3, args.reps // 2), device),
-                "ours_flow_x_realtime": audio / timed(lambda: [m.cpu() for m in flow_only()], max(3, args.reps // 2), device),
+        cell = {"ours_flow_hift_x_realtime": audio / median_time(with_hift, max(3, args.reps // 2), device),
+                "ours_flow_bigvgan_x_realtime": audio / median_time(with_bigvgan, max(3, args.reps // 2), device),
+                "ours_flow_x_realtime": audio / median_time(lambda: [m.cpu() for m in flow_only()], max(3, args.reps // 2), device),
                 "reference_flow_hift_x_realtime": BLOCK_SECONDS / ref_block,
                 "reference_flow_x_realtime": BLOCK_SECONDS / ref_flow_block}
         out["streams"][n] = cell

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from measure import snr_db
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowState, FlowTokenDecoder
@@ -75,11 +76,6 @@ def before_flow(directory: str, cfg):
     old = cls(cfg.flow).eval()
     old.load_state_dict(random_codec(cfg, 0)[0].state_dict())
     return old
-
-
-def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
-    ref, x = ref.float(), x.float()
-    return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum().clamp(min=1e-30)))
 
 
 @torch.inference_mode()

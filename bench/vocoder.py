@@ -29,6 +29,8 @@ import warnings
 
 import torch
 
+from measure import snr_db, sync, times
+
 from services.vocoder import generator as gen
 from services.vocoder.receptive_field import receptive_field
 from services.vocoder.runner import GeneratorRunner
@@ -37,11 +39,6 @@ from services.vocoder.streamer import DEFAULT_LOOKAHEAD
 CONFIGS = {"24k-80band-480x": "moss-speech", "22k-80band-256x": "bigvgan-v2-22khz-80band-256x", "tiny": "tiny"}
 TOKEN_SECONDS = 0.08
 MIXED_SCHEDULE = (3, 3, 6, 12, 20, 20, 11)  # a 75-token stream's chunks (the gateway's schedule), --mixed
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def package_model(h, device):
@@ -53,23 +50,6 @@ def package_model(h, device):
         model = bigvgan.BigVGAN(h, use_cuda_kernel=False)
         model.remove_weight_norm()
     return model.eval().to(device)
-
-
-def timed(fn, reps: int, device) -> list[float]:
-    fn()
-    sync(device)
-    times = []
-    for _ in range(reps):
-        sync(device)
-        t = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t)
-    return times
-
-
-def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
-    return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum().clamp(min=1e-30)))
 
 
 def kernel_profile(title: str, fn, device) -> None:
@@ -108,13 +88,13 @@ def bench_config(name: str, preset: str, args, device) -> dict:
     for tokens in (2, 3):  # a stream's first window: no left context yet, lookahead held back but computed
         frames = tokens * frames_per_token
         mel = (torch.randn(h["num_mels"], frames, generator=g) - 5).to(device)
-        pkg = timed(lambda: theirs(mel[None])[0, 0].cpu(), args.reps, device)
-        our = timed(lambda: ours([mel]), args.reps, device)
+        pkg = times(lambda: theirs(mel[None])[0, 0].cpu(), args.reps, device)
+        our = times(lambda: ours([mel]), args.reps, device)
         ref = theirs(mel[None])[0, 0, : frames * hop].float().cpu()
         mine = ours([mel], [True])[0]
         cell = {}
         if flat is not None:
-            cell["ours_bct_layout_ms"] = statistics.median(timed(lambda: flat([mel]), args.reps, device)) * 1e3
+            cell["ours_bct_layout_ms"] = statistics.median(times(lambda: flat([mel]), args.reps, device)) * 1e3
         if args.profile and tokens == 2:
             kernel_profile(f"[{name}] one 2-token first chunk", lambda: ours([mel]), device)
         out["first_chunk"][tokens] = {**cell, "frames": frames, "package_ms": statistics.median(pkg) * 1e3,
@@ -130,8 +110,8 @@ def bench_config(name: str, preset: str, args, device) -> dict:
         mels = [(torch.randn(h["num_mels"], window, generator=g) - 5).to(device) for _ in range(streams)]
         batch = torch.stack(mels)
         audio = streams * new * hop / sr
-        pkg = timed(lambda: theirs(batch)[:, 0].cpu(), max(3, args.reps // 4), device)
-        our = timed(lambda: ours(mels), max(3, args.reps // 4), device)
+        pkg = times(lambda: theirs(batch)[:, 0].cpu(), max(3, args.reps // 4), device)
+        our = times(lambda: ours(mels), max(3, args.reps // 4), device)
         if args.profile and streams == 64:
             kernel_profile(f"[{name}] one call of 64 streams", lambda: ours(mels), device)
         cell = {"window_frames": window, "kept_frames": new, "audio_s_per_call": audio,
@@ -141,10 +121,10 @@ def bench_config(name: str, preset: str, args, device) -> dict:
             mixed = [(torch.randn(h["num_mels"], (left if i % len(MIXED_SCHEDULE) else 0) + n * frames_per_token
                                   + DEFAULT_LOOKAHEAD, generator=g) - 5).to(device) for i, n in enumerate(sizes)]
             mixed_audio = sum(sizes) * frames_per_token * hop / sr
-            cell["mixed_x_realtime"] = mixed_audio / statistics.median(timed(lambda: ours(mixed), max(3, args.reps // 4), device))
+            cell["mixed_x_realtime"] = mixed_audio / statistics.median(times(lambda: ours(mixed), max(3, args.reps // 4), device))
             print(f"[{name}] {streams} streams, mixed chunk sizes {MIXED_SCHEDULE}: ours {cell['mixed_x_realtime']:.0f}x real time")
         if flat is not None:
-            cell["ours_bct_layout_x_realtime"] = audio / statistics.median(timed(lambda: flat(mels), max(3, args.reps // 4), device))
+            cell["ours_bct_layout_x_realtime"] = audio / statistics.median(times(lambda: flat(mels), max(3, args.reps // 4), device))
         out["streams"][streams] = cell
         print(f"[{name}] {streams} streams ({window}-frame windows, {new} kept): package {cell['package_x_realtime']:.0f}x "
               f"real time, ours {cell['ours_x_realtime']:.0f}x ({cell['ours_x_realtime'] / cell['package_x_realtime']:.1f}x)"

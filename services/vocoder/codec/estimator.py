@@ -109,14 +109,23 @@ class Attention(nn.Module):
         self.heads = heads
         self.to_q, self.to_k, self.to_v = (nn.Linear(dim, inner, bias=False) for _ in range(3))
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Dropout(0.0)])
+        # q, k and v as one matrix product: their weights stacked [3·inner, dim] once, not in every call. Not in the
+        # state dict (the reference's names load into to_q/to_k/to_v); stacked again after every load.
+        self.register_buffer("qkv_weight", self._stacked(), persistent=False)
+        self.register_load_state_dict_post_hook(lambda module, _: module.restack())
+
+    def _stacked(self) -> torch.Tensor:
+        return torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight]).detach()
+
+    def restack(self) -> None:
+        self.qkv_weight = self._stacked()
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor, chunk: int, prefix=None) -> torch.Tensor:
         """x [B, T, dim]; lengths [B]: each row's valid frames (keys past them are not read); chunk: static-chunk
         frames (0: none); prefix: a prompt prefix read before the row's keys (prefix.py) → [B, T, dim]. q, k and
         v in one matrix product."""
         B, T, _ = x.shape
-        weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])    # [3·inner, dim]
-        q, k, v = F.linear(x, weight).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [B, heads, T, d] each
+        q, k, v = F.linear(x, self.qkv_weight).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [B, heads, T, d] each
         before = None if prefix is None else prefix.kv(self.slot, k, v)
         return self.to_out[0](chunk_attention(q, k, v, lengths, chunk, before))
 
@@ -199,9 +208,12 @@ class CausalConditionalDecoder(nn.Module):
         temb = self.time_mlp(t)
         x = torch.cat([x, mu, spks[:, None, :].expand(-1, x.shape[1], -1), cond], dim=-1)
         skips, masks = [], [mask]
+        lengths_of = {}  # each row's valid frames at a U-Net level (its frame count): the mask is a row's first frames
 
         def attend(h, m, blocks):
-            lengths = m[:, :, 0].sum(1).to(torch.int32)  # each row's valid frames: the mask is a row's first frames
+            if m.shape[1] not in lengths_of:
+                lengths_of[m.shape[1]] = m[:, :, 0].sum(1).to(torch.int32)
+            lengths = lengths_of[m.shape[1]]
             for block in blocks:
                 h = block(h, lengths, chunk, prefix)
             return h

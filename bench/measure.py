@@ -1,0 +1,36 @@
+"""What the benchmarks share: host timing around a synchronised device, and the SNR of one output against another."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def times(fn, reps: int, device: torch.device) -> list[float]:
+    """Seconds of each of reps runs of fn(), after one warm-up, the device synchronised around each."""
+    fn()
+    sync(device)
+    out = []
+    for _ in range(reps):
+        sync(device)
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def median_time(fn, reps: int, device: torch.device) -> float:
+    return statistics.median(times(fn, reps, device))
+
+
+def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
+    ref, x = ref.float().cpu(), x.float().cpu()
+    return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum().clamp(min=1e-30)))
