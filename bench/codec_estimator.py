@@ -82,7 +82,7 @@ def before_flow(directory: str, cfg):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
-    p.add_argument("--streams", type=int, default=16, help="streams in the saturated call")
+    p.add_argument("--streams", default="16", help="streams in the saturated calls, comma-separated (the first is profiled)")
     p.add_argument("--variants", default="eager,prefix")
     p.add_argument("--before", help="a directory with an earlier commit's estimator.py and flow.py (variant 'before')")
     args = p.parse_args()
@@ -91,9 +91,12 @@ def main():
     voice = random_voice(cfg.flow, prompt_tokens=40, seed=3)
     g = torch.Generator().manual_seed(1)
     first = FlowState(voice, tuple(torch.randint(0, 16384, (8,), generator=g).tolist()), 0, 0)
-    full = [FlowState(voice, tuple(torch.randint(0, 16384, (40,), generator=g).tolist()), 0, 32)
-            for _ in range(args.streams)]
-    shapes = {"first block (1 stream, 48 tokens)": [first], f"saturated ({args.streams} streams, 80 tokens)": full}
+    sizes = [int(n) for n in args.streams.split(",")]
+    fulls = {n: [FlowState(voice, tuple(torch.randint(0, 16384, (40,), generator=g).tolist()), 0, 32) for _ in range(n)]
+             for n in sizes}
+    full = fulls[sizes[0]]
+    shapes = {"first block (1 stream, 48 tokens)": [first]}
+    shapes.update({f"saturated ({n} streams, 80 tokens)": states for n, states in fulls.items()})
     est_params = sum(p.numel() for p in random_codec(cfg, 0)[0].decoder.estimator.parameters())
     rate = matmul_rate()
     out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),

@@ -189,3 +189,19 @@ def test_waits_for_company_are_bounded(vocoder):
         assert 0.15 <= time.perf_counter() - t < 1.0
     finally:
         worker.stop()
+
+
+def test_each_pass_of_the_token_decoder_is_reported_once_per_call(vocoder):
+    """on_decode: one report per model call that decoded tokens (its seconds within the call's), none for a call
+    whose jobs bring no tokens."""
+    decodes, batches = [], []
+    worker = VocoderWorker(vocoder, max_batch=4, max_wait=0.0, on_decode=decodes.append,
+                           on_batch=lambda size, seconds: batches.append(seconds))
+    try:
+        streamer = MelStreamer(vocoder)
+        worker.submit(Job(streamer, tokens(6, 1), None, 0.0)).result(timeout=20)
+        assert len(decodes) == 1 and len(batches) == 1 and 0 < decodes[0] <= batches[0]
+        worker.submit(Job(streamer, [], time.perf_counter(), 0.2)).result(timeout=20)  # no tokens: nothing decoded
+        assert len(decodes) == 1
+    finally:
+        worker.stop()

@@ -15,6 +15,9 @@ ACTIVE_STREAMS = Gauge("vocoder_active_streams", "Vocode streams open")
 BATCH_SIZE = Histogram("vocoder_batch_size", "Windows vocoded together in one model call",
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 BATCH = Histogram("vocoder_batch_seconds", "Duration of one model call (all of its windows)", buckets=LATENCY_BUCKETS)
+TOKEN_DECODE = Histogram("vocoder_token_decode_seconds",
+                         "One batched pass of the token decoder (tokens to mel, every stream of a model call)",
+                         buckets=LATENCY_BUCKETS)
 AUDIO_SECONDS = Counter("vocoder_audio_seconds_total", "Seconds of audio synthesized")
 REQUESTS = Counter("vocoder_requests_total", "Finished Vocode calls, by gRPC status code", ["code"])
 
@@ -27,6 +30,10 @@ def observe_chunk(queue_seconds: float, compute_seconds: float) -> None:
 def observe_batch(size: int, seconds: float) -> None:
     BATCH_SIZE.observe(size)
     BATCH.observe(seconds)
+
+
+def observe_token_decode(seconds: float) -> None:
+    TOKEN_DECODE.observe(seconds)
 
 
 def observe_first_chunk(seconds: float) -> None:

@@ -40,6 +40,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         self.vocoder = vocoder
         self.left_context, self.lookahead = left_context, lookahead
         self.worker = VocoderWorker(vocoder, max_batch, max_wait, on_batch=metrics.observe_batch,
+                                    on_decode=metrics.observe_token_decode,
                                     max_batch_frames=max_batch_frames, first_chunk_budget=first_chunk_budget,
                                     first_chunk_batch_frames=first_chunk_batch_frames, lost=lost, on_fatal=on_fatal)
 

@@ -140,8 +140,12 @@ class TokenVocoder:
 
     def mel_chunks(self, chunks: list[tuple[list[int] | None, object]]) -> list[tuple[torch.Tensor, object]]:
         """[(a stream's new tokens, or None at its end; its decoder state)] → [(log-mel [num_mels, n], next state)],
-        every stream in one pass of the token decoder."""
-        return self.decoder.decode_chunks(chunks)
+        every stream in one pass of the token decoder, finished on the device when it returns (its time is the
+        vocoder_token_decode_seconds metric; the generator waits for the mel anyway)."""
+        out = self.decoder.decode_chunks(chunks)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return out
 
     def vocode(self, windows: list[torch.Tensor], last: list[bool], conditions: list[tuple] | None = None) -> list:
         """Windows of mel [num_mels, F_i] (any streams) → float32 samples [F_i * hop] each, in [-1, 1];

@@ -78,6 +78,12 @@ class Done:
 # 361x real time in calls of 8 windows of 80 frames, 397x in calls of 64) but a chunk that turns urgent during
 # a call waits for all of it: at 128 streams, calls of up to 64 windows took 145 ms on average and first
 # chunks waited 350 ms (docs/benchmarks.md). 1024 frames is ~25 ms of an H200 alone.
+# The codec's flow decoder (the real preset's) gains more from larger calls: ~40 ms a call before its first row,
+# ~3.5 ms a row after (H100: 4 rows 46 ms, 16 rows 86 ms, 32 rows 142 ms). With these limits its calls carry ~6
+# windows; `--max-batch 32 --max-batch-frames 4096 --first-chunk-batch-frames 0` makes them 17, the aggregate at
+# 128 streams 53-59x -> 91-93x real time and 64 streams 0% -> 16-28% stall-free, but time to first audio at 32
+# streams p50 424-447 -> 525-676 ms and their stall-free share 88-94% -> 47-95% over two runs (docs/benchmarks.md,
+# issue 20). Below the knee, where the stack is usable, these limits serve listeners better; kept.
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_BATCH_FRAMES = 1024
 # A first chunk's deadline, after it comes in: what the vocoder may add to time to first audio when chunks of
@@ -91,17 +97,20 @@ DEFAULT_FIRST_CHUNK_BATCH_FRAMES = 256
 class VocoderWorker:
     def __init__(self, vocoder, max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002,
                  on_batch: Callable[[int, float], None] = lambda size, seconds: None,
+                 on_decode: Callable[[float], None] = lambda seconds: None,
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
                  probe_seconds: float = PROBE_SECONDS):
-        """vocoder: TokenVocoder (its `vocode(windows, last)` runs a batch); on_batch(size, seconds) per batch.
+        """vocoder: TokenVocoder (its `vocode(windows, last)` runs a batch); on_batch(size, seconds) per batch,
+        on_decode(seconds) per pass of its token decoder (part of a batch's seconds).
         A call holds at most max_batch windows and max_batch_frames mel frames (but always one window), and
         at most first_chunk_batch_frames (when > 0) if it carries a first chunk; first_chunk_budget: seconds.
         lost(): is the device gone? (asked after a failed batch, and after every probe_seconds idle) If so
         every job fails with DeviceLost, the worker stops, and on_fatal(err) tells the server (device.py). See
         the module's docstring."""
         self.vocoder, self.max_batch, self.max_wait, self.on_batch = vocoder, max_batch, max_wait, on_batch
+        self.on_decode = on_decode
         self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
         self.first_chunk_batch_frames = first_chunk_batch_frames
         self.lost, self.on_fatal, self.probe_seconds = lost, on_fatal, probe_seconds
@@ -194,11 +203,13 @@ class VocoderWorker:
         jobs = [job for job in batch if (job.tokens or job.tokens is None) and not job.streamer.ended]
         if not jobs:
             return {}
+        started = time.perf_counter()
         try:
             decoded = self.vocoder.mel_chunks([(job.tokens, job.streamer.decoder_state) for job in jobs])
         except Exception:  # noqa: BLE001
             log.exception("vocoder: decoding a batch of chunks failed; decoding stream by stream")
             return {}
+        self.on_decode(time.perf_counter() - started)
         return {id(job): d for job, d in zip(jobs, decoded)}
 
     def _run(self, batch: list[Job]) -> None:

@@ -57,8 +57,18 @@ def chunk_attention(q, k, v, lengths, chunk: int, prefix=None):
     return kernel(q, k, v, lengths, chunk, prefix)
 
 
-def kernel(q, k, v, lengths, chunk: int, prefix=None):
-    """The Triton kernel (on CPU tensors: Triton's interpreter, for the tests)."""
+def tiles(B: int, H: int, T: int) -> dict:
+    """Queries and keys per step of the kernel. Measured on an H100 (bench/codec_kernels.py, docs/benchmarks.md):
+    64 queries by 32 keys for a saturated call (29.3 us against 30.8 with 64 by 64); for a first block alone,
+    whose few programs leave most of the GPU idle, 32 by 64 (5.7 against 7.2 us)."""
+    if T < 64:
+        return dict(BLOCK_M=16, BLOCK_N=16)
+    return dict(BLOCK_M=32, BLOCK_N=64) if B * H <= 32 else dict(BLOCK_M=64, BLOCK_N=32)
+
+
+def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None):
+    """The Triton kernel (on CPU tensors: Triton's interpreter, for the tests). config: BLOCK_M, BLOCK_N and
+    launch options (bench/codec_kernels.py times them)."""
     B, H, T, d = q.shape
     out = torch.empty(B, T, H, d, device=q.device, dtype=q.dtype)
     if prefix is None:
@@ -67,12 +77,12 @@ def kernel(q, k, v, lengths, chunk: int, prefix=None):
     else:
         pk, pv, rows = prefix
         frames = pk.shape[2]
-    block_m = 64 if T >= 64 else 16
-    grid = (triton.cdiv(T, block_m), B * H)
+    config = config or tiles(B, H, T)
+    grid = (triton.cdiv(T, config["BLOCK_M"]), B * H)
     _chunk_attention[grid](q, k, v, pk, pv, out, rows, lengths,
                            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *pk.stride()[:3], *pv.stride()[:3],
                            *out.stride()[:3], T, frames, chunk, 1.0 / math.sqrt(d),
-                           H=H, D=d, BLOCK_M=block_m, BLOCK_N=64 if T >= 64 else 16,
+                           H=H, D=d, **config,
                            # float32 (tests): products in full precision; a GPU's default for them is tf32 (1e-3)
                            PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     return out.view(B, T, H * d)

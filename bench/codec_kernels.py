@@ -1,0 +1,77 @@
+"""The estimator's attention kernel (codec/chunk_attention.py) by tile configuration, against PyTorch's form (an
+additive mask and scaled_dot_product_attention), at the real shapes (issue 20). One run, one GPU:
+
+    python bench/codec_kernels.py --json out.json
+
+Shapes: 8 heads of 64, static chunks of 20 frames; a first block alone (2 CFG rows of 192 frames, no prefix), 16 and
+32 streams after the prompt prefix (32 and 64 rows of 180 frames reading 140 prefix frames). Each cell is the op
+replayed 50 times from one CUDA graph (as the vocoder runs it), per op. The row marked `default` is what
+chunk_attention.tiles() picks; the table says whether it is the best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+import torch
+
+from measure import median_time
+from services.vocoder.codec import chunk_attention
+
+REPS = 50
+SHAPES = {"first block": (2, 192, 0), "16 streams": (32, 180, 140), "32 streams": (64, 180, 140)}  # rows, T, prefix
+CONFIGS = {f"{m}x{n} w{w}": dict(BLOCK_M=m, BLOCK_N=n, num_warps=w)
+           for m, n, w in ((64, 64, 4), (32, 64, 4), (64, 32, 4), (128, 64, 8), (64, 128, 4), (32, 32, 2), (16, 64, 2))}
+
+
+def per_op(fn, device) -> float:
+    """Seconds per call of fn, replayed REPS times from one CUDA graph."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(REPS):
+            fn()
+    return median_time(graph.replay, 10, device) / REPS
+
+
+@torch.inference_mode()
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json")
+    args = p.parse_args()
+    device = torch.device("cuda")
+    gen = torch.Generator(device).manual_seed(0)
+    out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
+           "torch": torch.__version__, "cells": {}}
+    for shape, (B, T, frames) in SHAPES.items():
+        x = torch.randn(B, T, 3, 8, 64, generator=gen, device=device).to(torch.bfloat16)
+        q, k, v = x.permute(2, 0, 3, 1, 4).unbind(0)
+        lengths = torch.full((B,), T, dtype=torch.int32, device=device)
+        prefix = None
+        if frames:
+            pk, pv = (torch.randn(2, 8, frames, 64, generator=gen, device=device).to(torch.bfloat16) for _ in range(2))
+            prefix = (pk, pv, torch.arange(B, device=device) % 2)
+        want = chunk_attention.reference(q, k, v, lengths, 20, prefix).float()
+        cell = {"pytorch_us": per_op(lambda: chunk_attention.reference(q, k, v, lengths, 20, prefix), device) * 1e6,
+                "default": chunk_attention.tiles(B, 8, T), "configs": {}}
+        for name, config in {"default": None, **CONFIGS}.items():
+            got = chunk_attention.kernel(q, k, v, lengths, 20, prefix, config)
+            err = (got.float() - want).abs().max().item()
+            us = per_op(lambda: chunk_attention.kernel(q, k, v, lengths, 20, prefix, config), device) * 1e6
+            cell["configs"][name] = {"us": us, "max_abs_err": err}
+        out["cells"][shape] = cell
+    print(f"{out['gpu']}, torch {out['torch']}, {out['date']}: us per op, replayed from a CUDA graph")
+    names = ["default", *CONFIGS]
+    print(f"{'shape':12s} {'sdpa':>6s} " + " ".join(f"{n:>10s}" for n in names))
+    for shape, cell in out["cells"].items():
+        print(f"{shape:12s} {cell['pytorch_us']:6.1f} " + " ".join(f"{cell['configs'][n]['us']:10.1f}" for n in names))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
