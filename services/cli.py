@@ -15,8 +15,8 @@ import os
 import sys
 
 from services.options import (CODEC_OPTIONS, GATEWAY_OPTIONS, VOCODER_PRESETS, audio_lead, codec_options, concurrencies,
-                              count, engine_options, gateway_options, gpu_list, positive, seconds, targets,
-                              worker_options)
+                              count, engine_options, first_audio_hold, gateway_options, gpu_list, positive, seconds,
+                              targets, worker_options)
 
 
 def _common(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
@@ -205,7 +205,9 @@ def run_service(args) -> int:
 
         settings = LlmSettings(args.host, args.port, args.metrics_port, args.model_dir, args.preset, args.device,
                                args.kv_cache_gb, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len,
-                               dtype=args.dtype, block_size=args.block_size, max_audio_lead=audio_lead(args), tls=tls)
+                               dtype=args.dtype, block_size=args.block_size, max_audio_lead=audio_lead(args),
+                               first_audio_window=args.first_audio_window, first_audio_hold=first_audio_hold(args),
+                               tls=tls)
     elif args.command == "vocoder":
         from services.vocoder.server import VocoderSettings, run
 

@@ -12,7 +12,7 @@ from services.vocoder.worker import (DEFAULT_FIRST_CHUNK_BATCH_FRAMES, DEFAULT_F
 
 # The llm engine's options: `moss-serve llm` takes them, `moss-serve up` forwards them to its llm.
 ENGINE_OPTIONS = ("preset", "dtype", "kv_cache_gb", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                  "max_audio_lead")
+                  "max_audio_lead", "first_audio_window", "first_audio_hold")
 # The vocoder worker's options: `moss-serve vocoder` takes them, `moss-serve up` forwards them.
 WORKER_OPTIONS = ("max_batch", "max_batch_frames", "first_chunk_budget", "first_chunk_batch_frames")
 VOCODER_PRESETS = ("tiny", "tiny-codec", "moss-speech")  # services/vocoder/vocoder.py PRESETS (not imported: torch)
@@ -23,6 +23,11 @@ CODEC_OPTIONS = ("voices_dir", "generator", "flow_block_tokens", "flow_context_t
 # load too. Its gain is not established: the runs that compared 1.0 s, 1.5 s and none shared the GPU with
 # stacks left running (docs/benchmarks.md, fourth sweep); every run since had it on.
 CUDA_AUDIO_LEAD = 1.5
+# The first-audio hold's defaults: the codec decoder's first window at the real size (a first block of 5 tokens and
+# its 3 look-ahead tokens, for prompts of whole blocks: services/vocoder/codec/decoder.py), and about the time it
+# takes to vocode alone on an H100 (41 ms with the llm held, 61 with it stepping; docs/benchmarks.md, issue 20).
+FIRST_AUDIO_WINDOW = 8
+CUDA_FIRST_AUDIO_HOLD = 0.04
 # The gateway's options: `moss-serve gateway` takes them, `moss-serve up` forwards them to its gateway.
 GATEWAY_OPTIONS = ("max_text_chars", "ready_wait", "health_check_seconds", "api_keys_file", "max_turns",
                    "max_queued_turns", "max_message_bytes", "max_streams_per_connection", "session_idle_seconds")
@@ -110,6 +115,13 @@ def engine_options(p: argparse.ArgumentParser) -> None:
                    help="pace speech: hold steps while every stream has this many seconds of audio sent ahead of "
                         f"its listener, leaving the GPU to the vocoder (default: {CUDA_AUDIO_LEAD} on CUDA, where the "
                         "vocoder shares the GPU; 0, off, on CPU)")
+    p.add_argument("--first-audio-window", type=count, default=FIRST_AUDIO_WINDOW,
+                   help=f"audio tokens the vocoder needs before a stream's first audio (default {FIRST_AUDIO_WINDOW}, the "
+                        "codec decoder's first block and look-ahead)")
+    p.add_argument("--first-audio-hold", type=seconds, default=None,
+                   help="once a stream's first audio window is sent, hold steps this long while every stream can "
+                        "wait, so that the vocoder makes its first audio with the GPU to itself (default: "
+                        f"{CUDA_FIRST_AUDIO_HOLD} on CUDA; 0, off, on CPU)")
 
 
 def worker_options(p: argparse.ArgumentParser) -> None:
@@ -174,6 +186,13 @@ def forward(args, names: tuple[str, ...]) -> list[str]:
         if (value := getattr(args, name)) is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
     return flags
+
+
+def first_audio_hold(args) -> float:
+    """The llm's first-audio hold: as given, or CUDA_FIRST_AUDIO_HOLD on CUDA and 0 (off) on CPU."""
+    if args.first_audio_hold is not None:
+        return args.first_audio_hold
+    return CUDA_FIRST_AUDIO_HOLD if args.device.startswith("cuda") else 0.0
 
 
 def audio_lead(args) -> float:

@@ -1,6 +1,7 @@
 """Pacing in the llm engine (EngineConfig.max_audio_lead): steps are held while every stream has enough
 audio sent ahead of its listener, the tokens are those of an unpaced run, and a new request ends a hold
-at once. Bounds are one-sided where time is involved: a slow machine only makes the lead smaller."""
+at once. The first-audio hold (first_audio_window, first_audio_hold) likewise, for a while after a stream's first
+window is sent. Bounds are one-sided where time is involved: a slow machine only makes the lead smaller."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.async_engine import AsyncEngine
 from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
+from services.llm.engine.pacing import hold_for
 from services.llm.engine.sequence import Mode
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import tiny_config
@@ -137,3 +139,40 @@ def test_a_new_request_ends_a_hold_at_once(model):
         assert engine.block_manager.num_used == 0
     finally:
         driver.stop()
+
+
+def test_a_stream_whose_first_audio_window_is_out_holds_steps_for_the_first_audio_hold(model):
+    """first_audio_window 4 (two 2-token chunks), hold 1 s, no pacing: no hold before the window is out, at most
+    1 s once it is, none after; a second stream that has not sent its window yet ends the hold; the tokens are
+    an unheld run's."""
+    unheld = make_engine(model)
+    reference = unheld.make_sequence(request("ref"))
+    paced_run(unheld, reference)
+
+    engine = make_engine(model, first_audio_window=4, first_audio_hold=1.0)
+    seq = engine.make_sequence(request("held"))
+    engine.add(seq)
+    while seq.audio_sent < 4:
+        assert engine.hold_seconds() == 0.0
+        engine.step()
+    while engine.inflight is not None:  # the step launched ahead lands (a hold never leaves one in flight)
+        engine.step()
+    assert seq.window_sent is not None and 0.0 < engine.hold_seconds() <= 1.0
+    other = engine.make_sequence(request("other", text="Another one."))
+    engine.add(other)
+    assert engine.hold_seconds() == 0.0  # waiting for admission
+    engine.step()
+    assert other.window_sent is None  # running, its own first window not out yet: it cannot wait
+    assert hold_for(engine.scheduler.running, time.perf_counter(), 0.0, 0.08, 1.0) == 0.0
+    assert hold_for([seq], time.perf_counter(), 0.0, 0.08, 1.0) > 0.0
+    engine.abort(other.seq_id)
+    while engine.inflight is not None:
+        engine.step()
+    assert engine.hold_seconds() == pytest.approx(seq.window_sent + 1.0 - time.perf_counter(), abs=0.05)
+    assert engine.hold_seconds(now=seq.window_sent + 1.01) == 0.0  # the hold is over
+    while not seq.finished:
+        engine.step()
+    while engine.inflight is not None:
+        engine.step()
+    assert seq.audio_ids == reference.audio_ids  # a hold changes when, never what
+    assert engine.block_manager.num_used == 0

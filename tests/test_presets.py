@@ -13,7 +13,7 @@ from moss.speech.v1 import common_pb2
 
 from conftest import metric_value, scrape
 from services.cli import parser
-from services.options import CUDA_AUDIO_LEAD, audio_lead
+from services.options import CUDA_AUDIO_LEAD, CUDA_FIRST_AUDIO_HOLD, audio_lead, first_audio_hold
 from services.up import up_service_args
 from services.gateway.client import synthesize
 from services.llm.model.config import NUM_SPECIAL_TEXT_TOKENS, preset, tiny_config
@@ -130,6 +130,17 @@ def test_pacing_is_on_by_default_on_cuda_only():
     assert audio_lead(parser().parse_args(["llm", "--device", "cuda", "--max-audio-lead", "0"])) == 0.0
     with pytest.raises(SystemExit):
         parser().parse_args(["llm", "--max-audio-lead", "-1"])
+
+
+def test_the_first_audio_hold_is_on_by_default_on_cuda_only_and_up_forwards_it():
+    assert first_audio_hold(parser().parse_args(["llm", "--device", "cuda"])) == CUDA_FIRST_AUDIO_HOLD > 0
+    assert first_audio_hold(parser().parse_args(["llm"])) == 0.0
+    extra = up_service_args(parser().parse_args(["up", "--device", "cuda", "--first-audio-hold", "0.02",
+                                                 "--first-audio-window", "6"]))
+    llm = parser().parse_args(["llm", *extra["llm"]])
+    assert (first_audio_hold(llm), llm.first_audio_window) == (0.02, 6)
+    default = parser().parse_args(["llm", *up_service_args(parser().parse_args(["up", "--device", "cuda"]))["llm"]])
+    assert first_audio_hold(default) == CUDA_FIRST_AUDIO_HOLD  # up leaves the device's default to the llm
 
 
 def test_up_defaults_match_llm_defaults():

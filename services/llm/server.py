@@ -46,6 +46,8 @@ class LlmSettings:
     dtype: str = "auto"      # weights and KV cache; auto: the checkpoint's, or bfloat16 on CUDA / float32 on CPU
     block_size: int = 16     # positions per KV block
     max_audio_lead: float = 0.0  # seconds; pacing (EngineConfig.max_audio_lead), 0: off
+    first_audio_window: int = 0  # tokens; with first_audio_hold (seconds): EngineConfig's
+    first_audio_hold: float = 0.0
 
 
 def resolve_dtype(name: str, device: torch.device, model_dir: str | None) -> torch.dtype | None:
@@ -74,6 +76,7 @@ def build_engine(s: LlmSettings) -> LLMEngine:
     config = EngineConfig(
         kv_cache_bytes=int(s.kv_cache_gb * (1 << 30)), block_size=s.block_size, max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, max_audio_lead=s.max_audio_lead,
+        first_audio_window=s.first_audio_window, first_audio_hold=s.first_audio_hold,
     )
     return LLMEngine(model, tokenizer, config)
 

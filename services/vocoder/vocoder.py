@@ -10,6 +10,7 @@ Two pairs are served (docs/codec.md):
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,7 @@ class TokenVocoder:
     generator: torch.nn.Module
     device: torch.device
     voices: dict[str, Voice] = field(default_factory=dict)  # the flow's; the stand-in speaks in none
+    _decode_timing: object = field(default=0.0, init=False, repr=False)  # mel_chunks': seconds, or CUDA events
 
     def __post_init__(self):
         produced, consumed = self.decoder.cfg.mel_format, generator_format(self.generator)
@@ -140,12 +142,27 @@ class TokenVocoder:
 
     def mel_chunks(self, chunks: list[tuple[list[int] | None, object]]) -> list[tuple[torch.Tensor, object]]:
         """[(a stream's new tokens, or None at its end; its decoder state)] → [(log-mel [num_mels, n], next state)],
-        every stream in one pass of the token decoder, finished on the device when it returns (its time is the
-        vocoder_token_decode_seconds metric; the generator waits for the mel anyway)."""
+        every stream in one pass of the token decoder. Its time: decode_seconds()."""
+        if self.device.type != "cuda":
+            started = time.perf_counter()
+            out = self.decoder.decode_chunks(chunks)
+            self._decode_timing = time.perf_counter() - started
+            return out
+        # Events, not a synchronisation: the host prepares the generator's call while the device decodes.
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
         out = self.decoder.decode_chunks(chunks)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        end.record()
+        self._decode_timing = (start, end)
         return out
+
+    def decode_seconds(self) -> float:
+        """The last mel_chunks pass's seconds (on CUDA its device time: waits for it to finish)."""
+        timing = self._decode_timing
+        if isinstance(timing, tuple):
+            timing[1].synchronize()
+            return timing[0].elapsed_time(timing[1]) / 1000
+        return timing
 
     def vocode(self, windows: list[torch.Tensor], last: list[bool], conditions: list[tuple] | None = None) -> list:
         """Windows of mel [num_mels, F_i] (any streams) → float32 samples [F_i * hop] each, in [-1, 1];

@@ -203,13 +203,11 @@ class VocoderWorker:
         jobs = [job for job in batch if (job.tokens or job.tokens is None) and not job.streamer.ended]
         if not jobs:
             return {}
-        started = time.perf_counter()
         try:
             decoded = self.vocoder.mel_chunks([(job.tokens, job.streamer.decoder_state) for job in jobs])
         except Exception:  # noqa: BLE001
             log.exception("vocoder: decoding a batch of chunks failed; decoding stream by stream")
             return {}
-        self.on_decode(time.perf_counter() - started)
         return {id(job): d for job, d in zip(jobs, decoded)}
 
     def _run(self, batch: list[Job]) -> None:
@@ -237,6 +235,8 @@ class VocoderWorker:
         seconds = time.perf_counter() - started
         if due:
             self.on_batch(len(due), seconds)
+        if decoded:  # (read after the generator's call: its samples are on the host, the decode long done)
+            self.on_decode(self.vocoder.decode_seconds())
         by_index = dict(zip(due, wavs))
         for i, (job, window) in enumerate(zip(jobs, windows)):
             samples = job.streamer.commit(window, by_index.get(i))

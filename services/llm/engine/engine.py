@@ -17,7 +17,7 @@ from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.common.tensors import Uploader
 from services.llm.engine.block_manager import BlockManager
-from services.llm.engine.pacing import lead_over_bound
+from services.llm.engine.pacing import hold_for
 from services.llm.model.config import MossSpeechConfig
 from services.llm.model.model import MossSpeechForCausalLM
 from services.llm.runner.kernel_runner import KernelRunner
@@ -46,6 +46,8 @@ class EngineConfig:
     overlap: bool = True                # launch decode step N+1 before step N's samples reach the host
     text_skip: bool = True              # kernel runner: leave the text branch out of speaking steps, fill it in later
     max_audio_lead: float = 0.0         # pacing, seconds (0: off): see LLMEngine.hold_seconds
+    first_audio_window: int = 0         # audio tokens the vocoder needs for a stream's first audio (0: no hold)
+    first_audio_hold: float = 0.0       # seconds steps may wait once a stream's first window is out: pacing.py
     audio_token_seconds: float = 0.08   # audio per audio token (the codec's 12.5 tokens/s)
 
 
@@ -246,13 +248,16 @@ class LLMEngine:
         with at least `max_audio_lead` seconds of audio sent ahead of its listener and nothing waits for
         admission, a step would only make audio that nobody hears for a while, and take GPU time from the
         vocoder, which shares the GPU and has audio due sooner. The wait ends when the first sequence's
-        lead falls to the bound. The driver (async_engine.py) waits; `step` itself never does."""
+        lead falls to the bound. Likewise for `first_audio_hold` seconds after a stream's first audio window
+        was sent, while the vocoder makes its first audio (pacing.py). The driver (async_engine.py) waits;
+        `step` itself never does."""
         if self.inflight is not None or self.scheduler.waiting or not self.scheduler.running:
             return 0.0
-        return self._lead_over_bound(self.scheduler.running, time.perf_counter() if now is None else now)
+        return self._hold_for(self.scheduler.running, time.perf_counter() if now is None else now)
 
-    def _lead_over_bound(self, seqs: list[Sequence], now: float) -> float:
-        return lead_over_bound(seqs, now, self.config.max_audio_lead, self.config.audio_token_seconds)
+    def _hold_for(self, seqs: list[Sequence], now: float) -> float:
+        c = self.config
+        return hold_for(seqs, now, c.max_audio_lead, c.audio_token_seconds, c.first_audio_hold)
 
     def load(self) -> EngineLoad:
         bm = self.block_manager
@@ -303,7 +308,7 @@ class LLMEngine:
         samples land, which can only add lead: at worst one step more runs before a hold)."""
         seqs, bm = current.batch.seqs, self.block_manager
         if (not self.config.overlap or self.on_logits is not None or current.void or self.scheduler.waiting
-                or len(current.seqs) != len(seqs) or self._lead_over_bound(seqs, time.perf_counter()) > 0):
+                or len(current.seqs) != len(seqs) or self._hold_for(seqs, time.perf_counter()) > 0):
             return None
         for seq in seqs:
             if self.sequences.get(seq.seq_id) is not seq or seq.num_steps + 1 >= seq.sampling.max_new_tokens:
@@ -392,6 +397,9 @@ class LLMEngine:
                 continue
             if chunk is not None:
                 chunks.append(chunk)
+                window = self.config.first_audio_window
+                if window and seq.window_sent is None and seq.audio_sent >= window:
+                    seq.window_sent = now
             if seq.finished:
                 turn_tokens = self._retire(seq)
                 if chunk is not None:  # a finished sequence always flushes a final chunk

@@ -96,6 +96,7 @@ class Sequence:
     num_audio: int = 0
     num_text: int = 0
     chunks_sent: int = 0
+    window_sent: float | None = None  # when its first audio window (EngineConfig.first_audio_window tokens) was sent
     noise_seed: int = 0          # the sampler's noise key: the request's seed, or a random one
     slot: int | None = None      # the sampler's seen-token row while running
     seen_upto: int = 0           # positions already recorded in that row
@@ -126,8 +127,9 @@ class Sequence:
         return self.status is Status.FINISHED
 
     @property
-    def in_prefill(self) -> bool:
-        return self.num_cached < len(self) - 1
+    def audio_sent(self) -> int:
+        """Audio tokens sent in chunks."""
+        return self.num_audio - len(self.pending_audio)
 
     def audio_lead(self, now: float, token_seconds: float) -> float | None:
         """Seconds of audio sent in chunks beyond what a listener who started at the first audio token has
@@ -135,7 +137,11 @@ class Sequence:
         None unless the sequence is speaking."""
         if self.mode is not Mode.AUDIO or self.first_audio is None or self.finished:
             return None
-        return (self.num_audio - len(self.pending_audio)) * token_seconds - (now - self.first_audio)
+        return self.audio_sent * token_seconds - (now - self.first_audio)
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_cached < len(self) - 1
 
     def start_mode(self, cfg: MossSpeechConfig) -> None:
         """The first mode comes from the prompt's last position."""
