@@ -1,4 +1,4 @@
-"""The Hugging Face transformers peer of bench/llm_engine.py (shared/DESIGN.md §5).
+"""The Hugging Face transformers peer of bench/llm_engine.py (the peer docs/benchmarks.md compares against).
 
 A Qwen3-shaped model with MOSS-Speech's dimensions and all of its K/V-holding layers (40 at the real size:
 32 shared + 4 text + 4 audio; hidden 4096, intermediate 12288, 32 heads, 8 kv heads, head_dim 128, vocab

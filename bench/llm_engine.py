@@ -1,5 +1,5 @@
 """llm engine benchmark: our engine's prefill and decode-step times against the floor measured in the same run
-and against a Hugging Face transformers peer (shared/DESIGN.md §5), one GPU, real dimensions, random weights.
+and against a Hugging Face transformers peer (the peer docs/benchmarks.md compares against), one GPU, real dimensions, random weights.
 
 GPU run (one H100/H200, ~6-8 minutes; everything prints as it goes, the table comes last):
 

@@ -102,8 +102,7 @@ def parser() -> argparse.ArgumentParser:
                          "--device cuda where the daemon is installed, with a warning where it is not")
     up.add_argument("--mps-llm-threads", type=int, default=25, metavar="PERCENT",
                     help="with --mps: the share of the GPU's multiprocessors the llm's kernels may occupy at once "
-                         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), leaving the rest to the vocoder (default 25: see docs/benchmarks.md; 25, 50 and 100 were "
-                         "measured, and 33 failed every request with non-finite logits on an H200, cause not yet found)")
+                         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), leaving the rest to the vocoder (default 25; docs/benchmarks.md)")
     up.add_argument("--replicas", type=positive(int), default=1,
                     help="llm and vocoder processes each, behind the one gateway; replica k serves on the ports given "
                          "plus 10 x (k - 1) (default 1)")

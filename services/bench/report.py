@@ -8,7 +8,7 @@ from collections import Counter
 from services.bench.stream import JITTER_SECONDS, StreamRecord
 
 QUANTILES = (50, 90, 95, 99)
-# shared/DESIGN.md §6: capacity is the most concurrent streams with ≥ 99% stall-free and TTFA p95 ≤ 300 ms.
+# docs/architecture.md §5: capacity is the most concurrent streams with ≥ 99% stall-free and TTFA p95 ≤ 300 ms.
 CAPACITY_STALL_FREE = 0.99
 CAPACITY_TTFA_P95 = 0.300
 STAGES = ("llm_queue_seconds", "llm_prefill_seconds", "llm_first_chunk_seconds", "vocoder_first_chunk_seconds",

@@ -1,4 +1,4 @@
-"""One stream as the client saw it, and what a listener would have heard (shared/DESIGN.md §6).
+"""One stream as the client saw it, and what a listener would have heard (docs/architecture.md §5).
 
 A listener starts playing at the first audio, so chunk k must arrive by t_first + (audio duration of chunks
 0..k-1); it may be `jitter` late without being heard (services/common/playback.py, which the gateway's stall

@@ -10,7 +10,6 @@ from services.common.errors import InvalidArgument
 
 PCM16, FLOAT32 = 1, 2  # moss.speech.v1.AudioFormat values
 BYTES_PER_SAMPLE = {PCM16: 2, FLOAT32: 4}
-FORMAT_NAMES = {PCM16: "pcm16", FLOAT32: "float32"}
 
 
 def resolve_format(fmt: int, field: str) -> int:

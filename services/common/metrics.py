@@ -1,4 +1,4 @@
-"""What every service's metrics.py shares: the latency buckets of shared/DESIGN.md §6 and the
+"""What every service's metrics.py shares: the latency buckets of docs/architecture.md §6 and the
 /metrics HTTP endpoint. Only the metrics modules import prometheus_client."""
 
 from __future__ import annotations

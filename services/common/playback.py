@@ -1,4 +1,4 @@
-"""A listener's playback clock (shared/DESIGN.md §6): when each chunk of a stream had to arrive, and how late
+"""A listener's playback clock (docs/architecture.md §5): when each chunk of a stream had to arrive, and how late
 it was. Playing starts at the first audio, so chunk k is due at t_first + the audio duration of chunks
 0..k-1; it may be `JITTER_SECONDS` late unheard. A later chunk is a stall, its length how late it was.
 

@@ -1,4 +1,4 @@
-"""Every metric the gateway exports (shared/DESIGN.md §6 names)."""
+"""Every metric the gateway exports (docs/architecture.md §6: names and buckets)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ VOCODER_FIRST_PCM = Histogram(
     "gateway_vocoder_first_pcm_seconds", "First tokens sent to the vocoder to its first PCM at the gateway", buckets=LATENCY_BUCKETS
 )
 RTF = Histogram("gateway_real_time_factor", "Turn wall time over the duration of the audio produced", buckets=RATIO_BUCKETS)
-# Stalls (DESIGN §6) on the playback clock of a listener who starts at the first PCM the gateway sends.
+# Stalls (docs/architecture.md §5) on the playback clock of a listener who starts at the first PCM the gateway sends.
 STALL = Histogram("gateway_stall_seconds", "How late each stalled chunk was sent (past the listener's playback clock, "
                   "beyond 20 ms of jitter)", buckets=LATENCY_BUCKETS)
 STALLED_TURNS = Counter("gateway_stalled_turns_total", "Turns with at least one stall")

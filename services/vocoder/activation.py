@@ -7,7 +7,7 @@ The 480x preset has 109 of them per forward (6 stages × 3 AMP blocks × 6, plus
 
 Why a kernel of our own:
 - The package's fused CUDA kernel (`bigvgan/alias_free_activation/cuda`) is JIT-built with nvcc at import and
-  does not build with CUDA 13 (DESIGN §4); it also computes in the input dtype (bf16 math for a bf16 model).
+  does not build with CUDA 13 (its build flags ask for compute_70); it also computes in the input dtype (bf16 math for a bf16 model).
 - The eager module launches ~15 kernels per call (counted with a dispatch log: 2 replicate pads, 2 convolutions,
   exp/reciprocal of the parameters, ×2, and the snake as 5 elementwise ops on the 2T-long upsampled signal), and
   each of them writes a full intermediate that the next one reads back: ~9 round trips through memory, most at

@@ -1,4 +1,4 @@
-"""Every metric the vocoder service exports (shared/DESIGN.md §6 names)."""
+"""Every metric the vocoder service exports (docs/architecture.md §6: names and buckets)."""
 
 from __future__ import annotations
 

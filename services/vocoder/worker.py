@@ -10,9 +10,8 @@ Order, when more is ready than one batch takes: earliest deadline first. A playi
 when its listener runs out of audio (the audio it has sent, from its first samples on); a first chunk is
 due `first_chunk_budget` seconds after it was handed in. Why not first chunks always first: when many
 streams start at once, their first chunks keep the second chunks of the streams already playing (160 ms
-of buffer) waiting behind several calls. (The one comparison on an H200 is void: its runs shared the GPU
-with stacks left running; docs/benchmarks.md, fourth sweep.) A job waits for company at most `max_wait` seconds, and
-never when a first chunk or a chunk with less slack than that is queued.
+of buffer) waiting behind several calls. A job waits for company at most `max_wait` seconds, and never when a
+first chunk or a chunk with less slack than that is queued.
 
 A call that carries a first chunk holds at most `first_chunk_batch_frames` mel frames: its samples are
 time to first audio, and a call's time grows with its frames. The playing streams it leaves for the next

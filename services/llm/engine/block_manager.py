@@ -1,6 +1,6 @@
 """KV-cache blocks: reference-counted, with full blocks hashed for prefix reuse.
 
-A block holds `block_size` positions of K and V for all 40 layers (shared/DESIGN.md §3); a sequence's
+A block holds `block_size` positions of K and V for all 40 layers (docs/architecture.md §3); a sequence's
 block table lists its blocks in position order. A full block is known by a hash chained over every
 (text, audio) pair from the sequence start through the block, so two sequences that agree on a prefix
 (the system prompt, a session's history, a preempted request coming back) share those blocks.

@@ -29,10 +29,6 @@ class ScheduledBatch:
     seqs: list[Sequence]
     num_tokens: list[int]  # positions of each sequence computed this step, from seq.num_cached
 
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.num_tokens)
-
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,

@@ -1,6 +1,6 @@
 """One request's generation state: both token channels, the modality state machine, chunking, timing.
 
-Every position holds a pair (text token, audio token). Modes (shared/DESIGN.md §2):
+Every position holds a pair (text token, audio token). Modes (docs/architecture.md §2):
 - text mode: the text head's sample is the next text token; the audio channel input is audio_pad.
   Sampling sosp appends (sosp, audio_pad) and switches to audio mode.
 - audio mode: the audio head's sample is the next code; the text channel input is modality_pad.
@@ -138,10 +138,6 @@ class Sequence:
         if self.mode is not Mode.AUDIO or self.first_audio is None or self.finished:
             return None
         return self.audio_sent * token_seconds - (now - self.first_audio)
-
-    @property
-    def in_prefill(self) -> bool:
-        return self.num_cached < len(self) - 1
 
     def start_mode(self, cfg: MossSpeechConfig) -> None:
         """The first mode comes from the prompt's last position."""

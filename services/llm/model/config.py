@@ -1,6 +1,6 @@
 """MOSS-Speech model configuration and model spec: dimensions plus every special token id.
 
-One object answers every "which id is ..." question (shared/DESIGN.md §2), read from the checkpoint's
+One object answers every "which id is ..." question (docs/architecture.md §2), read from the checkpoint's
 config.json where present. Presets: `moss-speech` (the published dimensions) and `tiny` (a few layers
 and small vocabularies that keep the special-token layout, for tests and the demo).
 """

@@ -1,4 +1,4 @@
-"""Chat prompt construction (shared/DESIGN.md §2): `<|im_start|>{role}\\n...<|im_end|>\\n` turns, then
+"""Chat prompt construction (docs/architecture.md §2): `<|im_start|>{role}\\n...<|im_end|>\\n` turns, then
 the assistant prefix; an audio reply's prefix ends with sosp (`<|object_ref_start|>`), so generation
 starts in audio mode. The audio channel of a text prompt is audio_pad at every position."""
 

@@ -1,14 +1,15 @@
 """Runs the model over a scheduled batch with a paged KV cache.
 
-One preallocated pool in TensorRT-LLM's layout (shared/DESIGN.md §3):
+One preallocated pool in TensorRT-LLM's layout (docs/architecture.md §3):
     kv_cache [num_blocks, num_layers, 2, kv_heads, block_size, head_dim]   (2: K then V)
 Position p of a sequence lives in block block_table[p // block_size] at offset p % block_size; all
 40 layers share the sequence's one block table.
 
 A batch is packed without padding: the new positions of every scheduled sequence, prefill chunks and
 single decode positions alike, form one row of N tokens, so every projection and MLP is one GEMM over
-N rows. Attention is the clear reference: per sequence, over the blocks it owns. A fused paged-attention
-kernel and CUDA graphs are later work.
+N rows. Attention is the clear reference: per sequence, over the blocks it owns. This runner is the CPU
+default and the tests' oracle; on CUDA the kernel runner (kernel_runner.py: Triton paged attention, CUDA graphs)
+serves.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""Triton GPU kernels for the runner: paged attention over the shared KV pool (shared/DESIGN.md §3)."""
+"""Triton GPU kernels for the runner: paged attention over the shared KV pool (docs/architecture.md §3)."""

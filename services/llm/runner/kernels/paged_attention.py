@@ -1,6 +1,6 @@
 """Paged attention over the shared KV pool: a split-K decode kernel and a varlen causal prefill kernel.
 
-The pool is TensorRT-LLM's layout (shared/DESIGN.md §3), read in place, never gathered:
+The pool is TensorRT-LLM's layout (docs/architecture.md §3), read in place, never gathered:
     kv_cache [num_blocks, num_layers, 2, kv_heads, block_size, head_dim]   (2: K then V)
 Position p of a sequence lives in block block_table[p // block_size] at offset p % block_size.
 
