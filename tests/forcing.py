@@ -11,7 +11,7 @@ import torch
 
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
-from services.llm.engine.sequence import Mode
+from services.llm.sequence import Mode
 from services.llm.model.config import tiny_config
 from services.llm.model.tokenizer import tiny_tokenizer
 

@@ -2,7 +2,7 @@
 
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.engine.block_manager import BlockManager
-from services.llm.engine.sequence import Sequence
+from services.llm.sequence import Sequence
 
 
 def seq_of(text: list[int], request_id: str = "r") -> Sequence:

@@ -11,7 +11,7 @@ from services.llm.model.config import tiny_config
 from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from services.llm.engine.reference import dense_logits, traced_generation
 from services.llm.model.prompt import PromptBuilder
-from services.llm.engine.sequence import FinishReason, Mode, Sequence
+from services.llm.sequence import FinishReason, Mode, Sequence
 from services.llm.model.tokenizer import tiny_tokenizer
 
 CFG = tiny_config()

@@ -16,7 +16,7 @@ from forcing import CFG, GREEDY, SEEDED, converse, make_engine
 
 from services.common.sampling import ChunkSettings
 from services.llm.engine.engine import GenerationRequest
-from services.llm.engine.sequence import FinishReason
+from services.llm.sequence import FinishReason
 from services.llm.model.checkpoint import random_model
 
 CUDA = torch.cuda.is_available()

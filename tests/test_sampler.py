@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
-from services.llm.engine.sampler import GREEDY_BELOW, TOPK_CAP, RowSettings, hashed_uniform, sample_rows, top_candidates
-from services.llm.engine.sequence import FinishReason
+from services.llm.sampling import GREEDY_BELOW, TOPK_CAP, RowSettings, hashed_uniform, sample_rows, top_candidates
+from services.llm.sequence import FinishReason
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import tiny_config
 from services.llm.model.tokenizer import tiny_tokenizer

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from services.common.device import PROBE_SECONDS
 from services.common.errors import DeviceLost, Internal, ServiceError
 from services.llm.engine.engine import EngineLoad, LLMEngine, StepStats
-from services.llm.engine.sequence import Chunk, Sequence
+from services.llm.sequence import Chunk, Sequence
 from services.llm.engine.session import SessionBusy
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.common.metrics import COUNT_BUCKETS, LATENCY_BUCKETS
 from services.llm.engine.engine import EngineLoad, StepStats
-from services.llm.engine.sequence import Chunk
+from services.llm.sequence import Chunk
 
 QUEUE_WAIT = Histogram("llm_queue_wait_seconds", "Request arrival to first scheduled", buckets=LATENCY_BUCKETS)
 PREFILL = Histogram("llm_prefill_seconds", "First scheduled to first token sampled (prompt processing)", buckets=LATENCY_BUCKETS)

@@ -11,7 +11,7 @@ from services.common.sampling import resolve_chunking, resolve_sampling
 from services.llm import metrics
 from services.llm.async_engine import AsyncEngine
 from services.llm.engine.engine import GenerationRequest
-from services.llm.engine.sequence import Chunk
+from services.llm.sequence import Chunk
 
 
 def to_request(req: llm_pb2.GenerateRequest, max_new_tokens_limit: int) -> GenerationRequest:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from services.llm.engine.sequence import Sequence
+from services.llm.sequence import Sequence
 
 NO_HASH = -1
 

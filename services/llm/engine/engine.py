@@ -24,8 +24,9 @@ from services.llm.runner.kernel_runner import KernelRunner
 from services.llm.runner.torch_runner import ModelRunner
 from services.llm.model.prompt import PromptBuilder
 from services.llm.engine.sampler import Sampler, Samples
-from services.llm.engine.scheduler import ScheduledBatch, Scheduler
-from services.llm.engine.sequence import Chunk, FinishReason, Mode, Sequence
+from services.llm.batch import ScheduledBatch
+from services.llm.engine.scheduler import Scheduler
+from services.llm.sequence import Chunk, FinishReason, Mode, Sequence
 from services.llm.engine.session import SessionStore
 
 log = logging.getLogger(__name__)

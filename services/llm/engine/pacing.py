@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.llm.engine.sequence import Sequence
+from services.llm.sequence import Sequence
 
 
 def hold_for(seqs: list[Sequence], now: float, bound: float, token_seconds: float,

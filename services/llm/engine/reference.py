@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from services.llm.engine.engine import LLMEngine
-from services.llm.engine.sequence import Mode, Sequence
+from services.llm.sequence import Mode, Sequence
 from services.llm.model.model import MossSpeechForCausalLM
 
 

@@ -18,16 +18,10 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from services.llm.batch import ScheduledBatch
 from services.llm.engine.block_manager import BlockManager
-from services.llm.engine.sequence import Sequence, Status
-
-
-@dataclass
-class ScheduledBatch:
-    seqs: list[Sequence]
-    num_tokens: list[int]  # positions of each sequence computed this step, from seq.num_cached
+from services.llm.sequence import Sequence, Status
 
 
 class Scheduler:

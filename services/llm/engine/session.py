@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from services.common.errors import FailedPrecondition
 from services.llm.engine.block_manager import BlockManager
-from services.llm.engine.sequence import Sequence
+from services.llm.sequence import Sequence
 
 
 class SessionBusy(FailedPrecondition):

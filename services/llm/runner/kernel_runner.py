@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from services.common.tensors import Uploader
-from services.llm.engine.scheduler import ScheduledBatch
-from services.llm.engine.sequence import Mode, Sequence
+from services.llm.batch import ScheduledBatch
+from services.llm.sequence import Mode, Sequence
 from services.llm.model.model import MossSpeechForCausalLM
 from services.llm.runner.forward import PackedForward, StepTensors
 from services.llm.runner.ops import make_ops

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from services.llm.model.model import MossSpeechForCausalLM, causal_attention
-from services.llm.engine.scheduler import ScheduledBatch
-from services.llm.engine.sequence import Mode
+from services.llm.batch import ScheduledBatch
+from services.llm.sequence import Mode
 
 
 class PagedAttention:

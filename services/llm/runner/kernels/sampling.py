@@ -3,7 +3,7 @@
 candidates (`top_candidates`, torch), and a Triton kernel over those candidates (top-k and top-p cuts,
 hashed Gumbel noise, the draw).
 
-The math is engine/sampler.py `sample_rows` step for step (same formulas in float32, same hash), which
+The math is services/llm/sampling.py `sample_rows` step for step (same formulas in float32, same hash), which
 stays the reference and the full-vocabulary path; tests hold the two to the same tokens. At batch 1 the
 ~60 small kernels of the torch version cost ~0.15 ms of GPU time per step plus the gaps between them.
 """
@@ -14,11 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
-from services.llm.engine import sampler
+from services.llm import sampling as rules
 
 # The torch version's constants, as constexprs (compiled Triton reads no other globals).
-FINITE_MAX = tl.constexpr(sampler.FINITE_MAX)
-GREEDY_BELOW = tl.constexpr(sampler.GREEDY_BELOW)
+FINITE_MAX = tl.constexpr(rules.FINITE_MAX)
+GREEDY_BELOW = tl.constexpr(rules.GREEDY_BELOW)
 
 
 @triton.jit
@@ -91,7 +91,7 @@ def _pick_kernel(z_ptr, order_ptr, top_k_ptr, top_p_ptr, temperature_ptr, seed_p
     kept = tl.sum(((covered <= tl.load(top_p_ptr + r)) & (z > float("-inf"))).to(tl.int32), 0)
     last = tl.maximum(kept, 1) - 1
     z = tl.where(z < tl.max(tl.where(i == last, z, float("-inf")), 0), float("-inf"), z)
-    # u = hashed_uniform(seed, step, token, salt) of sampler.py, in uint32 arithmetic.
+    # u = hashed_uniform(seed, step, token, salt) of services/llm/sampling.py, in uint32 arithmetic.
     mask32 = 0xFFFFFFFF
     seed = tl.load(seed_ptr + r)
     step = tl.load(step_ptr + r)
@@ -120,7 +120,7 @@ def sample_candidates(logits, seen, rows, salt: int, candidates: int, limit: int
     _prepare_kernel[(n,)](logits, seen.view(torch.uint8), rows.slot, rows.penalty, rows.temperature,
                           rows.block_eosp.view(torch.uint8), z, greedy, ok, vocab, vocab if limit is None else limit,
                           eosp, logits.stride(0), seen.stride(0), z.stride(0), BLOCK=1024, num_warps=4)
-    z_sorted, order = sampler.top_candidates(z, candidates)
+    z_sorted, order = rules.top_candidates(z, candidates)
     out = torch.empty(n, dtype=torch.long, device=logits.device)
     _pick_kernel[(n,)](z_sorted, order, rows.top_k, rows.top_p, rows.temperature, rows.seed, rows.step, greedy, out,
                        vocab, salt, z_sorted.stride(0), order.stride(0), K=z_sorted.shape[1], num_warps=1)
