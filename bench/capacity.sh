@@ -25,4 +25,4 @@ if start_stack --kv-cache-gb 32 --max-num-seqs 256 "$@"; then
   done
 fi
 stop_stack
-(cd "$OUT" && tar czf /tmp/results.tgz --exclude '*.log' . && mv /tmp/results.tgz . && find . -mindepth 1 -type d -prune -exec rm -rf {} +)
+pack_results

@@ -13,7 +13,8 @@ if start_stack --replicas 2 --kv-cache-gb 8 --max-num-seqs 64 "$@"; then
     --ramp 6 --no-progress --out "$OUT/failover" > "$OUT/failover.log" 2>&1 &
   BENCH=$!
   sleep "$KILL_AFTER"
-  pkill -KILL -f "[s]ervices.cli llm .*--port 50062 " && echo "killed llm-2 at $(date +%T)"
+  # llm-2: the child of this stack's `up` that serves on the second replica's port (no other process on the host)
+  pkill -KILL -P "$STACK_PID" -f "[s]ervices.cli llm .*--port 50062 " && echo "killed llm-2 at $(date +%T)"
   wait "$BENCH"
   cat "$OUT/failover.log"
   python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9091/metrics').read().decode())" \
@@ -33,4 +34,4 @@ print(sum(float(l.split()[-1]) for l in t.splitlines() if l.startswith('gateway_
     --out "$OUT/after" 2>&1 | tail -12
 fi
 stop_stack
-(cd "$OUT" && tar czf /tmp/results.tgz --exclude '*.log' . && mv /tmp/results.tgz . && find . -mindepth 1 -type d -prune -exec rm -rf {} +)
+pack_results

@@ -10,8 +10,10 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 what=${1:-all}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD:$PWD/protos PYTHONUNBUFFERED=1
+SITE=$(mktemp -d)  # the wheels, installed for this run only
+trap 'rm -rf "$SITE"' EXIT
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
+export PYTHONPATH=$SITE:$PWD:$PWD/protos PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 if [[ $what == all || $what == tests ]]; then

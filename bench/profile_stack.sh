@@ -27,7 +27,7 @@ if start_stack --kv-cache-gb 32 --max-num-seqs 256 "$@"; then
   top -b -n 2 -d 6 -w 200 > "$OUT/top.txt" 2>&1 &
   for svc in llm vocoder gateway; do
     pid=$(pgrep -f "services.cli $svc " | head -1)
-    /tmp/site/bin/py-spy record --pid "$pid" --duration 8 --rate 200 --nonblocking --threads --format raw \
+    "$WORK/site/bin/py-spy" record --pid "$pid" --duration 8 --rate 200 --nonblocking --threads --format raw \
       -o "$OUT/pyspy_$svc.txt" > "$OUT/pyspy_$svc.log" 2>&1 &
   done
   wait_bench() { while kill -0 "$BENCH" 2>/dev/null; do sleep 1; done; }
@@ -38,4 +38,4 @@ if start_stack --kv-cache-gb 32 --max-num-seqs 256 "$@"; then
 fi
 stop_stack
 # At most 8 files come back from a lent machine: everything in one archive.
-tar -czf /tmp/profile.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/profile.tgz "$OUT/" && echo "wrote $OUT/profile.tgz"
+tar -czf "$WORK/profile.tgz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "$WORK/profile.tgz" "$OUT/" && echo "wrote $OUT/profile.tgz"
