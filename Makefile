@@ -30,7 +30,9 @@ demo: $(STAMP)
 up: $(STAMP)
 	$(BIN)/moss-serve up
 
+# ruff first (pyproject.toml's [tool.ruff]: pyflakes, pycodestyle, import order): a lint error fails fast.
 test: $(STAMP) tools
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 # Debian's prometheus package (the server and promtool) for the deploy checks and the Prometheus

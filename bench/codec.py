@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from codec_reference import reference_flow, reference_hift  # noqa: E402
 from measure import median_time, snr_db  # noqa: E402
-
 from services.vocoder import generator as gen  # noqa: E402
 from services.vocoder.codec.checkpoint import load_into  # noqa: E402
 from services.vocoder.codec.config import PRESETS  # noqa: E402
@@ -77,7 +76,8 @@ class Reference:
         tokens = torch.tensor(window, device=self.device)[None]
         mel, _ = self.flow.inference(token=tokens, token_len=torch.tensor([len(window)], device=self.device),
                                      prompt_token=self.prompt, prompt_token_len=torch.tensor([self.prompt.shape[1]], device=self.device),
-                                     prompt_feat=self.prompt_mel, prompt_feat_len=torch.tensor([self.prompt_mel.shape[1]], device=self.device),
+                                     prompt_feat=self.prompt_mel,
+                                     prompt_feat_len=torch.tensor([self.prompt_mel.shape[1]], device=self.device),
                                      embedding=self.embedding, streaming=True, finalize=finalize)
         mel = mel[:, :, offset * 4 :]
         if not with_hift:

@@ -142,7 +142,7 @@ def main():
             table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=60)
             out[f"profile_{variant}"] = table
             print(table, flush=True)
-        del decoder, flow
+        decoder = flow = None  # (freed before the next variant builds its own)
         torch.cuda.empty_cache()
 
     print(f"\n{out['gpu']}, torch {out['torch']}, {out['date']}")

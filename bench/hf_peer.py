@@ -208,7 +208,7 @@ def measure_peer(cfg, device: torch.device, dtype: torch.dtype, *, prefills: lis
                 skip(f"generate batch {b}", _why(e))
                 _free(device)
     finally:
-        del model
+        model = None
         _free(device)
     return out
 

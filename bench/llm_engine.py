@@ -426,7 +426,8 @@ def main() -> None:
                 r = time_decode(engine, prompts, b, c, args.steps, args.warmup, new_tokens_for(b, c), device, ours_left)
                 result["ours"]["decode"][f"{b}x{c}"] = r
                 log(f"ours: {what}: {r['ms']:.2f} ms per step ({r['steps']} back to back; per call median "
-                    f"{r['median_call_ms']:.2f}, min {r['min_ms']:.2f}, max {r['max_ms']:.2f}; mean context {r['mean_attended_positions']:.0f}; filled in "
+                    f"{r['median_call_ms']:.2f}, min {r['min_ms']:.2f}, max {r['max_ms']:.2f}; "
+                    f"mean context {r['mean_attended_positions']:.0f}; filled in "
                     f"{r['fill_steps']} steps, {r['fill_seconds']:.1f}s){'; ' + r['note'] if r['note'] else ''}")
             except Exception as e:  # noqa: BLE001
                 result["errors"][what] = f"{type(e).__name__}: {e}"

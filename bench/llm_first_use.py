@@ -28,8 +28,9 @@ JOINS = (1, 2, 3, 5, 7, 13, 14, 17, 24, 31, 47, 64, 100)
 def join(engine, prompts, base: int, k: int, tag: str) -> float:
     """`base` streams decode, then k join → the slowest step until every joiner has its first token (s)."""
     long = SamplingSettings(max_new_tokens=400, min_new_tokens=400, seed=0)
-    add = lambda i, s: engine.add(engine.make_sequence(GenerationRequest(f"{tag}-{i}", s, ChunkSettings(),
-                                                                         text=prompts[i % len(prompts)])))
+    def add(i, s):
+        engine.add(engine.make_sequence(GenerationRequest(f"{tag}-{i}", s, ChunkSettings(), text=prompts[i % len(prompts)])))
+
     for i in range(base):
         add(i, long)
     for _ in range(4):

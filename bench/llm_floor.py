@@ -53,7 +53,7 @@ def gemm_floor(model, tokens: int, device, reps: int = 20) -> float:
             run()
             sync(device)
             times.append(time.perf_counter() - t)
-    del graph, inputs
+    graph = inputs = None
     return statistics.median(times)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 
-
 # ---- report ---------------------------------------------------------------------------------------------------
 
 def fmt(x, spec="8.2f", unit="") -> str:

@@ -30,7 +30,6 @@ import warnings
 import torch
 
 from measure import snr_db, sync, times
-
 from services.vocoder import generator as gen
 from services.vocoder.receptive_field import receptive_field
 from services.vocoder.runner import GeneratorRunner
@@ -129,7 +128,7 @@ def bench_config(name: str, preset: str, args, device) -> dict:
         print(f"[{name}] {streams} streams ({window}-frame windows, {new} kept): package {cell['package_x_realtime']:.0f}x "
               f"real time, ours {cell['ours_x_realtime']:.0f}x ({cell['ours_x_realtime'] / cell['package_x_realtime']:.1f}x)"
               + (f"; [B, C, T] layout {cell['ours_bct_layout_x_realtime']:.0f}x" if flat is not None else ""), flush=True)
-    del theirs, ours, flat
+    theirs = ours = flat = None  # freed before what comes next
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out

@@ -14,9 +14,23 @@ import asyncio
 import os
 import sys
 
-from services.options import (CODEC_OPTIONS, GATEWAY_OPTIONS, VOCODER_PRESETS, audio_lead, codec_options, concurrencies,
-                              count, engine_options, first_audio_hold, gateway_options, gpu_list, positive, seconds,
-                              targets, worker_options)
+from services.options import (
+    CODEC_OPTIONS,
+    GATEWAY_OPTIONS,
+    VOCODER_PRESETS,
+    audio_lead,
+    codec_options,
+    concurrencies,
+    count,
+    engine_options,
+    first_audio_hold,
+    gateway_options,
+    gpu_list,
+    positive,
+    seconds,
+    targets,
+    worker_options,
+)
 
 
 def _common(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:

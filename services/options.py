@@ -7,8 +7,12 @@ import argparse
 import math
 
 from services.llm.model.config import PRESETS
-from services.vocoder.worker import (DEFAULT_FIRST_CHUNK_BATCH_FRAMES, DEFAULT_FIRST_CHUNK_BUDGET, DEFAULT_MAX_BATCH,
-                                     DEFAULT_MAX_BATCH_FRAMES)
+from services.vocoder.worker import (
+    DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
+    DEFAULT_FIRST_CHUNK_BUDGET,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BATCH_FRAMES,
+)
 
 # The llm engine's options: `moss-serve llm` takes them, `moss-serve up` forwards them to its llm.
 ENGINE_OPTIONS = ("preset", "dtype", "kv_cache_gb", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",

@@ -9,8 +9,7 @@ import sys
 import time
 
 from services.common.errors import DeviceLost
-from services.options import (CODEC_OPTIONS, ENGINE_OPTIONS, GATEWAY_OPTIONS, VOCODER_PRESETS, WORKER_OPTIONS,
-                              forward)
+from services.options import CODEC_OPTIONS, ENGINE_OPTIONS, GATEWAY_OPTIONS, WORKER_OPTIONS, forward
 
 SERVICES_ON_GPU = ("llm", "vocoder")
 

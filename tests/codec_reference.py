@@ -36,7 +36,6 @@ def _stub_modules() -> None:
         sys.modules["matcha.utils"], sys.modules["matcha.utils.pylogger"] = utils, pylogger
     if "cosyvoice.utils.class_utils" not in sys.modules:
         import torch
-
         from cosyvoice.transformer import activation, attention, embedding, subsampling
 
         classes = types.ModuleType("cosyvoice.utils.class_utils")

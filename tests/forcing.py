@@ -7,13 +7,11 @@ launched ahead sees one step early), so both ways of running see the same forcin
 
 from __future__ import annotations
 
-import torch
-
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
-from services.llm.sequence import Mode
 from services.llm.model.config import tiny_config
 from services.llm.model.tokenizer import tiny_tokenizer
+from services.llm.sequence import Mode
 
 CFG = tiny_config()
 GREEDY = SamplingSettings(temperature=0.0, repetition_penalty=4.0, max_new_tokens=30, min_new_tokens=0)

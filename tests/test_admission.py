@@ -5,10 +5,10 @@ import asyncio
 
 import grpc
 import pytest
+from conftest import metric_value, scrape
 from google.rpc import error_details_pb2, status_pb2
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from conftest import metric_value, scrape
 from services.common.errors import DeadlineExceeded, ResourceExhausted
 from services.gateway.admission import RETRY_MAX, RETRY_MIN, Admission
 from services.gateway.client import converse

@@ -8,10 +8,10 @@ import sys
 
 import grpc
 import pytest
+from conftest import metric_value, scrape
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from conftest import metric_value, scrape
 from services.common.auth import load_keys
 from services.gateway.client import synthesize
 from services.stack import Ports, Stack

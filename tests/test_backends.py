@@ -6,7 +6,6 @@ import functools
 import time
 
 import pytest
-
 from moss.speech.v1 import llm_pb2_grpc
 
 from services.common.errors import Unavailable

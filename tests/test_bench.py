@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import metric_value, scrape
+
 from services.bench import report
 from services.bench.stream import StreamRecord
 from services.bench.workload import load_prompts, poisson_arrivals

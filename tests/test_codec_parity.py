@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from codec_reference import reference_flow, reference_hift
 from services.vocoder.codec.checkpoint import CheckpointMismatch, load_codec, load_into, save_codec
 from services.vocoder.codec.config import moss_speech, tiny
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
 from services.vocoder.codec.hift import HiFTGenerator
-from codec_reference import reference_flow, reference_hift
 
 
 def _randomize(module: torch.nn.Module, seed: int) -> None:

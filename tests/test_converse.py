@@ -12,9 +12,9 @@ import wave
 
 import grpc
 import pytest
+from conftest import metric_value, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, vocoder_pb2, vocoder_pb2_grpc
 
-from conftest import metric_value, scrape
 from services.common.sampling import ChunkSettings, resolve_sampling
 from services.gateway.client import converse
 from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
@@ -154,7 +154,8 @@ async def vocode(target: str, chunks: list[list[int]]) -> bytes:
     """The vocoder service over these token chunks, as the gateway sends them → PCM16."""
     async with grpc.aio.insecure_channel(target) as ch:
         call = vocoder_pb2_grpc.VocoderStub(ch).Vocode(timeout=60)
-        await call.write(vocoder_pb2.VocodeRequest(config=vocoder_pb2.VocodeConfig(request_id="cold", format=common_pb2.AUDIO_FORMAT_PCM16)))
+        config = vocoder_pb2.VocodeConfig(request_id="cold", format=common_pb2.AUDIO_FORMAT_PCM16)
+        await call.write(vocoder_pb2.VocodeRequest(config=config))
         for tokens in chunks:
             await call.write(vocoder_pb2.VocodeRequest(tokens=vocoder_pb2.AudioTokens(tokens=tokens)))
         await call.write(vocoder_pb2.VocodeRequest(end=vocoder_pb2.EndOfTokens()))

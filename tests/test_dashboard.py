@@ -7,7 +7,6 @@ import json
 import re
 
 import pytest
-
 from test_deploy import DEPLOY, MOSS_SERVICES, ROOT, load_yaml
 
 METRIC_IN_EXPR = re.compile(r"\b((?:gateway|llm|vocoder)_[A-Za-z0-9_]*[A-Za-z0-9])\b")

@@ -8,9 +8,9 @@ import wave
 
 import grpc
 import numpy as np
+from conftest import metric_value, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from conftest import metric_value, scrape
 from services.gateway.client import synthesize
 from services.stack import Ports, is_serving
 

@@ -6,13 +6,13 @@ import torch
 
 from services.common.errors import InvalidArgument
 from services.common.sampling import ChunkSettings, SamplingSettings
-from services.llm.model.checkpoint import random_model
-from services.llm.model.config import tiny_config
 from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from services.llm.engine.reference import dense_logits, traced_generation
+from services.llm.model.checkpoint import random_model
+from services.llm.model.config import tiny_config
 from services.llm.model.prompt import PromptBuilder
-from services.llm.sequence import FinishReason, Mode, Sequence
 from services.llm.model.tokenizer import tiny_tokenizer
+from services.llm.sequence import FinishReason, Mode, Sequence
 
 CFG = tiny_config()
 GREEDY = SamplingSettings(temperature=0.0, repetition_penalty=1.0, max_new_tokens=40, min_new_tokens=0)
@@ -89,7 +89,8 @@ def test_seeded_sampling_is_reproducible(model):
     s = SamplingSettings(temperature=1.0, top_k=50, top_p=0.9, max_new_tokens=30, min_new_tokens=0, seed=1234)
     first, _ = run(make_engine(model), [GenerationRequest("a", s, ChunkSettings(), text="hello")])
     second, _ = run(make_engine(model), [GenerationRequest("a", s, ChunkSettings(), text="hello")])
-    other, _ = run(make_engine(model), [GenerationRequest("a", SamplingSettings(**{**s.__dict__, "seed": 99}), ChunkSettings(), text="hello")])
+    reseeded = SamplingSettings(**{**s.__dict__, "seed": 99})
+    other, _ = run(make_engine(model), [GenerationRequest("a", reseeded, ChunkSettings(), text="hello")])
     assert first[0].audio_ids == second[0].audio_ids
     assert first[0].audio_ids != other[0].audio_ids
 
@@ -253,7 +254,8 @@ def test_prefill_does_not_stall_decoding_streams(model):
     """A long prompt arriving mid-stream is prefilled in budget-sized chunks: the running stream
     gets a token every step meanwhile."""
     engine = make_engine(model, max_num_batched_tokens=32, max_model_len=2048)
-    talking = engine.make_sequence(GenerationRequest("talk", SamplingSettings(temperature=0.0, max_new_tokens=60, min_new_tokens=0), ChunkSettings(), text="hi"))
+    greedy = SamplingSettings(temperature=0.0, max_new_tokens=60, min_new_tokens=0)
+    talking = engine.make_sequence(GenerationRequest("talk", greedy, ChunkSettings(), text="hi"))
     engine.add(talking)
     while talking.num_steps < 3:
         engine.step()
@@ -315,7 +317,8 @@ def test_state_machine_under_forced_logits(model):
 def test_text_reply_streams_text_tokens(model):
     engine = make_engine(model)
     s = SamplingSettings(temperature=0.0, max_new_tokens=10, min_new_tokens=0)
-    seqs, chunks = run(engine, [GenerationRequest("t", s, ChunkSettings(first_chunk_tokens=2, chunk_tokens=4), text="hi", audio_reply=False)])
+    chunking = ChunkSettings(first_chunk_tokens=2, chunk_tokens=4)
+    seqs, chunks = run(engine, [GenerationRequest("t", s, chunking, text="hi", audio_reply=False)])
     seq = seqs[0]
     streamed = [t for ch in chunks for t in ch.text_tokens] + [t for ch in chunks for t in ch.audio_tokens]
     assert streamed and len(streamed) == seq.num_text + seq.num_audio
@@ -363,8 +366,8 @@ def test_repetition_penalty_history_tracks_each_channel(model):
 
 def test_warm_up_leaves_nothing_behind_and_the_engine_serves_as_before(model):
     """The synthetic turns run to completion (text and audio replies, prefix hits, batches up to
-    max_num_seqs, streams joining a decoding batch) and leave no sequence, block in use or count; a request afterwards generates exactly what
-    it does on a fresh engine (greedy)."""
+    max_num_seqs, streams joining a decoding batch) and leave no sequence, block in use or count; a request
+    afterwards generates exactly what it does on a fresh engine (greedy)."""
     from services.llm.engine.warmup import warm_up
 
     engine = make_engine(model, max_num_seqs=8)

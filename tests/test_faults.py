@@ -12,9 +12,9 @@ import time
 
 import grpc
 import pytest
+from conftest import metric_value, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from conftest import metric_value, scrape
 from services.stack import Ports, Stack
 
 LONG = common_pb2.SamplingParams(max_new_tokens=400, min_new_tokens=400, seed=1)  # many seconds on CPU

@@ -11,11 +11,11 @@ import asyncio
 import time
 
 import grpc
+from conftest import metric_value, scrape
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from conftest import metric_value, scrape
 from services.stack import is_serving
 
 FIELDS = ("text", "voice", "format", "sampling.", "chunking.")

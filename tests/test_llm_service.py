@@ -8,13 +8,13 @@ import time
 
 import grpc
 import pytest
+from conftest import metric_value, scrape
 from moss.speech.v1 import common_pb2, llm_pb2, llm_pb2_grpc
 
-from conftest import metric_value, scrape
 from services.common.sampling import ChunkSettings, SamplingSettings
+from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from services.llm.model.checkpoint import random_model, save_pretrained
 from services.llm.model.config import tiny_config
-from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from services.llm.model.tokenizer import tiny_tokenizer
 from services.stack import free_port, is_serving
 
@@ -135,7 +135,8 @@ def test_disconnect_frees_blocks_at_once(llm):
 
     async def leave_early():
         async with grpc.aio.insecure_channel(target) as channel:
-            call = llm_pb2_grpc.LlmStub(channel).Generate(llm_pb2.GenerateRequest(text="go on", sampling=common_pb2.SamplingParams(max_new_tokens=1500)))
+            long_turn = llm_pb2.GenerateRequest(text="go on", sampling=common_pb2.SamplingParams(max_new_tokens=1500))
+            call = llm_pb2_grpc.LlmStub(channel).Generate(long_turn)
             await call.read()
             assert metric_value(scrape(metrics_port), "llm_kv_blocks_used") > baseline
         # closing the channel ends the call as a vanished client would: the server sees it cancelled

@@ -13,9 +13,9 @@ import time
 
 import grpc
 import pytest
+from conftest import metric_value, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from conftest import metric_value, scrape
 from services.stack import Ports, Stack
 
 KINDS = ("complete", "cancel", "disconnect", "deadline", "session", "session_drop")

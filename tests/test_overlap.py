@@ -12,12 +12,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
-from forcing import CFG, GREEDY, SEEDED, converse, make_engine
 
+from forcing import CFG, GREEDY, SEEDED, converse, make_engine
 from services.common.sampling import ChunkSettings
 from services.llm.engine.engine import GenerationRequest
-from services.llm.sequence import FinishReason
 from services.llm.model.checkpoint import random_model
+from services.llm.sequence import FinishReason
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

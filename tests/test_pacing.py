@@ -14,10 +14,10 @@ from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.async_engine import AsyncEngine
 from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from services.llm.engine.pacing import hold_for
-from services.llm.sequence import Mode
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import tiny_config
 from services.llm.model.tokenizer import tiny_tokenizer
+from services.llm.sequence import Mode
 
 CFG = tiny_config()
 TOKENS = 40

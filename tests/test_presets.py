@@ -9,18 +9,18 @@ import time
 
 import pytest
 import torch
+from conftest import metric_value, scrape
 from moss.speech.v1 import common_pb2
 
-from conftest import metric_value, scrape
 from services.cli import parser
-from services.options import CUDA_AUDIO_LEAD, CUDA_FIRST_AUDIO_HOLD, audio_lead, first_audio_hold
-from services.up import up_service_args
 from services.gateway.client import synthesize
 from services.llm.model.config import NUM_SPECIAL_TEXT_TOKENS, preset, tiny_config
 from services.llm.model.prompt import PromptBuilder
 from services.llm.model.tokenizer import preset_tokenizer, tiny_tokenizer
 from services.llm.server import LlmSettings, build_engine, resolve_dtype
+from services.options import CUDA_AUDIO_LEAD, CUDA_FIRST_AUDIO_HOLD, audio_lead, first_audio_hold
 from services.stack import Ports, is_serving
+from services.up import up_service_args
 
 REAL = preset("moss-speech")
 TEXTS = ["Hello, how are you?", "héllo wörld — ünïcödé", "日本語のテキスト", "emoji 😀🎉 and \t tabs\nnewlines",

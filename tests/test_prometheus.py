@@ -29,11 +29,11 @@ import grpc
 import pytest
 import yaml
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from test_dashboard import METRIC_IN_EXPR, exprs_of, panels_of
+from test_deploy_tools import tool
 
 from services.common.metrics import LATENCY_BUCKETS
 from services.stack import free_port
-from test_dashboard import METRIC_IN_EXPR, exprs_of, panels_of
-from test_deploy_tools import tool
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"

@@ -9,7 +9,8 @@ def test_generated_stubs_are_current(tmp_path):
     generate(tmp_path)
     generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.py*"))
     assert generated, "protoc wrote nothing"
-    stale = [str(rel) for rel in generated if not (PROTO_ROOT / rel).exists() or (PROTO_ROOT / rel).read_bytes() != (tmp_path / rel).read_bytes()]
+    stale = [str(rel) for rel in generated
+             if not (PROTO_ROOT / rel).exists() or (PROTO_ROOT / rel).read_bytes() != (tmp_path / rel).read_bytes()]
     assert not stale, f"stale or missing stubs (run `make protos`): {stale}"
     assert len(proto_files()) == 4
 

@@ -5,10 +5,10 @@ import asyncio
 import time
 
 import grpc
+from conftest import metric_value, scrape
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from conftest import metric_value, scrape
 from services.stack import Ports, Stack
 
 SAMPLING = common_pb2.SamplingParams(max_new_tokens=6, seed=1)

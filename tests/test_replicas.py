@@ -12,9 +12,9 @@ import time
 
 import grpc
 import pytest
+from conftest import metric_value, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from conftest import metric_value, scrape
 from services.gateway.client import converse
 from services.stack import Ports, Stack
 

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
-from services.llm.sampling import GREEDY_BELOW, TOPK_CAP, RowSettings, hashed_uniform, sample_rows, top_candidates
-from services.llm.sequence import FinishReason
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import tiny_config
 from services.llm.model.tokenizer import tiny_tokenizer
+from services.llm.sampling import GREEDY_BELOW, TOPK_CAP, RowSettings, hashed_uniform, sample_rows, top_candidates
+from services.llm.sequence import FinishReason
 
 CFG = tiny_config()
 
@@ -145,6 +145,7 @@ def test_fuzzed_request_never_disturbs_its_batch_mates(model, innocent_alone, te
     """Any sampling settings the API accepts: the fuzzed request ends cleanly, and the innocent requests
     batched with it produce exactly the tokens they produce alone."""
     from moss.speech.v1 import common_pb2
+
     from services.common.errors import InvalidArgument
     from services.common.sampling import resolve_sampling
 

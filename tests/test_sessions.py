@@ -6,9 +6,9 @@ import pytest
 
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.common.sampling import ChunkSettings, SamplingSettings
+from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import tiny_config
-from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from services.llm.model.tokenizer import tiny_tokenizer
 
 CFG = tiny_config()

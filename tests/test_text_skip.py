@@ -13,7 +13,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from forcing import CFG, converse, make_engine
-
 from services.llm.model.checkpoint import random_model
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -59,7 +58,6 @@ def test_a_session_given_its_history_elsewhere_speaks_as_it_would_have():
     history its caller kept (each turn's turn_tokens), or on its own engine after it let the session go (the
     prefix cache serving what it still holds), is the turn the session would have spoken."""
     from forcing import GREEDY
-
     from services.common.sampling import ChunkSettings
     from services.llm.engine.engine import GenerationRequest
 

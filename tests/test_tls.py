@@ -14,7 +14,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from moss.speech.v1 import common_pb2
 
 from services.common.tls import ChannelTls

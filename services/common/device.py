@@ -3,7 +3,8 @@
 A CUDA error such as an illegal memory access is sticky: every later call on that context fails too. Seen on
 an H100 (docs/benchmarks.md, issue 10): one llm replica SIGKILLed under load, and the other, a client of the
 same MPS server, failed every step after it while its health check still said SERVING. So a service whose
-work fails asks `lost()` (and so does one idle for PROBE_SECONDS); if its device is gone, it fails what it holds with DeviceLost (UNAVAILABLE: the
+work fails asks `lost()` (and so does one idle for PROBE_SECONDS); if its device is gone, it fails what it holds
+with DeviceLost (UNAVAILABLE: the
 gateway starts a turn not yet answered again elsewhere), stops serving and exits, and what supervises it
 (`moss-serve up`, compose's restart policy) starts it again on a fresh context.
 """

@@ -29,7 +29,6 @@ from services.gateway.backends import Backends, Pool, Replica
 from services.gateway.session import Session
 from services.gateway.voices import resolve_voice
 
-
 VOCODER_CLOSE_SECONDS = 1.0  # after the last PCM: how long the vocoder may take to end its call
 STATUS_SECONDS = 1.0         # after a failed write: how long the call's own status may take to arrive
 

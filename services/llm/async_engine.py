@@ -30,8 +30,8 @@ from collections.abc import AsyncIterator, Callable
 from services.common.device import PROBE_SECONDS
 from services.common.errors import DeviceLost, Internal, ServiceError
 from services.llm.engine.engine import EngineLoad, LLMEngine, StepStats
-from services.llm.sequence import Chunk, Sequence
 from services.llm.engine.session import SessionBusy
+from services.llm.sequence import Chunk, Sequence
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,12 @@ from services.common.server import serve
 from services.common.tls import ServerTls
 from services.llm import metrics
 from services.llm.async_engine import AsyncEngine
-from services.llm.model.checkpoint import DTYPES, load_pretrained, random_model
-from services.llm.model.config import preset
 from services.llm.engine.engine import EngineConfig, LLMEngine
 from services.llm.engine.warmup import warm_up
-from services.llm.servicer import LlmServicer
+from services.llm.model.checkpoint import DTYPES, load_pretrained, random_model
+from services.llm.model.config import preset
 from services.llm.model.tokenizer import load_tokenizer, preset_tokenizer
+from services.llm.servicer import LlmServicer
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,17 @@ from services.common.metrics import start_metrics_server
 from services.common.server import serve
 from services.common.tls import ServerTls
 from services.vocoder import metrics
+from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.runner import smallest
 from services.vocoder.servicer import VocoderServicer
 from services.vocoder.streamer import DEFAULT_LOOKAHEAD
-from services.vocoder.worker import (DEFAULT_FIRST_CHUNK_BATCH_FRAMES, DEFAULT_FIRST_CHUNK_BUDGET, DEFAULT_MAX_BATCH,
-                                     DEFAULT_MAX_BATCH_FRAMES)
-from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.vocoder import FlowOptions, load_vocoder
+from services.vocoder.worker import (
+    DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
+    DEFAULT_FIRST_CHUNK_BUDGET,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BATCH_FRAMES,
+)
 
 log = logging.getLogger(__name__)
 

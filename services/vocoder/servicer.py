@@ -20,8 +20,15 @@ from services.common.sampling import resolve_lookahead
 from services.vocoder import metrics
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import TokenVocoder
-from services.vocoder.worker import (DEFAULT_FIRST_CHUNK_BATCH_FRAMES, DEFAULT_FIRST_CHUNK_BUDGET, DEFAULT_MAX_BATCH,
-                                     DEFAULT_MAX_BATCH_FRAMES, Done, Job, VocoderWorker)
+from services.vocoder.worker import (
+    DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
+    DEFAULT_FIRST_CHUNK_BUDGET,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BATCH_FRAMES,
+    Done,
+    Job,
+    VocoderWorker,
+)
 
 MAX_TOKENS_PER_MESSAGE = 4096
 AFTER_END_GRACE_SECONDS = 1.0  # how long a stream waits, its audio all sent, for the client to half-close
@@ -35,7 +42,8 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
-        others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most first_chunk_batch_frames (worker.py).
+        others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most
+        first_chunk_batch_frames (worker.py).
         lost / on_fatal: what the worker does when its device is lost (worker.py)."""
         self.vocoder = vocoder
         self.left_context, self.lookahead = left_context, lookahead

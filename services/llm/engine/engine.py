@@ -16,18 +16,18 @@ from tokenizers import Tokenizer
 from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.common.tensors import Uploader
+from services.llm.batch import ScheduledBatch
 from services.llm.engine.block_manager import BlockManager
 from services.llm.engine.pacing import hold_for
+from services.llm.engine.sampler import Sampler, Samples
+from services.llm.engine.scheduler import Scheduler
+from services.llm.engine.session import SessionStore
 from services.llm.model.config import MossSpeechConfig
 from services.llm.model.model import MossSpeechForCausalLM
+from services.llm.model.prompt import PromptBuilder
 from services.llm.runner.kernel_runner import KernelRunner
 from services.llm.runner.torch_runner import ModelRunner
-from services.llm.model.prompt import PromptBuilder
-from services.llm.engine.sampler import Sampler, Samples
-from services.llm.batch import ScheduledBatch
-from services.llm.engine.scheduler import Scheduler
 from services.llm.sequence import Chunk, FinishReason, Mode, Sequence
-from services.llm.engine.session import SessionStore
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from services.llm.engine.engine import LLMEngine
-from services.llm.sequence import Mode, Sequence
 from services.llm.model.model import MossSpeechForCausalLM
+from services.llm.sequence import Mode, Sequence
 
 
 def traced_generation(engine: LLMEngine, seq: Sequence) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:

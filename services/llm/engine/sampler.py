@@ -34,6 +34,7 @@ from services.llm.model.config import MossSpeechConfig
 from services.llm.sampling import AUDIO_SALT, GREEDY_BELOW, TEXT_SALT, TOPK_CAP, RowSettings, sample_rows
 from services.llm.sequence import Mode, Sequence
 
+
 class Samples:
     """One step's samples: on the device for feeding the next step at once, on their way to the host.
 

@@ -23,10 +23,10 @@ import torch.nn.functional as F
 
 from services.common.tensors import Uploader
 from services.llm.batch import ScheduledBatch
-from services.llm.sequence import Mode, Sequence
 from services.llm.model.model import MossSpeechForCausalLM
 from services.llm.runner.forward import PackedForward, StepTensors
 from services.llm.runner.ops import make_ops
+from services.llm.sequence import Mode, Sequence
 
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PACKED_BUCKETS = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from services.llm.model.model import MossSpeechForCausalLM, causal_attention
 from services.llm.batch import ScheduledBatch
+from services.llm.model.model import MossSpeechForCausalLM, causal_attention
 from services.llm.sequence import Mode
 
 

@@ -22,7 +22,6 @@ from services.vocoder.codec.config import FlowConfig
 from services.vocoder.codec.conformer import UpsampleConformerEncoder
 from services.vocoder.codec.estimator import CausalConditionalDecoder
 
-
 NOISE_FRAMES = 50 * 300  # the reference's table: 300 s of 50 Hz mel frames, prompt and window together
 
 
