@@ -66,12 +66,15 @@ from services.llm.model.tokenizer import tiny_tokenizer
 
 try:
     from bench.hf_peer import measure_peer, transformers_version
-    from bench.llm_floor import audio_kv_bytes_per_position, audio_path_weights, copy_bandwidth, gemm_floor, sync
+    from bench.llm_floor import audio_kv_bytes_per_position, audio_path_weights, copy_bandwidth, gemm_floor
     from bench.llm_report import build_rows, fmt, print_report, targets
+    from bench.measure import sync
 except ImportError:  # run as a script: bench/ itself is on sys.path
     from hf_peer import measure_peer, transformers_version
-    from llm_floor import audio_kv_bytes_per_position, audio_path_weights, copy_bandwidth, gemm_floor, sync
+    from llm_floor import audio_kv_bytes_per_position, audio_path_weights, copy_bandwidth, gemm_floor
     from llm_report import build_rows, fmt, print_report, targets
+
+    from measure import sync
 
 T0 = time.perf_counter()
 

@@ -4,15 +4,14 @@ graph, and the GPU's copy bandwidth for reading K/V once; what a decode or prefi
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+try:
+    from bench.measure import times
+except ImportError:  # run as a script: bench/ itself is on sys.path
+    from measure import times
 
 
 # ---- floors ---------------------------------------------------------------------------------------------------
@@ -46,15 +45,9 @@ def gemm_floor(model, tokens: int, device, reps: int = 20) -> float:
             run = graph.replay
             for _ in range(3):
                 run()
-        times = []
-        for _ in range(reps):
-            sync(device)
-            t = time.perf_counter()
-            run()
-            sync(device)
-            times.append(time.perf_counter() - t)
+        seconds = statistics.median(times(run, reps, device))
     graph = inputs = None
-    return statistics.median(times)
+    return seconds
 
 
 def copy_bandwidth(device, nbytes: int | None = None, reps: int = 5, copies: int = 10) -> float:
@@ -63,16 +56,13 @@ def copy_bandwidth(device, nbytes: int | None = None, reps: int = 5, copies: int
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    times = []
-    for _ in range(reps):
-        sync(device)
-        t = time.perf_counter()
+    def copy():
         for _ in range(copies):
             dst.copy_(src)
-        sync(device)
-        times.append((time.perf_counter() - t) / copies)
-    del src, dst
-    return 2 * nbytes / statistics.median(times)
+
+    seconds = statistics.median(times(copy, reps, device)) / copies
+    src = dst = None  # freed before what comes next
+    return 2 * nbytes / seconds
 
 
 def audio_kv_bytes_per_position(cfg, dtype) -> int:

@@ -77,12 +77,10 @@ class Done:
 # 361x real time in calls of 8 windows of 80 frames, 397x in calls of 64) but a chunk that turns urgent during
 # a call waits for all of it: at 128 streams, calls of up to 64 windows took 145 ms on average and first
 # chunks waited 350 ms (docs/benchmarks.md). 1024 frames is ~25 ms of an H200 alone.
-# The codec's flow decoder (the real preset's) gains more from larger calls: ~40 ms a call before its first row,
-# ~3.5 ms a row after (H100: 4 rows 46 ms, 16 rows 86 ms, 32 rows 142 ms). With these limits its calls carry ~6
-# windows; `--max-batch 32 --max-batch-frames 4096 --first-chunk-batch-frames 0` makes them 17, the aggregate at
-# 128 streams 53-59x -> 91-93x real time and 64 streams 0% -> 16-28% stall-free, but time to first audio at 32
-# streams p50 424-447 -> 525-676 ms and their stall-free share 88-94% -> 47-95% over two runs (docs/benchmarks.md,
-# issue 20). Below the knee, where the stack is usable, these limits serve listeners better; kept.
+# The codec's flow decoder costs more per call and less per window than BigVGAN (~40 ms a call, ~3.5 ms a window on
+# an H100), so larger calls (`--max-batch 32 --max-batch-frames 4096 --first-chunk-batch-frames 0`) raise its
+# throughput, but they cost time to first audio below the knee, where the stack is usable: these limits are kept
+# (docs/benchmarks.md, issue 20, third step).
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_BATCH_FRAMES = 1024
 # A first chunk's deadline, after it comes in: what the vocoder may add to time to first audio when chunks of

@@ -6,7 +6,7 @@ from services.llm.sequence import Sequence
 
 
 def hold_for(seqs: list[Sequence], now: float, bound: float, token_seconds: float,
-                    first_audio_hold: float = 0.0) -> float:
+             first_audio_hold: float = 0.0) -> float:
     """How long steps may wait for `seqs`: the least of what each can spare, 0 if any can spare nothing. A stream
     spares its audio lead over `bound` seconds (pacing; 0: off), or, for `first_audio_hold` seconds after its
     first audio window was sent (Sequence.window_sent), what is left of them: the vocoder is making its first
