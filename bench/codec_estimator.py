@@ -9,6 +9,7 @@ window 40 tokens; its time bounds the aggregate). Variants:
 - before: the flow and estimator of an earlier commit (--before DIR: its estimator.py and flow.py, e.g.
   `git show REV:services/vocoder/codec/estimator.py`), to time a change against its parent on the same card;
 - eager: today's modules, every prompt frame solved in every call;
+Each variant's first block is also run once without a graph under the profiler, to count its kernels.
 - prefix: today's with the voice's prompt prefix solved once (codec/prefix.py), in calls of every size (served:
   from decoder.PREFIX_MIN_ROWS rows on);
 - compiled-dynamic / compiled-static: the estimator through torch.compile (one compilation for every shape, or
@@ -132,8 +133,18 @@ def main():
             print(f"{variant:18s} {name:36s} {cell['ms']:8.2f} ms (floor {cell['floor_ms']:.2f}, {cell['x_floor']:.1f}x; "
                   f"{cell['audio_x_realtime']:.0f}x real time; first use {setup:.1f} s; SNR vs {variants[0]} "
                   f"{cell['snr_vs_first_db']:.1f} dB)", flush=True)
+        decoder.use_graphs = False  # kernels per call: the first block's, counted by the profiler without a graph
+        first_rows = [([], first)]
+        decoder.decode_chunks(first_rows)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            decoder.decode_chunks(first_rows)
+            torch.cuda.synchronize()
+        kernels = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        out[f"profile_first_{variant}"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=12,
+                                                                   max_name_column_width=60)
+        out["cells"][f"{variant} | {next(iter(shapes))}"]["kernels"] = kernels
+        print(f"{variant:18s} first block: {kernels} kernels a call", flush=True)
         if variant in ("eager", "prefix"):  # a profile of the saturated call, no graph
-            decoder.use_graphs = False
             rows = [([], s) for s in full]
             decoder.decode_chunks(rows)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -146,11 +157,11 @@ def main():
         torch.cuda.empty_cache()
 
     print(f"\n{out['gpu']}, torch {out['torch']}, {out['date']}")
-    print(f"{'variant':18s} {'shape':36s} {'ms':>8s} {'floor':>7s} {'x floor':>7s} {'x RT':>6s} {'SNR dB':>7s}")
+    print(f"{'variant':18s} {'shape':36s} {'ms':>8s} {'floor':>7s} {'x floor':>7s} {'x RT':>6s} {'SNR dB':>7s} {'kernels':>8s}")
     for key, c in out["cells"].items():
         variant, name = key.split(" | ")
         print(f"{variant:18s} {name:36s} {c['ms']:8.2f} {c['floor_ms']:7.2f} {c['x_floor']:7.1f} "
-              f"{c['audio_x_realtime']:6.0f} {c['snr_vs_first_db']:7.1f}")
+              f"{c['audio_x_realtime']:6.0f} {c['snr_vs_first_db']:7.1f} {c.get('kernels', ''):>8}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
 

@@ -18,7 +18,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from services.llm.runner.kernels import fused, paged_attention, sampling  # noqa: E402
 from services.vocoder import activation  # noqa: E402
-from services.vocoder.codec import chunk_attention  # noqa: E402
+from services.vocoder.codec import chunk_attention, frame_ops  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -82,6 +82,22 @@ KERNELS = {
         chunk_attention._chunk_attention,
         {"Q": "*fp32", "K": "*fp32", "V": "*fp32", "KP": "*fp32", "VP": "*fp32", "O": "*fp32", "ROWS": "*i64",
          "LENGTHS": "*i32"}, ("scale",), dict(H=2, D=16, BLOCK_M=16, BLOCK_N=16, PRECISION="ieee")), 4),
+    "codec: frame norm (norm, Mish, time term, second norm)": (frame_ops._frame_norm, *signature(
+        frame_ops._frame_norm,
+        {"H": BF16, "W1": BF16, "B1": BF16, "ROW_TERMS": BF16, "RES": BF16, "W2": BF16, "B2": BF16, "OUT": BF16,
+         "OUT2": BF16}, ("eps1", "eps2"),
+        dict(NORM=True, MISH=True, ROWS=True, RESIDUAL=False, THEN=True, BLOCK_M=16, BLOCK_C=256)), 4),
+    "codec: frame norm (residual, second norm)": (frame_ops._frame_norm, *signature(
+        frame_ops._frame_norm,
+        {"H": BF16, "W1": BF16, "B1": BF16, "ROW_TERMS": BF16, "RES": BF16, "W2": BF16, "B2": BF16, "OUT": BF16,
+         "OUT2": BF16}, ("eps1", "eps2"),
+        dict(NORM=False, MISH=False, ROWS=False, RESIDUAL=True, THEN=True, BLOCK_M=16, BLOCK_C=256)), 4),
+    "codec: causal unfold with a prompt prefix": (frame_ops._causal_unfold, *signature(
+        frame_ops._causal_unfold, {"X": BF16, "FRAMES": BF16, "ROWS": "*i64", "OUT": BF16}, (),
+        dict(K=3, LEFT=True, BLOCK_T=16, BLOCK_C=512)), 4),
+    "codec: guided Euler step": (frame_ops._euler_step, *signature(
+        frame_ops._euler_step, {"IN": BF16, "V": BF16, "MASK": BF16}, ("dt", "cfg_rate"),
+        dict(BLOCK_T=16, BLOCK_C=128)), 4),
 }
 
 

@@ -77,10 +77,10 @@ class Done:
 # 361x real time in calls of 8 windows of 80 frames, 397x in calls of 64) but a chunk that turns urgent during
 # a call waits for all of it: at 128 streams, calls of up to 64 windows took 145 ms on average and first
 # chunks waited 350 ms (docs/benchmarks.md). 1024 frames is ~25 ms of an H200 alone.
-# The codec's flow decoder costs more per call and less per window than BigVGAN (~40 ms a call, ~3.5 ms a window on
+# The codec's flow decoder costs more per call and less per window than BigVGAN (~25 ms a call, ~2.2 ms a window on
 # an H100), so larger calls (`--max-batch 32 --max-batch-frames 4096 --first-chunk-batch-frames 0`) raise its
 # throughput, but they cost time to first audio below the knee, where the stack is usable: these limits are kept
-# (docs/benchmarks.md, issue 20, third step).
+# (docs/benchmarks.md, issue 20, third and fourth steps).
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_BATCH_FRAMES = 1024
 # A first chunk's deadline, after it comes in: what the vocoder may add to time to first audio when chunks of

@@ -23,8 +23,8 @@ call is a CUDA graph (the encoder and all Euler steps), captured by `warm_up` be
 **The prompt's prefix** (prefix.py): the voices' prompts begin every row, and their first whole chunks are the
 same in every call; `set_voices` computes them once, and calls of `prefix_min_rows` rows or more whose voices are
 all known solve only the frames after them (at the real size, 180 of a saturated row's 320 frames). Smaller
-calls solve every frame: they are bound by their kernel launches, not their work, and reading the prefix takes
-more launches (H100: 16 rows 118 -> 87 ms with the prefix, 1 row 29 -> 37 ms; docs/benchmarks.md, issue 20).
+calls solve every frame: they are bound by the latency of their kernels, not their work (H100: 16 rows 78 -> 58 ms
+with the prefix, 4 rows 35 -> 32 ms, 1 row 26 -> 27 ms; docs/benchmarks.md, issue 20).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ TOKEN_BUCKETS = (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)   # prompt + wind
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 DEFAULT_BLOCK_TOKENS = 5
 DEFAULT_MAX_CONTEXT_TOKENS = 40
-PREFIX_MIN_ROWS = 4  # measured: 1 row slower with the prefix, 16 faster; the crossover between is not
+PREFIX_MIN_ROWS = 4  # measured: 1 row slower with the prefix, 4 and 16 faster; 2 and 3 not measured
 
 
 @dataclass(frozen=True)

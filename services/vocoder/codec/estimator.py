@@ -5,13 +5,20 @@ Input channels: the noisy mel x, the encoder's mu, the speaker embedding (repeat
 mel cond (zeros after the prompt), 4 × 80. Convolutions are causal (left-padded) and the norms per frame,
 so with static-chunk attention (streaming) a frame depends on its own chunk and the chunks before it only.
 Module and parameter names are the reference's (`time_mlp.linear_1`, `down_blocks.0.0.block1.block.0`,
-`down_blocks.0.1.0.attn1.to_q`, `final_proj`, ...).
+`down_blocks.0.1.0.attn1.to_q`, `final_proj`, ...). One U-Net level, the published estimator's (a level of
+strided convolutions would read frames ahead, and nothing here supports it: refused at build).
 
 Layout: activations are [B, T, C] (frames, then channels) from end to end, where the reference's are [B, C, T]:
 the transformer blocks and the per-frame LayerNorms want rows of channels, and a causal convolution is then one
 matrix product over each frame with the frames before it (unfolded), so nothing changes layout between the
 blocks. On an H100 the reference's layout spent more time transposing, normalising transposed rows and in
 elementwise kernels over strided tensors than in its matrix products (docs/benchmarks.md, issue 20).
+
+Kernels: what lies between two matrix products is one kernel (frame_ops.py): a resnet block's norm, Mish and time
+term; a residual with the next block's LayerNorm. The reference's masks are left out: every convolution is causal
+and the attention reads a row's valid frames only, so a padding frame never reaches a valid one; the solver zeroes
+the velocity past them (frame_ops.euler_step). The time terms do not depend on the frames at all: they are computed
+for every Euler step at once (`time_terms`), not in each step.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from torch import nn
 
 from services.vocoder.codec.chunk_attention import chunk_attention
 from services.vocoder.codec.config import EstimatorConfig
+from services.vocoder.codec.frame_ops import causal_unfold, frame_norm, taps_weight
 
 
 class CausalConv1d(nn.Conv1d):
@@ -34,12 +42,18 @@ class CausalConv1d(nn.Conv1d):
 
     def __init__(self, cin: int, cout: int, kernel: int):
         super().__init__(cin, cout, kernel)
+        # The weight in the order causal_unfold lays frames out, [Cout, k·Cin]: made once, not in every call. Not in
+        # the state dict (the reference's `weight` loads as usual); made again after every load.
+        self.register_buffer("taps", taps_weight(self.weight).detach(), persistent=False)
+        self.register_load_state_dict_post_hook(lambda module, _: module.restack())
+
+    def restack(self) -> None:
+        self.taps = taps_weight(self.weight).detach()
 
     def forward(self, x: torch.Tensor, prefix=None) -> torch.Tensor:
         k = self.kernel_size[0]
-        padded = F.pad(x, (0, 0, k - 1, 0)) if prefix is None else prefix.left(self.slot, x, k - 1)
-        cols = padded.unfold(1, k, 1)                                      # [B, T, Cin, k]: frame t-k+1..t
-        return F.linear(cols.reshape(*x.shape[:2], -1), self.weight.view(self.out_channels, -1), self.bias)
+        left = None if prefix is None else prefix.left(self.slot, x, k - 1)
+        return F.linear(causal_unfold(x, k, left), self.taps, self.bias)
 
 
 def pointwise(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
@@ -47,24 +61,20 @@ def pointwise(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, conv.weight[:, :, 0], conv.bias)
 
 
-def across_frames(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A strided or transposed convolution (the levels of a multi-level U-Net only) on [B, T, C]."""
-    return conv(x.transpose(1, 2)).transpose(1, 2)
-
-
 class CausalBlock1D(nn.Module):
-    """Causal conv → LayerNorm over channels → Mish, zero outside the mask (`block.0` conv, `block.2` norm; 1 and 3
-    are the reference's transposes, not needed in this layout)."""
+    """Causal conv → LayerNorm over channels → Mish (`block.0` conv, `block.2` norm; 1 and 3 are the reference's
+    transposes, not needed in this layout)."""
 
     def __init__(self, dim: int, dim_out: int):
         super().__init__()
         self.block = nn.Sequential(CausalConv1d(dim, dim_out, 3), nn.Identity(), nn.LayerNorm(dim_out), nn.Identity(),
                                    nn.Mish())
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, prefix=None) -> torch.Tensor:
-        """x [B, T, dim], mask [B, T, 1] → [B, T, dim_out]."""
-        conv, _, norm, _, mish = self.block
-        return mish(norm(conv(x * mask, prefix))) * mask
+    def forward(self, x: torch.Tensor, prefix=None, rows=None, residual=None, then=None):
+        """x [B, T, dim] → mish(norm(conv(x))) + rows + residual [B, T, dim_out], and then() of it if given
+        (frame_ops.frame_norm: one kernel after the convolution's product)."""
+        conv, _, norm, _, _ = self.block
+        return frame_norm(conv(x, prefix), norm, mish=True, rows=rows, residual=residual, then=then)
 
 
 class CausalResnetBlock1D(nn.Module):
@@ -74,10 +84,11 @@ class CausalResnetBlock1D(nn.Module):
         self.block1, self.block2 = CausalBlock1D(dim, dim_out), CausalBlock1D(dim_out, dim_out)
         self.res_conv = nn.Conv1d(dim, dim_out, 1)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, t: torch.Tensor, prefix=None) -> torch.Tensor:
-        """x [B, T, dim], mask [B, T, 1], t [B, time_emb_dim] → [B, T, dim_out]."""
-        h = self.block1(x, mask, prefix) + self.mlp(t)[:, None, :]
-        return self.block2(h, mask, prefix) + pointwise(self.res_conv, x * mask)
+    def forward(self, x: torch.Tensor, time_term: torch.Tensor, prefix=None, then=None):
+        """x [B, T, dim]; time_term [1 or B, dim_out]: this block's mlp of the time embedding (time_terms) →
+        block2(block1(x) + time_term) + res_conv(x) [B, T, dim_out], and then() of it if given."""
+        residual = pointwise(self.res_conv, x)
+        return self.block2(self.block1(x, prefix, rows=time_term), prefix, residual=residual, then=then)
 
 
 class GELU(nn.Module):
@@ -95,9 +106,8 @@ class FeedForward(nn.Module):
         self.net = nn.ModuleList([GELU(dim, dim * mult), nn.Dropout(0.0), nn.Linear(dim * mult, dim)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for module in self.net:
-            x = module(x)
-        return x
+        gelu, _, out = self.net  # (the dropout: p = 0, the reference's slot)
+        return out(gelu(x))
 
 
 class Attention(nn.Module):
@@ -137,9 +147,12 @@ class BasicTransformerBlock(nn.Module):
         self.attn1 = Attention(dim, heads, dim_head)
         self.ff = FeedForward(dim)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor, chunk: int, prefix=None) -> torch.Tensor:
-        x = x + self.attn1(self.norm1(x), lengths, chunk, prefix)
-        return x + self.ff(self.norm3(x))
+    def forward(self, x: torch.Tensor, normed: torch.Tensor, lengths: torch.Tensor, chunk: int, prefix=None,
+                then=None):
+        """x [B, T, dim] and normed = norm1(x) (made by the kernel that made x) → x + attention + feed-forward
+        [B, T, dim], and then() of it if given (the next block's norm1)."""
+        x, normed = frame_norm(self.attn1(normed, lengths, chunk, prefix), residual=x, then=self.norm3)
+        return frame_norm(self.ff(normed), residual=x, then=then)
 
 
 class TimestepEmbedding(nn.Module):
@@ -149,7 +162,7 @@ class TimestepEmbedding(nn.Module):
         self.linear_1, self.linear_2 = nn.Linear(in_channels, dim), nn.Linear(dim, dim)
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
-        """t [B] in [0, 1] → [B, dim]: sinusoids of 1000·t (Grad-TTS's), then an MLP."""
+        """t [S] in [0, 1] → [S, dim]: sinusoids of 1000·t (Grad-TTS's), then an MLP."""
         half = self.in_channels // 2
         freq = torch.exp(torch.arange(half, device=t.device, dtype=torch.float32) * -(math.log(10000) / (half - 1)))
         angle = 1000 * t.float()[:, None] * freq[None]
@@ -164,27 +177,21 @@ def _transformers(dim: int, cfg: EstimatorConfig) -> nn.ModuleList:
 class CausalConditionalDecoder(nn.Module):
     def __init__(self, cfg: EstimatorConfig):
         super().__init__()
+        if len(cfg.channels) != 1:
+            raise ValueError(f"estimator: channels {list(cfg.channels)}: one U-Net level is supported (the published "
+                             f"estimator's, e.g. [256]); a strided level would read frames ahead of a streamed block")
         self.cfg = cfg
-        channels = tuple(cfg.channels)
-        time_dim = channels[0] * 4
+        ch = cfg.channels[0]
+        time_dim = ch * 4
         self.time_mlp = TimestepEmbedding(cfg.in_channels, time_dim)
-        self.down_blocks, self.mid_blocks, self.up_blocks = nn.ModuleList(), nn.ModuleList(), nn.ModuleList()
-        out = cfg.in_channels
-        for i, ch in enumerate(channels):
-            last = i == len(channels) - 1
-            down = CausalConv1d(ch, ch, 3) if last else nn.Conv1d(ch, ch, 3, 2, 1)
-            self.down_blocks.append(nn.ModuleList([CausalResnetBlock1D(out, ch, time_dim), _transformers(ch, cfg), down]))
-            out = ch
-        for _ in range(cfg.num_mid_blocks):
-            self.mid_blocks.append(nn.ModuleList([CausalResnetBlock1D(out, out, time_dim), _transformers(out, cfg)]))
-        ups = channels[::-1] + (channels[0],)
-        for i in range(len(ups) - 1):
-            last = i == len(ups) - 2
-            up = CausalConv1d(ups[i + 1], ups[i + 1], 3) if last else nn.ConvTranspose1d(ups[i + 1], ups[i + 1], 4, 2, 1)
-            self.up_blocks.append(nn.ModuleList([CausalResnetBlock1D(2 * ups[i], ups[i + 1], time_dim),
-                                                 _transformers(ups[i + 1], cfg), up]))
-        self.final_block = CausalBlock1D(ups[-1], ups[-1])
-        self.final_proj = nn.Conv1d(ups[-1], cfg.out_channels, 1)
+        self.down_blocks = nn.ModuleList([nn.ModuleList([CausalResnetBlock1D(cfg.in_channels, ch, time_dim),
+                                                         _transformers(ch, cfg), CausalConv1d(ch, ch, 3)])])
+        self.mid_blocks = nn.ModuleList(nn.ModuleList([CausalResnetBlock1D(ch, ch, time_dim), _transformers(ch, cfg)])
+                                        for _ in range(cfg.num_mid_blocks))
+        self.up_blocks = nn.ModuleList([nn.ModuleList([CausalResnetBlock1D(2 * ch, ch, time_dim), _transformers(ch, cfg),
+                                                       CausalConv1d(ch, ch, 3)])])
+        self.final_block = CausalBlock1D(ch, ch)
+        self.final_proj = nn.Conv1d(ch, cfg.out_channels, 1)
         for kind in (Attention, CausalConv1d):
             for slot, module in enumerate(m for m in self.modules() if isinstance(m, kind)):
                 module.slot = slot
@@ -193,45 +200,37 @@ class CausalConditionalDecoder(nn.Module):
         """The estimator's attentions or causal convolutions, in slot order."""
         return [m for m in self.modules() if isinstance(m, kind)]
 
-    @property
-    def single_level(self) -> bool:
-        """One U-Net level (the published estimator's): every convolution causal, so a prompt prefix applies."""
-        return len(self.cfg.channels) == 1
+    def time_terms(self, t: torch.Tensor) -> torch.Tensor:
+        """t [S] flow times → [S, R, C]: each of the R resnet blocks' time term (its mlp of the time embedding) at
+        each time. They depend on t alone: one small batch per flow call, not R products in every Euler step."""
+        emb = F.mish(self.time_mlp(t))
+        return torch.stack([F.linear(emb, r.mlp[1].weight, r.mlp[1].bias) for r in self.slots(CausalResnetBlock1D)], 1)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
-                cond: torch.Tensor, streaming: bool = False, prefix=None) -> torch.Tensor:
-        """x, mu, cond [B, T, 80]; mask [B, T, 1]; t [B]; spks [B, 80] → the velocity [B, T, 80].
+    def forward(self, h: torch.Tensor, lengths: torch.Tensor, time_terms: torch.Tensor, streaming: bool = False,
+                prefix=None) -> torch.Tensor:
+        """h [B, T, in_channels]: x | mu | speaker | cond; lengths [B] int32: each row's valid frames;
+        time_terms [1 or B, R, C]: time_terms() of the rows' flow time → the velocity [B, T, out_channels], valid
+        over each row's frames (past them it is not zeroed: the solver does that).
 
-        prefix (prefix.py; streaming, single level only): the frames are those after a prompt prefix whose
-        attention keys and values and convolution inputs it holds; or, recording, it keeps the frames' own."""
+        prefix (prefix.py; streaming): the frames are those after a prompt prefix whose attention keys and values
+        and convolution inputs it holds; or, recording, it keeps the frames' own."""
         chunk = self.cfg.static_chunk_size if streaming else 0
-        temb = self.time_mlp(t)
-        x = torch.cat([x, mu, spks[:, None, :].expand(-1, x.shape[1], -1), cond], dim=-1)
-        skips, masks = [], [mask]
-        lengths_of = {}  # each row's valid frames at a U-Net level (its frame count): the mask is a row's first frames
+        terms = iter(time_terms.unbind(1))
 
-        def attend(h, m, blocks):
-            if m.shape[1] not in lengths_of:
-                lengths_of[m.shape[1]] = m[:, :, 0].sum(1).to(torch.int32)
-            lengths = lengths_of[m.shape[1]]
-            for block in blocks:
-                h = block(h, lengths, chunk, prefix)
-            return h
+        def level(resnet, blocks, x):
+            term = next(terms)
+            x, normed = resnet(x, term, prefix, then=blocks[0].norm1) if blocks else (resnet(x, term, prefix), None)
+            for i, block in enumerate(blocks):
+                last = i == len(blocks) - 1
+                out = block(x, normed, lengths, chunk, prefix, then=None if last else blocks[i + 1].norm1)
+                x, normed = (out, None) if last else out
+            return x
 
-        for resnet, blocks, down in self.down_blocks:
-            m = masks[-1]
-            x = attend(resnet(x, m, temb, prefix), m, blocks)
-            skips.append(x)
-            x = down(x * m, prefix) if isinstance(down, CausalConv1d) else across_frames(down, x * m)
-            masks.append(m[:, ::2])
-        masks.pop()
-        m = masks[-1]
+        (resnet, blocks, down), = self.down_blocks
+        skip = level(resnet, blocks, h)
+        x = down(skip, prefix)
         for resnet, blocks in self.mid_blocks:
-            x = attend(resnet(x, m, temb, prefix), m, blocks)
-        for resnet, blocks, up in self.up_blocks:
-            m, skip = masks.pop(), skips.pop()
-            x = torch.cat([x[:, : skip.shape[1]], skip], dim=-1)
-            x = attend(resnet(x, m, temb, prefix), m, blocks) * m
-            x = up(x, prefix) if isinstance(up, CausalConv1d) else across_frames(up, x)
-        x = self.final_block(x, m, prefix)
-        return pointwise(self.final_proj, x * m) * mask
+            x = level(resnet, blocks, x)
+        (resnet, blocks, up), = self.up_blocks
+        x = up(level(resnet, blocks, torch.cat([x, skip], dim=-1)), prefix)
+        return pointwise(self.final_proj, self.final_block(x, prefix))

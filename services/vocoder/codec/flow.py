@@ -12,6 +12,7 @@ Names are the reference's (`input_embedding`, `spk_embed_affine_layer`, `encoder
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,7 @@ from torch import nn
 from services.vocoder.codec.config import FlowConfig
 from services.vocoder.codec.conformer import UpsampleConformerEncoder
 from services.vocoder.codec.estimator import CausalConditionalDecoder
+from services.vocoder.codec.frame_ops import euler_step
 
 NOISE_FRAMES = 50 * 300  # the reference's table: 300 s of 50 Hz mel frames, prompt and window together
 
@@ -29,6 +31,28 @@ def cosine_schedule(steps: int, dtype=torch.float32, device=None) -> torch.Tenso
     """[steps + 1] flow times from 0 to 1, dense near 0 where the mel takes shape."""
     t = torch.linspace(0, 1, steps + 1, dtype=dtype, device=device)
     return 1 - torch.cos(t * 0.5 * torch.pi)
+
+
+@functools.lru_cache(maxsize=None)
+def flow_times(steps: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[steps]: euler_times' t on the device, made once (a copy from the host, which a CUDA graph's capture refuses:
+    the decoder's first call of a shape runs before its capture)."""
+    return torch.tensor([t for t, _ in euler_times(steps, dtype)], dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=None)
+def euler_times(steps: int, dtype: torch.dtype) -> tuple[tuple[float, float], ...]:
+    """Each Euler step's (t, dt), as the reference's solver reaches them: its tensor arithmetic in `dtype`
+    (t accumulates dt, dt is the next scheduled time minus t). Numbers known before any call: no kernels."""
+    span = cosine_schedule(steps, dtype)
+    t, dt = span[0], span[1] - span[0]
+    times = []
+    for step in range(1, steps + 1):
+        times.append((t.item(), dt.item()))
+        t = t + dt
+        if step < steps:
+            dt = span[step + 1] - t
+    return tuple(times)
 
 
 class ConditionalCFM(nn.Module):
@@ -46,27 +70,27 @@ class ConditionalCFM(nn.Module):
         """mu, cond [B, T, 80]; mask [B, T, 1]; spks [B, 80]; noise_index [B, T]: the noise table's column for each
         frame (None: frame i takes column i, as the reference's) → mel [B, T, 80]. prefix: prefix.py's, told
         the Euler step before each estimator call."""
-        B, T, _ = mu.shape
+        B, T, C = mu.shape
         if noise_index is None:
             if T > self.noise.shape[-1]:
                 raise ValueError(f"flow: {T} mel frames exceed the noise table's {self.noise.shape[-1]}")
             noise_index = torch.arange(T, device=mu.device).expand(B, -1)
         x = self.noise[0].t()[noise_index.clamp(max=self.noise.shape[-1] - 1)].to(mu.dtype)   # [B, T, 80]
+        # The estimator's input for the CFG pair, [2B, T, 4·80]: x | mu | speaker | cond, the unconditioned rows'
+        # conditions zero. Only x changes between steps: euler_step writes it into both halves in place.
         zeros = torch.zeros_like
-        mu2, spks2, cond2 = torch.cat([mu, zeros(mu)]), torch.cat([spks, zeros(spks)]), torch.cat([cond, zeros(cond)])
-        mask2 = torch.cat([mask, mask])
-        t_span = cosine_schedule(self.n_timesteps, mu.dtype, mu.device)
-        t, dt = t_span[0:1], t_span[1] - t_span[0]
-        for step in range(1, self.n_timesteps + 1):
+        inputs = torch.cat([torch.cat([x, x]), torch.cat([mu, zeros(mu)]),
+                            torch.cat([spks, zeros(spks)])[:, None, :].expand(-1, T, -1), torch.cat([cond, zeros(cond)])],
+                           dim=-1)
+        lengths = mask[:, :, 0].sum(1).to(torch.int32).repeat(2)
+        times = euler_times(self.n_timesteps, mu.dtype)
+        terms = self.estimator.time_terms(flow_times(self.n_timesteps, mu.dtype, mu.device))   # [S, R, C]
+        for step, (_, dt) in enumerate(times):
             if prefix is not None:
-                prefix.step = step - 1
-            v = self.estimator(torch.cat([x, x]), mask2, mu2, t.expand(2 * B), spks2, cond2, streaming, prefix)
-            v_cond, v_free = v[:B], v[B:]
-            x = x + dt * ((1.0 + self.cfg_rate) * v_cond - self.cfg_rate * v_free)
-            t = t + dt
-            if step < self.n_timesteps:
-                dt = t_span[step + 1] - t
-        return x
+                prefix.step = step
+            v = self.estimator(inputs, lengths, terms[step : step + 1], streaming, prefix)
+            euler_step(inputs, v, mask, dt, self.cfg_rate)
+        return inputs[:B, :, :C]
 
 
 @dataclass

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from services.vocoder.codec.estimator import Attention, CausalConv1d
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
@@ -33,7 +32,7 @@ from services.vocoder.codec.voice import Voice
 def prefix_frames(flow: CausalMaskedDiffWithXvec, voices: list[Voice]) -> int:
     """Mel frames of every voice's prompt that no later token reaches (0: none, or a U-Net of several levels)."""
     cfg = flow.cfg
-    if not voices or not flow.decoder.estimator.single_level:
+    if not voices:
         return 0
     ratio, est_chunk = cfg.token_mel_ratio, cfg.estimator.static_chunk_size
     if est_chunk % ratio:
@@ -104,9 +103,10 @@ class PrefixView:
         step, and each row's place in them [B] (chunk_attention.py)."""
         return self.cache.keys[slot][self.step], self.cache.values[slot][self.step], self.rows
 
-    def left(self, slot: int, x: torch.Tensor, frames: int) -> torch.Tensor:
-        """A convolution's input [B, T, C] with the prefix's last `frames` frames before it."""
-        return torch.cat([self.cache.lefts[slot][self.step].index_select(0, self.rows), x], 1)
+    def left(self, slot: int, x: torch.Tensor, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a convolution reads before its input's first frame: the prefix's last frames [R, frames, C] at this
+        step, and each row's place in them [B] (frame_ops.causal_unfold)."""
+        return self.cache.lefts[slot][self.step], self.rows
 
 
 class Recorder:
@@ -123,7 +123,7 @@ class Recorder:
         self.cache.keys[slot][self.step][self.at] = k[:, :, :n]
         self.cache.values[slot][self.step][self.at] = v[:, :, :n]
 
-    def left(self, slot: int, x: torch.Tensor, frames: int) -> torch.Tensor:
+    def left(self, slot: int, x: torch.Tensor, frames: int) -> None:
+        """Keeps the prefix's last input frames; the convolution reads zeros before the prompt, as usual."""
         n = self.cache.frames
         self.cache.lefts[slot][self.step][self.at] = x[:, n - frames : n]
-        return F.pad(x, (0, 0, frames, 0))
