@@ -40,7 +40,7 @@ from services.vocoder.runner import smallest
 from services.vocoder.token_decoder import TokenFormat
 
 TOKEN_BUCKETS = (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)   # prompt + window tokens of a row
-BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32)  # a padding row costs a row: steps of 2-4
 DEFAULT_BLOCK_TOKENS = 5
 DEFAULT_MAX_CONTEXT_TOKENS = 40
 PREFIX_MIN_ROWS = 4  # measured: 1 row slower with the prefix, 4 and 16 faster; 2 and 3 not measured
