@@ -20,7 +20,8 @@ from services.bench.workload import load_prompts
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.engine.engine import GenerationRequest
 from services.llm.engine.warmup import ROUNDS, STAGGERED, warm_up
-from services.llm.server import LlmSettings, build_engine
+from services.llm.server import build_engine
+from services.llm.settings import LlmSettings
 
 JOINS = (1, 2, 3, 5, 7, 13, 14, 17, 24, 31, 47, 64, 100)
 

@@ -14,29 +14,29 @@ import asyncio
 import os
 import sys
 
-from services.options import (
-    CODEC_OPTIONS,
-    GATEWAY_OPTIONS,
-    VOCODER_PRESETS,
-    audio_lead,
-    codec_options,
+from services.gateway.settings import LLM_TARGET, VOCODER_TARGET, GatewaySettings
+from services.llm.settings import LlmSettings
+from services.settings import (
+    FORWARDED,
+    GRPC_PORTS,
+    METRICS_PORTS,
+    add_flags,
     concurrencies,
     count,
-    engine_options,
-    first_audio_hold,
-    gateway_options,
+    from_args,
     gpu_list,
     positive,
     seconds,
     targets,
-    worker_options,
 )
+from services.vocoder.settings import VocoderSettings
+
+GATEWAY_TARGET = f"localhost:{GRPC_PORTS['gateway']}"  # where the client commands (say, chat, bench) call by default
 
 
-def _common(p: argparse.ArgumentParser, port: int, metrics_port: int) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 in containers)")
-    p.add_argument("--port", type=int, default=port, help=f"gRPC port (default {port})")
-    p.add_argument("--metrics-port", type=int, default=metrics_port, help=f"Prometheus /metrics port (default {metrics_port}; 0: off)")
+def _service(p: argparse.ArgumentParser, settings) -> None:
+    """A service's command: its declared options (services/<service>/settings.py), logging and TLS."""
+    add_flags(p, settings)
     p.add_argument("--log-level", default="INFO")
     tls = p.add_argument_group("TLS on the gRPC port (services/common/tls.py)")
     tls.add_argument("--tls-cert", help="PEM certificate chain: serve TLS")
@@ -64,48 +64,25 @@ def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="moss-serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = root.add_subparsers(dest="command", required=True)
 
-    llm = sub.add_parser("llm", help="the llm service")
-    _common(llm, 50052, 9092)
-    llm.add_argument("--model-dir", help="HF-format MOSS-Speech checkpoint (config.json, safetensors, tokenizer.json); "
-                                         "without it: the --preset with random weights")
-    llm.add_argument("--device", default="cpu", help="cpu or cuda")
-    engine_options(llm)
-
-    voc = sub.add_parser("vocoder", help="the vocoder service")
-    _common(voc, 50053, 9093)
-    voc.add_argument("--vocoder-dir", help="the codec decoder's directory (codec.json, flow.pt, hift.pt, voices/), or a "
-                                           "BigVGAN-v2 directory for the stand-in decoder (config.json, "
-                                           "bigvgan_generator.pt[, token_decoder.*]); without it: the --preset with "
-                                           "random weights")
-    voc.add_argument("--preset", default="tiny", choices=VOCODER_PRESETS,
-                     help="moss-speech: the codec's flow + HiFT at their real size; tiny-codec: the same, small; tiny: "
-                          "the stand-in decoder and a small BigVGAN (24 kHz, 80 bands, hop 480 all)")
-    voc.add_argument("--device", default="cpu")
-    voc.add_argument("--left-context", type=count, default=None,
-                     help="mel frames of left context per chunk (default: the generator's receptive field)")
-    voc.add_argument("--lookahead", type=count, default=None,
-                     help="mel frames held back for the next chunk (default 4: one token, 80 ms at hop 480)")
-    worker_options(voc)
-    codec_options(voc)
-
+    _service(sub.add_parser("llm", help="the llm service"), LlmSettings)
+    _service(sub.add_parser("vocoder", help="the vocoder service"), VocoderSettings)
     gw = sub.add_parser("gateway", help="the public gateway")
-    _common(gw, 50051, 9091)
+    _service(gw, GatewaySettings)
     gw.add_argument("--llm-target", type=targets, action="extend", dest="llm_targets", metavar="HOST:PORT[,...]",
                     help="llm replicas (repeat the flag, or separate with commas): a Converse session stays on one, new "
                          "sessions go to the least loaded, one that fails its health checks is skipped until it "
-                         "recovers (default 127.0.0.1:50052)")
+                         f"recovers (default {LLM_TARGET})")
     gw.add_argument("--vocoder-target", type=targets, action="extend", dest="vocoder_targets", metavar="HOST:PORT[,...]",
-                    help="vocoder replicas, as --llm-target; each stream goes to the least loaded (default 127.0.0.1:50053)")
+                    help=f"vocoder replicas, as --llm-target; each stream goes to the least loaded (default {VOCODER_TARGET})")
     gw.add_argument("--backend-ca", help="PEM CA: reach llm and vocoder over TLS, checking their certificates")
     gw.add_argument("--backend-cert", help="PEM certificate the gateway presents to llm and vocoder (mutual TLS)")
     gw.add_argument("--backend-key", help="PEM private key of --backend-cert")
-    gateway_options(gw)
 
     up = sub.add_parser("up", help="start llm, vocoder and gateway as separate processes")
     up.add_argument("--host", default="127.0.0.1")
-    for service, port, metrics_port in (("gateway", 50051, 9091), ("llm", 50052, 9092), ("vocoder", 50053, 9093)):
-        up.add_argument(f"--{service}-port", type=int, default=port)
-        up.add_argument(f"--{service}-metrics-port", type=int, default=metrics_port)
+    for service in ("gateway", "llm", "vocoder"):
+        up.add_argument(f"--{service}-port", type=int, default=GRPC_PORTS[service])
+        up.add_argument(f"--{service}-metrics-port", type=int, default=METRICS_PORTS[service])
     up.add_argument("--model-dir", help="the llm's checkpoint; without it: the --preset with random weights")
     up.add_argument("--vocoder-dir", help="the vocoder's BigVGAN-v2 directory; without it: the vocoder preset matching "
                                           "the llm (--preset, or moss-speech with --model-dir) with random weights")
@@ -127,15 +104,15 @@ def parser() -> argparse.ArgumentParser:
                     help="TLS for the gateway's clients and mutual TLS between the services, from the files "
                          "deploy/docker-compose.tls.yml reads: ca.pem, server.pem + server.key (every service; its "
                          "names must cover --host), gateway-client.pem + .key (the gateway's, for llm and vocoder)")
-    engine_options(up.add_argument_group("llm engine (as in `moss-serve llm`)"))
-    worker_options(up.add_argument_group("vocoder worker (as in `moss-serve vocoder`)"))
-    codec_options(up.add_argument_group("codec decoder (as in `moss-serve vocoder`)"))
-    gateway_options(up.add_argument_group("gateway (as in `moss-serve gateway`)"))
+    add_flags(up.add_argument_group("llm engine (as in `moss-serve llm`)"), LlmSettings, FORWARDED)
+    add_flags(up.add_argument_group("vocoder worker and codec decoder (as in `moss-serve vocoder`)"), VocoderSettings,
+              FORWARDED)
+    add_flags(up.add_argument_group("gateway (as in `moss-serve gateway`)"), GatewaySettings, FORWARDED)
 
     say = sub.add_parser("say", help="synthesize text through the gateway into a WAV file")
     say.add_argument("text")
     say.add_argument("-o", "--output", default="out.wav")
-    say.add_argument("--target", default="localhost:50051")
+    say.add_argument("--target", default=GATEWAY_TARGET)
     say.add_argument("--voice", default="")
     say.add_argument("--temperature", type=float)
     say.add_argument("--max-new-tokens", type=int)
@@ -147,7 +124,7 @@ def parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="a typed spoken conversation through the gateway (Converse); each reply "
                                        "to a WAV file")
-    chat.add_argument("--target", default="localhost:50051")
+    chat.add_argument("--target", default=GATEWAY_TARGET)
     chat.add_argument("--out-dir", default="chat", help="where turn_<n>.wav go (default ./chat)")
     chat.add_argument("--voice", default="")
     chat.add_argument("--system-prompt", default="", help="replaces the voice's system prompt")
@@ -162,7 +139,7 @@ def parser() -> argparse.ArgumentParser:
                            description="Requests at fixed concurrencies (a sweep) or on Poisson arrivals, measured "
                                        "at the client: TTFA quantiles, RTF, stall-free streams, per-stage times, "
                                        "errors by code. Prints a table; --out writes bench.json, bench.md, plots.")
-    bench.add_argument("--target", default="localhost:50051")
+    bench.add_argument("--target", default=GATEWAY_TARGET)
     bench.add_argument("--concurrency", type=concurrencies, default=[1],
                        help="concurrent streams, or a comma-separated sweep (1,4,16,32,64,128)")
     bench.add_argument("--rate", type=positive(float), help="Poisson arrivals (requests/s) instead of fixed concurrency")
@@ -214,26 +191,18 @@ def run_service(args) -> int:
 
     configure_logging(args.log_level)
     if args.command == "llm":
-        from services.llm.server import LlmSettings, run
+        from services.llm.server import run
 
-        settings = LlmSettings(args.host, args.port, args.metrics_port, args.model_dir, args.preset, args.device,
-                               args.kv_cache_gb, args.max_num_seqs, args.max_num_batched_tokens, args.max_model_len,
-                               dtype=args.dtype, block_size=args.block_size, max_audio_lead=audio_lead(args),
-                               first_audio_window=args.first_audio_window, first_audio_hold=first_audio_hold(args),
-                               tls=tls)
+        settings = from_args(LlmSettings, args, tls=tls)
     elif args.command == "vocoder":
-        from services.vocoder.server import VocoderSettings, run
+        from services.vocoder.server import run
 
-        settings = VocoderSettings(args.host, args.port, args.metrics_port, args.vocoder_dir, args.preset, args.device,
-                                   args.left_context, args.lookahead, args.max_batch, args.max_batch_frames,
-                                   args.first_chunk_budget, first_chunk_batch_frames=args.first_chunk_batch_frames, tls=tls,
-                                   **{name: getattr(args, name) for name in CODEC_OPTIONS})
+        settings = from_args(VocoderSettings, args, tls=tls)
     else:
-        from services.gateway.server import GatewaySettings, run
+        from services.gateway.server import run
 
-        settings = GatewaySettings(args.host, args.port, args.metrics_port, args.llm_targets or ["127.0.0.1:50052"],
-                                   args.vocoder_targets or ["127.0.0.1:50053"], tls=tls, backend_tls=backend_tls,
-                                   **{name: getattr(args, name) for name in GATEWAY_OPTIONS})
+        settings = from_args(GatewaySettings, args, llm_targets=args.llm_targets or [LLM_TARGET],
+                             vocoder_targets=args.vocoder_targets or [VOCODER_TARGET], tls=tls, backend_tls=backend_tls)
     from services.common.errors import DeviceLost
 
     try:

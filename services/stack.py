@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.lifetime import PARENT_ENV
 from services.common.tls import ChannelTls
+from services.settings import GRPC_PORTS, METRICS_PORTS
 
 SERVICES = ("llm", "vocoder", "gateway")
 REPLICATED = ("llm", "vocoder")
@@ -53,8 +54,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @dataclass
 class Ports:
-    grpc: dict[str, int] = field(default_factory=lambda: {"gateway": 50051, "llm": 50052, "vocoder": 50053})
-    metrics: dict[str, int] = field(default_factory=lambda: {"gateway": 9091, "llm": 9092, "vocoder": 9093})
+    grpc: dict[str, int] = field(default_factory=lambda: dict(GRPC_PORTS))
+    metrics: dict[str, int] = field(default_factory=lambda: dict(METRICS_PORTS))
 
     @classmethod
     def spaced(cls, grpc: dict[str, int], metrics: dict[str, int], replicas: dict[str, int] | None = None,

@@ -9,17 +9,19 @@ import sys
 import time
 
 from services.common.errors import DeviceLost
-from services.options import CODEC_OPTIONS, ENGINE_OPTIONS, GATEWAY_OPTIONS, WORKER_OPTIONS, forward
+from services.gateway.settings import GatewaySettings
+from services.llm.settings import LlmSettings
+from services.settings import forward
+from services.vocoder.settings import VocoderSettings
 
 SERVICES_ON_GPU = ("llm", "vocoder")
 
 
 def up_service_args(args) -> dict[str, list[str]]:
     """The flags `moss-serve up` gives its services (by service: every replica of it)."""
-    llm = ["--device", args.device, *forward(args, ENGINE_OPTIONS)]
-    vocoder = ["--device", args.device, "--preset", vocoder_preset(args), *forward(args, WORKER_OPTIONS),
-               *forward(args, CODEC_OPTIONS)]
-    gateway = forward(args, GATEWAY_OPTIONS)
+    llm = ["--device", args.device, *forward(args, LlmSettings)]
+    vocoder = ["--device", args.device, "--preset", vocoder_preset(args), *forward(args, VocoderSettings)]
+    gateway = forward(args, GatewaySettings)
     if args.model_dir:
         llm += ["--model-dir", args.model_dir]
     if args.vocoder_dir:

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from services.settings import GRPC_PORTS, METRICS_PORTS
+
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 
-# service -> (gRPC port, metrics port)
-PORTS = {"gateway": (50051, 9091), "llm": (50052, 9092), "vocoder": (50053, 9093)}
+# service -> (gRPC port, metrics port): the services' declared defaults (services/settings.py)
+PORTS = {name: (GRPC_PORTS[name], METRICS_PORTS[name]) for name in ("gateway", "llm", "vocoder")}
 MOSS_SERVICES = tuple(PORTS)
 ALL_SERVICES = {*MOSS_SERVICES, "prometheus", "grafana"}
 

@@ -17,8 +17,8 @@ from services.gateway.client import synthesize
 from services.llm.model.config import NUM_SPECIAL_TEXT_TOKENS, preset, tiny_config
 from services.llm.model.prompt import PromptBuilder
 from services.llm.model.tokenizer import preset_tokenizer, tiny_tokenizer
-from services.llm.server import LlmSettings, build_engine, resolve_dtype
-from services.options import CUDA_AUDIO_LEAD, CUDA_FIRST_AUDIO_HOLD, audio_lead, first_audio_hold
+from services.llm.server import build_engine, resolve_dtype
+from services.llm.settings import CUDA_AUDIO_LEAD, CUDA_FIRST_AUDIO_HOLD, LlmSettings, audio_lead, first_audio_hold
 from services.stack import Ports, is_serving
 from services.up import up_service_args
 

@@ -27,10 +27,10 @@ from moss.speech.v1 import llm_pb2_grpc, vocoder_pb2, vocoder_pb2_grpc
 from services.common.errors import Unavailable
 from services.common.tls import ChannelTls, channel
 from services.gateway import metrics
+from services.gateway.settings import HEALTH_CHECK_SECONDS
 
 log = logging.getLogger(__name__)
 
-HEALTH_CHECK_SECONDS = 0.5    # how often a ready replica's health is asked (--health-check-seconds)
 RECOVERY_CHECK_SECONDS = 0.5  # ... and at most how long between two checks of one that is not ready
 CHECK_TIMEOUT = 1.0
 # A stage that restarts is found again within a second: the default backoff grows to two minutes,

@@ -13,7 +13,7 @@ from services.gateway.pipeline import Turn, TurnLimits
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, backends: Backends, limits: TurnLimits, admission: Admission, session_idle_seconds: float = 300.0):
+    def __init__(self, backends: Backends, limits: TurnLimits, admission: Admission, session_idle_seconds: float):
         self.backends, self.limits, self.admission = backends, limits, admission
         self.session_idle_seconds = session_idle_seconds
 

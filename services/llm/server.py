@@ -7,7 +7,6 @@ import dataclasses
 import gc
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 from moss.speech.v1 import llm_pb2, llm_pb2_grpc
@@ -16,7 +15,6 @@ from services.common.device import fatal_signal
 from services.common.device import lost as device_lost
 from services.common.metrics import start_metrics_server
 from services.common.server import serve
-from services.common.tls import ServerTls
 from services.llm import metrics
 from services.llm.async_engine import AsyncEngine
 from services.llm.engine.engine import EngineConfig, LLMEngine
@@ -25,29 +23,9 @@ from services.llm.model.checkpoint import DTYPES, load_pretrained, random_model
 from services.llm.model.config import preset
 from services.llm.model.tokenizer import load_tokenizer, preset_tokenizer
 from services.llm.servicer import LlmServicer
+from services.llm.settings import LlmSettings, audio_lead, first_audio_hold
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class LlmSettings:
-    host: str = "127.0.0.1"
-    port: int = 50052
-    metrics_port: int = 9092
-    model_dir: str | None = None
-    preset: str = "tiny"
-    device: str = "cpu"
-    kv_cache_gb: float = 1.0
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 512
-    max_model_len: int = 4096
-    seed: int = 0
-    tls: ServerTls | None = None  # TLS on the gRPC port (mutual with a client CA: only the gateway gets in)
-    dtype: str = "auto"      # weights and KV cache; auto: the checkpoint's, or bfloat16 on CUDA / float32 on CPU
-    block_size: int = 16     # positions per KV block
-    max_audio_lead: float = 0.0  # seconds; pacing (EngineConfig.max_audio_lead), 0: off
-    first_audio_window: int = 0  # tokens; with first_audio_hold (seconds): EngineConfig's
-    first_audio_hold: float = 0.0
 
 
 def resolve_dtype(name: str, device: torch.device, model_dir: str | None) -> torch.dtype | None:
@@ -75,8 +53,8 @@ def build_engine(s: LlmSettings) -> LLMEngine:
     log.info("weights and KV cache in %s", next(model.parameters()).dtype)
     config = EngineConfig(
         kv_cache_bytes=int(s.kv_cache_gb * (1 << 30)), block_size=s.block_size, max_num_seqs=s.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, max_audio_lead=s.max_audio_lead,
-        first_audio_window=s.first_audio_window, first_audio_hold=s.first_audio_hold,
+        max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, max_audio_lead=audio_lead(s),
+        first_audio_window=s.first_audio_window, first_audio_hold=first_audio_hold(s),
     )
     return LLMEngine(model, tokenizer, config)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 
 from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
@@ -13,55 +12,26 @@ from services.common.device import fatal_signal
 from services.common.device import lost as device_lost
 from services.common.metrics import start_metrics_server
 from services.common.server import serve
-from services.common.tls import ServerTls
 from services.vocoder import metrics
 from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.runner import smallest
 from services.vocoder.servicer import VocoderServicer
+from services.vocoder.settings import VocoderSettings
 from services.vocoder.streamer import DEFAULT_LOOKAHEAD
 from services.vocoder.vocoder import FlowOptions, load_vocoder
-from services.vocoder.worker import (
-    DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
-    DEFAULT_FIRST_CHUNK_BUDGET,
-    DEFAULT_MAX_BATCH,
-    DEFAULT_MAX_BATCH_FRAMES,
-)
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class VocoderSettings:
-    host: str = "127.0.0.1"
-    port: int = 50053
-    metrics_port: int = 9093
-    vocoder_dir: str | None = None
-    preset: str = "tiny"
-    device: str = "cpu"
-    left_context: int | None = None   # mel frames; None: the generator's receptive field
-    lookahead: int | None = None      # mel frames; None: streamer.DEFAULT_LOOKAHEAD
-    max_batch: int = DEFAULT_MAX_BATCH                # windows per model call (worker.py)
-    max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES  # mel frames per model call
-    first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET  # seconds: a first chunk's deadline (worker.py)
-    first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES  # mel frames of a call carrying a first chunk
-    seed: int = 0
-    tls: ServerTls | None = None  # TLS on the gRPC port (mutual with a client CA: only the gateway gets in)
-    voices_dir: str | None = None            # the flow's voices (codec/voice.py); None: the codec directory's
-    generator: str | None = None             # with a codec directory: "hift" (None) or "bigvgan"
-    flow_block_tokens: int | None = None     # None: codec/decoder.py's defaults and the checkpoint's steps and rate
-    flow_context_tokens: int | None = None
-    flow_steps: int | None = None
-    flow_cfg_rate: float | None = None
-
-    def flow_options(self) -> FlowOptions:
-        defaults = FlowOptions()
-        return FlowOptions(block_tokens=self.flow_block_tokens or defaults.block_tokens,
-                           max_context_tokens=self.flow_context_tokens or defaults.max_context_tokens,
-                           n_timesteps=self.flow_steps, cfg_rate=self.flow_cfg_rate)
+def flow_options(s: VocoderSettings) -> FlowOptions:
+    defaults = FlowOptions()
+    return FlowOptions(block_tokens=s.flow_block_tokens or defaults.block_tokens,
+                       max_context_tokens=s.flow_context_tokens or defaults.max_context_tokens,
+                       n_timesteps=s.flow_steps, cfg_rate=s.flow_cfg_rate)
 
 
 async def run(s: VocoderSettings) -> None:
-    vocoder = load_vocoder(s.vocoder_dir, s.preset, s.device, s.seed, voices_dir=s.voices_dir, flow=s.flow_options(),
+    vocoder = load_vocoder(s.vocoder_dir, s.preset, s.device, s.seed, voices_dir=s.voices_dir, flow=flow_options(s),
                            generator=s.generator or "hift")
     # On CUDA: capture every (batch, frames) graph before serving. A capture on first use stalls every stream
     # in that batch: at the real size, the first sweep to reach 16 streams saw first chunks of ~0.5 s

@@ -1,0 +1,49 @@
+"""The gateway's settings, each option declared once (services/settings.py): `moss-serve gateway` takes them all,
+`moss-serve up` the FORWARDED ones, which it hands on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from services.settings import GRPC_PORTS, METRICS_PORTS, OWN, count, option, positive, seconds
+
+if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
+    from services.common.tls import ChannelTls, ServerTls
+
+LLM_TARGET = f"127.0.0.1:{GRPC_PORTS['llm']}"
+VOCODER_TARGET = f"127.0.0.1:{GRPC_PORTS['vocoder']}"
+HEALTH_CHECK_SECONDS = 0.5  # how often a ready replica's health is asked (backends.py)
+
+
+@dataclass
+class GatewaySettings:
+    host: str = option("127.0.0.1", "address to bind (0.0.0.0 in containers)", scope=OWN)
+    port: int = option(GRPC_PORTS["gateway"], "gRPC port", type=int, scope=OWN)
+    metrics_port: int = option(METRICS_PORTS["gateway"], "Prometheus /metrics port (0: off)", type=int, scope=OWN)
+    # Replicas of each stage (backends.py; flags of their own in cli.py: repeatable, comma-separated): a session
+    # stays on its llm replica, new ones go to the least loaded.
+    llm_targets: list[str] = field(default_factory=lambda: [LLM_TARGET])
+    vocoder_targets: list[str] = field(default_factory=lambda: [VOCODER_TARGET])
+    max_text_chars: int = option(2000, "longest user turn taken", type=positive(int))
+    ready_wait: float = option(10.0, "seconds a request waits for a backend that is not ready (starting, restarting) "
+                                     "before UNAVAILABLE; always within the request's deadline", type=seconds)
+    health_check_seconds: float = option(HEALTH_CHECK_SECONDS, "how often a ready replica's health check is asked (one that is not "
+                                              "ready: every 0.5 s at most); a replica that fails it, or that a call "
+                                              "finds unreachable, gets no calls until it passes again",
+                                         type=positive(float))
+    api_keys_file: str | None = option(None, "a file of API keys, one per line; clients send one as 'authorization: "
+                                             "Bearer <key>' (more keys: $MOSS_API_KEYS, comma-separated; none: open)")
+    max_turns: int = option(256, "turns running at once", type=positive(int))
+    max_queued_turns: int = option(256, "turns waiting for a place, each within its deadline; beyond: "
+                                        "RESOURCE_EXHAUSTED with a retry hint", type=count)
+    max_message_bytes: int = option(1 << 20, "largest request message taken, in bytes (a request is text and a few "
+                                             "fields); larger: RESOURCE_EXHAUSTED", type=positive(int))
+    max_streams_per_connection: int = option(100, "calls one client connection may have open at once; more wait on "
+                                                  "the client's side", type=positive(int))
+    session_idle_seconds: float = option(300.0, "a Converse session with no message from its client and no turn "
+                                                "running for this long ends", type=positive(float))
+    max_new_tokens: int = 2048
+    default_timeout: float = 120.0
+    tls: ServerTls | None = None          # TLS for clients
+    backend_tls: ChannelTls | None = None  # TLS (mutual, with a certificate) to llm and vocoder

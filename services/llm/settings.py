@@ -1,0 +1,72 @@
+"""The llm service's settings, each option declared once (services/settings.py): `moss-serve llm` takes them all,
+`moss-serve up` the FORWARDED ones (the engine's), which it hands on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from services.llm.model.config import PRESETS
+from services.settings import GRPC_PORTS, METRICS_PORTS, OWN, count, option, positive, power_of_two, seconds
+
+# Pacing's default on CUDA, seconds of audio a stream may have sent beyond what its listener has heard: when a
+# stream falls to it, its next chunk (up to 20 steps) and that chunk's vocoding must fit in what is left, under
+# load too (docs/benchmarks.md, issue 9).
+CUDA_AUDIO_LEAD = 1.5
+# The first-audio hold's defaults: the codec decoder's first window at the real size (a first block of 5 tokens and
+# its 3 look-ahead tokens, for prompts of whole blocks: services/vocoder/codec/decoder.py), and about the time it
+# takes to vocode alone on an H100 (docs/benchmarks.md, issue 20).
+FIRST_AUDIO_WINDOW = 8
+CUDA_FIRST_AUDIO_HOLD = 0.04
+
+if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
+    from services.common.tls import ServerTls
+
+
+@dataclass
+class LlmSettings:
+    host: str = option("127.0.0.1", "address to bind (0.0.0.0 in containers)", scope=OWN)
+    port: int = option(GRPC_PORTS["llm"], "gRPC port", type=int, scope=OWN)
+    metrics_port: int = option(METRICS_PORTS["llm"], "Prometheus /metrics port (0: off)", type=int, scope=OWN)
+    model_dir: str | None = option(None, "HF-format MOSS-Speech checkpoint (config.json, safetensors, tokenizer.json); "
+                                         "without it: the --preset with random weights", scope=OWN)
+    device: str = option("cpu", "cpu or cuda", scope=OWN)
+    # The engine's options (services/llm/engine/engine.py EngineConfig): `up` hands them on.
+    preset: str = option("tiny", "model preset used without --model-dir: random weights at its dimensions",
+                         choices=list(PRESETS))
+    dtype: str = option("auto", "weights and KV cache; auto: the checkpoint's, or bfloat16 on CUDA and float32 on CPU",
+                        choices=["auto", "bfloat16", "float16", "float32"], show_default=False)
+    kv_cache_gb: float = option(1.0, "memory budget of the KV-cache pool", type=positive(float))
+    block_size: int = option(16, "positions per KV-cache block", type=power_of_two)
+    max_num_seqs: int = option(16, "requests in the running batch", type=positive(int))
+    max_num_batched_tokens: int = option(512, "positions per engine step; longer prompts are prefilled in chunks",
+                                         type=positive(int))
+    max_model_len: int = option(4096, "prompt + history + generated positions", type=positive(int))
+    max_audio_lead: float | None = option(
+        None, "pace speech: hold steps while every stream has this many seconds of audio sent ahead of its listener, "
+              f"leaving the GPU to the vocoder (default: {CUDA_AUDIO_LEAD} on CUDA, where the vocoder shares the GPU; "
+              "0, off, on CPU)", type=seconds)
+    first_audio_window: int = option(FIRST_AUDIO_WINDOW, "audio tokens the vocoder needs before a stream's first audio "
+                                                         "(the codec decoder's first block and look-ahead)", type=count)
+    first_audio_hold: float | None = option(
+        None, "once a stream's first audio window is sent, hold steps this long while every stream can wait, so that "
+              f"the vocoder makes its first audio with the GPU to itself (default: {CUDA_FIRST_AUDIO_HOLD} on CUDA; 0, "
+              "off, on CPU)", type=seconds)
+    seed: int = 0
+    tls: ServerTls | None = None  # TLS on the gRPC port (mutual with a client CA: only the gateway gets in)
+
+
+def first_audio_hold(s) -> float:
+    """The first-audio hold of settings or arguments with `first_audio_hold` and `device`: as given, or
+    CUDA_FIRST_AUDIO_HOLD on CUDA and 0 (off) on CPU."""
+    if s.first_audio_hold is not None:
+        return s.first_audio_hold
+    return CUDA_FIRST_AUDIO_HOLD if s.device.startswith("cuda") else 0.0
+
+
+def audio_lead(s) -> float:
+    """The pacing bound of settings or arguments with `max_audio_lead` and `device`: as given, or CUDA_AUDIO_LEAD on
+    CUDA and 0 (off) on CPU."""
+    if s.max_audio_lead is not None:
+        return s.max_audio_lead
+    return CUDA_AUDIO_LEAD if s.device.startswith("cuda") else 0.0

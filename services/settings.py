@@ -1,0 +1,143 @@
+"""Every setting declared once: a service's settings dataclass (services/<service>/settings.py) declares each of its
+options with `option(...)`: its name (the field's), type, default and help. From that one declaration come the
+service's command-line flags, `moss-serve up`'s flags for the options it hands on, `up`'s forwarding of them, and the
+settings object a command builds from its parsed arguments. Declarations only: reading them builds no model
+and opens no channel.
+
+Scopes: FORWARDED options are taken by the service's command and by `up`, which hands them on; OWN ones by the
+service's command alone (`up` sets them itself: devices, directories, targets); fields declared without `option`
+(TLS objects, seeds) are no flag at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import MISSING, Field, field
+
+FORWARDED = "forwarded"
+OWN = "own"
+
+# Every service's default ports, gRPC and Prometheus, in one place (the settings, `up`, the stack helpers and the
+# gateway's default targets read them; tests/test_settings.py checks the compose file and the docs against them).
+GRPC_PORTS = {"gateway": 50051, "llm": 50052, "vocoder": 50053}
+METRICS_PORTS = {"gateway": 9091, "llm": 9092, "vocoder": 9093}
+
+
+# ---- the options' types (argparse turns a type's error into a usage message) ----------------------------------
+def _number(kind, text: str):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a{'n integer' if kind is int else ' number'}: {text!r}") from None
+
+
+def positive(kind):
+    """An argparse type: a positive, finite `kind` (argparse turns the error into a usage message)."""
+    def parse(text: str):
+        value = _number(kind, text)
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+    return parse
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number, 0 or more (frames, requests, tokens)."""
+    value = _number(int, text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more."""
+    value = _number(float, text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
+    return value
+
+
+def power_of_two(text: str) -> int:
+    value = positive(int)(text)
+    if value & (value - 1):
+        raise argparse.ArgumentTypeError(f"must be a power of two, got {value}")
+    return value
+
+
+def targets(text: str) -> list[str]:
+    """An argparse type: HOST:PORT addresses, comma-separated."""
+    targets = [part.strip() for part in text.split(",") if part.strip()]
+    for target in targets:
+        host, _, port = target.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise argparse.ArgumentTypeError(f"not HOST:PORT: {target!r}")
+    if not targets:
+        raise argparse.ArgumentTypeError("no address given")
+    return targets
+
+
+def gpu_list(text: str) -> list[str]:
+    """An argparse type: distinct CUDA device indices, comma-separated."""
+    gpus = [part.strip() for part in text.split(",")]
+    if not all(gpu.isdigit() for gpu in gpus) or len(set(gpus)) != len(gpus):
+        raise argparse.ArgumentTypeError(f"not distinct GPU indices: {text!r}")
+    return gpus
+
+
+def concurrencies(text: str) -> list[int]:
+    """An argparse type: positive integers, comma-separated."""
+    return [positive(int)(part.strip()) for part in text.split(",")]
+
+
+# ---- declarations ------------------------------------------------------------------------------------------
+def option(default, help: str, type=None, choices=None, scope: str = FORWARDED, metavar: str | None = None,
+           show_default: bool = True):
+    """A dataclass field that is also a command-line option (--name-with-dashes). show_default: the help ends with
+    the default (off where the help explains a default that depends on something else)."""
+    return field(default=default, metadata=dict(help=help, type=type, choices=choices, scope=scope, metavar=metavar,
+                                                show_default=show_default))
+
+
+def options(cls, scope: str | None = None) -> list[Field]:
+    """The options `cls` declares (of one scope, or all), in declaration order."""
+    return [f for f in dataclasses.fields(cls) if "scope" in f.metadata and scope in (None, f.metadata["scope"])]
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def default(cls, name: str):
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default if f.default is not MISSING else f.default_factory()
+
+
+def add_flags(parser, cls, scope: str | None = None) -> None:
+    """Each declared option of `cls` (of `scope`, or all) as a flag of `parser` (a parser or an argument group)."""
+    for f in options(cls, scope):
+        meta = f.metadata
+        help = meta["help"]
+        if meta["show_default"] and f.default is not None:
+            help += f" (default {f.default})"
+        kwargs = dict(default=f.default, help=help.replace("%", "%%"))
+        for key in ("type", "choices", "metavar"):
+            if meta[key] is not None:
+                kwargs[key] = meta[key]
+        parser.add_argument(flag(f.name), **kwargs)
+
+
+def from_args(cls, args: argparse.Namespace, **given):
+    """A `cls` with every declared option as `args` has it, and the other fields as given."""
+    return cls(**{f.name: getattr(args, f.name) for f in options(cls)}, **given)
+
+
+def forward(args: argparse.Namespace, cls) -> list[str]:
+    """The flags that hand `cls`'s FORWARDED options on to a child process as `args` has them (None: the child's
+    own default)."""
+    flags = []
+    for f in options(cls, FORWARDED):
+        if (value := getattr(args, f.name)) is not None:
+            flags += [flag(f.name), str(value)]
+    return flags

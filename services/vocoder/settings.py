@@ -1,0 +1,65 @@
+"""The vocoder service's settings, each option declared once (services/settings.py): `moss-serve vocoder` takes them
+all, `moss-serve up` the FORWARDED ones (the worker's and the codec decoder's), which it hands on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from services.settings import GRPC_PORTS, METRICS_PORTS, OWN, count, option, positive, seconds
+from services.vocoder.worker import (
+    DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
+    DEFAULT_FIRST_CHUNK_BUDGET,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_BATCH_FRAMES,
+)
+
+if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
+    from services.common.tls import ServerTls
+
+PRESETS = ("tiny", "tiny-codec", "moss-speech")  # services/vocoder/vocoder.py's presets (not imported: torch)
+
+
+@dataclass
+class VocoderSettings:
+    host: str = option("127.0.0.1", "address to bind (0.0.0.0 in containers)", scope=OWN)
+    port: int = option(GRPC_PORTS["vocoder"], "gRPC port", type=int, scope=OWN)
+    metrics_port: int = option(METRICS_PORTS["vocoder"], "Prometheus /metrics port (0: off)", type=int, scope=OWN)
+    vocoder_dir: str | None = option(
+        None, "the codec decoder's directory (codec.json, flow.pt, hift.pt, voices/), or a BigVGAN-v2 directory for the "
+              "stand-in decoder (config.json, bigvgan_generator.pt[, token_decoder.*]); without it: the --preset with "
+              "random weights", scope=OWN)
+    preset: str = option("tiny", "moss-speech: the codec's flow + HiFT at their real size; tiny-codec: the same, small; "
+                                 "tiny: the stand-in decoder and a small BigVGAN (24 kHz, 80 bands, hop 480 all)",
+                         choices=PRESETS, scope=OWN)
+    device: str = option("cpu", "cpu or cuda", scope=OWN)
+    left_context: int | None = option(None, "mel frames of left context per chunk (default: the generator's receptive "
+                                            "field)", type=count, scope=OWN)
+    lookahead: int | None = option(None, "mel frames held back for the next chunk (default 4: one token, 80 ms at hop "
+                                         "480)", type=count, scope=OWN)
+    # The worker's options (worker.py): `up` hands them on.
+    max_batch: int = option(DEFAULT_MAX_BATCH, "windows per model call (a first chunk never waits behind a long call)",
+                            type=positive(int))
+    max_batch_frames: int = option(DEFAULT_MAX_BATCH_FRAMES, "mel frames per model call, all windows together",
+                                   type=positive(int))
+    first_chunk_budget: float = option(DEFAULT_FIRST_CHUNK_BUDGET, "seconds after it comes in that a stream's first "
+                                       "chunk is due; chunks are vocoded earliest deadline first (0: first chunks first)",
+                                       type=seconds)
+    first_chunk_batch_frames: int = option(DEFAULT_FIRST_CHUNK_BATCH_FRAMES, "mel frames of a model call that carries a "
+                                           "stream's first chunk: a shorter call, sooner first audio (0: "
+                                           "--max-batch-frames alone)", type=count)
+    # The codec decoder's options (docs/codec.md): `up` hands them on.
+    voices_dir: str | None = option(None, "the flow decoder's voices, <name>.safetensors each (default: the codec "
+                                          "directory's voices/; a preset without it: one random 'default' voice)")
+    generator: str | None = option(None, "with a codec directory: its HiFT (default), or the BigVGAN-v2 beside it "
+                                         "(config.json, bigvgan_generator.pt) trained on the flow's mel format",
+                                   choices=["hift", "bigvgan"])
+    flow_block_tokens: int | None = option(None, "tokens the flow decodes at a time, once the look-ahead tokens after "
+                                                 "them are in (default 5)", type=positive(int))
+    flow_context_tokens: int | None = option(None, "latest tokens a block is decoded with, itself and its look-ahead "
+                                                   "included (default 40)", type=positive(int))
+    flow_steps: int | None = option(None, "Euler steps of the flow (default 10)", type=positive(int))
+    flow_cfg_rate: float | None = option(None, "classifier-free guidance rate of the flow, 0 or more (default 0.7)",
+                                         type=seconds)
+    seed: int = 0
+    tls: ServerTls | None = None  # TLS on the gRPC port (mutual with a client CA: only the gateway gets in)
