@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from services.llm.engine.config import EngineConfig
 from services.llm.model.config import PRESETS
 from services.settings import GRPC_PORTS, METRICS_PORTS, OWN, count, option, positive, power_of_two, seconds
 
@@ -18,6 +19,7 @@ CUDA_AUDIO_LEAD = 1.5
 # takes to vocode alone on an H100 (docs/benchmarks.md, issue 20).
 FIRST_AUDIO_WINDOW = 8
 CUDA_FIRST_AUDIO_HOLD = 0.04
+ENGINE = EngineConfig()  # the engine's defaults, which the engine's options take
 
 if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
     from services.common.tls import ServerTls
@@ -36,12 +38,12 @@ class LlmSettings:
                          choices=list(PRESETS))
     dtype: str = option("auto", "weights and KV cache; auto: the checkpoint's, or bfloat16 on CUDA and float32 on CPU",
                         choices=["auto", "bfloat16", "float16", "float32"], show_default=False)
-    kv_cache_gb: float = option(1.0, "memory budget of the KV-cache pool", type=positive(float))
-    block_size: int = option(16, "positions per KV-cache block", type=power_of_two)
-    max_num_seqs: int = option(16, "requests in the running batch", type=positive(int))
-    max_num_batched_tokens: int = option(512, "positions per engine step; longer prompts are prefilled in chunks",
+    kv_cache_gb: float = option(ENGINE.kv_cache_bytes / (1 << 30), "memory budget of the KV-cache pool, GiB", type=positive(float))
+    block_size: int = option(ENGINE.block_size, "positions per KV-cache block", type=power_of_two)
+    max_num_seqs: int = option(ENGINE.max_num_seqs, "requests in the running batch", type=positive(int))
+    max_num_batched_tokens: int = option(ENGINE.max_num_batched_tokens, "positions per engine step; longer prompts are prefilled in chunks",
                                          type=positive(int))
-    max_model_len: int = option(4096, "prompt + history + generated positions", type=positive(int))
+    max_model_len: int = option(ENGINE.max_model_len, "prompt + history + generated positions", type=positive(int))
     max_audio_lead: float | None = option(
         None, "pace speech: hold steps while every stream has this many seconds of audio sent ahead of its listener, "
               f"leaving the GPU to the vocoder (default: {CUDA_AUDIO_LEAD} on CUDA, where the vocoder shares the GPU; "
