@@ -20,9 +20,10 @@ import torch
 from services.vocoder.streamer import DEFAULT_LOOKAHEAD, MelStreamer
 from services.vocoder.vocoder import FlowOptions, load_vocoder
 
-# The gateway's chunk schedules (common.proto ChunkPolicy): the default (4, 4, 8, 16, 20, ...), the smallest
-# (one token a chunk), and one flow block a chunk.
-SCHEDULES = {"default 4,4,8,16,20": [4, 4, 8, 16] + [20] * 50, "1 token": [1] * 1000, "5 tokens": [5] * 200}
+# The gateway's chunk schedules (common.proto ChunkPolicy): the default (8, 8, 16, 20, ...), the earlier default
+# (4, 4, 8, 16, 20, ...), the smallest (one token a chunk), and one flow block a chunk.
+SCHEDULES = {"default 8,8,16,20": [8, 8, 16] + [20] * 50, "4,4,8,16,20": [4, 4, 8, 16] + [20] * 50,
+             "1 token": [1] * 1000, "5 tokens": [5] * 200}
 
 
 def snr(x: np.ndarray, ref: np.ndarray) -> float:

@@ -153,7 +153,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--min-new-tokens", type=count, default=None,
                        help="end of speech suppressed before this many (default: --max-new-tokens: fixed-length audio)")
     bench.add_argument("--first-chunk-tokens", type=positive(int),
-                       help="the requests' first (and second) chunk, in tokens (default: the gateway's, 3)")
+                       help="the requests' first (and second) chunk, in tokens (default: the service's, 8)")
     bench.add_argument("--turns", type=count, default=0,
                        help="each request a Converse session of this many turns, each sent once the reply before it "
                             "has played out (plus --turn-gap); measured per turn (default 0: Synthesize calls)")

@@ -96,3 +96,15 @@ def test_stage_down_is_unavailable_then_recovers(own_stack, stage):
             assert time.monotonic() < deadline, "gateway did not recover"
             time.sleep(0.2)
     assert result.summary.num_samples == 6 * 1920
+
+
+def test_a_stream_broken_under_a_write_is_the_stage_unavailable():
+    """gRPC core's bare INTERNAL for a write that crossed the peer's death names the stage as unavailable; an
+    INTERNAL the stage sent itself stays its own."""
+    from services.common.errors import Unavailable
+    from services.gateway.pipeline import BROKEN_STREAM, stage_error
+
+    broken = stage_error("vocoder", grpc.StatusCode.INTERNAL, BROKEN_STREAM)
+    assert isinstance(broken, Unavailable) and str(broken).startswith("vocoder unavailable")
+    own = stage_error("vocoder", grpc.StatusCode.INTERNAL, "the generator failed")
+    assert not isinstance(own, Unavailable) and "the generator failed" in str(own)

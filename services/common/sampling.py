@@ -27,11 +27,14 @@ class SamplingSettings:
 
 @dataclass(frozen=True)
 class ChunkSettings:
-    # 320 ms of audio, of which 240 ms play at once (the vocoder holds back 80 ms of lookahead): that is the
-    # buffer in which the second chunk must arrive. 3 tokens (160 ms) stalled 8-13% of streams at 64-128 on
-    # an H200; 4 none, for ~30 ms more time to first audio under load (docs/benchmarks.md)
-    first_chunk_tokens: int = 4
-    # The largest later chunk (4, 4, 8, 16, 20, 20, ...: sequence.py says why): 1.6 s, fewer and cheaper
+    # The codec decoder's first audio window: a first block of 5 tokens and the 3 its encoder reads ahead
+    # (services/vocoder/codec/decoder.py; more for a voice whose prompt is not whole blocks). A smaller first chunk
+    # makes no audio and costs the stream a vocoder call before the one that does: under load on an H100, 8
+    # against 4 took TTFA p50 at 48 streams from 342-374 to 241 ms, p95 from 437-501 to 321 ms, and none at one
+    # stream (docs/benchmarks.md, issue 20). Its audio less the vocoder's look-ahead (320 ms) is the buffer the
+    # second chunk must arrive in.
+    first_chunk_tokens: int = 8
+    # The largest later chunk (8, 8, 16, 20, 20, ...: sequence.py says why): 1.6 s, fewer and cheaper
     # vocoder calls once audio is flowing. 20 tokens with the vocoder's context (30 + 4 frames) is a
     # 114-frame window, inside its 128-frame graph bucket (services/vocoder/runner.py).
     chunk_tokens: int = 20

@@ -40,10 +40,17 @@ class TurnLimits:
     default_timeout: float = 120.0  # seconds, when the client sets no deadline
 
 
+# gRPC core's own status for an operation on a stream whose connection broke under it (a write racing the peer's
+# death): the stage went away, it did not fail the call itself (which would carry its own message).
+BROKEN_STREAM = "Internal error from Core"
+
+
 def stage_error(stage: str, code: grpc.StatusCode, details: str | None) -> ServiceError:
     """A stage's call ended with this status: the error the gateway reports, the stage named."""
     if code == grpc.StatusCode.UNAVAILABLE:
         return Unavailable(stage, details or "connection failed")
+    if code == grpc.StatusCode.INTERNAL and details == BROKEN_STREAM:
+        return Unavailable(stage, "connection lost mid-stream")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return DeadlineExceeded(f"{stage}: deadline exceeded")
     return StageError(stage, code.name, details or code.name)

@@ -204,7 +204,7 @@ class Sequence:
         size before it, up to `chunk_tokens`; a finished sequence flushes everything in a final chunk.
         Why: chunk k must reach the listener before the audio of chunks 0..k-1 has played out. A small
         first chunk buys a low time to first audio but a thin buffer (its audio, less the vocoder's
-        lookahead: 160 ms for 3 tokens, 240 ms for the default 4); under load a second chunk of 6 tokens took longer than that to
+        lookahead: 160 ms for 3 tokens); under load a second chunk of 6 tokens took longer than that to
         make and vocode (docs/benchmarks.md). A second chunk as small as the first fits the buffer, and
         doubling from there keeps each chunk's making time within what is already buffered, then settles
         at the size that is cheapest to vocode.
