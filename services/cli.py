@@ -201,8 +201,8 @@ def run_service(args) -> int:
     else:
         from services.gateway.server import run
 
-        settings = from_args(GatewaySettings, args, llm_targets=args.llm_targets or [LLM_TARGET],
-                             vocoder_targets=args.vocoder_targets or [VOCODER_TARGET], tls=tls, backend_tls=backend_tls)
+        targets = {name: getattr(args, name) for name in ("llm_targets", "vocoder_targets") if getattr(args, name)}
+        settings = from_args(GatewaySettings, args, tls=tls, backend_tls=backend_tls, **targets)
     from services.common.errors import DeviceLost
 
     try:

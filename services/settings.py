@@ -100,6 +100,19 @@ def option(default, help: str, type=None, choices=None, scope: str = FORWARDED, 
                                                 show_default=show_default))
 
 
+# Every service's own endpoint options, with its default ports.
+def host_option():
+    return option("127.0.0.1", "address to bind (0.0.0.0 in containers)", scope=OWN)
+
+
+def port_option(service: str):
+    return option(GRPC_PORTS[service], "gRPC port", type=int, scope=OWN)
+
+
+def metrics_port_option(service: str):
+    return option(METRICS_PORTS[service], "Prometheus /metrics port (0: off)", type=int, scope=OWN)
+
+
 def options(cls, scope: str | None = None) -> list[Field]:
     """The options `cls` declares (of one scope, or all), in declaration order."""
     return [f for f in dataclasses.fields(cls) if "scope" in f.metadata and scope in (None, f.metadata["scope"])]

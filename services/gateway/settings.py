@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from services.settings import GRPC_PORTS, METRICS_PORTS, OWN, count, option, positive, seconds
+from services.settings import GRPC_PORTS, count, host_option, metrics_port_option, option, port_option, positive, seconds
 
 if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
     from services.common.tls import ChannelTls, ServerTls
@@ -18,9 +18,9 @@ HEALTH_CHECK_SECONDS = 0.5  # how often a ready replica's health is asked (backe
 
 @dataclass
 class GatewaySettings:
-    host: str = option("127.0.0.1", "address to bind (0.0.0.0 in containers)", scope=OWN)
-    port: int = option(GRPC_PORTS["gateway"], "gRPC port", type=int, scope=OWN)
-    metrics_port: int = option(METRICS_PORTS["gateway"], "Prometheus /metrics port (0: off)", type=int, scope=OWN)
+    host: str = host_option()
+    port: int = port_option("gateway")
+    metrics_port: int = metrics_port_option("gateway")
     # Replicas of each stage (backends.py; flags of their own in cli.py: repeatable, comma-separated): a session
     # stays on its llm replica, new ones go to the least loaded.
     llm_targets: list[str] = field(default_factory=lambda: [LLM_TARGET])

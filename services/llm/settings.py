@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from services.llm.engine.config import EngineConfig
 from services.llm.model.config import PRESETS
-from services.settings import GRPC_PORTS, METRICS_PORTS, OWN, count, option, positive, power_of_two, seconds
+from services.settings import OWN, count, host_option, metrics_port_option, option, port_option, positive, power_of_two, seconds
 
 # Pacing's default on CUDA, seconds of audio a stream may have sent beyond what its listener has heard: when a
 # stream falls to it, its next chunk (up to 20 steps) and that chunk's vocoding must fit in what is left, under
@@ -27,9 +27,9 @@ if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
 
 @dataclass
 class LlmSettings:
-    host: str = option("127.0.0.1", "address to bind (0.0.0.0 in containers)", scope=OWN)
-    port: int = option(GRPC_PORTS["llm"], "gRPC port", type=int, scope=OWN)
-    metrics_port: int = option(METRICS_PORTS["llm"], "Prometheus /metrics port (0: off)", type=int, scope=OWN)
+    host: str = host_option()
+    port: int = port_option("llm")
+    metrics_port: int = metrics_port_option("llm")
     model_dir: str | None = option(None, "HF-format MOSS-Speech checkpoint (config.json, safetensors, tokenizer.json); "
                                          "without it: the --preset with random weights", scope=OWN)
     device: str = option("cpu", "cpu or cuda", scope=OWN)

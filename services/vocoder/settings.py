@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.settings import GRPC_PORTS, METRICS_PORTS, OWN, count, option, positive, seconds
+from services.settings import OWN, count, host_option, metrics_port_option, option, port_option, positive, seconds
 from services.vocoder.worker import (
     DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
     DEFAULT_FIRST_CHUNK_BUDGET,
@@ -22,9 +22,9 @@ PRESETS = ("tiny", "tiny-codec", "moss-speech")  # services/vocoder/vocoder.py's
 
 @dataclass
 class VocoderSettings:
-    host: str = option("127.0.0.1", "address to bind (0.0.0.0 in containers)", scope=OWN)
-    port: int = option(GRPC_PORTS["vocoder"], "gRPC port", type=int, scope=OWN)
-    metrics_port: int = option(METRICS_PORTS["vocoder"], "Prometheus /metrics port (0: off)", type=int, scope=OWN)
+    host: str = host_option()
+    port: int = port_option("vocoder")
+    metrics_port: int = metrics_port_option("vocoder")
     vocoder_dir: str | None = option(
         None, "the codec decoder's directory (codec.json, flow.pt, hift.pt, voices/), or a BigVGAN-v2 directory for the "
               "stand-in decoder (config.json, bigvgan_generator.pt[, token_decoder.*]); without it: the --preset with "

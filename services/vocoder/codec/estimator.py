@@ -34,6 +34,13 @@ from services.vocoder.codec.config import EstimatorConfig
 from services.vocoder.codec.frame_ops import causal_unfold, frame_norm, taps_weight
 
 
+def laid_out(module: nn.Module, name: str, make) -> None:
+    """A weight in the layout the kernels read, `make()` of the module's parameters: a buffer made once, not in every
+    call, and again after every load. Not in the state dict: the reference's names load as usual."""
+    module.register_buffer(name, make().detach(), persistent=False)
+    module.register_load_state_dict_post_hook(lambda m, _: setattr(m, name, make().detach()))
+
+
 class CausalConv1d(nn.Conv1d):
     """A left-padded convolution over frames, on [B, T, Cin] → [B, T, Cout] (weights as nn.Conv1d's). With a
     prompt prefix (prefix.py) the frames before T's first are the prefix's last, not zeros."""
@@ -42,13 +49,7 @@ class CausalConv1d(nn.Conv1d):
 
     def __init__(self, cin: int, cout: int, kernel: int):
         super().__init__(cin, cout, kernel)
-        # The weight in the order causal_unfold lays frames out, [Cout, k·Cin]: made once, not in every call. Not in
-        # the state dict (the reference's `weight` loads as usual); made again after every load.
-        self.register_buffer("taps", taps_weight(self.weight).detach(), persistent=False)
-        self.register_load_state_dict_post_hook(lambda module, _: module.restack())
-
-    def restack(self) -> None:
-        self.taps = taps_weight(self.weight).detach()
+        laid_out(self, "taps", lambda: taps_weight(self.weight))  # [Cout, k·Cin], the order causal_unfold lays frames out
 
     def forward(self, x: torch.Tensor, prefix=None) -> torch.Tensor:
         k = self.kernel_size[0]
@@ -119,16 +120,8 @@ class Attention(nn.Module):
         self.heads = heads
         self.to_q, self.to_k, self.to_v = (nn.Linear(dim, inner, bias=False) for _ in range(3))
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Dropout(0.0)])
-        # q, k and v as one matrix product: their weights stacked [3·inner, dim] once, not in every call. Not in the
-        # state dict (the reference's names load into to_q/to_k/to_v); stacked again after every load.
-        self.register_buffer("qkv_weight", self._stacked(), persistent=False)
-        self.register_load_state_dict_post_hook(lambda module, _: module.restack())
-
-    def _stacked(self) -> torch.Tensor:
-        return torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight]).detach()
-
-    def restack(self) -> None:
-        self.qkv_weight = self._stacked()
+        # q, k and v as one matrix product: their weights stacked [3·inner, dim]
+        laid_out(self, "qkv_weight", lambda: torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight]))
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor, chunk: int, prefix=None) -> torch.Tensor:
         """x [B, T, dim]; lengths [B]: each row's valid frames (keys past them are not read); chunk: static-chunk
