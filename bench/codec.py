@@ -118,7 +118,9 @@ def main():
     # ---- correctness: ours float32 eager, and ours as served, against the reference -----------------------
     eager = FlowTokenDecoder(CausalMaskedDiffWithXvec(cfg.flow).eval(), device, dtype=torch.float32, graphs=False)
     eager.flow.load_state_dict(flow.state_dict())
-    served = FlowTokenDecoder(flow, device)  # bf16, graphs on CUDA, the voice's prompt prefix solved once
+    # bf16, graphs on CUDA, the voice's prompt prefix solved once; windows as the reference decodes them (each call
+    # here is a window of its own, not a stream's next blocks: bench/codec_history.py measures a stream history)
+    served = FlowTokenDecoder(flow, device, history_streams=0)
     served.set_voices([voice])
     t = time.perf_counter()
     served.warm_up([voice], args.max_batch)

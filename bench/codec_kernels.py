@@ -4,7 +4,9 @@ additive mask and scaled_dot_product_attention), at the real shapes (issue 20). 
     python bench/codec_kernels.py --json out.json
 
 Shapes: 8 heads of 64, static chunks of 20 frames; a first block alone (2 CFG rows of 192 frames, no prefix), 16 and
-32 streams after the prompt prefix (32 and 64 rows of 180 frames reading 140 prefix frames). Each cell is the op
+32 streams after the prompt prefix (32 and 64 rows of 180 frames reading 140 prefix frames); and with a stream history
+(codec/history.py): a first call (40 frames after the prefix, no kept frames), steady calls (80 new frames after the
+prefix and a full ring of 40) of 1, 16 and 32 streams. Each cell is the op
 replayed 50 times from one CUDA graph (as the vocoder runs it), per op. The row marked `default` is what
 chunk_attention.tiles() picks; the table says whether it is the best.
 """
@@ -22,9 +24,12 @@ from measure import median_time
 from services.vocoder.codec import chunk_attention
 
 REPS = 50
-SHAPES = {"first block": (2, 192, 0), "16 streams": (32, 180, 140), "32 streams": (64, 180, 140)}  # rows, T, prefix
+SHAPES = {"first block": (2, 192, 0, 0), "16 streams": (32, 180, 140, 0), "32 streams": (64, 180, 140, 0),  # rows, T,
+          "history first": (2, 40, 140, 0), "history 1": (2, 80, 140, 40),                                 # prefix, ring
+          "history 16": (32, 80, 140, 40), "history 32": (64, 80, 140, 40)}
 CONFIGS = {f"{m}x{n} w{w}": dict(BLOCK_M=m, BLOCK_N=n, num_warps=w)
-           for m, n, w in ((64, 64, 4), (32, 64, 4), (64, 32, 4), (128, 64, 8), (64, 128, 4), (32, 32, 2), (16, 64, 2))}
+           for m, n, w in ((64, 64, 4), (32, 64, 4), (64, 32, 4), (128, 64, 8), (64, 128, 4), (32, 32, 2), (16, 64, 2),
+                           (16, 32, 2), (16, 16, 1), (16, 128, 4))}
 
 
 def per_op(fn, device) -> float:
@@ -47,7 +52,7 @@ def main():
     gen = torch.Generator(device).manual_seed(0)
     out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
            "torch": torch.__version__, "cells": {}}
-    for shape, (B, T, frames) in SHAPES.items():
+    for shape, (B, T, frames, ring) in SHAPES.items():
         x = torch.randn(B, T, 3, 8, 64, generator=gen, device=device).to(torch.bfloat16)
         q, k, v = x.permute(2, 0, 3, 1, 4).unbind(0)
         lengths = torch.full((B,), T, dtype=torch.int32, device=device)
@@ -55,13 +60,17 @@ def main():
         if frames:
             pk, pv = (torch.randn(2, 8, frames, 64, generator=gen, device=device).to(torch.bfloat16) for _ in range(2))
             prefix = (pk, pv, torch.arange(B, device=device) % 2)
-        want = chunk_attention.reference(q, k, v, lengths, 20, prefix).float()
-        cell = {"pytorch_us": per_op(lambda: chunk_attention.reference(q, k, v, lengths, 20, prefix), device) * 1e6,
-                "default": chunk_attention.tiles(B, 8, T), "configs": {}}
+        history = None
+        if shape.startswith("history"):
+            hk, hv = (torch.randn(B, 8, 40, 64, generator=gen, device=device).to(torch.bfloat16) for _ in range(2))
+            history = (hk, hv, torch.arange(B, device=device), torch.full((B,), ring, device=device))
+        want = chunk_attention.reference(q, k, v, lengths, 20, prefix, history).float()
+        cell = {"pytorch_us": per_op(lambda: chunk_attention.reference(q, k, v, lengths, 20, prefix, history), device) * 1e6,
+                "default": chunk_attention.tiles(B, 8, T, frames + ring), "configs": {}}
         for name, config in {"default": None, **CONFIGS}.items():
-            got = chunk_attention.kernel(q, k, v, lengths, 20, prefix, config)
+            got = chunk_attention.kernel(q, k, v, lengths, 20, prefix, config, history)
             err = (got.float() - want).abs().max().item()
-            us = per_op(lambda: chunk_attention.kernel(q, k, v, lengths, 20, prefix, config), device) * 1e6
+            us = per_op(lambda: chunk_attention.kernel(q, k, v, lengths, 20, prefix, config, history), device) * 1e6
             cell["configs"][name] = {"us": us, "max_abs_err": err}
         out["cells"][shape] = cell
     print(f"{out['gpu']}, torch {out['torch']}, {out['date']}: us per op, replayed from a CUDA graph")

@@ -42,6 +42,25 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         pass
 
 
+@pytest.fixture(scope="module")
+def flow():
+    """The codec's flow in the tiny-codec layout, random weights (float32, CPU)."""
+    from services.vocoder.codec.checkpoint import random_codec
+    from services.vocoder.codec.config import tiny
+
+    return random_codec(tiny(), 0)[0].eval()
+
+
+@pytest.fixture(scope="module")
+def voices():
+    """Two voices for the tiny flow, of prompts of 10 and 17 tokens (prefixes of 20 and 40 frames)."""
+    from services.vocoder.codec.config import tiny
+    from services.vocoder.codec.voice import random_voice
+
+    cfg = tiny().flow
+    return [random_voice(cfg, "alto", prompt_tokens=10, seed=1), random_voice(cfg, "tenor", prompt_tokens=17, seed=2)]
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     """llm + vocoder + gateway on the tiny presets, shared by the tests that only send requests."""

@@ -33,6 +33,11 @@ def signature(kernel, ptrs: dict[str, str], floats=(), constexprs: dict | None =
 
 
 BF16 = "*bf16"
+ATTENTION_PTRS = {"Q": BF16, "K": BF16, "V": BF16, "KP": BF16, "VP": BF16, "KH": BF16, "VH": BF16, "O": BF16,
+                  "ROWS": "*i64", "HROWS": "*i64", "COUNT": "*i64", "LENGTHS": "*i32"}
+FRAME_NORM_PTRS = {"H": BF16, "W1": BF16, "B1": BF16, "ROW_TERMS": BF16, "RES": BF16, "W2": BF16, "B2": BF16,
+                   "OUT": BF16, "OUT2": BF16, "K": BF16, "V": BF16, "KR": BF16, "VR": BF16, "KEEP_ROWS": "*i64",
+                   "AT": "*i64", "LENGTHS": "*i32"}
 ATTN = dict(GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16)
 KERNELS = {
     "decode partition": (paged_attention._decode_partition_kernel, *signature(
@@ -75,26 +80,34 @@ KERNELS = {
         {"x_ptr": BF16, "f_ptr": "*fp32", "g_ptr": "*fp32", "alpha_ptr": "*fp32", "inv_beta_ptr": "*fp32",
          "out_ptr": BF16, "scratch_ptr": "*fp32"}, (), dict(BC=64, BT=16, CHANNELS_LAST=True)), 4),
     "codec: static-chunk attention with a prompt prefix": (chunk_attention._chunk_attention, *signature(
-        chunk_attention._chunk_attention,
-        {"Q": BF16, "K": BF16, "V": BF16, "KP": BF16, "VP": BF16, "O": BF16, "ROWS": "*i64", "LENGTHS": "*i32"},
-        ("scale",), dict(H=8, D=64, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32")), 4),
+        chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
+        dict(H=8, D=64, HISTORY=False, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32")), 4),
+    "codec: static-chunk attention after a stream's history": (chunk_attention._chunk_attention, *signature(
+        chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
+        dict(H=8, D=64, HISTORY=True, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32")), 4),
     "codec: static-chunk attention, float32 (tests)": (chunk_attention._chunk_attention, *signature(
-        chunk_attention._chunk_attention,
-        {"Q": "*fp32", "K": "*fp32", "V": "*fp32", "KP": "*fp32", "VP": "*fp32", "O": "*fp32", "ROWS": "*i64",
-         "LENGTHS": "*i32"}, ("scale",), dict(H=2, D=16, BLOCK_M=16, BLOCK_N=16, PRECISION="ieee")), 4),
+        chunk_attention._chunk_attention, {name: "*fp32" if kind == BF16 else kind for name, kind in ATTENTION_PTRS.items()},
+        ("scale",), dict(H=2, D=16, HISTORY=True, BLOCK_M=16, BLOCK_N=16, PRECISION="ieee")), 4),
     "codec: frame norm (norm, Mish, time term, second norm)": (frame_ops._frame_norm, *signature(
-        frame_ops._frame_norm,
-        {"H": BF16, "W1": BF16, "B1": BF16, "ROW_TERMS": BF16, "RES": BF16, "W2": BF16, "B2": BF16, "OUT": BF16,
-         "OUT2": BF16}, ("eps1", "eps2"),
-        dict(NORM=True, MISH=True, ROWS=True, RESIDUAL=False, THEN=True, BLOCK_M=16, BLOCK_C=256)), 4),
+        frame_ops._frame_norm, FRAME_NORM_PTRS, ("eps1", "eps2"),
+        dict(NORM=True, MISH=True, ROWS=True, RESIDUAL=False, THEN=True, KEEP=False, HEADS=1, HEAD_D=1, BLOCK_M=16,
+             BLOCK_C=256)), 4),
     "codec: frame norm (residual, second norm)": (frame_ops._frame_norm, *signature(
-        frame_ops._frame_norm,
-        {"H": BF16, "W1": BF16, "B1": BF16, "ROW_TERMS": BF16, "RES": BF16, "W2": BF16, "B2": BF16, "OUT": BF16,
-         "OUT2": BF16}, ("eps1", "eps2"),
-        dict(NORM=False, MISH=False, ROWS=False, RESIDUAL=True, THEN=True, BLOCK_M=16, BLOCK_C=256)), 4),
+        frame_ops._frame_norm, FRAME_NORM_PTRS, ("eps1", "eps2"),
+        dict(NORM=False, MISH=False, ROWS=False, RESIDUAL=True, THEN=True, KEEP=False, HEADS=1, HEAD_D=1, BLOCK_M=16,
+             BLOCK_C=256)), 4),
+    "codec: frame norm keeping an attention's keys and values": (frame_ops._frame_norm, *signature(
+        frame_ops._frame_norm, FRAME_NORM_PTRS, ("eps1", "eps2"),
+        dict(NORM=False, MISH=False, ROWS=False, RESIDUAL=True, THEN=True, KEEP=True, HEADS=8, HEAD_D=64, BLOCK_M=16,
+             BLOCK_C=256)), 4),
     "codec: causal unfold with a prompt prefix": (frame_ops._causal_unfold, *signature(
-        frame_ops._causal_unfold, {"X": BF16, "FRAMES": BF16, "ROWS": "*i64", "OUT": BF16}, (),
-        dict(K=3, LEFT=True, BLOCK_T=16, BLOCK_C=512)), 4),
+        frame_ops._causal_unfold, {"X": BF16, "FRAMES": BF16, "ROWS": "*i64", "KEEP_ROWS": "*i64", "LENGTHS": "*i32",
+                                   "OUT": BF16}, (),
+        dict(K=3, LEFT=True, KEEP=False, BLOCK_T=16, BLOCK_C=512)), 4),
+    "codec: causal unfold keeping a stream's last frames": (frame_ops._causal_unfold, *signature(
+        frame_ops._causal_unfold, {"X": BF16, "FRAMES": BF16, "ROWS": "*i64", "KEEP_ROWS": "*i64", "LENGTHS": "*i32",
+                                   "OUT": BF16}, (),
+        dict(K=3, LEFT=True, KEEP=True, BLOCK_T=16, BLOCK_C=512)), 4),
     "codec: guided Euler step": (frame_ops._euler_step, *signature(
         frame_ops._euler_step, {"IN": BF16, "V": BF16, "MASK": BF16}, ("dt", "cfg_rate"),
         dict(BLOCK_T=16, BLOCK_C=128)), 4),

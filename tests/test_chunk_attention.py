@@ -76,3 +76,34 @@ def test_real_size_in_a_cuda_graph():
     out.fill_(float("nan"))
     graph.replay()
     torch.testing.assert_close(out.float(), reference(q, k, v, lengths, 20, (pk, pv, rows)).float(), atol=2e-2, rtol=2e-2)
+
+
+HISTORY_CASES = [  # (B, H, T, d, chunk, prefix frames, ring)
+    (3, 2, 29, 16, 4, 8, 12),
+    (2, 2, 40, 16, 20, 0, 40),
+]
+
+
+@pytest.mark.parametrize("B,H,T,d,chunk,frames,ring", HISTORY_CASES)
+def test_history_kernel_is_the_pytorch_form(B, H, T, d, chunk, frames, ring):
+    """Rows reading a prefix, then a stream's kept frames (a full ring, a part-filled one, none), then their own
+    by the chunk rule; the ring is read, not written."""
+    gen = torch.Generator(DEVICE).manual_seed(T + ring)
+    for dtype in [torch.float32] + ([torch.bfloat16] if CUDA else []):
+        q, k, v = qkv(gen, B + 1, H, T, d, dtype)
+        lengths = torch.tensor([T, 7, 0][: B] + [5], dtype=torch.int32, device=DEVICE)
+        prefix = None
+        if frames:
+            pk, pv = (torch.randn(4, H, frames, d, generator=gen, device=DEVICE).to(dtype) for _ in range(2))
+            prefix = (pk, pv, torch.tensor([0, 3, 1, 2][: B + 1], device=DEVICE))
+        hk, hv = (torch.randn(6, H, ring, d, generator=gen, device=DEVICE).to(dtype) for _ in range(2))
+        history = (hk, hv, torch.tensor([2, 0, 4, 1][: B + 1], device=DEVICE),
+                   torch.tensor([ring, 5, 0, 3][: B + 1], device=DEVICE))
+        before = hk.clone()
+        want = reference(q, k, v, lengths, chunk, prefix, history).float()
+        got = kernel(q, k, v, lengths, chunk, prefix, history=history).float()
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        assert torch.isfinite(got).all() and torch.equal(hk, before)
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+        without = reference(q, k, v, lengths, chunk, prefix).float()
+        assert not torch.allclose(got[0], without[0], atol=1e-3)                 # the kept frames were read

@@ -84,6 +84,52 @@ def test_causal_unfold_is_the_pytorch_form(B, T, C, k, prefix, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_frame_norm_keeps_keys_and_values_in_their_rings(dtype):
+    """An attention's keys and values into a stream history's ring (history.py), by the residual's kernel: each row's
+    last `ring` frames (more than the ring holds, fewer, none), wrapping past its end; other rows untouched."""
+    gen = torch.Generator(DEVICE).manual_seed(12)
+    B, H, T, d, ring = 3, 2, 29, 16, 12
+    qkv = torch.randn(B, T, 3, H, d, generator=gen, device=DEVICE).to(dtype)
+    _, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)                          # the estimator's strides
+    hk, hv = (torch.randn(5, H, ring, d, generator=gen, device=DEVICE).to(dtype) for _ in range(2))
+    rows, at = torch.tensor([2, 0, 4], device=DEVICE), torch.tensor([3, 5, 0], device=DEVICE)
+    lengths = torch.tensor([T, 7, 0], dtype=torch.int32, device=DEVICE)
+    h = torch.randn(B, T, H * d, generator=gen, device=DEVICE).to(dtype)
+    residual = torch.randn(B, T, H * d, generator=gen, device=DEVICE).to(dtype)
+    mine, theirs = (hk.clone(), hv.clone()), (hk.clone(), hv.clone())
+    got = frame_ops.kernel(h, residual=residual, keep=(k, v, *mine, rows, at, lengths))
+    frame_ops.keep_reference(k, v, *theirs, rows, at, lengths)
+    torch.testing.assert_close(got.float(), frame_ops.reference(h, residual=residual).float(), **tolerance(dtype))
+    for a, b in zip(mine, theirs):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)                    # a copy: exact
+    places = (5 + torch.arange(7, device=DEVICE)) % ring                    # row 1: 7 frames from place 5, wrapping
+    assert torch.equal(mine[0][0][:, places], k[1, :, :7])
+    assert torch.equal(mine[0][2][:, (3 + torch.arange(T - ring, T, device=DEVICE)) % ring], k[0, :, T - ring :])
+    assert torch.equal(mine[0][4], hk[4]) and torch.equal(mine[0][1], hk[1])  # no frames, no row: untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_causal_unfold_keeps_each_rows_last_frames(dtype):
+    """A stream history's convolution (history.py): each row reads its left frames from one row of the store and
+    leaves the k-1 frames before its end in another, taking the left frames' last when it is shorter than them."""
+    gen = torch.Generator(DEVICE).manual_seed(11)
+    C, k = 24, 3
+    x = torch.randn(3, 10, C, generator=gen, device=DEVICE).to(dtype)
+    store = torch.randn(8, k - 1, C, generator=gen, device=DEVICE).to(dtype)
+    rows, keep = torch.tensor([0, 1, 2], device=DEVICE), torch.tensor([5, 6, 7], device=DEVICE)
+    lengths = torch.tensor([10, 1, 0], device=DEVICE)
+    mine, theirs = store.clone(), store.clone()
+    want = frame_ops.unfold_reference(x, k, (theirs, rows, keep, lengths))
+    got = frame_ops.unfold_kernel(x, k, (mine, rows, keep, lengths))
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(mine, theirs, atol=0, rtol=0)
+    assert torch.equal(mine[5], x[0, 8:10])                                  # a long row: its last two frames
+    assert torch.equal(mine[6], torch.stack([store[1, 1], x[1, 0]]))         # one frame: the left's last, then it
+    assert torch.equal(mine[7], store[2])                                    # none: its left frames as they were
+    assert torch.equal(mine[:5], store[:5])                                  # the rows read: untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_euler_step_is_the_pytorch_form(dtype):
     gen = torch.Generator(DEVICE).manual_seed(3)
     B, T, Cin, C = 3, 29, 40, 10

@@ -137,4 +137,5 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
             yield final
             await self._expect_no_more(request_iterator)
         finally:
+            streamer.close()
             metrics.ACTIVE_STREAMS.dec()

@@ -58,6 +58,11 @@ class VocoderSettings:
                                                  "them are in (default 5)", type=positive(int))
     flow_context_tokens: int | None = option(None, "latest tokens a block is decoded with, itself and its look-ahead "
                                                    "included (default 40)", type=positive(int))
+    flow_history_streams: int | None = option(None, "streams whose solved frames the flow keeps, so that each call "
+                                                    "solves only their new frames (default 128; 0: none, every block "
+                                                    "over its window; GPU memory: docs/codec.md)", type=count)
+    flow_history_frames: int | None = option(None, "a stream's latest frames kept for its next blocks to read "
+                                                   "(default 40)", type=positive(int))
     flow_steps: int | None = option(None, "Euler steps of the flow (default 10)", type=positive(int))
     flow_cfg_rate: float | None = option(None, "classifier-free guidance rate of the flow, 0 or more (default 0.7)",
                                          type=seconds)

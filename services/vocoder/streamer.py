@@ -119,6 +119,10 @@ class MelStreamer:
         self.base = keep_from
         return out
 
+    def close(self) -> None:
+        """The stream is over (ended, cancelled or failed): the token decoder lets go of what it held for it."""
+        self.vocoder.release(self.decoder_state)
+
     # ---- one stream alone ---------------------------------------------------------------------------
     def push(self, tokens: list[int]) -> np.ndarray:
         """Add tokens; return the samples that are now final (possibly none)."""

@@ -115,6 +115,9 @@ class TokenDecoder(nn.Module):
         """A stream's state before its first token (this stand-in speaks in no voice: `voice` is not read)."""
         return None
 
+    def release(self, state: DecoderState | None) -> None:
+        """A stream is gone: nothing to let go (its state is all in `state`)."""
+
     def pending_frames(self, state: DecoderState | None, new_tokens: int | None) -> int:
         """Frames decode_chunks would return for this many new tokens (None: the stream's end)."""
         return (new_tokens or 0) * self.cfg.frames_per_token

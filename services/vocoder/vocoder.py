@@ -21,9 +21,15 @@ from services.common.errors import InvalidArgument
 from services.vocoder import generator as gen
 from services.vocoder.codec import checkpoint as codec_checkpoint
 from services.vocoder.codec import config as codec_config
-from services.vocoder.codec.decoder import DEFAULT_BLOCK_TOKENS, DEFAULT_MAX_CONTEXT_TOKENS, FlowTokenDecoder
+from services.vocoder.codec.decoder import (
+    DEFAULT_BLOCK_TOKENS,
+    DEFAULT_HISTORY_STREAMS,
+    DEFAULT_MAX_CONTEXT_TOKENS,
+    FlowTokenDecoder,
+)
 from services.vocoder.codec.hift import HiFTGenerator
 from services.vocoder.codec.hift import receptive_field as hift_receptive_field
+from services.vocoder.codec.history import DEFAULT_RING_FRAMES
 from services.vocoder.codec.voice import DEFAULT, Voice, load_voices, random_voice
 from services.vocoder.receptive_field import receptive_field
 from services.vocoder.runner import GeneratorRunner
@@ -54,6 +60,8 @@ class FlowOptions:
     max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS
     n_timesteps: int | None = None     # None: the checkpoint's (10)
     cfg_rate: float | None = None      # None: the checkpoint's (0.7)
+    history_streams: int = DEFAULT_HISTORY_STREAMS   # streams whose solved frames are kept (codec/history.py)
+    history_frames: int = DEFAULT_RING_FRAMES        # each one's latest frames kept
 
 
 def generator_format(generator: torch.nn.Module):
@@ -131,6 +139,10 @@ class TokenVocoder:
         if name not in self.voice_names():
             raise InvalidArgument("voice", f"unknown voice {name!r}; known voices: {', '.join(self.voice_names())}")
         return self.decoder.start(self.voices.get(name))
+
+    def release(self, state) -> None:
+        """A stream is gone, ended or not: what its decoder state holds is let go (a flow history slot)."""
+        self.decoder.release(state)
 
     def mel(self, tokens: list[int], voice: str = "") -> torch.Tensor:
         """A whole stream's tokens decoded at once → log-mel [num_mels, len(tokens) * frames_per_token]."""
@@ -229,7 +241,8 @@ def load_vocoder(directory: str | Path | None, preset: str = "tiny", device: str
 def _flow_decoder(flow_model, device: torch.device, options: FlowOptions) -> FlowTokenDecoder:
     return FlowTokenDecoder(flow_model, device, block_tokens=options.block_tokens,
                             max_context_tokens=options.max_context_tokens, n_timesteps=options.n_timesteps,
-                            cfg_rate=options.cfg_rate)
+                            cfg_rate=options.cfg_rate, history_streams=options.history_streams,
+                            history_frames=options.history_frames)
 
 
 def _random_decoder_for(h, codebook_size: int, embed_dim: int, seed: int) -> TokenDecoder:

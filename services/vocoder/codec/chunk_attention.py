@@ -9,8 +9,15 @@ call (docs/benchmarks.md, issue 20). On CUDA a Triton kernel does it in one pass
 the lengths in the kernel, the prefix read where it lies (its voice's rows of the cache), the output written
 in the [B, T, heads·d] layout the output projection reads. Elsewhere (CPU) the PyTorch form runs.
 
+With a stream's history (history.py) a row's frames are a stream's newest: before them it reads the prefix, then
+the frames the stream solved in its earlier calls (a ring of their keys and values: attention has no positions,
+so their order there does not matter). The row's own newest keys and values go into that ring after the attention
+has read it, by the next per-frame kernel (frame_ops.frame_norm's `keep`): written here, a query block would
+overwrite what another is still to read.
+
 Shapes: q, k, v [B, heads, T, d] (any strides, d contiguous); lengths [B] int; prefix keys and values
-[R, heads, F, d] with rows [B] (each row's in R) → [B, T, heads·d].
+[R, heads, F, d] with rows [B] (each row's in R); history: ring keys and values [S, heads, ring, d], rows [B]
+(each row's in S) and count [B] (its frames there, the first `count` places) → [B, T, heads·d].
 """
 
 from __future__ import annotations
@@ -38,35 +45,44 @@ def attention_bias(lengths: torch.Tensor, T: int, chunk: int, dtype: torch.dtype
     return F.pad((~allowed).to(dtype) * MASKED, (prefix_frames, 0))[:, None]
 
 
-def reference(q, k, v, lengths, chunk, prefix=None):
-    """PyTorch: the mask as a bias, the prefix gathered and concatenated, scaled_dot_product_attention."""
+def reference(q, k, v, lengths, chunk, prefix=None, history=None):
+    """PyTorch: the mask as a bias, the prefix and the history gathered and concatenated,
+    scaled_dot_product_attention."""
     B, H, T, d = q.shape
-    frames = 0
+    keys, values, bias = [k], [v], attention_bias(lengths, T, chunk, q.dtype)
+    if history is not None:
+        hk, hv, rows, count = history
+        keys.insert(0, hk.index_select(0, rows))
+        values.insert(0, hv.index_select(0, rows))
+        unread = torch.arange(hk.shape[2], device=q.device)[None, :] >= count[:, None]           # [B, ring]
+        bias = torch.cat([(unread.to(q.dtype) * MASKED)[:, None, None, :].expand(-1, 1, T, -1), bias], -1)
     if prefix is not None:
         pk, pv, rows = prefix
-        k, v = torch.cat([pk.index_select(0, rows), k], 2), torch.cat([pv.index_select(0, rows), v], 2)
-        frames = pk.shape[2]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_bias(lengths, T, chunk, q.dtype, frames))
+        keys.insert(0, pk.index_select(0, rows))
+        values.insert(0, pv.index_select(0, rows))
+        bias = F.pad(bias, (pk.shape[2], 0))
+    out = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2), attn_mask=bias)
     return out.transpose(1, 2).reshape(B, T, H * d)
 
 
-def chunk_attention(q, k, v, lengths, chunk: int, prefix=None):
+def chunk_attention(q, k, v, lengths, chunk: int, prefix=None, history=None):
     """→ [B, T, heads·d]: the Triton kernel on CUDA, the PyTorch form elsewhere (module docstring)."""
     if not q.is_cuda or triton is None:
-        return reference(q, k, v, lengths, chunk, prefix)
-    return kernel(q, k, v, lengths, chunk, prefix)
+        return reference(q, k, v, lengths, chunk, prefix, history)
+    return kernel(q, k, v, lengths, chunk, prefix, history=history)
 
 
-def tiles(B: int, H: int, T: int) -> dict:
-    """Queries and keys per step of the kernel. Measured on an H100 (bench/codec_kernels.py, docs/benchmarks.md):
-    64 queries by 32 keys for a saturated call (29.3 us against 30.8 with 64 by 64); for a first block alone,
-    whose few programs leave most of the GPU idle, 32 by 64 (5.7 against 7.2 us)."""
+def tiles(B: int, H: int, T: int, before: int = 0) -> dict:
+    """Queries and keys per step of the kernel (before: prefix and kept frames every query reads). Measured on an
+    H100 (bench/codec_kernels.py, docs/benchmarks.md): 64 queries by 32 keys for a saturated call (29.3 us against
+    30.8 with 64 by 64); for a first block alone, whose few programs leave most of the GPU idle, 32 by 64 (5.7
+    against 7.2 us). A few queries after many keys (a stream history's first call): 16 by 64."""
     if T < 64:
-        return dict(BLOCK_M=16, BLOCK_N=16)
+        return dict(BLOCK_M=16, BLOCK_N=64 if before >= 64 else 16)
     return dict(BLOCK_M=32, BLOCK_N=64) if B * H <= 32 else dict(BLOCK_M=64, BLOCK_N=32)
 
 
-def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None):
+def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None, history=None):
     """The Triton kernel (on CPU tensors: Triton's interpreter, for the tests). config: BLOCK_M, BLOCK_N and
     launch options (bench/codec_kernels.py times them)."""
     B, H, T, d = q.shape
@@ -77,12 +93,13 @@ def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None
     else:
         pk, pv, rows = prefix
         frames = pk.shape[2]
-    config = config or tiles(B, H, T)
+    hk, hv, hrows, count = history if history is not None else (pk, pv, rows, lengths)  # unread without one
+    config = config or tiles(B, H, T, frames + (hk.shape[2] if history is not None else 0))
     grid = (triton.cdiv(T, config["BLOCK_M"]), B * H)
-    _chunk_attention[grid](q, k, v, pk, pv, out, rows, lengths,
+    _chunk_attention[grid](q, k, v, pk, pv, hk, hv, out, rows, hrows, count, lengths,
                            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *pk.stride()[:3], *pv.stride()[:3],
-                           *out.stride()[:3], T, frames, chunk, 1.0 / math.sqrt(d),
-                           H=H, D=d, **config,
+                           *hk.stride()[:3], *hv.stride()[:3], *out.stride()[:3], T, frames, chunk, 1.0 / math.sqrt(d),
+                           H=H, D=d, HISTORY=history is not None, **config,
                            # float32 (tests): products in full precision; a GPU's default for them is tf32 (1e-3)
                            PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
     return out.view(B, T, H * d)
@@ -102,12 +119,25 @@ if triton is not None:
         return m_new, l_i * alpha + tl.sum(p, 1), acc
 
     @triton.jit
-    def _chunk_attention(Q, K, V, KP, VP, O, ROWS, LENGTHS,
+    def _read_all(q, K0, sk_t, V0, sv_t, count, offs_m, offs_d, m_i, l_i, acc, scale, BLOCK_N: tl.constexpr,
+                  PRECISION: tl.constexpr):
+        """Every query reads the `count` keys and values from K0, V0 on (one row and head of a prefix or a ring)."""
+        for start in range(0, count, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            key_ok = offs_n < count
+            allowed = key_ok[None, :] & (offs_m[:, None] >= 0)
+            kt = tl.load(K0 + offs_n[None, :] * sk_t + offs_d[:, None], mask=key_ok[None, :], other=0.0)
+            m_i, l_i, acc = _online_softmax_step(q, kt, V0 + offs_n[:, None] * sv_t + offs_d[None, :], key_ok, allowed,
+                                                 m_i, l_i, acc, scale, PRECISION)
+        return m_i, l_i, acc
+
+    @triton.jit
+    def _chunk_attention(Q, K, V, KP, VP, KH, VH, O, ROWS, HROWS, COUNT, LENGTHS,
                          sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-                         skp_r, skp_h, skp_t, svp_r, svp_h, svp_t, so_b, so_t, so_h,
-                         T, frames, chunk, scale,
-                         H: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         PRECISION: tl.constexpr):
+                         skp_r, skp_h, skp_t, svp_r, svp_h, svp_t, skh_r, skh_h, skh_t, svh_r, svh_h, svh_t,
+                         so_b, so_t, so_h, T, frames, chunk, scale,
+                         H: tl.constexpr, D: tl.constexpr, HISTORY: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
         pid_m, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // H, bh % H
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -122,15 +152,14 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
         if frames > 0:  # the prompt prefix: every query reads all of it
-            row = tl.load(ROWS + b)
-            for start in range(0, frames, BLOCK_N):
-                offs_n = start + tl.arange(0, BLOCK_N)
-                key_ok = offs_n < frames
-                allowed = key_ok[None, :] & (offs_m[:, None] >= 0)
-                kt = tl.load(KP + row * skp_r + h * skp_h + offs_n[None, :] * skp_t + offs_d[:, None],
-                             mask=key_ok[None, :], other=0.0)
-                v_ptrs = VP + row * svp_r + h * svp_h + offs_n[:, None] * svp_t + offs_d[None, :]
-                m_i, l_i, acc = _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION)
+            m_i, l_i, acc = _read_all(q, KP + tl.load(ROWS + b) * skp_r + h * skp_h, skp_t,
+                                      VP + tl.load(ROWS + b) * svp_r + h * svp_h, svp_t, frames, offs_m, offs_d,
+                                      m_i, l_i, acc, scale, BLOCK_N, PRECISION)
+        if HISTORY:  # the stream's earlier frames: every query reads all of them
+            m_i, l_i, acc = _read_all(q, KH + tl.load(HROWS + b) * skh_r + h * skh_h, skh_t,
+                                      VH + tl.load(HROWS + b) * svh_r + h * svh_h, svh_t,
+                                      tl.load(COUNT + b).to(tl.int32), offs_m, offs_d, m_i, l_i, acc, scale, BLOCK_N,
+                                      PRECISION)
         hi = tl.minimum(tl.max(limit, 0), T)
         for start in range(0, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)

@@ -25,15 +25,25 @@ same in every call; `set_voices` computes them once, and calls of `prefix_min_ro
 all known solve only the frames after them (at the real size, 180 of a saturated row's 320 frames). Smaller
 calls solve every frame: they are bound by the latency of their kernels, not their work (H100: 16 rows 78 -> 58 ms
 with the prefix, 4 rows 35 -> 32 ms, 1 row 26 -> 27 ms; docs/benchmarks.md, issue 20).
+
+**A stream's own frames, solved once** (history.py): a stream started with `start` takes a slot of the stream
+history at its first call (while one is free, and when its blocks are whole attention chunks), and from then on a
+call solves only its new frames, reading the ones it solved before from the history; the encoder still reads the
+window of tokens. Such a row solves at most `solve_cap` frames per flow call (the solve buckets' largest); a chunk
+that brings more is decoded in several calls, block by block as the reference does. Its slot is freed with its
+last block, or by `release` when the stream is cancelled. A stream with no slot is decoded over the window as above.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from dataclasses import dataclass
 
 import torch
 
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
+from services.vocoder.codec.history import DEFAULT_RING_FRAMES, HistoryRows, StreamHistory
 from services.vocoder.codec.prefix import PromptPrefix
 from services.vocoder.codec.voice import Voice
 from services.vocoder.runner import smallest
@@ -44,6 +54,8 @@ BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32)  # a padding 
 DEFAULT_BLOCK_TOKENS = 5
 DEFAULT_MAX_CONTEXT_TOKENS = 40
 PREFIX_MIN_ROWS = 4  # measured: 1 row slower with the prefix, 4 and 16 faster; 2 and 3 not measured
+SOLVE_BLOCKS = 4     # a history row's frames per call, at most: the gateway's chunks of 20 tokens (4 blocks)
+DEFAULT_HISTORY_STREAMS = 128  # streams that hold a history slot (memory: history.py)
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,10 @@ class FlowState:
     tokens: tuple[int, ...] = ()
     base: int = 0
     decoded: int = 0
+    stream: int | None = None  # the decoder's id for it (start); None: decoded over the window always
+    slot: int | None = None    # its history slot; None before its first call, -1 if it has none
+    written: int = 0           # frames it has solved into its slot
+    bank: int = -1             # the lefts bank its next call reads (-1: the voice prefix's; history.py)
 
     @property
     def received(self) -> int:
@@ -78,7 +94,8 @@ class FlowTokenDecoder:
     def __init__(self, flow: CausalMaskedDiffWithXvec, device: torch.device, dtype: torch.dtype | None = None,
                  block_tokens: int = DEFAULT_BLOCK_TOKENS, max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
                  n_timesteps: int | None = None, cfg_rate: float | None = None, graphs: bool | None = None,
-                 prefix_min_rows: int = PREFIX_MIN_ROWS):
+                 prefix_min_rows: int = PREFIX_MIN_ROWS, history_streams: int = DEFAULT_HISTORY_STREAMS,
+                 history_frames: int = DEFAULT_RING_FRAMES):
         cfg = flow.cfg
         if block_tokens < 1:
             raise ValueError(f"flow decoder: block_tokens must be >= 1, got {block_tokens}")
@@ -101,37 +118,80 @@ class FlowTokenDecoder:
         self.pool = None
         self.prefix: PromptPrefix | None = None
         self.prefix_min_rows = prefix_min_rows
+        if history_streams < 0 or history_frames < 1:
+            raise ValueError(f"flow decoder: history_streams ({history_streams}) must be >= 0 and history_frames "
+                             f"({history_frames}) >= 1")
+        self.history_streams, self.history_frames = history_streams, history_frames
+        self.history: StreamHistory | None = None
+        self.solve_cap = SOLVE_BLOCKS * block_tokens * self.ratio
+        self.ids = itertools.count()
 
     def set_voices(self, voices: list[Voice]) -> None:
         """The voices streams will speak in: their prompts' common prefix is solved now, once (prefix.py)."""
         prefix = PromptPrefix(self.flow, voices)
         self.prefix = prefix if prefix else None
         self.graphs, self.pool = {}, None  # graphs read the prefix's tensors: captured again
+        self.history = None
+        chunk = self.flow.cfg.estimator.static_chunk_size
+        if self.prefix is not None and self.history_streams and (self.block * self.ratio) % chunk == 0:
+            # A history row's first call solves the prompt's frames after the prefix and its first block: the cap
+            # holds them, in whole blocks' frames.
+            frames = self.block * self.ratio
+            first = max(len(v.prompt_tokens) * self.ratio - prefix.frames + self.first_block(v) * self.ratio
+                        for v in voices)
+            first = -(-first // frames) * frames
+            self.solve_cap = max(self.solve_cap, first)
+            self.history = StreamHistory(self.flow.decoder.estimator, prefix, self.history_streams,
+                                         self.history_frames)
+            # A history call's graphs: its rows padded to a first call's frames or the cap, their windows to a
+            # first call's tokens or a whole window. Few graphs: each takes ~1 s to capture at the real size, and
+            # the vocoder captures every one before it serves.
+            self.solve_buckets = tuple(sorted({first, self.solve_cap}))
+            prompts = [len(v.prompt_tokens) for v in voices]
+            self.history_token_buckets = tuple(sorted({
+                smallest(TOKEN_BUCKETS, max(prompts) + max(self.first_block(v) for v in voices) + self.lookahead)
+                or TOKEN_BUCKETS[-1], smallest(TOKEN_BUCKETS, max(prompts) + self.max_context) or TOKEN_BUCKETS[-1]}))
 
     # ---- streams ---------------------------------------------------------------------------------
     def start(self, voice: Voice) -> FlowState:
-        return FlowState(voice)
+        return FlowState(voice, stream=next(self.ids))
+
+    def release(self, state: FlowState) -> None:
+        """The stream is gone (cancelled, or failed): its history slot is freed before the next call (any thread)."""
+        if self.history is not None and state.stream is not None:
+            self.history.release_later(state.stream)
 
     def first_block(self, voice: Voice) -> int:
         """The reference's first hop: the block, plus the tokens that end prompt + block on a multiple of it."""
         return self.block + (-len(voice.prompt_tokens)) % self.block
 
-    def plan(self, state: FlowState, received: int, final: bool) -> Plan | None:
-        """The row that decodes what is due with `received` tokens (final: the stream has ended); None: nothing."""
+    def plan(self, state: FlowState, received: int, final: bool, capped: bool = False) -> Plan | None:
+        """The row that decodes what is due with `received` tokens (final: the stream has ended); None: nothing.
+        capped: a history row's, at most solve_cap frames (the rest is due in the next call)."""
         done = state.decoded
+        first = self.first_block(state.voice) if done == 0 else self.block
         if final:
             if received <= done:
                 return None
             decode_end = end = received
         else:
-            first = self.first_block(state.voice) if done == 0 else self.block
             if received - done < first + self.lookahead:
                 return None
             blocks = 1 + (received - done - first - self.lookahead) // self.block
             decode_end = done + first + (blocks - 1) * self.block
             end = decode_end + self.lookahead
+        if capped:
+            room = (self.solve_cap - self._tail_frames(state)) // self.ratio    # tokens this call may solve
+            most = first + max(0, room - first) // self.block * self.block
+            if decode_end - done > most:
+                decode_end = done + most
+                end = min(received, decode_end + self.lookahead)
         start = max(0, min(done, end - self.max_context))
         return Plan(start, decode_end, end, done)
+
+    def _tail_frames(self, state: FlowState) -> int:
+        """The prompt's frames after the prefix, which a history row's first call solves before its tokens'."""
+        return len(state.voice.prompt_tokens) * self.ratio - self.prefix.frames if state.written == 0 else 0
 
     def pending_frames(self, state: FlowState, new_tokens: int | None) -> int:
         plan = self.plan(state, state.received + (new_tokens or 0), new_tokens is None)
@@ -141,24 +201,63 @@ class FlowTokenDecoder:
     @torch.inference_mode()
     def decode_chunks(self, chunks: list[tuple[list[int] | None, FlowState]]) -> list[tuple[torch.Tensor, FlowState]]:
         """[(a stream's new tokens, or None at its end; its state)] → [(mel [80, n] float32, its next state)]:
-        n = 0 until a block is due. Every due row in one batched flow call (padded rows never mix)."""
-        states, plans = [], []
+        n = 0 until a block is due. Every due row in one batched flow call (padded rows never mix): one for the
+        rows with a history slot, one for the others; more for history rows with more frames due than a call holds."""
+        if self.history is not None:
+            self.history.collect()
+        states, finals = [], []
         for tokens, state in chunks:
             if tokens:
-                state = FlowState(state.voice, state.tokens + tuple(tokens), state.base, state.decoded)
+                state = dataclasses.replace(state, tokens=state.tokens + tuple(tokens))
             states.append(state)
-            plans.append(self.plan(state, state.received, tokens is None))
-        rows = [i for i, p in enumerate(plans) if p is not None]
-        mels = self._run([(states[i], plans[i]) for i in rows]) if rows else []
+            finals.append(tokens is None)
+        pieces: list[list[torch.Tensor]] = [[] for _ in chunks]
+        todo = list(range(len(chunks)))
+        while todo:
+            kept, window = [], []
+            for i in todo:
+                if self.plan(states[i], states[i].received, finals[i]) is None:
+                    continue
+                states[i] = self._assign(states[i])
+                if states[i].slot is not None and states[i].slot >= 0:
+                    kept.append((i, self.plan(states[i], states[i].received, finals[i], capped=True)))
+                else:
+                    window.append((i, self.plan(states[i], states[i].received, finals[i])))
+            for group, run in ((kept, self._run_history), (window, self._run)):
+                if group:
+                    mels = run([(states[i], plan) for i, plan in group])
+                    for (i, plan), mel in zip(group, mels):
+                        pieces[i].append(mel)
+                        states[i] = self._advance(states[i], plan)
+            todo = [i for i, _ in kept]  # a capped row may have more due
         out = []
-        for i, (state, plan) in enumerate(zip(states, plans)):
-            mel = torch.zeros(self.cfg.num_mels, 0, device=self.device)
-            if plan is not None:
-                mel = mels[rows.index(i)]
-                keep = max(0, plan.decode_end - self.max_context)  # no later window starts before this
-                state = FlowState(state.voice, tuple(state.window(keep, state.received)), keep, plan.decode_end)
+        for i, state in enumerate(states):
+            if finals[i] and self.history is not None and state.stream is not None:
+                self.history.release(state.stream)
+            mel = torch.cat(pieces[i], 1) if pieces[i] else torch.zeros(self.cfg.num_mels, 0, device=self.device)
             out.append((mel, state))
         return out
+
+    def _assign(self, state: FlowState) -> FlowState:
+        """A stream's history slot at its first call (-1: none; or none kept: its slot was released)."""
+        if state.slot is None:
+            usable = (self.history is not None and state.stream is not None and state.decoded == 0
+                      and self.prefix.covers([state.voice]))
+            slot = self.history.acquire(state.stream) if usable else None
+            return dataclasses.replace(state, slot=-1 if slot is None else slot)
+        if state.slot >= 0 and not (self.history is not None and self.history.holds(state.stream, state.slot)):
+            return dataclasses.replace(state, slot=-1)
+        return state
+
+    def _advance(self, state: FlowState, plan: Plan) -> FlowState:
+        """The state after its row `plan` was decoded."""
+        keep = max(0, plan.decode_end - self.max_context)  # no later window starts before this
+        state = dataclasses.replace(state, tokens=tuple(state.window(keep, state.received)), base=keep,
+                                    decoded=plan.decode_end)
+        if state.slot is not None and state.slot >= 0:
+            solved = self._tail_frames(state) + (plan.decode_end - plan.emit_from) * self.ratio
+            state = dataclasses.replace(state, written=state.written + solved, bank=0 if state.bank < 0 else 1 - state.bank)
+        return state
 
     def _run(self, rows: list[tuple[FlowState, Plan]]) -> list[torch.Tensor]:
         """Rows → each row's kept frames, mel [80, n] float32, on the device."""
@@ -171,9 +270,7 @@ class FlowTokenDecoder:
         batch = self._batch(rows, B, T, prefixed)
         if graph:
             cuda_graph, static, static_out = self._graph(B, T, prefixed)
-            for name in ("tokens", "lengths", "context", "prompt_mel", "prompt_frames", "embedding", "noise_shift",
-                         "voice_index"):
-                getattr(static, name).copy_(getattr(batch, name))
+            copy_into(static, batch)
             cuda_graph.replay()
             mel = static_out
         else:
@@ -185,6 +282,44 @@ class FlowTokenDecoder:
             a, b = (prompt + plan.emit_from - plan.start) * self.ratio, (prompt + plan.decode_end - plan.start) * self.ratio
             out.append(mel[row, :, a - skipped : b - skipped].float().clone())  # a copy: a replay overwrites it
         return out
+
+    def _run_history(self, rows: list[tuple[FlowState, Plan]]) -> list[torch.Tensor]:
+        """History rows → each row's new frames, mel [80, n] float32, on the device: the call solves those only."""
+        lengths = [len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows]
+        spans = [self._solved(s, p) for s, p in rows]
+        longest, most = max(lengths), max(b - a for a, b, _ in spans)
+        T, N = smallest(self.history_token_buckets, longest), smallest(self.solve_buckets, most)
+        graph = self.use_graphs and T is not None and N is not None and len(rows) <= BATCH_BUCKETS[-1]
+        T, N = (T, N) if graph else (longest, most)
+        B = smallest(BATCH_BUCKETS, len(rows)) if graph else len(rows)
+        batch = self._batch(rows, B, T, prefixed=True)
+        index = torch.zeros(B, N, dtype=torch.long)
+        frames = torch.zeros(B, dtype=torch.long)
+        slot, count, at = torch.full((B,), self.history.scratch), torch.zeros(B, dtype=torch.long), torch.zeros(B, dtype=torch.long)
+        bank, keep_bank = torch.full((B,), -1), torch.zeros(B, dtype=torch.long)
+        for row, ((state, _), (a, b, _)) in enumerate(zip(rows, spans)):
+            index[row, : b - a] = torch.arange(a, b)
+            frames[row], slot[row] = b - a, state.slot
+            count[row], at[row] = min(state.written, self.history.ring), state.written % self.history.ring
+            bank[row], keep_bank[row] = state.bank, 0 if state.bank < 0 else 1 - state.bank
+        to = dict(device=self.device)
+        batch.solve_index, batch.solve_frames = index.to(**to), frames.to(**to)
+        batch.history = HistoryRows(slot.to(**to), count.to(**to), at.to(**to), bank.to(**to), keep_bank.to(**to))
+        if graph:
+            cuda_graph, static, mel = self._graph(B, T, True, N)
+            copy_into(static, batch)
+            cuda_graph.replay()
+        else:
+            mel = self.flow(batch, streaming=True, prefix=self.history)
+        return [mel[row, :, skip : b - a].float().clone() for row, (a, b, skip) in enumerate(spans)]
+
+    def _solved(self, state: FlowState, plan: Plan) -> tuple[int, int, int]:
+        """A history row's solved frames [a, b) in its window's frames, and how many of them are the prompt's
+        (its first call: those after the prefix, solved for the stream's later frames, not returned)."""
+        prompt = len(state.voice.prompt_tokens)
+        tail = self._tail_frames(state)
+        a = (prompt + plan.emit_from - plan.start) * self.ratio - tail
+        return a, (prompt + plan.decode_end - plan.start) * self.ratio, tail
 
     def _prefixed(self, B: int, voices) -> bool:
         """Whether a call of B rows (its batch bucket) in these voices reads the prompt prefix."""
@@ -217,11 +352,12 @@ class FlowTokenDecoder:
                          voice_index.to(**to))
 
     # ---- graphs ----------------------------------------------------------------------------------
-    def _graph(self, B: int, T: int, prefixed: bool):
-        key = (B, T, prefixed)
+    def _graph(self, B: int, T: int, prefixed: bool, solved: int | None = None):
+        """The graph of a call of B rows of T tokens; solved: a history call's, N frames solved per row."""
+        key = (B, T, prefixed, solved)
         if key not in self.graphs:
-            static = self._empty(B, T)
-            prefix = self.prefix if prefixed else None
+            static = self._empty(B, T, solved)
+            prefix = self.history if solved else self.prefix if prefixed else None
             self.flow(static, streaming=True, prefix=prefix)  # warm-up outside capture (cuBLAS and cuDNN choices)
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
@@ -231,25 +367,54 @@ class FlowTokenDecoder:
             self.graphs[key] = (graph, static, out)
         return self.graphs[key]
 
-    def _empty(self, B: int, T: int) -> FlowBatch:
+    def _empty(self, B: int, T: int, solved: int | None = None) -> FlowBatch:
+        """A graph's static inputs; a history call's rows in the scratch slot (its capture's warm-up writes there)."""
         to = dict(device=self.device)
-        return FlowBatch(torch.zeros(B, T, dtype=torch.long, **to), torch.ones(B, dtype=torch.long, **to),
-                         torch.zeros(B, dtype=torch.long, **to),
-                         torch.zeros(B, T * self.ratio, self.cfg.num_mels, dtype=self.dtype, **to),
-                         torch.zeros(B, dtype=torch.long, **to),
-                         torch.zeros(B, self.flow.cfg.spk_embed_dim, dtype=self.dtype, **to),
-                         torch.zeros(B, dtype=torch.long, **to), torch.zeros(B, dtype=torch.long, **to))
+
+        def zeros(*shape, dtype=torch.long):
+            return torch.zeros(*shape, dtype=dtype, **to)
+
+        batch = FlowBatch(zeros(B, T), torch.ones(B, dtype=torch.long, **to), zeros(B),
+                          zeros(B, T * self.ratio, self.cfg.num_mels, dtype=self.dtype), zeros(B),
+                          zeros(B, self.flow.cfg.spk_embed_dim, dtype=self.dtype), zeros(B), zeros(B))
+        if solved:
+            batch.solve_index, batch.solve_frames = zeros(B, solved), zeros(B)
+            batch.history = HistoryRows(torch.full((B,), self.history.scratch, **to), zeros(B), zeros(B),
+                                        torch.full((B,), -1, **to), zeros(B))
+        return batch
 
     @torch.inference_mode()
     def warm_up(self, voices: list[Voice], max_batch: int) -> None:
         """Capture the graphs every call can need: batch buckets up to max_batch; token buckets from the
-        shortest voice's first block to the longest voice's prompt with a whole context window."""
+        shortest voice's first block to the longest voice's prompt with a whole context window (with a stream
+        history: its two token buckets and two frame buckets, history calls only)."""
         if not self.use_graphs:
             return
         prompts = [len(v.prompt_tokens) for v in voices]
         low = smallest(TOKEN_BUCKETS, min(prompts) + self.block + self.lookahead) or TOKEN_BUCKETS[-1]
         high = smallest(TOKEN_BUCKETS, max(prompts) + self.max_context) or TOKEN_BUCKETS[-1]
+        if self.history is not None:
+            low, high = min(low, *self.history_token_buckets), max(high, *self.history_token_buckets)
         ceiling = smallest(BATCH_BUCKETS, max_batch) or BATCH_BUCKETS[-1]
         for B in (b for b in BATCH_BUCKETS if b <= ceiling):
             for T in (t for t in TOKEN_BUCKETS if low <= t <= high):
-                self._graph(B, T, self._prefixed(B, voices))
+                if self.history is None:
+                    self._graph(B, T, self._prefixed(B, voices))
+                    continue
+                # With a history every stream decodes through it while slots last; a window call after that
+                # runs eagerly (the streams beyond history_streams).
+                if T not in self.history_token_buckets:
+                    continue
+                for N in self.solve_buckets:
+                    self._graph(B, T, True, N)
+
+
+def copy_into(static: FlowBatch, batch: FlowBatch) -> None:
+    """A call's inputs into a graph's static ones, field by field (history rows too)."""
+    for field in dataclasses.fields(FlowBatch):
+        src, dst = getattr(batch, field.name), getattr(static, field.name)
+        if isinstance(src, torch.Tensor):
+            dst.copy_(src)
+        elif isinstance(src, HistoryRows):
+            for part in dataclasses.fields(HistoryRows):
+                getattr(dst, part.name).copy_(getattr(src, part.name))

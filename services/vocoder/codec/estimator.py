@@ -123,14 +123,16 @@ class Attention(nn.Module):
         # q, k and v as one matrix product: their weights stacked [3·inner, dim]
         laid_out(self, "qkv_weight", lambda: torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight]))
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor, chunk: int, prefix=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, chunk: int, prefix=None):
         """x [B, T, dim]; lengths [B]: each row's valid frames (keys past them are not read); chunk: static-chunk
-        frames (0: none); prefix: a prompt prefix read before the row's keys (prefix.py) → [B, T, dim]. q, k and
-        v in one matrix product."""
+        frames (0: none); prefix: a prompt prefix, or a stream history, read before the row's keys (prefix.py,
+        history.py) → ([B, T, dim], what the next per-frame kernel keeps of k and v: frame_ops.frame_norm's `keep`,
+        or None). q, k and v in one matrix product."""
         B, T, _ = x.shape
         q, k, v = F.linear(x, self.qkv_weight).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [B, heads, T, d] each
-        before = None if prefix is None else prefix.kv(self.slot, k, v)
-        return self.to_out[0](chunk_attention(q, k, v, lengths, chunk, before))
+        before = {} if prefix is None else prefix.kv(self.slot, k, v)
+        keep = None if prefix is None else prefix.keep(self.slot, k, v)
+        return self.to_out[0](chunk_attention(q, k, v, lengths, chunk, **before)), keep
 
 
 class BasicTransformerBlock(nn.Module):
@@ -144,7 +146,8 @@ class BasicTransformerBlock(nn.Module):
                 then=None):
         """x [B, T, dim] and normed = norm1(x) (made by the kernel that made x) → x + attention + feed-forward
         [B, T, dim], and then() of it if given (the next block's norm1)."""
-        x, normed = frame_norm(self.attn1(normed, lengths, chunk, prefix), residual=x, then=self.norm3)
+        attended, keep = self.attn1(normed, lengths, chunk, prefix)
+        x, normed = frame_norm(attended, residual=x, then=self.norm3, keep=keep)
         return frame_norm(self.ff(normed), residual=x, then=then)
 
 

@@ -101,7 +101,10 @@ class FlowBatch:
     (0 at a stream's end); prompt_mel [B, P, 80] (zeros past each row's prompt_frames); prompt_frames [B]
     (= prompt tokens × token_mel_ratio); embedding [B, 192] (the x-vector, unnormalized); noise_shift [B]: the
     row's first token's frame in its stream (its tokens' frames take the noise of their place in the stream);
-    voice_index [B]: each row's voice in a PromptPrefix (prefix.py), when the call reads one."""
+    voice_index [B]: each row's voice in a PromptPrefix (prefix.py), when the call reads one.
+
+    With a stream history (history.py) a row solves only its stream's new frames: solve_index [B, N] (the window's
+    frames they are, padded with any), solve_frames [B] (how many), history (the rows' places in it)."""
 
     tokens: torch.Tensor
     lengths: torch.Tensor
@@ -111,6 +114,9 @@ class FlowBatch:
     embedding: torch.Tensor
     noise_shift: torch.Tensor
     voice_index: torch.Tensor | None = None
+    solve_index: torch.Tensor | None = None
+    solve_frames: torch.Tensor | None = None
+    history: object | None = None  # history.HistoryRows
 
 
 class CausalMaskedDiffWithXvec(nn.Module):
@@ -128,7 +134,8 @@ class CausalMaskedDiffWithXvec(nn.Module):
         its first prompt_frames frames are the prompt's own (solved along, not returned to a listener).
 
         prefix (streaming): a PromptPrefix (prefix.py) whose frames every row's prompt begins with: they are not
-        solved again, and the mel starts after them ([B, 80, T·ratio - prefix.frames]); or its Recorder."""
+        solved again, and the mel starts after them ([B, 80, T·ratio - prefix.frames]); or its Recorder; or, with
+        batch.history, a StreamHistory (history.py): the mel is the solved frames' ([B, 80, N])."""
         ratio = self.cfg.token_mel_ratio
         spks = self.spk_embed_affine_layer(F.normalize(batch.embedding, dim=1))
         T = batch.tokens.shape[1]
@@ -148,6 +155,13 @@ class CausalMaskedDiffWithXvec(nn.Module):
         view = None
         if prefix is not None and prefix.recording:
             view = prefix                                            # recording: the whole prompt, kept as it goes
+        elif batch.history is not None:
+            view = prefix.view(batch.voice_index, batch.history, batch.solve_frames)
+            index = batch.solve_index                                            # [B, N]
+            h, cond = (t.gather(1, index[..., None].expand(-1, -1, t.shape[-1])) for t in (h, cond))
+            noise_index = noise_index.gather(1, index)
+            mask = (torch.arange(index.shape[1], device=h.device)[None, :] < batch.solve_frames[:, None])
+            mask = mask.to(h.dtype)[:, :, None]
         elif prefix is not None:
             view, n = prefix.view(batch.voice_index), prefix.frames
             h, mask, cond, noise_index = h[:, n:], mask[:, n:], cond[:, n:], noise_index[:, n:]

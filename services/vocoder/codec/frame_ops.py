@@ -38,14 +38,29 @@ def on_gpu(x: torch.Tensor) -> bool:
 
 # ---- frame_norm --------------------------------------------------------------------------------------------
 def frame_norm(h: torch.Tensor, norm: nn.LayerNorm | None = None, mish: bool = False, rows: torch.Tensor | None = None,
-               residual: torch.Tensor | None = None, then: nn.LayerNorm | None = None):
+               residual: torch.Tensor | None = None, then: nn.LayerNorm | None = None, keep: tuple | None = None):
     """h [B, T, C] → out = [mish](norm(h)) + rows + residual, each part optional; and then(out) if `then` is given.
 
     rows [1 or B, C]: a term per row (the time embedding's), the same for every frame; residual [B, T, C].
+    keep: an attention's keys and values of the same frames into a stream history's ring (history.py), after the
+    attention has read the ring: (k, v [B, heads, T, d], ring keys, ring values [S, heads, ring, d], rows [B],
+    at [B], lengths [B]): row b's last min(lengths[b], ring) frames, the i-th at place (at[b] + i) % ring.
     Returns out, or (out, then(out))."""
     if on_gpu(h):
-        return kernel(h, norm, mish, rows, residual, then)
+        return kernel(h, norm, mish, rows, residual, then, keep)
+    if keep is not None:
+        keep_reference(*keep)
     return reference(h, norm, mish, rows, residual, then)
+
+
+def keep_reference(k, v, ring_k, ring_v, rows, at, lengths) -> None:
+    ring = ring_k.shape[2]
+    for b in range(k.shape[0]):
+        n = int(lengths[b])
+        new = torch.arange(max(0, n - ring), n, device=k.device)
+        places = (int(at[b]) + new) % ring
+        ring_k[rows[b], :, places] = k[b, :, new]
+        ring_v[rows[b], :, places] = v[b, :, new]
 
 
 def reference(h, norm=None, mish=False, rows=None, residual=None, then=None):
@@ -60,7 +75,7 @@ def reference(h, norm=None, mish=False, rows=None, residual=None, then=None):
     return (out, then(out)) if then is not None else out
 
 
-def kernel(h, norm=None, mish=False, rows=None, residual=None, then=None):
+def kernel(h, norm=None, mish=False, rows=None, residual=None, then=None, keep=None):
     """The Triton kernel (on CPU tensors: Triton's interpreter, for the tests)."""
     B, T, C = h.shape
     h2 = h.reshape(B * T, C)
@@ -72,11 +87,15 @@ def kernel(h, norm=None, mish=False, rows=None, residual=None, then=None):
     w2, b2, eps2 = (then.weight, then.bias, then.eps) if then is not None else (unused, unused, 0.0)
     row_terms = rows if rows is not None else unused
     row_stride = 0 if rows is None or rows.shape[0] == 1 else rows.stride(0)
+    k, v, ring_k, ring_v, hrows, at, lengths = keep if keep is not None else (h, h, h, h, h2, h2, h2)  # unread
+    strides = [*k.stride()[:3], *v.stride()[:3], *ring_k.stride()[:3], *ring_v.stride()[:3]] if keep else [0] * 12
     grid = (triton.cdiv(B * T, ROWS_PER_PROGRAM),)
-    _frame_norm[grid](h2, w1, b1, row_terms, res, w2, b2, out, second, B * T, T, C,
-                      h2.stride(0), row_stride, res.stride(0), eps1, eps2,
+    _frame_norm[grid](h2, w1, b1, row_terms, res, w2, b2, out, second, k, v, ring_k, ring_v, hrows, at, lengths,
+                      B * T, T, C, h2.stride(0), row_stride, res.stride(0), *strides,
+                      ring_k.shape[2] if keep else 1, eps1, eps2,
                       NORM=norm is not None, MISH=mish, ROWS=rows is not None, RESIDUAL=residual is not None,
-                      THEN=then is not None, BLOCK_M=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C))
+                      THEN=then is not None, KEEP=keep is not None, HEADS=k.shape[1] if keep else 1,
+                      HEAD_D=k.shape[3] if keep else 1, BLOCK_M=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C))
     return (out, second) if then is not None else out
 
 
@@ -87,7 +106,9 @@ def causal_unfold(x: torch.Tensor, k: int, left: tuple[torch.Tensor, torch.Tenso
     over it with its weight [Cout, Cin, k] laid out as [Cout, k, Cin] (taps_weight).
 
     Frames before a row's first are zeros, or, with left = (frames [R, k-1, C], rows [B]), the prompt prefix's
-    last frames of row b's voice: frames[rows[b]]."""
+    last frames of row b's voice: frames[rows[b]]. With left = (frames, rows, keep [B], lengths [B]) (a stream's
+    history, history.py) each row also leaves the k-1 frames before its end (lengths[b]) in frames[keep[b]], where
+    its stream's next call reads them (keep and rows never share a row in one call)."""
     if on_gpu(x):
         return unfold_kernel(x, k, left)
     return unfold_reference(x, k, left)
@@ -102,18 +123,26 @@ def unfold_reference(x, k, left=None):
     if left is None:
         padded = F.pad(x, (0, 0, k - 1, 0))
     else:
-        frames, rows = left
+        frames, rows = left[:2]
         padded = torch.cat([frames.index_select(0, rows), x], 1)
-    return padded.unfold(1, k, 1).transpose(2, 3).reshape(*x.shape[:2], -1)   # [B, T, C, k] → [B, T, k·C]
+    out = padded.unfold(1, k, 1).transpose(2, 3).reshape(*x.shape[:2], -1)   # [B, T, C, k] → [B, T, k·C]
+    if left is not None and len(left) == 4:
+        _, _, keep, lengths = left
+        for b in range(x.shape[0]):
+            n = int(lengths[b])                       # padded frame n + i is frame n - (k-1) + i of the row
+            left[0][keep[b]] = padded[b, n : n + k - 1]
+    return out
 
 
 def unfold_kernel(x, k, left=None):
     B, T, C = x.shape
     out = torch.empty(B, T, k, C, device=x.device, dtype=x.dtype)
-    frames, rows = left if left is not None else (x, x)  # unread without a prefix
+    frames, rows = left[:2] if left is not None else (x, x)  # unread without a prefix
+    keep, lengths = left[2:] if left is not None and len(left) == 4 else (rows, rows)
     grid = (triton.cdiv(T, ROWS_PER_PROGRAM), B)
-    _causal_unfold[grid](x, frames, rows, out, T, C, *x.stride()[:2], *frames.stride()[:2], *out.stride()[:2],
-                         K=k, LEFT=left is not None, BLOCK_T=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C))
+    _causal_unfold[grid](x, frames, rows, keep, lengths, out, T, C, *x.stride()[:2], *frames.stride()[:2],
+                         *out.stride()[:2], K=k, LEFT=left is not None, KEEP=left is not None and len(left) == 4,
+                         BLOCK_T=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C))
     return out.view(B, T, k * C)
 
 
@@ -160,12 +189,29 @@ if triton is not None:
         return d * rstd[:, None] * w[None, :] + b[None, :]
 
     @triton.jit
-    def _frame_norm(H, W1, B1, ROW_TERMS, RES, W2, B2, OUT, OUT2, M, T, C, sh, s_rows, s_res, eps1, eps2,
+    def _frame_norm(H, W1, B1, ROW_TERMS, RES, W2, B2, OUT, OUT2, K, V, KR, VR, KEEP_ROWS, AT, LENGTHS,
+                    M, T, C, sh, s_rows, s_res, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, skr_r, skr_h, skr_t,
+                    svr_r, svr_h, svr_t, ring, eps1, eps2,
                     NORM: tl.constexpr, MISH: tl.constexpr, ROWS: tl.constexpr, RESIDUAL: tl.constexpr,
-                    THEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+                    THEN: tl.constexpr, KEEP: tl.constexpr, HEADS: tl.constexpr, HEAD_D: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_c = tl.arange(0, BLOCK_C)
         row_ok, col_ok = offs_m < M, offs_c < C
+        if KEEP:  # these frames' keys and values into their stream's ring: the row's last `ring` frames
+            b, t = offs_m // T, offs_m % T
+            n = tl.load(LENGTHS + b, mask=row_ok, other=0).to(tl.int32)
+            kept = (row_ok & (t < n) & (t >= n - ring))[:, None]
+            hrow = tl.load(KEEP_ROWS + b, mask=row_ok, other=0)
+            place = (tl.load(AT + b, mask=row_ok, other=0) + t) % ring
+            offs_d = tl.arange(0, HEAD_D)
+            for hh in tl.static_range(HEADS):
+                key = tl.load(K + b[:, None] * sk_b + hh * sk_h + t[:, None] * sk_t + offs_d[None, :], mask=kept)
+                tl.store(KR + hrow[:, None] * skr_r + hh * skr_h + place[:, None] * skr_t + offs_d[None, :], key,
+                         mask=kept)
+                value = tl.load(V + b[:, None] * sv_b + hh * sv_h + t[:, None] * sv_t + offs_d[None, :], mask=kept)
+                tl.store(VR + hrow[:, None] * svr_r + hh * svr_h + place[:, None] * svr_t + offs_d[None, :], value,
+                         mask=kept)
         ok = row_ok[:, None] & col_ok[None, :]
         x = tl.load(H + offs_m[:, None] * sh + offs_c[None, :], mask=ok, other=0.0).to(tl.float32)
         if NORM:
@@ -185,14 +231,24 @@ if triton is not None:
             tl.store(OUT2 + offs_m[:, None] * C + offs_c[None, :], x2.to(OUT2.dtype.element_ty), mask=ok)
 
     @triton.jit
-    def _causal_unfold(X, FRAMES, ROWS, OUT, T, C, sx_b, sx_t, sf_r, sf_t, so_b, so_t,
-                       K: tl.constexpr, LEFT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _causal_unfold(X, FRAMES, ROWS, KEEP_ROWS, LENGTHS, OUT, T, C, sx_b, sx_t, sf_r, sf_t, so_b, so_t,
+                       K: tl.constexpr, LEFT: tl.constexpr, KEEP: tl.constexpr, BLOCK_T: tl.constexpr,
+                       BLOCK_C: tl.constexpr):
         b = tl.program_id(1)
         offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         offs_c = tl.arange(0, BLOCK_C)
         t_ok, col_ok = offs_t < T, offs_c < C
         if LEFT:
             row = tl.load(ROWS + b)
+        if KEEP:  # the row's last K-1 frames (the left frames' last, for a row shorter than them) for its next call
+            if tl.program_id(0) == 0:
+                keep_row, n = tl.load(KEEP_ROWS + b), tl.load(LENGTHS + b).to(tl.int32)
+                for j in tl.static_range(K - 1):
+                    src = n - (K - 1) + j
+                    kept = tl.load(X + b * sx_b + src * sx_t + offs_c, mask=col_ok & (src >= 0), other=0.0)
+                    kept += tl.load(FRAMES + row * sf_r + (K - 1 + src) * sf_t + offs_c, mask=col_ok & (src < 0),
+                                    other=0.0)
+                    tl.store(FRAMES + keep_row * sf_r + j * sf_t + offs_c, kept, mask=col_ok)
         for j in tl.static_range(K):
             src = offs_t - (K - 1) + j                                   # the frame tap j reads
             inside = t_ok & (src >= 0)

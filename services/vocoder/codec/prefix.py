@@ -98,10 +98,13 @@ class PrefixView:
     def __init__(self, cache: PromptPrefix, rows: torch.Tensor):
         self.cache, self.rows, self.step = cache, rows, 0
 
-    def kv(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """What an attention reads before the call's keys and values: the prefix's [R, heads, frames, d] at this
-        step, and each row's place in them [B] (chunk_attention.py)."""
-        return self.cache.keys[slot][self.step], self.cache.values[slot][self.step], self.rows
+    def kv(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> dict:
+        """What an attention reads before the call's keys and values (chunk_attention's arguments): the prefix's
+        [R, heads, frames, d] at this step, and each row's place in them [B]."""
+        return dict(prefix=(self.cache.keys[slot][self.step], self.cache.values[slot][self.step], self.rows))
+
+    def keep(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Nothing of a call's own frames is kept (history.py keeps them)."""
 
     def left(self, slot: int, x: torch.Tensor, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
         """What a convolution reads before its input's first frame: the prefix's last frames [R, frames, C] at this
@@ -117,11 +120,15 @@ class Recorder:
     def __init__(self, cache: PromptPrefix, voice: int):
         self.cache, self.at, self.step = cache, slice(2 * voice, 2 * voice + 2), 0
 
-    def kv(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def kv(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> dict:
         """Keeps the whole prompt's first keys and values; the attention reads no prefix before them."""
         n = self.cache.frames
         self.cache.keys[slot][self.step][self.at] = k[:, :, :n]
         self.cache.values[slot][self.step][self.at] = v[:, :, :n]
+        return {}
+
+    def keep(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """(Kept by kv.)"""
 
     def left(self, slot: int, x: torch.Tensor, frames: int) -> None:
         """Keeps the prefix's last input frames; the convolution reads zeros before the prompt, as usual."""

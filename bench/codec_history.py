@@ -1,0 +1,113 @@
+"""What keeping each stream's solved frames buys the flow (codec/history.py, issue 20), on one GPU in one run.
+
+    python bench/codec_history.py --streams 1,16,32,64 --json out.json
+
+The flow at the real size (random weights, bf16, CUDA graphs), as the vocoder calls it, two ways side by side:
+- window: every call solves the stream's latest 40 tokens again (the reference's streaming, with the voice prefix
+  solved once: prefix.py);
+- history: every call solves the stream's new frames only, reading its kept frames.
+Shapes: a stream's first call (8 tokens: the first block and its look-ahead; its time is part of time to first
+audio), and calls in the steady state of the gateway's schedule (8, 8, 16, 20, ...: each stream brings 20 tokens,
+4 blocks, 1.6 s of audio) for N streams at once. x RT: seconds of audio the call makes per second. Floor: the
+estimator's multiply-adds for the frames the call solves over the card's measured bf16 matrix rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+from pathlib import Path
+
+import torch
+from codec_estimator import matmul_rate, timed
+
+from measure import snr_db
+from services.vocoder.codec.checkpoint import random_codec
+from services.vocoder.codec.config import moss_speech
+from services.vocoder.codec.decoder import FlowTokenDecoder
+from services.vocoder.codec.voice import random_voice
+
+WARM_CHUNKS = (8, 8, 16, 20)   # the gateway's schedule up to its steady state
+CHUNK = 20
+
+
+@torch.inference_mode()
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json")
+    p.add_argument("--streams", default="1,16,32,64")
+    args = p.parse_args()
+    sizes = [int(n) for n in args.streams.split(",")]
+    device, cfg = torch.device("cuda"), moss_speech()
+    voice = random_voice(cfg.flow, prompt_tokens=40, seed=3)
+    g = torch.Generator().manual_seed(1)
+    est_params = sum(p.numel() for p in random_codec(cfg, 0)[0].decoder.estimator.parameters())
+    rate = matmul_rate()
+    out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
+           "torch": torch.__version__, "bf16_matmul_tflops": rate / 1e12, "cells": {}}
+    print(f"{out['gpu']}: bf16 matmul {rate / 1e12:.0f} TFLOP/s", flush=True)
+    tokens = torch.randint(0, 16384, (max(sizes), sum(WARM_CHUNKS) + CHUNK), generator=g).tolist()
+    mels = {}
+    for mode in ("window", "history"):
+        d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=max(sizes) if mode == "history" else 0)
+        d.set_voices([voice])
+        free, _ = torch.cuda.mem_get_info()
+        out[f"{mode}_free_gib"] = free / 2**30
+        for n in sizes:
+            states = [d.start(voice) for _ in range(n)]
+            first = [(tokens[i][:8], s) for i, s in enumerate(states)]
+            cells = {"first call": first}
+            at = 0
+            for c in WARM_CHUNKS:                  # to the steady state
+                states = [s for _, s in d.decode_chunks([(tokens[i][at : at + c], s) for i, s in enumerate(states)])]
+                at += c
+            cells["steady call"] = [(tokens[i][at : at + CHUNK], s) for i, s in enumerate(states)]
+            for shape, rows in cells.items():
+                result = d.decode_chunks(rows)     # captures the shape's graph
+                seconds = timed(lambda: d.decode_chunks(rows), 10)
+                mel = torch.cat([m for m, _ in result], 1)
+                frames = sum(m.shape[1] for m, _ in result)
+                solved = solved_frames(d, rows, mode)
+                floor = 2 * est_params * 2 * solved * d.flow.decoder.n_timesteps / rate
+                mels.setdefault((n, shape), mel)
+                cell = {"ms": seconds * 1e3, "audio_s": frames / 50, "x_realtime": frames / 50 / seconds,
+                        "solved_frames": solved, "floor_ms": floor * 1e3, "x_floor": seconds / floor,
+                        "snr_vs_window_db": snr_db(mels[(n, shape)], mel)}
+                out["cells"][f"{mode} | {n} | {shape}"] = cell
+                print(f"{mode:8s} {n:3d} streams {shape:12s} {cell['ms']:7.2f} ms  {cell['x_realtime']:6.0f}x RT  "
+                      f"solved {solved:6d} frames  {cell['x_floor']:5.1f}x floor  SNR vs window {cell['snr_vs_window_db']:.1f} dB",
+                      flush=True)
+            if d.history is not None:
+                for s in states:
+                    d.history.release(s.stream)
+        d = None
+        torch.cuda.empty_cache()
+    print(f"\n{out['gpu']}, torch {out['torch']}, {out['date']}")
+    print(f"{'mode':8s} {'streams':>7s} {'shape':12s} {'ms':>8s} {'x RT':>6s} {'frames':>7s} {'x floor':>7s}")
+    for key, c in out["cells"].items():
+        mode, n, shape = key.split(" | ")
+        print(f"{mode:8s} {n:>7s} {shape:12s} {c['ms']:8.2f} {c['x_realtime']:6.0f} {c['solved_frames']:7d} {c['x_floor']:7.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+
+
+def solved_frames(d: FlowTokenDecoder, rows, mode: str) -> int:
+    """Frames the estimator solves for these rows (one CFG half), before padding to buckets."""
+    total = 0
+    for tokens, state in rows:
+        state = dataclasses.replace(state, tokens=state.tokens + tuple(tokens))
+        plan = d.plan(state, state.received, False)
+        if plan is None:
+            continue
+        prompt = len(state.voice.prompt_tokens)
+        if mode == "history":
+            total += d._tail_frames(state) + (plan.decode_end - plan.emit_from) * d.ratio
+        else:
+            total += (prompt + plan.decode_end - plan.start) * d.ratio - d.prefix.frames
+    return total
+
+
+if __name__ == "__main__":
+    main()
