@@ -15,7 +15,7 @@ from services.vocoder.codec.decoder import FlowState, FlowTokenDecoder
 from services.vocoder.codec.voice import random_voice
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import FlowOptions, load_vocoder
-from services.vocoder.worker import Job, VocoderWorker
+from services.vocoder.worker import Job, Lanes, VocoderWorker
 
 CPU = torch.device("cpu")
 # The gateway's default chunks, one token at a time, whole blocks, and a whole stream in one chunk (more frames than
@@ -118,14 +118,38 @@ def test_slots_run_out_then_streams_decode_over_their_window(flow, voices):
     assert first.slot == 0 and second.slot == -1 and d.history.held == 1
     want = window.decode_chunks([(tokens, window.start(voices[0]))])[0][0]
     torch.testing.assert_close(mel, want, atol=2e-5, rtol=1e-5)
-    # The first stream is cancelled: its slot is freed before the next call, and a new stream takes it.
+    # The first stream is cancelled: its slot is freed, and a new stream takes it.
     d.release(first)
-    assert d.history.held == 1                                              # not yet: a call may be writing it
     third = d.decode_chunks([(tokens, d.start(voices[1]))])[0][1]
     assert third.slot == 0 and d.history.held == 1
     # A chunk of the cancelled stream that was already queued: decoded over its window, its old slot untouched.
     late_mel, late = d.decode_chunks([(codes(10, seed=6), first)])[0]
     assert late.slot == -1 and late_mel.shape[1] > 0 and d.history.held == 1
+
+
+def test_a_slot_is_freed_only_once_no_call_writes_it(flow, voices):
+    """Let go while a call of its stream is being queued on another thread, or while the device still runs one (its
+    event not yet complete): the slot stays held until both are over."""
+    history = decoder(flow, voices, history_streams=2).history
+
+    class Event:
+        complete = False
+
+        def query(self):
+            return self.complete
+
+    assert history.acquire(7) == 0 and history.acquire(8) == 1
+    history.begin([7, 8])
+    history.release(7)
+    assert history.held == 2                                   # its call is still being queued
+    event = Event()
+    history.end([7, 8], event)
+    assert history.held == 2                                   # queued, not yet run
+    event.complete = True
+    assert history.held == 1 and history.acquire(9) == 0       # freed, and taken again
+    history.release(8)
+    history.release(8)                                         # twice (its end, then its servicer): once freed
+    assert history.held == 1 and history.free == [1]
 
 
 def test_a_voice_without_a_prefix_or_blocks_across_chunks_keep_no_history(flow, voices):
@@ -169,3 +193,50 @@ def test_history_graphs_on_cuda_are_the_eager_calls(flow, voices):
     got, _ = stream(graphs, voices[1], tokens, SCHEDULES["gateway"])
     want, _ = stream(eager, voices[1], tokens, SCHEDULES["gateway"])
     assert got.shape == want.shape and snr(got.float().cpu(), want.float().cpu()) > 30
+
+
+def test_first_chunks_on_their_own_lane_are_each_stream_alone():
+    """Two worker threads (worker.Lanes): first chunks on the lane's (its own graphs; on CUDA its own stream), the
+    rest on the other, streams interleaved: each stream's samples are its samples alone, its history carried from
+    one lane to the other, and every slot comes back."""
+    v = load_vocoder(None, "tiny-codec", flow=FlowOptions(history_streams=4))
+    inputs = [(codes(n, seed=n), schedule) for n, schedule in ((33, [8, 8, 17]), (28, [8, 20]), (9, [9]))]
+
+    def alone(tokens, schedule):
+        s = MelStreamer(v)
+        pieces, at = [], 0
+        for n in schedule:
+            pieces.append(s.push(tokens[at : at + n]))
+            at += n
+        return np.concatenate([*pieces, s.flush()])
+
+    want = [alone(t, s) for t, s in inputs]
+    calls = {"playing": 0, "first": 0}
+    lanes = Lanes(VocoderWorker(v, max_wait=0.01, on_batch=lambda n, s: calls.__setitem__("playing", calls["playing"] + 1)),
+                  VocoderWorker(v.lane(), 4, max_wait=0.01, first_chunk_budget=0, name="vocoder-first-chunks",
+                                on_batch=lambda n, s: calls.__setitem__("first", calls["first"] + 1)))
+    try:
+        streams = [MelStreamer(v) for _ in inputs]
+        outs, at, started = [[] for _ in inputs], [0] * len(inputs), [None] * len(inputs)
+        for r in range(4):
+            futures = []
+            for i, ((tokens, schedule), s) in enumerate(zip(inputs, streams)):
+                if r < len(schedule):
+                    job = Job(s, tokens[at[i] : at[i] + schedule[r]], started[i], 0.0)
+                    at[i] += schedule[r]
+                elif r == len(schedule):
+                    job = Job(s, None, started[i], 0.0)
+                else:
+                    continue
+                futures.append((i, lanes.submit(job)))
+            for i, future in futures:
+                samples = future.result(timeout=60).samples
+                outs[i].append(samples)
+                if len(samples) and started[i] is None:
+                    started[i] = 1.0  # the stream plays: its next chunks go to the other lane
+    finally:
+        lanes.stop()
+    for got, expected in zip(outs, want):
+        np.testing.assert_allclose(np.concatenate(got), expected, atol=1e-5)
+    assert calls["first"] >= 1 and calls["playing"] >= 2
+    assert v.decoder.history.held == 0

@@ -22,6 +22,7 @@ other last windows run eagerly. Zero rows on the batch axis do not change a row'
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 
 import torch
@@ -64,6 +65,12 @@ class GeneratorRunner:
         # captures graphs with. HiFT: its source's phase at an anchor frame, that frame, the frame whose phase
         # it returns, the window's first sample (codec/hift.py).
         self.cond_dtypes, self.cond_shapes = tuple(cond_dtypes), tuple(cond_shapes)
+
+    def lane(self) -> "GeneratorRunner":
+        """The same runner for a second worker thread: the generator shared, graphs of its own (worker.py)."""
+        other = copy.copy(self)
+        other.graphs, other.pool, other.exact_frames = {}, None, set()
+        return other
 
     @property
     def num_mels(self) -> int:

@@ -19,6 +19,7 @@ from services.vocoder.servicer import VocoderServicer
 from services.vocoder.settings import VocoderSettings
 from services.vocoder.streamer import DEFAULT_LOOKAHEAD
 from services.vocoder.vocoder import FlowOptions, load_vocoder
+from services.vocoder.worker import FIRST_CHUNK_LANE_BATCH
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +49,24 @@ async def run(s: VocoderSettings) -> None:
     vocoder.runner.warm_up(batches, exact_frames=(left + lookahead,))
     if isinstance(vocoder.decoder, FlowTokenDecoder):  # the flow's graphs: every (batch, token bucket) a call can use
         vocoder.decoder.warm_up(list(vocoder.voices.values()), s.max_batch)
+    lane = None
+    flow = isinstance(vocoder.decoder, FlowTokenDecoder)
+    if s.first_chunk_lane == "on":
+        lane = vocoder.lane()  # first chunks beside the other calls (worker.py): its graphs for first chunks only
+        lane.runner.warm_up([b for b in batches if b <= FIRST_CHUNK_LANE_BATCH])
+        if flow:
+            lane.decoder.warm_up(list(vocoder.voices.values()), FIRST_CHUNK_LANE_BATCH, first_calls=True)
     if vocoder.runner.graphs:
-        flow_graphs = len(getattr(vocoder.decoder, "graphs", {}))
-        log.info("vocoder: %d CUDA graphs captured in %.1f s (%d of the flow)", len(vocoder.runner.graphs) + flow_graphs,
-                 time.perf_counter() - started, flow_graphs)
+        parts = [vocoder] + ([lane] if lane is not None else [])
+        flow_graphs = sum(len(getattr(v.decoder, "graphs", {})) for v in parts)
+        log.info("vocoder: %d CUDA graphs captured in %.1f s (%d of the flow%s)",
+                 sum(len(v.runner.graphs) for v in parts) + flow_graphs, time.perf_counter() - started, flow_graphs,
+                 ", the first-chunk lane's included" if lane is not None else "")
     fatal, report = fatal_signal(asyncio.get_running_loop())  # the device lost: stop serving, exit (device.py)
     servicer = VocoderServicer(vocoder, s.left_context, s.lookahead, max_batch=s.max_batch,
                                max_batch_frames=s.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
                                first_chunk_batch_frames=s.first_chunk_batch_frames,
-                               lost=lambda: device_lost(s.device), on_fatal=report)
+                               lost=lambda: device_lost(s.device), on_fatal=report, lane=lane)
     start_metrics_server(s.host, s.metrics_port)
     await serve(
         name="vocoder",

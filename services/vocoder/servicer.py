@@ -25,8 +25,10 @@ from services.vocoder.worker import (
     DEFAULT_FIRST_CHUNK_BUDGET,
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_BATCH_FRAMES,
+    FIRST_CHUNK_LANE_BATCH,
     Done,
     Job,
+    Lanes,
     VocoderWorker,
 )
 
@@ -39,18 +41,25 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                  max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002,
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
-                 lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None):
+                 lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
+                 lane: TokenVocoder | None = None):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
         others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most
         first_chunk_batch_frames (worker.py).
-        lost / on_fatal: what the worker does when its device is lost (worker.py)."""
+        lost / on_fatal: what the worker does when its device is lost (worker.py).
+        lane: the vocoder's lane (TokenVocoder.lane) that first chunks run on, beside the other calls; None: one worker."""
         self.vocoder = vocoder
         self.left_context, self.lookahead = left_context, lookahead
-        self.worker = VocoderWorker(vocoder, max_batch, max_wait, on_batch=metrics.observe_batch,
-                                    on_decode=metrics.observe_token_decode,
-                                    max_batch_frames=max_batch_frames, first_chunk_budget=first_chunk_budget,
-                                    first_chunk_batch_frames=first_chunk_batch_frames, lost=lost, on_fatal=on_fatal)
+        common = dict(max_wait=max_wait, on_batch=metrics.observe_batch, on_decode=metrics.observe_token_decode,
+                      lost=lost, on_fatal=on_fatal)
+        self.worker = VocoderWorker(vocoder, max_batch, max_batch_frames=max_batch_frames,
+                                    first_chunk_budget=first_chunk_budget,
+                                    first_chunk_batch_frames=first_chunk_batch_frames, **common)
+        if lane is not None:
+            first = VocoderWorker(lane, FIRST_CHUNK_LANE_BATCH, max_batch_frames=max_batch_frames, first_chunk_budget=0,
+                                  first_chunk_batch_frames=0, name="vocoder-first-chunks", **common)
+            self.worker = Lanes(self.worker, first)
 
     def _check_tokens(self, tokens) -> list[int]:
         if len(tokens) > MAX_TOKENS_PER_MESSAGE:

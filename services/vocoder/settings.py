@@ -48,6 +48,10 @@ class VocoderSettings:
     first_chunk_batch_frames: int = option(DEFAULT_FIRST_CHUNK_BATCH_FRAMES, "mel frames of a model call that carries a "
                                            "stream's first chunk: a shorter call, sooner first audio (0: "
                                            "--max-batch-frames alone)", type=count)
+    first_chunk_lane: str = option("off", "vocode streams' first chunks on a second worker thread, in small calls on "
+                                          "a CUDA stream of high priority beside the playing streams' calls (on: "
+                                          "sooner first audio under load, but more stalls; docs/benchmarks.md)",
+                                   choices=["on", "off"])
     # The codec decoder's options (docs/codec.md): `up` hands them on.
     voices_dir: str | None = option(None, "the flow decoder's voices, <name>.safetensors each (default: the codec "
                                           "directory's voices/; a preset without it: one random 'default' voice)")

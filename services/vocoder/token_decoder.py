@@ -115,6 +115,10 @@ class TokenDecoder(nn.Module):
         """A stream's state before its first token (this stand-in speaks in no voice: `voice` is not read)."""
         return None
 
+    def lane(self) -> "TokenDecoder":
+        """The same decoder for a second worker thread: it keeps nothing between calls."""
+        return self
+
     def release(self, state: DecoderState | None) -> None:
         """A stream is gone: nothing to let go (its state is all in `state`)."""
 

@@ -9,6 +9,8 @@ Two pairs are served (docs/codec.md):
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -75,6 +77,7 @@ class TokenVocoder:
     device: torch.device
     voices: dict[str, Voice] = field(default_factory=dict)  # the flow's; the stand-in speaks in none
     _decode_timing: object = field(default=0.0, init=False, repr=False)  # mel_chunks': seconds, or CUDA events
+    stream: object = field(default=None, init=False, repr=False)  # the CUDA stream its calls run on (None: current)
 
     def __post_init__(self):
         produced, consumed = self.decoder.cfg.mel_format, generator_format(self.generator)
@@ -93,6 +96,21 @@ class TokenVocoder:
                      cond_shapes=((self.generator.m_source.harmonics,), (), (), ())) if hift else {}
         self.runner = GeneratorRunner(self.generator, self.hop_size, self.device,
                                       **(dict(fuse=False, channels_last=False) if hift else {}), **conds)
+
+    def lane(self) -> "TokenVocoder":
+        """The same vocoder for a second worker thread (worker.py's first-chunk lane): models, voices and the flow's
+        stream history shared; graphs of its own, and on CUDA a stream of its own of high priority, so that its
+        small calls run beside the other thread's and its kernels go first."""
+        other = copy.copy(self)
+        other.decoder, other.runner = self.decoder.lane(), self.runner.lane()
+        other._decode_timing = 0.0
+        if self.device.type == "cuda":
+            other.stream = torch.cuda.Stream(self.device, priority=-1)
+        return other
+
+    def running(self):
+        """The context a worker thread calls this vocoder in: its CUDA stream, if it has one."""
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
     @property
     def generator_name(self) -> str:

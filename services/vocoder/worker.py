@@ -21,6 +21,14 @@ is due while its listener has only the first: a stream's first two chunks are in
 them took 43% more calls for the same windows, and 128 streams fell behind (5% stall-free; both in
 docs/benchmarks.md, fifth sweep).
 
+**The first-chunk lane** (`Lanes`, `--first-chunk-lane on`): first chunks go to a second worker with a
+vocoder of their own (`TokenVocoder.lane`: the same models and stream history, its own graphs and a CUDA stream of
+high priority), which runs their small calls while the first worker runs a large call of the playing streams. A
+first chunk then waits for neither, and the playing streams' calls need no cap for its sake. A stream's jobs still
+run one at a time, its first on one lane and the rest on the other. Off by default: on an H100 with the codec's
+decoder it took TTFA p95 at 128 streams from ~460 to ~400-450 ms, but the playing streams' early chunks, now in
+larger calls and beside the lane's, stalled more (48 streams 97% → 60% stall-free; docs/benchmarks.md, issue 20).
+
 No asyncio here: `submit` returns a concurrent future; the servicer wraps it (asyncio.wrap_future), so
 the gRPC event loop never blocks on the model.
 """
@@ -89,6 +97,8 @@ DEFAULT_FIRST_CHUNK_BUDGET = 0.1
 # The mel frames of a call that carries a first chunk (0: max_batch_frames alone): ~3 first windows with
 # room for some urgent ones.
 DEFAULT_FIRST_CHUNK_BATCH_FRAMES = 256
+# First chunks per call of the first-chunk lane: streams start a few at a time; its graphs are captured up to this.
+FIRST_CHUNK_LANE_BATCH = 4
 
 
 class VocoderWorker:
@@ -98,7 +108,7 @@ class VocoderWorker:
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
-                 probe_seconds: float = PROBE_SECONDS):
+                 probe_seconds: float = PROBE_SECONDS, name: str = "vocoder-worker"):
         """vocoder: TokenVocoder (its `vocode(windows, last)` runs a batch); on_batch(size, seconds) per batch,
         on_decode(seconds) per pass of its token decoder (part of a batch's seconds).
         A call holds at most max_batch windows and max_batch_frames mel frames (but always one window), and
@@ -115,7 +125,7 @@ class VocoderWorker:
         self.pending: list[Job] = []
         self.cv = threading.Condition()
         self.stopping = False
-        self.thread = threading.Thread(target=self._loop, name="vocoder-worker", daemon=True)
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
     def submit(self, job: Job) -> Future:
@@ -173,7 +183,8 @@ class VocoderWorker:
             # A stream whose caller went away (a cancelled await cancels its future) is dropped here.
             batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
             try:
-                self._run(batch)
+                with self.vocoder.running():  # (its CUDA stream, if it has one of its own)
+                    self._run(batch)
             except Exception as exc:  # noqa: BLE001  a bug here must not stop the thread every stream waits on
                 log.exception("vocoder: a batch failed")
                 if self.lost():
@@ -238,3 +249,19 @@ class VocoderWorker:
         for i, (job, window) in enumerate(zip(jobs, windows)):
             samples = job.streamer.commit(window, by_index.get(i))
             job.future.set_result(Done(samples, started - job.submitted, seconds, len(due)))
+
+
+class Lanes:
+    """Two workers, one submit: a stream's first chunk to `first` (small calls of first chunks only), every other
+    job to `playing` (module docstring)."""
+
+    def __init__(self, playing: VocoderWorker, first: VocoderWorker):
+        self.playing, self.first = playing, first
+
+    def submit(self, job: Job) -> Future:
+        first = job.audio_started is None and job.tokens is not None
+        return (self.first if first else self.playing).submit(job)
+
+    def stop(self) -> None:
+        self.first.stop()
+        self.playing.stop()

@@ -36,6 +36,7 @@ last block, or by `release` when the stream is cancelled. A stream with no slot 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 from dataclasses import dataclass
@@ -156,10 +157,17 @@ class FlowTokenDecoder:
     def start(self, voice: Voice) -> FlowState:
         return FlowState(voice, stream=next(self.ids))
 
+    def lane(self) -> "FlowTokenDecoder":
+        """The same decoder for a second worker thread: the flow, voices and stream history shared, graphs of its
+        own (two threads never replay graphs of one memory pool at once; worker.py)."""
+        other = copy.copy(self)
+        other.graphs, other.pool = {}, None
+        return other
+
     def release(self, state: FlowState) -> None:
-        """The stream is gone (cancelled, or failed): its history slot is freed before the next call (any thread)."""
+        """The stream is gone (cancelled, or failed): its history slot is freed once no call writes it (any thread)."""
         if self.history is not None and state.stream is not None:
-            self.history.release_later(state.stream)
+            self.history.release(state.stream)
 
     def first_block(self, voice: Voice) -> int:
         """The reference's first hop: the block, plus the tokens that end prompt + block on a multiple of it."""
@@ -203,8 +211,20 @@ class FlowTokenDecoder:
         """[(a stream's new tokens, or None at its end; its state)] → [(mel [80, n] float32, its next state)]:
         n = 0 until a block is due. Every due row in one batched flow call (padded rows never mix): one for the
         rows with a history slot, one for the others; more for history rows with more frames due than a call holds."""
-        if self.history is not None:
-            self.history.collect()
+        streams = [state.stream for _, state in chunks if state.stream is not None]
+        if self.history is None:
+            return self._decode_chunks(chunks)
+        self.history.begin(streams)
+        try:
+            return self._decode_chunks(chunks)
+        finally:
+            done = None
+            if self.device.type == "cuda":  # the slots it wrote are busy until the device has run the call
+                done = torch.cuda.Event()
+                done.record()
+            self.history.end(streams, done)
+
+    def _decode_chunks(self, chunks):
         states, finals = [], []
         for tokens, state in chunks:
             if tokens:
@@ -233,7 +253,7 @@ class FlowTokenDecoder:
         out = []
         for i, state in enumerate(states):
             if finals[i] and self.history is not None and state.stream is not None:
-                self.history.release(state.stream)
+                self.history.release(state.stream)  # (freed once this call is done)
             mel = torch.cat(pieces[i], 1) if pieces[i] else torch.zeros(self.cfg.num_mels, 0, device=self.device)
             out.append((mel, state))
         return out
@@ -384,10 +404,11 @@ class FlowTokenDecoder:
         return batch
 
     @torch.inference_mode()
-    def warm_up(self, voices: list[Voice], max_batch: int) -> None:
+    def warm_up(self, voices: list[Voice], max_batch: int, first_calls: bool = False) -> None:
         """Capture the graphs every call can need: batch buckets up to max_batch; token buckets from the
         shortest voice's first block to the longest voice's prompt with a whole context window (with a stream
-        history: its two token buckets and two frame buckets, history calls only)."""
+        history: its two token buckets and two frame buckets, history calls only). first_calls: only those of
+        streams' first calls (a worker lane of first chunks: worker.py)."""
         if not self.use_graphs:
             return
         prompts = [len(v.prompt_tokens) for v in voices]
@@ -403,9 +424,9 @@ class FlowTokenDecoder:
                     continue
                 # With a history every stream decodes through it while slots last; a window call after that
                 # runs eagerly (the streams beyond history_streams).
-                if T not in self.history_token_buckets:
+                if T not in self.history_token_buckets or (first_calls and T != self.history_token_buckets[0]):
                     continue
-                for N in self.solve_buckets:
+                for N in self.solve_buckets[:1] if first_calls else self.solve_buckets:
                     self._graph(B, T, True, N)
 
 

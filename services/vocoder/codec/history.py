@@ -68,44 +68,69 @@ class StreamHistory:
         self.scratch = streams
         self.free = list(range(streams - 1, -1, -1))
         self.owner: dict[int, int] = {}           # stream id → slot
-        self.released: list[int] = []             # stream ids let go from another thread, freed by the next call
+        self.released: list[int] = []             # stream ids let go from another thread, freed by a later call
+        self.in_flight: dict[int, int] = {}       # stream id → calls of it being queued (worker lanes: worker.py)
+        self.done: dict = {}                      # stream id → the event its last call's device work ends with
         self.lock = threading.Lock()
 
-    # ---- slots ---------------------------------------------------------------------------------------
+    # ---- slots (from the vocoder's worker threads: under the lock) --------------------------------------
     def acquire(self, stream: int) -> int | None:
         """A slot for a stream's first call; None when every slot is held."""
-        if stream in self.owner:
-            return self.owner[stream]
-        if not self.free:
-            return None
-        self.owner[stream] = slot = self.free.pop()
-        return slot
+        with self.lock:
+            if stream in self.owner:
+                return self.owner[stream]
+            if not self.free:
+                return None
+            self.owner[stream] = slot = self.free.pop()
+            return slot
 
     def holds(self, stream: int, slot: int) -> bool:
-        return self.owner.get(stream) == slot
+        with self.lock:
+            return self.owner.get(stream) == slot
 
     def release(self, stream: int) -> None:
-        """Let a stream's slot go now (the decoding thread: its last call is done)."""
-        slot = self.owner.pop(stream, None)
-        if slot is not None:
-            self.free.append(slot)
-
-    def release_later(self, stream: int) -> None:
-        """Let a stream's slot go before the next call (any thread: a stream cancelled while a call may be
-        writing its slot)."""
+        """Let a stream's slot go once no call is writing it: none running on a thread (a second worker lane), none
+        still running on the GPU (its last call's event). From any thread: a stream ended, or cancelled while a call
+        of it may be running."""
         with self.lock:
             self.released.append(stream)
 
-    def collect(self) -> None:
-        """Free the slots let go since the last call (the decoding thread, before a call)."""
+    def begin(self, streams) -> None:
+        """A call of these streams starts (the decoder, before it): the slots let go are freed first, where they
+        can be."""
         with self.lock:
-            released, self.released = self.released, []
+            self._collect()
+            for stream in streams:
+                self.in_flight[stream] = self.in_flight.get(stream, 0) + 1
+
+    def end(self, streams, done=None) -> None:
+        """The call is queued on the device; done: an event its work completes with (None: already complete)."""
+        with self.lock:
+            for stream in streams:
+                self.in_flight[stream] -= 1
+                if not self.in_flight[stream]:
+                    del self.in_flight[stream]
+                if done is not None:
+                    self.done[stream] = done
+
+    def _collect(self) -> None:
+        released, self.released = self.released, []
         for stream in released:
-            self.release(stream)
+            event = self.done.get(stream)
+            if self.in_flight.get(stream) or (event is not None and not event.query()):
+                self.released.append(stream)        # a call may still write its slot: later
+                continue
+            self.done.pop(stream, None)
+            slot = self.owner.pop(stream, None)
+            if slot is not None:
+                self.free.append(slot)
 
     @property
     def held(self) -> int:
-        return len(self.owner)
+        """Slots held (after freeing those let go that can be)."""
+        with self.lock:
+            self._collect()
+            return len(self.owner)
 
     # ---- a call --------------------------------------------------------------------------------------
     def lefts_row(self, slot: torch.Tensor, bank: torch.Tensor) -> torch.Tensor:
