@@ -7,7 +7,7 @@ The flow at the real size (random weights, bf16, CUDA graphs), as the vocoder ca
   solved once: prefix.py);
 - history: every call solves the stream's new frames only, reading its kept frames.
 Shapes: a stream's first call (8 tokens: the first block and its look-ahead; its time is part of time to first
-audio), and calls in the steady state of the gateway's schedule (8, 8, 16, 20, ...: each stream brings 20 tokens,
+audio), and calls in the steady state of 20-token chunks (after 8, 8, 16: each stream brings 20 tokens,
 4 blocks, 1.6 s of audio) for N streams at once. x RT: seconds of audio the call makes per second. Floor: the
 estimator's multiply-adds for the frames the call solves over the card's measured bf16 matrix rate.
 """
@@ -29,7 +29,7 @@ from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.voice import random_voice
 
-WARM_CHUNKS = (8, 8, 16, 20)   # the gateway's schedule up to its steady state
+WARM_CHUNKS = (8, 8, 16, 20)   # up to the steady state (the gateway's schedule when measured; now 8, 5, 10, 20)
 CHUNK = 20
 
 

@@ -18,9 +18,10 @@ from services.vocoder.vocoder import FlowOptions, load_vocoder
 from services.vocoder.worker import Job, Lanes, VocoderWorker
 
 CPU = torch.device("cpu")
-# The gateway's default chunks, one token at a time, whole blocks, and a whole stream in one chunk (more frames than
-# one call solves: several calls, block by block).
-SCHEDULES = {"gateway": [8, 8, 16] + [20] * 10, "one-token": [1] * 60, "blocks": [5] * 12, "at once": [60]}
+# The gateway's default chunks and its earlier ones, one token at a time, whole blocks, and a whole stream in one chunk
+# (more frames than one call solves: several calls, block by block).
+SCHEDULES = {"gateway": [8, 5, 10] + [20] * 10, "8-8-16": [8, 8, 16] + [20] * 10, "one-token": [1] * 60,
+             "blocks": [5] * 12, "at once": [60]}
 
 
 def codes(n: int, seed: int = 0) -> list[int]:

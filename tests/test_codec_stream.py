@@ -17,10 +17,10 @@ from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import FlowOptions, MelFormatMismatch, TokenVocoder, load_vocoder
 from services.vocoder.worker import Job, VocoderWorker
 
-# The gateway's default chunk schedule (common.proto ChunkPolicy: 8, 8, 16, 20, ...), a smaller first chunk, one
-# token at a time, and whole blocks.
-SCHEDULES = {"gateway": [8, 8, 16] + [20] * 10, "small first": [4, 4, 8, 16] + [20] * 10, "one-token": [1] * 120,
-             "blocks": [5] * 24}
+# The gateway's default chunk schedule (common.proto ChunkPolicy: 8, 5, 10, 20, ...), its earlier one, a smaller first
+# chunk, one token at a time, and whole blocks.
+SCHEDULES = {"gateway": [8, 5, 10] + [20] * 10, "8-8-16": [8, 8, 16] + [20] * 10, "small first": [4, 4, 8, 16] + [20] * 10,
+             "one-token": [1] * 120, "blocks": [5] * 24}
 
 
 def snr(streamed: np.ndarray, offline: np.ndarray) -> float:

@@ -95,11 +95,17 @@ def test_seeded_sampling_is_reproducible(model):
     assert first[0].audio_ids != other[0].audio_ids
 
 
-def test_chunks_follow_the_policy(model):
+@pytest.mark.parametrize("policy, want", [
+    (dict(first_chunk_tokens=2, second_chunk_tokens=2, chunk_tokens=7), [2, 2, 4, 7, 7, 3]),
+    (dict(first_chunk_tokens=8, second_chunk_tokens=5, chunk_tokens=20), [8, 5, 10, 2]),   # the defaults
+    (dict(first_chunk_tokens=3, second_chunk_tokens=4, chunk_tokens=6), [3, 4, 6, 6, 6]),
+])
+def test_chunks_follow_the_policy(model, policy, want):
+    """The first size, the second, doubling from it up to chunk_tokens, the final flush."""
     s = SamplingSettings(temperature=0.0, max_new_tokens=25, min_new_tokens=0)
-    _, chunks = run(make_engine(model), [GenerationRequest("a", s, ChunkSettings(first_chunk_tokens=2, chunk_tokens=7), text="hello")])
+    _, chunks = run(make_engine(model), [GenerationRequest("a", s, ChunkSettings(**policy), text="hello")])
     sizes = [len(c.audio_tokens) for c in chunks]
-    assert sizes == [2, 2, 4, 7, 7, 3]  # the first size twice, doubling up to chunk_tokens, the final flush
+    assert sizes == want
     assert chunks[0].first and chunks[-1].final and not any(c.final for c in chunks[:-1])
     assert chunks[-1].stats.audio_tokens == 25 and chunks[-1].stats.finish_reason is FinishReason.LENGTH
 

@@ -46,6 +46,7 @@ def expect_status(target, request, code, *words, timeout=30.0):
         ({"text": "hi", "sampling": common_pb2.SamplingParams(max_new_tokens=10**6)}, "sampling.max_new_tokens"),
         ({"text": "hi", "sampling": common_pb2.SamplingParams(max_new_tokens=5, min_new_tokens=9)}, "sampling.min_new_tokens"),
         ({"text": "hi", "chunking": common_pb2.ChunkPolicy(first_chunk_tokens=0)}, "chunking.first_chunk_tokens"),
+        ({"text": "hi", "chunking": common_pb2.ChunkPolicy(second_chunk_tokens=300)}, "chunking.second_chunk_tokens"),
     ],
 )
 def test_bad_input_is_invalid_argument_naming_the_field(stack, request_fields, field):

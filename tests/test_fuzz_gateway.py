@@ -42,7 +42,8 @@ def requests(draw) -> gateway_pb2.SynthesizeRequest:
     else:  # keep the replies short
         req.sampling.max_new_tokens = 4
     if draw(st.booleans()):
-        fields = {"first_chunk_tokens": draw(optional(int32)), "chunk_tokens": draw(optional(int32)),
+        fields = {"first_chunk_tokens": draw(optional(int32)), "second_chunk_tokens": draw(optional(int32)),
+                  "chunk_tokens": draw(optional(int32)),
                   "lookahead_frames": draw(optional(int32))}
         req.chunking.CopyFrom(common_pb2.ChunkPolicy(**{k: v for k, v in fields.items() if v is not None}))
     return req

@@ -34,7 +34,12 @@ class ChunkSettings:
     # stream (docs/benchmarks.md, issue 20). Its audio less the vocoder's look-ahead (320 ms) is the buffer the
     # second chunk must arrive in.
     first_chunk_tokens: int = 8
-    # The largest later chunk (8, 8, 16, 20, 20, ...: sequence.py says why): 1.6 s, fewer and cheaper
+    # The second chunk, and where the doubling starts: the codec decoder's block of 5 tokens, all that it needs for
+    # its next 400 ms of audio after the first window. It must reach the listener while the first chunk plays (320
+    # ms): on an H100 at 128 streams almost every stall was at the second or third chunk (docs/benchmarks.md, issue
+    # 20); 5 tokens wait 3 fewer llm steps than 8, and 8, 5, 10, 20 ends every chunk on a block and its look-ahead.
+    second_chunk_tokens: int = 5
+    # The largest later chunk (8, 5, 10, 20, 20, ...: sequence.py says why): 1.6 s, fewer and cheaper
     # vocoder calls once audio is flowing. 20 tokens with the vocoder's context (30 + 4 frames) is a
     # 114-frame window, inside its 128-frame graph bucket (services/vocoder/runner.py).
     chunk_tokens: int = 20
@@ -87,12 +92,14 @@ def resolve_sampling(msg, max_new_tokens_limit: int, prefix: str = "sampling") -
 def resolve_chunking(msg, prefix: str = "chunking") -> ChunkSettings:
     d = ChunkSettings()
     first = _get(msg, "first_chunk_tokens")
+    second = _get(msg, "second_chunk_tokens")
     later = _get(msg, "chunk_tokens")
-    for name, value in (("first_chunk_tokens", first), ("chunk_tokens", later)):
+    for name, value in (("first_chunk_tokens", first), ("second_chunk_tokens", second), ("chunk_tokens", later)):
         if value is not None:
             _check(1 <= value <= MAX_CHUNK_TOKENS, f"{prefix}.{name}", f"must be in [1, {MAX_CHUNK_TOKENS}], got {value}")
     return ChunkSettings(
         first_chunk_tokens=d.first_chunk_tokens if first is None else first,
+        second_chunk_tokens=d.second_chunk_tokens if second is None else second,
         chunk_tokens=d.chunk_tokens if later is None else later,
         lookahead_frames=resolve_lookahead(msg, prefix),
     )

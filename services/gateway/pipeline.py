@@ -79,7 +79,8 @@ def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits, session: Se
         text=req.text,
         system_prompt=session.system_prompt if session else "",
         sampling=common_pb2.SamplingParams(**sampling_to_fields(sampling)),
-        chunking=common_pb2.ChunkPolicy(first_chunk_tokens=chunking.first_chunk_tokens, chunk_tokens=chunking.chunk_tokens,
+        chunking=common_pb2.ChunkPolicy(first_chunk_tokens=chunking.first_chunk_tokens,
+                                        second_chunk_tokens=chunking.second_chunk_tokens, chunk_tokens=chunking.chunk_tokens,
                                         lookahead_frames=chunking.lookahead_frames),
         output_mode=llm_pb2.OUTPUT_MODE_AUDIO,
     ), fmt

@@ -202,6 +202,9 @@ class AsyncEngine:
         CloseSession, and tell the server. The thread ends after this."""
         log.critical("llm: %s: failing every request and stopping", err)
         self.fatal = err
+        # The server first: a client that sees the error finds it already going down (and a test that awaits the
+        # error finds it told).
+        self.on_fatal(err)
         self._deferred.clear()
         while True:
             try:
@@ -213,7 +216,6 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(lambda done=done: done.done() or done.set_result(False))
         for seq_id in list(self._outputs):
             self._deliver(seq_id, err)
-        self.on_fatal(err)
 
     def _fail_all(self, exc: Exception) -> None:
         err = exc if isinstance(exc, ServiceError) else Internal(f"engine step failed: {exc}")

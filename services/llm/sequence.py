@@ -200,19 +200,18 @@ class Sequence:
     def take_chunk(self) -> Chunk | None:
         """The next chunk by the request's policy, or None if not enough tokens are pending.
 
-        The first two chunks are due after `first_chunk_tokens` tokens each; each later one doubles the
-        size before it, up to `chunk_tokens`; a finished sequence flushes everything in a final chunk.
-        Why: chunk k must reach the listener before the audio of chunks 0..k-1 has played out. A small
-        first chunk buys a low time to first audio but a thin buffer (its audio, less the vocoder's
-        lookahead: 160 ms for 3 tokens); under load a second chunk of 6 tokens took longer than that to
-        make and vocode (docs/benchmarks.md). A second chunk as small as the first fits the buffer, and
-        doubling from there keeps each chunk's making time within what is already buffered, then settles
-        at the size that is cheapest to vocode.
+        The first chunk is due after `first_chunk_tokens` tokens, the second after `second_chunk_tokens`; each
+        later one doubles the size before it, up to `chunk_tokens`; a finished sequence flushes everything in a
+        final chunk. Why: chunk k must reach the listener before the audio of chunks 0..k-1 has played out. A
+        small first chunk buys a low time to first audio but a thin buffer (its audio, less the vocoder's
+        lookahead: 320 ms for the codec's first window of 8 tokens); a small second chunk comes within it (the
+        codec's next block, 5 tokens), and doubling from there keeps each chunk's making time within what is
+        already buffered, then settles at the size that is cheapest to vocode (docs/benchmarks.md).
         """
         pending = len(self.pending_audio) + len(self.pending_text)
         c = self.chunking
         doublings = min(max(self.chunks_sent - 1, 0), 16)
-        due = min(c.chunk_tokens, c.first_chunk_tokens << doublings) if self.chunks_sent else c.first_chunk_tokens
+        due = min(c.chunk_tokens, c.second_chunk_tokens << doublings) if self.chunks_sent else c.first_chunk_tokens
         if not self.finished and pending < due:
             return None
         chunk = Chunk(self.seq_id, self.request_id, self.chunks_sent, self.pending_audio, self.pending_text, self.finished)

@@ -200,10 +200,10 @@ class VocoderWorker:
         with self.cv:
             self.fatal, self.stopping = err, True
             jobs, self.pending = batch + self.pending, []
+        self.on_fatal(err)  # the server first: a stream that sees the error finds it already going down
         for job in jobs:
             if not job.future.done():
                 job.future.set_exception(err)
-        self.on_fatal(err)
 
     def _decode_tokens(self, batch: list[Job]) -> dict[int, tuple]:
         """The new tokens (or the end) of every stream in the batch through the token decoder in one pass (by id(job)).
