@@ -86,3 +86,73 @@ def test_a_bad_voices_directory_stops_the_vocoder_at_start_naming_the_file(tmp_p
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "cannot start" in proc.stderr and "broken.safetensors: not a readable safetensors file" in proc.stderr
+
+
+def test_cancelled_streams_give_their_history_slots_back(tmp_path):
+    """A vocoder alone on the tiny-codec preset with a voice that has a prompt prefix (its streams keep their solved
+    frames), 3 slots for 4 streams: all 3 are held once the streams' first chunks are decoded, and every one comes
+    back, whether its stream ended, was cancelled mid-way, or broke off without an end, as its /metrics shows."""
+    from conftest import metric_value, scrape
+
+    save_voice(random_voice(tiny().flow, "default", prompt_tokens=10, seed=1), tmp_path)
+    stack = Stack(Ports.free(), extra_args={"vocoder": ["--preset", "tiny-codec", "--voices-dir", str(tmp_path),
+                                                        "--flow-history-streams", "3"]},
+                  log_dir=tmp_path / "logs")
+
+    def held() -> float:
+        return metric_value(scrape(stack.ports.metrics["vocoder"]), "vocoder_flow_history_streams")
+
+    async def stream(tokens: int, end: bool, go: asyncio.Event, cancel_after: int | None = None) -> int:
+        """One Vocode call: config, chunks of 8 tokens (after the first, once `go` is set), then the end (or not: it
+        holds its side open); cancelled after `cancel_after` replies (the header among them), once `go` is set."""
+        async with grpc.aio.insecure_channel(stack.target("vocoder")) as channel:
+            async def requests():
+                yield vocoder_pb2.VocodeRequest(config=vocoder_pb2.VocodeConfig())
+                for at in range(0, tokens, 8):
+                    yield vocoder_pb2.VocodeRequest(tokens=vocoder_pb2.AudioTokens(tokens=list(range(at, at + 8))))
+                    await go.wait()
+                if end:
+                    yield vocoder_pb2.VocodeRequest(end=vocoder_pb2.EndOfTokens())
+                else:
+                    await asyncio.sleep(30)  # the call is cancelled under it
+
+            call = vocoder_pb2_grpc.VocoderStub(channel).Vocode(requests(), timeout=30)
+            replies = 0
+            async for _ in call:
+                replies += 1
+                if cancel_after is not None and replies >= cancel_after and go.is_set():  # (not before all are held)
+                    call.cancel()
+                    break
+            return replies
+
+    async def held_then_go(go: asyncio.Event) -> float:
+        """Polls until 3 slots are held (up to 20 s), then lets the streams go on."""
+        seen = 0.0
+        for _ in range(400):
+            seen = await asyncio.to_thread(held)
+            if seen == 3:
+                break
+            await asyncio.sleep(0.05)
+        go.set()
+        return seen
+
+    async def four_streams():
+        go = asyncio.Event()
+        return await asyncio.gather(stream(24, True, go), stream(40, False, go, cancel_after=2),
+                                    stream(40, False, go, cancel_after=3), stream(16, True, go), held_then_go(go))
+
+    try:
+        stack.start("vocoder")
+        stack.wait_serving(["vocoder"])
+        assert metric_value(scrape(stack.ports.metrics["vocoder"]), "vocoder_flow_history_slots") == 3
+        *replies, most = asyncio.run(four_streams())
+        assert all(r >= 2 for r in replies) and most == 3
+        ready = asyncio.Event()
+        ready.set()
+        for _ in range(100):  # a slot is freed once no call writes it: at a later call, or when read (a scrape)
+            if held() == 0:
+                break
+            asyncio.run(stream(8, True, ready))
+        assert held() == 0
+    finally:
+        stack.stop_all()

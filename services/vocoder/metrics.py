@@ -20,6 +20,15 @@ TOKEN_DECODE = Histogram("vocoder_token_decode_seconds",
                          buckets=LATENCY_BUCKETS)
 AUDIO_SECONDS = Counter("vocoder_audio_seconds_total", "Seconds of audio synthesized")
 REQUESTS = Counter("vocoder_requests_total", "Finished Vocode calls, by gRPC status code", ["code"])
+HISTORY_HELD = Gauge("vocoder_flow_history_streams", "Streams holding a slot of the flow's stream history (their "
+                     "frames solved once); the streams beyond its slots are decoded over their window, slower")
+HISTORY_SLOTS = Gauge("vocoder_flow_history_slots", "Slots of the flow's stream history (--flow-history-streams)")
+
+
+def watch_history(history) -> None:
+    """The flow's stream history (codec/history.py), read when scraped."""
+    HISTORY_HELD.set_function(lambda: history.held)
+    HISTORY_SLOTS.set(history.streams)
 
 
 def observe_chunk(queue_seconds: float, compute_seconds: float) -> None:

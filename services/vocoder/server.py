@@ -62,6 +62,8 @@ async def run(s: VocoderSettings) -> None:
         log.info("vocoder: %d CUDA graphs captured in %.1f s (%d of the flow%s)",
                  sum(len(v.runner.graphs) for v in parts) + flow_graphs, time.perf_counter() - started, flow_graphs,
                  ", the first-chunk lane's included" if lane is not None else "")
+    if getattr(vocoder.decoder, "history", None) is not None:
+        metrics.watch_history(vocoder.decoder.history)
     fatal, report = fatal_signal(asyncio.get_running_loop())  # the device lost: stop serving, exit (device.py)
     servicer = VocoderServicer(vocoder, s.left_context, s.lookahead, max_batch=s.max_batch,
                                max_batch_frames=s.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
