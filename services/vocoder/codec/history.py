@@ -149,11 +149,8 @@ class HistoryView:
     def __init__(self, history: StreamHistory, voice_index: torch.Tensor, rows: HistoryRows, lengths: torch.Tensor):
         self.history, self.step = history, 0
 
-        def pair(x):  # [B] → [2B]: the conditioned rows' places, then the free rows'
-            return torch.cat([2 * x, 2 * x + 1])
-
-        self.voice_rows = pair(voice_index)
-        self.slots = pair(rows.slot)
+        self.voice_rows = history.prefix.view(voice_index).rows     # [2B]: each row's voice in the prefix
+        self.slots = torch.cat([2 * rows.slot, 2 * rows.slot + 1])  # its CFG pair's rows in the rings
         self.count, self.at = rows.count.repeat(2), rows.at.repeat(2)
         first = rows.bank < 0                                          # a stream's first call: the voice's lefts
         reads = torch.where(first, 2 * voice_index, history.lefts_row(rows.slot, rows.bank.clamp(min=0)))
