@@ -18,7 +18,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from services.llm.runner.kernels import fused, paged_attention, sampling  # noqa: E402
 from services.vocoder import activation  # noqa: E402
-from services.vocoder.codec import chunk_attention, frame_ops  # noqa: E402
+from services.vocoder.codec import chunk_attention, frame_ops, snake  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -108,6 +108,8 @@ KERNELS = {
         frame_ops._causal_unfold, {"X": BF16, "FRAMES": BF16, "ROWS": "*i64", "KEEP_ROWS": "*i64", "LENGTHS": "*i32",
                                    "OUT": BF16}, (),
         dict(K=3, LEFT=True, KEEP=True, BLOCK_T=16, BLOCK_C=512)), 4),
+    "codec: HiFT's snake": (snake._snake, *signature(
+        snake._snake, {"X": BF16, "ALPHA": BF16, "OUT": BF16}, (), dict(BLOCK_T=snake.BLOCK_T)), 4),
     "codec: guided Euler step": (frame_ops._euler_step, *signature(
         frame_ops._euler_step, {"IN": BF16, "V": BF16, "MASK": BF16}, ("dt", "cfg_rate"),
         dict(BLOCK_T=16, BLOCK_C=128)), 4),

@@ -3,6 +3,8 @@ streams batched against each alone, and voices (tiny-codec preset: the real layo
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -233,3 +235,70 @@ def test_real_size_codec_streams_on_cuda():
     tokens = codes(30, codebook=16384)
     streamed = stream_wav(v, tokens, SCHEDULES["gateway"])
     assert len(streamed) == 30 * 1920 and np.isfinite(streamed).all() and np.abs(streamed).max() > 0
+
+
+@pytest.mark.parametrize("schedule", ["gateway", "one-token", "blocks"])
+def test_a_stream_ends_with_a_window_of_a_length_the_vocoder_captures(vocoder, schedule):
+    """The last window of a stream past its first blocks is its left context, the held-back look-ahead and what the
+    flow still held at the end: one of the lengths the server captures graphs for (TokenVocoder.end_frames)."""
+    assert vocoder.end_frames == (0, 4, 8, 12, 16, 20, 24, 28)   # up to a block and its look-ahead, less a token
+    left, lookahead = vocoder.receptive_field[0], 4
+    captured = {left + lookahead + frames for frames in vocoder.end_frames}
+    seen = set()
+    for n in range(24, 44, 3):
+        s, at = MelStreamer(vocoder, lookahead=lookahead), 0
+        for size in SCHEDULES[schedule]:
+            if at >= n:
+                break
+            window = s.prepare(codes(n)[at : at + size])
+            if window.mel is not None:  # (the samples' values do not matter here: zeros, the phase kept)
+                s.commit(window, (np.zeros(window.mel.shape[1] * 480, np.float32), [window.conditions[0]]))
+            at += size
+        last = s.prepare(None)
+        assert last.last and last.mel.shape[1] in captured, (n, last.mel.shape[1])
+        seen.add(last.mel.shape[1])
+    assert len(seen) > 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_hift_windows_wait_for_nothing_and_last_windows_replay_graphs():
+    """HiFT at the real size on CUDA, as the vocoder runs it: a call's inputs from the host never make the host wait
+    for the device (a pageable copy would: checked by the same debug mode); last windows of the captured exact lengths
+    replay graphs, more of them than a graph takes in several replays, with the eager samples and phases."""
+    from services.vocoder.runner import GeneratorRunner
+
+    hift = HiFTGenerator(moss_speech().hift).eval()
+    conds = dict(cond_dtypes=(torch.float32, torch.long, torch.long, torch.long), cond_shapes=((9,), (), (), ()))
+    cuda = torch.device("cuda")
+    graphs = GeneratorRunner(hift, 480, cuda, fuse=False, channels_last=False, **conds)
+    graphs.warm_up((1, 2, 3, 4), exact_frames=(27, 43), exact_batches=(1, 2))
+    eager = GeneratorRunner(copy.deepcopy(hift), 480, cuda, fuse=False, channels_last=False, graphs=False, **conds)
+    g = torch.Generator().manual_seed(7)
+    mels = [torch.randn(80, n, generator=g).to(cuda) - 5 for n in (60, 43, 43, 43, 43, 43)]
+    where = [(torch.rand(9, generator=g), torch.tensor(19), torch.tensor(n - (0 if i else 4)), torch.tensor(48000 * i))
+             for i, n in enumerate(m.shape[1] for m in mels)]
+    last = [False] + [True] * 5
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            torch.zeros(3).to(cuda)                               # what the mode catches
+        with torch.inference_mode():
+            graphs._run(mels[:1], 64, True, where[:1])          # a window's call, up to its samples: no wait
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    replays = []
+    for graph, *_ in graphs.graphs.values():
+        graph.replay = (lambda g: lambda: (replays.append(1), type(g).replay(g)))(graph)
+
+    def no_eager(*args):
+        raise AssertionError("an eager call: only graph replays may run")
+
+    graphs.generator.forward = no_eager
+    got = graphs(mels, last, where)
+    del graphs.generator.forward
+    assert len(replays) == 1 + 3                                  # the first window's bucket; 5 last windows, 2 a replay
+    for (wav, (phase,)), (want, (want_phase,)) in zip(got, eager(mels, last, where)):
+        assert phase.device.type == "cpu"                         # back with the samples
+        torch.testing.assert_close(wav, want, rtol=0.0, atol=2e-2)  # bf16; a graph's kernels may differ from eager ones
+        turn = (phase - want_phase).abs()
+        assert float(torch.minimum(turn, 1 - turn).max()) < 2e-2   # cycles mod 1

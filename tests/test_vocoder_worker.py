@@ -205,3 +205,19 @@ def test_each_pass_of_the_token_decoder_is_reported_once_per_call(vocoder):
         assert len(decodes) == 1
     finally:
         worker.stop()
+
+
+def test_each_call_of_the_generator_is_reported_once(vocoder):
+    """on_generate: one report per model call that vocoded windows (its seconds within the call's), none for a call
+    with no window due."""
+    generates, batches = [], []
+    worker = VocoderWorker(vocoder, max_batch=4, max_wait=0.0, on_generate=generates.append,
+                           on_batch=lambda size, seconds: batches.append(seconds))
+    try:
+        streamer = MelStreamer(vocoder)
+        worker.submit(Job(streamer, tokens(6, 1), None, 0.0)).result(timeout=20)
+        assert len(generates) == 1 and len(batches) == 1 and 0 < generates[0] <= batches[0]
+        worker.submit(Job(streamer, [], time.perf_counter(), 0.2)).result(timeout=20)  # nothing due: no call
+        assert len(generates) == 1
+    finally:
+        worker.stop()

@@ -18,6 +18,9 @@ BATCH = Histogram("vocoder_batch_seconds", "Duration of one model call (all of i
 TOKEN_DECODE = Histogram("vocoder_token_decode_seconds",
                          "One batched pass of the token decoder (tokens to mel, every stream of a model call)",
                          buckets=LATENCY_BUCKETS)
+GENERATE = Histogram("vocoder_generate_seconds",
+                     "One batched call of the generator (mel to samples, every window of a model call)",
+                     buckets=LATENCY_BUCKETS)
 AUDIO_SECONDS = Counter("vocoder_audio_seconds_total", "Seconds of audio synthesized")
 REQUESTS = Counter("vocoder_requests_total", "Finished Vocode calls, by gRPC status code", ["code"])
 HISTORY_HELD = Gauge("vocoder_flow_history_streams", "Streams holding a slot of the flow's stream history (their "
@@ -43,6 +46,10 @@ def observe_batch(size: int, seconds: float) -> None:
 
 def observe_token_decode(seconds: float) -> None:
     TOKEN_DECODE.observe(seconds)
+
+
+def observe_generate(seconds: float) -> None:
+    GENERATE.observe(seconds)
 
 
 def observe_first_chunk(seconds: float) -> None:

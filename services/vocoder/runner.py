@@ -15,14 +15,21 @@ generator's right receptive field they cannot reach a kept sample at all.
 
 **A stream's last window runs at its exact length** (`exact=True`): offline synthesis ends with each
 layer's zero padding, which no padding of the mel input reproduces. Almost every stream ends the same
-way (its end arrives after its last tokens, leaving the held-back lookahead frames and their left context:
-`left_context + lookahead` frames), so graphs are captured for that exact length too (`exact_frames`);
-other last windows run eagerly. Zero rows on the batch axis do not change a row's samples either way.
+way (its end arrives after its last tokens, leaving the held-back lookahead frames, their left context and what
+the token decoder still held: `left_context + lookahead` frames, plus up to 7 tokens' with the codec's flow), so
+graphs are captured for those exact lengths too (`exact_frames`, in batches up to `exact_batches`); other last
+windows run eagerly. Zero rows on the batch axis do not change a row's samples either way.
+
+**The host never waits for the device before the samples.** A conditioned generator's inputs that are on the host
+(HiFT's: where each window's source stands) go in through pinned memory without a synchronisation, so the
+generator's work is queued behind the token decoder's while it still runs; a pageable copy would wait for it. Its
+outputs come back with the samples, in the one copy a call makes.
 """
 
 from __future__ import annotations
 
 import copy
+import time
 from collections import defaultdict
 
 import torch
@@ -31,6 +38,8 @@ FRAME_BUCKETS = (8, 16, 24, 32, 48, 64, 80, 96, 128)
 # Steps of at most 1.5x: a call's windows split into one group per frames bucket, and each group's batch is
 # padded up to a bucket; with powers of two, groups of 5 or 9 windows ran 8 or 16 rows.
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# Last windows of one length a graph takes: streams end a few at a time, and each length is a graph per batch bucket.
+LAST_WINDOW_BATCH = 4
 
 
 def smallest(buckets, n: int) -> int | None:
@@ -60,6 +69,8 @@ class GeneratorRunner:
         self.frame_buckets, self.batch_buckets = tuple(frame_buckets), tuple(batch_buckets)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.exact_frames: set[int] = set()  # last-window lengths that run in graphs (warm_up)
+        self.exact_batch = 0                 # the most last windows of one length a graph takes (warm_up)
+        self.timing = None                   # the last call's (start, end) CUDA events around the generator's work
         self.pool = None
         # A conditioned generator's further inputs per row (dtype, shape after the batch axis): what warm_up
         # captures graphs with. HiFT: its source's phase at an anchor frame, that frame, the frame whose phase
@@ -69,7 +80,7 @@ class GeneratorRunner:
     def lane(self) -> "GeneratorRunner":
         """The same runner for a second worker thread: the generator shared, graphs of its own (worker.py)."""
         other = copy.copy(self)
-        other.graphs, other.pool, other.exact_frames = {}, None, set()
+        other.graphs, other.pool, other.exact_frames, other.exact_batch, other.timing = {}, None, set(), 0, None
         return other
 
     @property
@@ -103,14 +114,21 @@ class GeneratorRunner:
         return self.graphs[key]
 
     @torch.inference_mode()
-    def warm_up(self, batches=(1,), exact_frames=()) -> None:
-        """Capture the graphs of these batch buckets for every frames bucket and for last windows of these
-        exact lengths."""
+    def warm_up(self, batches=(1,), exact_frames=(), exact_batches=None) -> None:
+        """Capture the graphs of these batch buckets for every frames bucket, and of exact_batches (default: the
+        same) for last windows of these exact lengths. A call's last windows are few: a group of more runs as
+        several replays."""
         if self.use_graphs:
-            self.exact_frames.update(exact_frames)
+            exact_batches = batches if exact_batches is None else exact_batches
             for batch in batches:
-                for frames in (*self.frame_buckets, *exact_frames):
+                for frames in self.frame_buckets:
                     self._graph(batch, frames)
+            for batch in exact_batches:
+                for frames in exact_frames:
+                    self._graph(batch, frames)
+            if exact_frames and exact_batches:
+                self.exact_frames.update(exact_frames)
+                self.exact_batch = max(self.exact_batch, max(exact_batches))
 
     # ---- running ---------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -120,9 +138,9 @@ class GeneratorRunner:
         exact[i]: window i is its stream's last (run at its exact length).
         conditions[i]: window i's further inputs, for a generator called as generator(mel, *conditions) that
         returns (samples, *outputs) (HiFT: its source's phase and noise position, codec/hift.py); then each
-        window's entry is (samples, [its outputs]), the outputs on the device.
-        The groups' samples come back in one device-to-host copy: one synchronisation a call, however many
-        groups it has (each wait is also a chance for the llm's process to take the GPU)."""
+        window's entry is (samples, [its outputs]), the outputs on the CPU too.
+        The groups' samples and outputs come back in one device-to-host copy: one synchronisation a call, however
+        many groups it has (each wait is also a chance for the llm's process to take the GPU)."""
         exact = exact or [False] * len(windows)
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, (mel, last) in enumerate(zip(windows, exact)):
@@ -130,23 +148,59 @@ class GeneratorRunner:
             bucket = None if last else smallest(self.frame_buckets, frames)
             groups[("bucket", bucket) if bucket else ("exact", frames)].append(i)
         order, pieces, outputs = [], [], []
+        timing = self._record()
         for (kind, frames), members in groups.items():
-            for start in range(0, len(members), self.batch_buckets[-1]):
-                part = members[start : start + self.batch_buckets[-1]]
+            graph = kind == "bucket" or frames in self.exact_frames
+            most = self.exact_batch if kind == "exact" and graph else self.batch_buckets[-1]
+            for start in range(0, len(members), most):
+                part = members[start : start + most]
                 conds = [conditions[i] for i in part] if conditions is not None else None
-                samples, outs = self._run([windows[i] for i in part], frames, kind == "bucket" or frames in self.exact_frames,
-                                          conds)
+                samples, outs = self._run([windows[i] for i in part], frames, graph, conds)
                 for row, (i, wav) in enumerate(zip(part, samples)):
                     order.append(i)
                     pieces.append(wav[: windows[i].shape[1] * self.hop])
                     outputs.append([o[row] for o in outs])
         if not pieces:
             return []
-        host = torch.cat(pieces).cpu().split([p.numel() for p in pieces])
+        if isinstance(timing, tuple):
+            timing[1].record()
+        flat = [o for outs in outputs for o in outs]
+        host = torch.cat(pieces + [o.reshape(-1).float() for o in flat]).cpu()
+        self.timing = timing if isinstance(timing, tuple) else time.perf_counter() - timing
+        host = host.split([p.numel() for p in pieces] + [o.numel() for o in flat])
+        back = iter(o.view(like.shape).to(like.dtype) for o, like in zip(host[len(pieces):], flat))
         out: list = [None] * len(windows)
         for i, wav, outs in zip(order, host, outputs):
-            out[i] = wav if conditions is None else (wav, outs)
+            out[i] = wav if conditions is None else (wav, [next(back) for _ in outs])
         return out
+
+    def _record(self):
+        """The start of a call's generator work: on CUDA (start recorded now, end to record after it), events, so that
+        the host need not wait; elsewhere the clock."""
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        return start, end
+
+    def seconds(self) -> float:
+        """The last call's generator work, seconds (on CUDA its device time: waits for it)."""
+        if not isinstance(self.timing, tuple):
+            return self.timing or 0.0
+        start, end = self.timing
+        end.synchronize()
+        return start.elapsed_time(end) / 1000
+
+    def _batched(self, column: tuple[torch.Tensor, ...], batch: int) -> torch.Tensor:
+        """One further input, a tensor per window → [batch, ...] on the device, padding rows zero. Host rows go in
+        through pinned memory, without waiting for the device (module docstring)."""
+        like = column[0]
+        if all(c.device.type == "cpu" for c in column):
+            staged = torch.zeros(batch, *like.shape, dtype=like.dtype, pin_memory=self.device.type == "cuda")
+            staged[: len(column)] = torch.stack(column)
+            return staged.to(self.device, non_blocking=True)
+        stacked = torch.stack([c.to(self.device, non_blocking=True) for c in column])
+        return torch.cat([stacked, stacked.new_zeros(batch - len(column), *like.shape)])
 
     def _run(self, mels: list[torch.Tensor], frames: int, graph: bool, conds: list[tuple] | None = None):
         """Same-bucket (or same exact length) windows → (float32 samples [len(mels), frames * hop] on the device,
@@ -160,11 +214,7 @@ class GeneratorRunner:
             n = mel.shape[1]
             rows[row, :, :n] = mel.to(self.device, self.dtype)
             rows[row, :, n:] = rows[row, :, n - 1 : n]  # repeat the last frame (see the module docstring)
-        extra = []
-        if conds is not None:  # one batch tensor per input; padding rows of zeros
-            for column in zip(*conds):
-                stacked = torch.stack([c.to(self.device) for c in column])
-                extra.append(torch.cat([stacked, stacked.new_zeros(batch - len(mels), *stacked.shape[1:])]))
+        extra = [self._batched(column, batch) for column in zip(*conds)] if conds is not None else []
         if graph:
             cuda_graph, static_in, static_out = self._graph(batch, frames, [e.dtype for e in extra], [e.shape[1:] for e in extra])
             static_in[0].copy_(x)

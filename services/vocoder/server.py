@@ -14,7 +14,7 @@ from services.common.metrics import start_metrics_server
 from services.common.server import serve
 from services.vocoder import metrics
 from services.vocoder.codec.decoder import FlowTokenDecoder
-from services.vocoder.runner import smallest
+from services.vocoder.runner import LAST_WINDOW_BATCH, smallest
 from services.vocoder.servicer import VocoderServicer
 from services.vocoder.settings import VocoderSettings
 from services.vocoder.streamer import DEFAULT_LOOKAHEAD
@@ -39,14 +39,16 @@ async def run(s: VocoderSettings) -> None:
     # On CUDA: capture every (batch, frames) graph before serving. A capture on first use stalls every stream
     # in that batch: at the real size, the first sweep to reach 16 streams saw first chunks of ~0.5 s
     # (docs/benchmarks.md, issue 9).
-    # Streams end with a window of the held-back lookahead and its left context: that length runs in graphs too.
+    # Streams end with a window of the held-back lookahead, its left context and what the token decoder held at the
+    # end (the flow: up to 7 tokens): those lengths run in graphs too.
     started = time.perf_counter()
     left = vocoder.receptive_field[0] if s.left_context is None else s.left_context
     lookahead = DEFAULT_LOOKAHEAD if s.lookahead is None else s.lookahead
     # A call holds at most max_batch windows: larger batch buckets are never used.
     ceiling = smallest(vocoder.runner.batch_buckets, s.max_batch) or vocoder.runner.batch_buckets[-1]
     batches = [b for b in vocoder.runner.batch_buckets if b <= ceiling]
-    vocoder.runner.warm_up(batches, exact_frames=(left + lookahead,))
+    vocoder.runner.warm_up(batches, exact_frames=[left + lookahead + frames for frames in vocoder.end_frames],
+                           exact_batches=[b for b in batches if b <= LAST_WINDOW_BATCH])
     if isinstance(vocoder.decoder, FlowTokenDecoder):  # the flow's graphs: every (batch, token bucket) a call can use
         vocoder.decoder.warm_up(list(vocoder.voices.values()), s.max_batch)
     lane = None

@@ -52,7 +52,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         self.vocoder = vocoder
         self.left_context, self.lookahead = left_context, lookahead
         common = dict(max_wait=max_wait, on_batch=metrics.observe_batch, on_decode=metrics.observe_token_decode,
-                      lost=lost, on_fatal=on_fatal)
+                      on_generate=metrics.observe_generate, lost=lost, on_fatal=on_fatal)
         self.worker = VocoderWorker(vocoder, max_batch, max_batch_frames=max_batch_frames,
                                     first_chunk_budget=first_chunk_budget,
                                     first_chunk_batch_frames=first_chunk_batch_frames, **common)

@@ -126,6 +126,11 @@ class TokenDecoder(nn.Module):
         """Frames decode_chunks would return for this many new tokens (None: the stream's end)."""
         return (new_tokens or 0) * self.cfg.frames_per_token
 
+    @property
+    def end_tokens(self) -> int:
+        """The most tokens a stream's end still decodes: none, a token's frames come with it."""
+        return 0
+
     def decode_chunks(self, chunks: list[tuple[list[int] | None, DecoderState | None]]
                       ) -> list[tuple[torch.Tensor, DecoderState | None]]:
         """[(a stream's new tokens, or None at its end; its state)] → [(log-mel [num_mels, n], its next state)],

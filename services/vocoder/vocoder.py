@@ -148,6 +148,13 @@ class TokenVocoder:
     def samples_per_token(self) -> int:
         return self.decoder.cfg.samples_per_token
 
+    @property
+    def end_frames(self) -> tuple[int, ...]:
+        """The mel frames a stream's end can bring, each a length its last window can have beyond the held-back
+        look-ahead and its left context (the server captures graphs for them: runner.py)."""
+        per_token = self.decoder.cfg.frames_per_token
+        return tuple(range(0, (self.decoder.end_tokens + 1) * per_token, per_token))
+
     def voice_names(self) -> list[str]:
         return sorted(self.voices) if self.voices else [DEFAULT]
 
@@ -193,6 +200,10 @@ class TokenVocoder:
             timing[1].synchronize()
             return timing[0].elapsed_time(timing[1]) / 1000
         return timing
+
+    def generate_seconds(self) -> float:
+        """The last vocode call's generator work (on CUDA its device time, CUDA events: waits for it; 0 on CPU)."""
+        return self.runner.seconds()
 
     def vocode(self, windows: list[torch.Tensor], last: list[bool], conditions: list[tuple] | None = None) -> list:
         """Windows of mel [num_mels, F_i] (any streams) → float32 samples [F_i * hop] each, in [-1, 1];

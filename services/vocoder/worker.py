@@ -105,19 +105,21 @@ class VocoderWorker:
     def __init__(self, vocoder, max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002,
                  on_batch: Callable[[int, float], None] = lambda size, seconds: None,
                  on_decode: Callable[[float], None] = lambda seconds: None,
+                 on_generate: Callable[[float], None] = lambda seconds: None,
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
                  probe_seconds: float = PROBE_SECONDS, name: str = "vocoder-worker"):
         """vocoder: TokenVocoder (its `vocode(windows, last)` runs a batch); on_batch(size, seconds) per batch,
-        on_decode(seconds) per pass of its token decoder (part of a batch's seconds).
+        on_decode(seconds) per pass of its token decoder and on_generate(seconds) per call of its generator (parts of
+        a batch's seconds: on CUDA their device time).
         A call holds at most max_batch windows and max_batch_frames mel frames (but always one window), and
         at most first_chunk_batch_frames (when > 0) if it carries a first chunk; first_chunk_budget: seconds.
         lost(): is the device gone? (asked after a failed batch, and after every probe_seconds idle) If so
         every job fails with DeviceLost, the worker stops, and on_fatal(err) tells the server (device.py). See
         the module's docstring."""
         self.vocoder, self.max_batch, self.max_wait, self.on_batch = vocoder, max_batch, max_wait, on_batch
-        self.on_decode = on_decode
+        self.on_decode, self.on_generate = on_decode, on_generate
         self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
         self.first_chunk_batch_frames = first_chunk_batch_frames
         self.lost, self.on_fatal, self.probe_seconds = lost, on_fatal, probe_seconds
@@ -243,6 +245,7 @@ class VocoderWorker:
         seconds = time.perf_counter() - started
         if due:
             self.on_batch(len(due), seconds)
+            self.on_generate(self.vocoder.generate_seconds())
         if decoded:  # (read after the generator's call: its samples are on the host, the decode long done)
             self.on_decode(self.vocoder.decode_seconds())
         by_index = dict(zip(due, wavs))

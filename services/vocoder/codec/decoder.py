@@ -201,6 +201,12 @@ class FlowTokenDecoder:
         """The prompt's frames after the prefix, which a history row's first call solves before its tokens'."""
         return len(state.voice.prompt_tokens) * self.ratio - self.prefix.frames if state.written == 0 else 0
 
+    @property
+    def end_tokens(self) -> int:
+        """The most tokens a stream's end still decodes, once its first block is out: a block is decoded as soon as
+        the look-ahead after it is in, so fewer than a block and its look-ahead are left."""
+        return self.block + self.lookahead - 1
+
     def pending_frames(self, state: FlowState, new_tokens: int | None) -> int:
         plan = self.plan(state, state.received + (new_tokens or 0), new_tokens is None)
         return 0 if plan is None else (plan.decode_end - plan.emit_from) * self.ratio

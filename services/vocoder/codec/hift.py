@@ -24,20 +24,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.vocoder.codec.config import HiftConfig
+from services.vocoder.codec.snake import snake
 
 NOISE_SAMPLES = 1 << 20  # the source noise table: ~44 s at 24 kHz, read cyclically
 
 
 class Snake(nn.Module):
-    """x + sin²(αx)/α, α per channel (linear scale)."""
+    """x + sin²(αx)/α, α per channel (linear scale); one kernel on CUDA (snake.py)."""
 
     def __init__(self, channels: int):
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(channels))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        alpha = self.alpha[None, :, None]
-        return x + (1.0 / (alpha + 1e-9)) * torch.sin(x * alpha) ** 2
+        return snake(x, self.alpha)
 
 
 class ResBlock(nn.Module):
