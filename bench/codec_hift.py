@@ -109,7 +109,7 @@ def main():
         for kind, r in (("eager", eager), ("graph", runner)):
             ms = median_time(lambda r=r: r(last, [True], last_conds), args.reps, device) * 1e3
             out["cells"][f"{variant} | a last window ({LAST} frames), {kind}"] = {"ms": ms}
-        del runner, eager, model
+        runner = eager = model = None  # (freed before the next variant builds its own)
         torch.cuda.empty_cache()
     hift_module.snake = snake.snake
     out["kernel_vs_ops_snr_db"] = snr_db(samples["ops"], samples["kernel"])
@@ -117,7 +117,7 @@ def main():
     for variant in ("ops", "kernel"):
         g = out[f"{variant}_graphs"]
         print(f"{variant}: {g['count']} graphs captured in {g['seconds']:.1f} s")
-    print(f"\n| cell | Snake as ops | Snake as one kernel | floor |\n| --- | --- | --- | --- |")
+    print("\n| cell | Snake as ops | Snake as one kernel | floor |\n| --- | --- | --- | --- |")
     for name in [k.split(" | ", 1)[1] for k in out["cells"] if k.startswith("ops | ")]:
         a, b = out["cells"][f"ops | {name}"], out["cells"][f"kernel | {name}"]
         floor = f"{a['floor_ms']:.3f} ms" if "floor_ms" in a else "–"

@@ -86,9 +86,9 @@ class Done:
 # a call waits for all of it: at 128 streams, calls of up to 64 windows took 145 ms on average and first
 # chunks waited 350 ms (docs/benchmarks.md). 1024 frames is ~25 ms of an H200 alone.
 # The codec's flow decoder costs more per call and less per window than BigVGAN (~25 ms a call, ~2.2 ms a window on
-# an H100), so larger calls (`--max-batch 32 --max-batch-frames 4096 --first-chunk-batch-frames 0`) raise its
-# throughput, but they cost time to first audio below the knee, where the stack is usable: these limits are kept
-# (docs/benchmarks.md, issue 20, third and fourth steps).
+# an H100), so larger calls (`--max-batch 32 --max-batch-frames 4096 --first-chunk-batch-frames 768`) raise its
+# throughput (128 streams stall-free where these limits fall behind at 96), but they cost time to first audio below
+# the knee (TTFA p95 ~350-390 ms against ~270): these limits are kept (docs/benchmarks.md, issue 20).
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_BATCH_FRAMES = 1024
 # A first chunk's deadline, after it comes in: what the vocoder may add to time to first audio when chunks of
