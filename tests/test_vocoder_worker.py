@@ -191,33 +191,18 @@ def test_waits_for_company_are_bounded(vocoder):
         worker.stop()
 
 
-def test_each_pass_of_the_token_decoder_is_reported_once_per_call(vocoder):
-    """on_decode: one report per model call that decoded tokens (its seconds within the call's), none for a call
-    whose jobs bring no tokens."""
-    decodes, batches = [], []
-    worker = VocoderWorker(vocoder, max_batch=4, max_wait=0.0, on_decode=decodes.append,
+def test_each_pass_of_the_token_decoder_and_call_of_the_generator_is_reported_once_per_call(vocoder):
+    """on_decode and on_generate: one report each per model call that decoded tokens and vocoded windows (their
+    seconds within the call's), none for a call whose jobs bring no tokens and have no window due."""
+    decodes, generates, batches = [], [], []
+    worker = VocoderWorker(vocoder, max_batch=4, max_wait=0.0, on_decode=decodes.append, on_generate=generates.append,
                            on_batch=lambda size, seconds: batches.append(seconds))
     try:
         streamer = MelStreamer(vocoder)
         worker.submit(Job(streamer, tokens(6, 1), None, 0.0)).result(timeout=20)
-        assert len(decodes) == 1 and len(batches) == 1 and 0 < decodes[0] <= batches[0]
+        assert len(decodes) == len(generates) == len(batches) == 1
+        assert 0 < decodes[0] <= batches[0] and 0 < generates[0] <= batches[0]
         worker.submit(Job(streamer, [], time.perf_counter(), 0.2)).result(timeout=20)  # no tokens: nothing decoded
-        assert len(decodes) == 1
-    finally:
-        worker.stop()
-
-
-def test_each_call_of_the_generator_is_reported_once(vocoder):
-    """on_generate: one report per model call that vocoded windows (its seconds within the call's), none for a call
-    with no window due."""
-    generates, batches = [], []
-    worker = VocoderWorker(vocoder, max_batch=4, max_wait=0.0, on_generate=generates.append,
-                           on_batch=lambda size, seconds: batches.append(seconds))
-    try:
-        streamer = MelStreamer(vocoder)
-        worker.submit(Job(streamer, tokens(6, 1), None, 0.0)).result(timeout=20)
-        assert len(generates) == 1 and len(batches) == 1 and 0 < generates[0] <= batches[0]
-        worker.submit(Job(streamer, [], time.perf_counter(), 0.2)).result(timeout=20)  # nothing due: no call
-        assert len(generates) == 1
+        assert len(decodes) == len(generates) == 1
     finally:
         worker.stop()
