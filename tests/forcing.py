@@ -7,8 +7,10 @@ launched ahead sees one step early), so both ways of running see the same forcin
 
 from __future__ import annotations
 
-from services.common.sampling import ChunkSettings, SamplingSettings
-from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
+from sessions import Sessions
+
+from services.common.sampling import SamplingSettings
+from services.llm.engine.engine import EngineConfig, LLMEngine
 from services.llm.model.config import tiny_config
 from services.llm.model.tokenizer import tiny_tokenizer
 from services.llm.sequence import Mode
@@ -27,6 +29,9 @@ class Forcing:
 
     def __init__(self, runner, forces: dict[str, dict[int, str]], echo: float = 3.0):
         self.runner, self.forces, self.echo = runner, forces, echo
+
+    def copy_blocks(self, copies):
+        self.runner.copy_blocks(copies)
 
     def run(self, batch, feed=None):
         # The row that samples for seq computes position num_cached + n - 1 and samples the token after it.
@@ -71,20 +76,19 @@ def make_engine(model, runner: str, echo: float = 3.0, **kw) -> LLMEngine:
     return engine
 
 
-def converse(engine: LLMEngine, turns=TURNS) -> list:
-    """All sessions' turns batched together, turn by turn → per session, per turn: (text ids, audio ids,
-    finish reason) of the reply."""
+def converse(engine: LLMEngine, turns=TURNS, sessions: Sessions | None = None) -> list:
+    """All sessions' turns batched together, turn by turn, each with its session's history (`sessions` keeps
+    them) → per session, per turn: (text ids, audio ids, finish reason) of the reply."""
+    sessions = sessions if sessions is not None else Sessions()
     out = [[] for _ in turns]
     for t in range(max(len(s) for s in turns)):
         seqs = []
         for i, session in enumerate(turns):
             if t < len(session):
-                req = GenerationRequest(f"{i}.{t}", GREEDY if i % 2 == 0 else SEEDED, ChunkSettings(), text=session[t],
-                                        session_id=f"s{i}", audio_reply=i == 2)
-                seqs.append((i, engine.make_sequence(req)))
-                engine.add(seqs[-1][1])
-        while engine.has_work():
-            engine.step()
+                req = sessions.request(f"{i}.{t}", GREEDY if i % 2 == 0 else SEEDED, f"s{i}", text=session[t],
+                                       audio_reply=i == 2)
+                seqs.append((i, sessions.add(engine, req)))
+        sessions.run(engine)
         for i, seq in seqs:
             out[i].append((seq.text_ids[seq.num_prompt :], seq.audio_ids[seq.num_prompt :], seq.finish_reason))
     return out

@@ -14,6 +14,7 @@ import grpc
 import pytest
 from conftest import metric_value, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, vocoder_pb2, vocoder_pb2_grpc
+from sessions import Sessions
 
 from services.common.sampling import ChunkSettings, resolve_sampling
 from services.gateway.client import converse
@@ -125,14 +126,11 @@ def local_turns(texts: list[str]):
     the session's turns → the last turn's sequence (its prompt is the whole history)."""
     cfg = preset("tiny")
     engine = LLMEngine(random_model(cfg, seed=0), preset_tokenizer(cfg), EngineConfig(kv_cache_bytes=1 << 30))
-    seq = None
+    seq, sessions = None, Sessions()
     for i, text in enumerate(texts):
-        seq = engine.make_sequence(GenerationRequest(
-            f"t{i}", resolve_sampling(GREEDY, 2048), ChunkSettings(), text=text,
-            system_prompt="", session_id="local"))
-        engine.add(seq)
-        while engine.has_work():
-            engine.step()
+        seq = sessions.add(engine, sessions.request(f"t{i}", resolve_sampling(GREEDY, 2048), "local", text=text,
+                                                    system_prompt=""))
+        sessions.run(engine)
     return seq
 
 

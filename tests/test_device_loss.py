@@ -79,7 +79,7 @@ def test_an_llm_whose_device_is_lost_fails_everything_and_says_so(engine):
         err = await asyncio.wait_for(running, 10)
         with pytest.raises(DeviceLost):  # nothing more is taken: at once, not after a wait
             await asyncio.wait_for(anext(driver.generate(request(engine, "b"))), 1)
-        closed = await asyncio.wait_for(driver.close_session("s"), 1)
+        closed = await asyncio.wait_for(driver.release_session("s"), 1)
         return err, closed
 
     err, closed = asyncio.run(scenario())

@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
+from sessions import Sessions
 
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
@@ -43,21 +44,20 @@ def engine_for(model, cfg=CFG, **kw) -> LLMEngine:
     return LLMEngine(model, tiny_tokenizer(tiny_config()), EngineConfig(**{**defaults, **kw}))
 
 
-def conversation(engine: LLMEngine, turns: list[list[str]]) -> list[list[tuple[list[int], list[int]]]]:
+def conversation(engine: LLMEngine, turns: list[list[str]], sessions: Sessions | None = None
+                 ) -> list[list[tuple[list[int], list[int]]]]:
     """Several sessions, each a list of user turns, run turn by turn with all sessions' turns batched
-    together; → per session, per turn, the generated (text ids, audio ids)."""
+    together, each with its session's history; → per session, per turn, the generated (text ids, audio ids)."""
+    sessions = sessions if sessions is not None else Sessions()
     out = [[] for _ in turns]
     for t in range(max(len(s) for s in turns)):
         seqs = []
         for i, session in enumerate(turns):
             if t < len(session):
                 sampling = GREEDY if i % 2 == 0 else SAMPLED
-                seq = engine.make_sequence(GenerationRequest(f"{i}.{t}", sampling, ChunkSettings(), text=session[t],
-                                                             session_id=f"s{i}", audio_reply=(i + t) % 3 != 2))
-                engine.add(seq)
-                seqs.append((i, seq))
-        while engine.has_work():
-            engine.step()
+                seqs.append((i, sessions.add(engine, sessions.request(f"{i}.{t}", sampling, f"s{i}", text=session[t],
+                                                                      audio_reply=(i + t) % 3 != 2))))
+        sessions.run(engine)
         for i, seq in seqs:
             out[i].append((seq.text_ids[seq.num_prompt :], seq.audio_ids[seq.num_prompt :]))
     return out
@@ -89,10 +89,9 @@ def test_kernel_runner_matches_the_reference_over_sessions(kernels):
     model = random_model(CFG, seed=5)
     turns = TURNS if kernels == "torch" else TURNS[:2]  # the interpreter is slow
     ref = conversation(engine_for(model, runner="reference"), turns)
-    engine = engine_for(model, runner="kernels", kernels=kernels)
-    assert conversation(engine, turns) == ref
-    for s in list(engine.sessions.sessions):
-        engine.close_session(s)
+    engine, sessions = engine_for(model, runner="kernels", kernels=kernels), Sessions()
+    assert conversation(engine, turns, sessions) == ref
+    sessions.release_all(engine)
     assert engine.block_manager.num_used == 0
 
 

@@ -82,32 +82,47 @@ def test_checkpoint_directory_serves_the_same_tokens(checkpoint, llm):
 
 
 def test_session_turns_over_grpc_reuse_the_cache(llm):
+    """The second turn brings the history the first turn's final chunk reported; the blocks the llm pinned for it
+    serve that history, and ReleaseSession lets them go."""
     target, metrics_port = llm
     first = asyncio.run(generate(target, text="Hi", session_id="conv-1", sampling=GREEDY))
+    assert metric_value(scrape(metrics_port), "llm_sessions") >= 1
     before = metric_value(scrape(metrics_port), "llm_prefill_tokens_total")
-    second = asyncio.run(generate(target, text="More please", session_id="conv-1", sampling=GREEDY))
+    second = asyncio.run(generate(target, text="More please", session_id="conv-1", sampling=GREEDY,
+                                  history=first[-1].turn_tokens))
     computed = metric_value(scrape(metrics_port), "llm_prefill_tokens_total") - before
-    assert second[-1].stats.prompt_tokens > first[-1].stats.prompt_tokens + 16
+    assert second[-1].stats.prompt_tokens > len(first[-1].turn_tokens.text) > first[-1].stats.prompt_tokens + 16
     assert 0 < computed < 40 < second[-1].stats.prompt_tokens
 
+    async def release():
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = llm_pb2_grpc.LlmStub(channel)
+            return [(await stub.ReleaseSession(llm_pb2.ReleaseSessionRequest(session_id="conv-1"))).released
+                    for _ in range(2)]
 
-def test_busy_session_is_failed_precondition(llm):
+    assert asyncio.run(release()) == [True, False]  # the second: nothing pinned any more
+
+
+def test_turns_of_one_session_at_once_both_run(llm):
+    """The llm keeps no session: a second turn while the first runs is just another request."""
     target, _ = llm
 
     async def two_turns():
         async with grpc.aio.insecure_channel(target) as channel:
             stub = llm_pb2_grpc.LlmStub(channel)
-            # Long for sure: no end of speech before 2000 tokens (the second turn waits up to 1 s for a busy one).
-            sampling = common_pb2.SamplingParams(max_new_tokens=2000, min_new_tokens=2000, seed=1)
+            sampling = common_pb2.SamplingParams(max_new_tokens=200, min_new_tokens=200, seed=1)
             long_turn = stub.Generate(llm_pb2.GenerateRequest(text="Long", session_id="busy", sampling=sampling))
             await long_turn.read()  # running now
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                [m async for m in stub.Generate(llm_pb2.GenerateRequest(text="Again", session_id="busy"))]
-            long_turn.cancel()
-            return info.value
+            again = [m async for m in stub.Generate(llm_pb2.GenerateRequest(text="Again", session_id="busy",
+                                                                            sampling=GREEDY))]
+            rest = []
+            while (m := await long_turn.read()) is not grpc.aio.EOF:
+                rest.append(m)
+            await stub.ReleaseSession(llm_pb2.ReleaseSessionRequest(session_id="busy"))
+            return again, rest
 
-    err = asyncio.run(two_turns())
-    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "session" in err.details()
+    again, rest = asyncio.run(two_turns())
+    assert again[-1].final and again[-1].turn_tokens.text and rest[-1].final and rest[-1].stats.generated_tokens == 200
 
 
 @pytest.mark.parametrize("sampling, field", [

@@ -12,6 +12,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
+from sessions import Sessions
 
 from forcing import CFG, GREEDY, SEEDED, converse, make_engine
 from services.common.sampling import ChunkSettings
@@ -32,16 +33,15 @@ def model():
 @pytest.mark.parametrize("runner", RUNNERS)
 def test_overlapped_steps_give_the_tokens_of_one_step_at_a_time(model, runner):
     one_at_a_time = converse(make_engine(model, runner, overlap=False))
-    engine = make_engine(model, runner, overlap=True)
-    assert converse(engine) == one_at_a_time
+    engine, sessions = make_engine(model, runner, overlap=True), Sessions()
+    assert converse(engine, sessions=sessions) == one_at_a_time
     # The forcing did what it is for: mode switches, a stop and an early end of speech …
     reasons = {r for session in one_at_a_time for _, _, r in session}
     assert {FinishReason.STOP, FinishReason.END_OF_SPEECH, FinishReason.LENGTH} <= reasons
     assert CFG.sosp_token_id in one_at_a_time[0][0][0]
     # … and steps ran ahead, some of whose samples had to be thrown away.
     assert engine.counters.steps_ahead > 0 and engine.counters.voided_samples > 0
-    for session in list(engine.sessions.sessions):
-        assert engine.close_session(session)
+    sessions.release_all(engine)
     assert engine.block_manager.num_used == 0 and not engine.has_work()
     assert sorted(engine.sampler.free_slots) == list(range(engine.config.max_num_seqs))
 

@@ -13,7 +13,7 @@ import time
 import grpc
 import pytest
 from conftest import metric_value, scrape
-from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, llm_pb2, llm_pb2_grpc
 
 from services.gateway.client import converse
 from services.stack import Ports, Stack
@@ -131,6 +131,41 @@ def only_session(stack) -> str:
     holding = [r for r, n in placed(stack).items() if n == 1]
     assert len(holding) == 1 and sum(placed(stack).values()) == 1, placed(stack)
     return holding[0]
+
+
+async def llm_turns(targets: list[str], texts: list[str]) -> list[tuple[list[int], list[int]]]:
+    """A session's greedy turns sent straight to llm replicas, turn i to targets[i % len(targets)], each with the
+    history the turns before reported → each turn's (audio codes, turn_tokens.text); pins released at the end."""
+    history, out, used = llm_pb2.PromptTokens(), [], set()
+    for i, text in enumerate(texts):
+        target = targets[i % len(targets)]
+        used.add(target)
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = llm_pb2_grpc.LlmStub(channel)
+            chunks = [m async for m in stub.Generate(llm_pb2.GenerateRequest(
+                text=text, session_id="across", sampling=GREEDY, history=history if history.text else None), timeout=60)]
+        final = chunks[-1].turn_tokens
+        history.text.extend(final.text)
+        history.audio.extend(final.audio)
+        out.append(([t for c in chunks for t in c.audio_tokens], list(final.text)))
+    for target in used:
+        async with grpc.aio.insecure_channel(target) as channel:
+            await llm_pb2_grpc.LlmStub(channel).ReleaseSession(llm_pb2.ReleaseSessionRequest(session_id="across"))
+    return out
+
+
+def test_a_session_alternating_between_llm_replicas_says_what_it_says_on_one(stack):
+    """No llm keeps a session: turns sent to one replica, then the other, and back, each with the history, are the
+    turns of the same session on one replica, token for token; each replica keeps only what it pinned for the
+    session's next turn, and nothing once released."""
+    wait_idle(stack)
+    texts = ["Hello, who are you?", "Tell me more.", "And then?"]
+    one, two = (stack.target(r) for r in stack.replicas("llm"))
+    on_one = asyncio.run(llm_turns([one], texts))
+    alternating = asyncio.run(llm_turns([one, two], texts))
+    assert alternating == on_one and all(codes for codes, _ in on_one)
+    wait_for(lambda: all(v == 0 for v in per_replica(stack, "llm", "llm_sessions").values())
+             and all(v == 0 for v in per_replica(stack, "llm", "llm_kv_blocks_used").values()), 10, "pins left")
 
 
 @pytest.mark.parametrize("back_by_the_next_turn", [False, True])

@@ -54,10 +54,6 @@ class ResourceExhausted(ServiceError):
         self.retry_after = retry_after
 
 
-class FailedPrecondition(ServiceError):
-    code = "FAILED_PRECONDITION"
-
-
 class Cancelled(ServiceError):
     code = "CANCELLED"
 

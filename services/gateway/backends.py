@@ -6,7 +6,8 @@
   skipped until it recovers.
 - Placement: the ready replica with the fewest calls in progress from this gateway, then the fewest sessions,
   then the next in turn (so equal replicas share the work). A Converse session keeps its llm replica from
-  turn to turn, where its KV cache is (conversation.py), and moves only when that replica is not ready;
+  turn to turn, where its last turn's KV blocks are pinned (session.py), and moves only when that replica is
+  not ready (any replica can serve any turn: it computes the history once);
   vocoder streams are placed one by one.
 - Readiness: the gateway reports SERVING while every stage has a ready replica. A call that finds none waits
   for one, for at most `ready_wait` seconds and within its own deadline, instead of failing at once (a stack
@@ -53,7 +54,7 @@ class Replica:
         self.ready = False
         self.checked = 0.0  # time.monotonic() of its last health check
         self.calls = 0     # calls in progress: turns on an llm, streams on a vocoder
-        self.sessions = 0  # Converse sessions whose history this llm holds
+        self.sessions = 0  # Converse sessions whose last turn ran here (their KV blocks pinned for the next)
         self.voices: tuple[str, ...] | None = None  # a vocoder's ListVoices (None: not known, or not a vocoder)
 
     def __repr__(self) -> str:

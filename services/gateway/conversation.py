@@ -3,16 +3,16 @@
     client ──config, turns, cancel, close──▶ reader task ──starts / cancels──▶ turn task (a Turn, pipeline.py)
     client ◀──────────────── outbox (one queue, in order) ◀──────────────── every task's messages
 
-Each turn is a Turn of its own, run as a task, with the session (session.py): its llm replica keeps the
-session's history and KV blocks between turns, and the gateway keeps the history too, so that the session
-survives its replica. One turn runs at a time. A cancel (or a new turn while one runs) cancels
-the turn's task: Turn.run's cleanup cancels its llm and vocoder calls (the llm frees the turn's blocks, and
-the session keeps its history from before the turn), and messages of that turn still in the outbox are
-dropped, so no audio of it reaches the client after its TurnCancelled. A turn that fails (no place, a stage
-down) is answered with TurnFailed and the session goes on, its history as before the turn.
+Each turn is a Turn of its own, run as a task, with the session (session.py): the gateway keeps the session's
+history and sends it with every turn (the llm keeps none; the replica that ran the last turn has its KV blocks
+pinned for the next). One turn runs at a time. A cancel (or a new turn while one runs) cancels the turn's task:
+Turn.run's cleanup cancels its llm and vocoder calls (the llm frees the turn's blocks), the history stays as it
+was before the turn, and messages of that turn still in the outbox are dropped, so no audio of it reaches the
+client after its TurnCancelled. A turn that fails (no place, a stage down) is answered with TurnFailed and the
+session goes on, its history as before the turn.
 
 Whatever ends the call (close, half-close, idle timeout, an error, the client leaving), every task is
-cancelled and awaited and the llm replica forgets the session, so nothing outlives it.
+cancelled and awaited and the llm replica releases the session's pinned blocks, so nothing outlives it.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class Conversation:
             running = [t for t in [*tasks, self.turn, *self.tails] if t is not None]
             for task in running:
                 task.cancel()  # a turn's own cleanup cancels its llm and vocoder calls
-            self.session.close()  # its llm replica forgets it (after the turn running there, if any)
+            self.session.close()  # its llm replica releases its pinned blocks (a turn running there pins none)
             await asyncio.gather(*running, return_exceptions=True)
 
     # ---- the client's messages -------------------------------------------------------------------

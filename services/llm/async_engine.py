@@ -5,10 +5,6 @@ Callers hand requests and aborts over through a queue; chunks come back to per-r
 through `loop.call_soon_threadsafe`. When the engine paces speech (`hold_seconds`), the thread waits on
 that queue instead of stepping, so a new request ends the wait at once.
 
-A session's next turn that finds the previous one still running waits up to SESSION_BUSY_WAIT seconds
-for it to end: a client that cancels a turn and sends the next one at once (barge-in) has its cancel
-reach this thread by another path (the call's cancellation) than the new turn, in either order.
-
 A step slower than SLOW_SECONDS, or as long spent between two steps (the thread's own work, or waiting
 for the interpreter lock), is logged with what the step held: the first place to look when streams stall.
 
@@ -30,15 +26,13 @@ from collections.abc import AsyncIterator, Callable
 from services.common.device import PROBE_SECONDS
 from services.common.errors import DeviceLost, Internal, ServiceError
 from services.llm.engine.engine import EngineLoad, LLMEngine, StepStats
-from services.llm.engine.session import SessionBusy
 from services.llm.sequence import Chunk, Sequence
 
 log = logging.getLogger(__name__)
 
 _ABORT = object()
-_CLOSE = object()
+_RELEASE = object()
 SLOW_SECONDS = 0.1
-SESSION_BUSY_WAIT = 1.0
 
 
 class AsyncEngine:
@@ -63,7 +57,6 @@ class AsyncEngine:
         self.fatal: DeviceLost | None = None  # set when the device was lost: the thread has ended
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outputs: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # by seq_id
-        self._deferred: dict[int, tuple[Sequence, float]] = {}  # seq_id → (a busy session's next turn, give-up time)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llm-engine", daemon=True)
 
@@ -98,13 +91,13 @@ class AsyncEngine:
             if not done:
                 self._inbox.put((_ABORT, seq.seq_id))
 
-    async def close_session(self, session_id: str) -> bool:
-        """Forget a session and free its blocks, on the engine thread (after any abort sent before it)."""
-        if self.fatal is not None:  # its sessions went with the device
+    async def release_session(self, session_id: str) -> bool:
+        """Let a session's pinned blocks go, on the engine thread (after any abort sent before it)."""
+        if self.fatal is not None:  # its blocks went with the device
             return False
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
-        self._inbox.put((_CLOSE, session_id, loop, done))
+        self._inbox.put((_RELEASE, session_id, loop, done))
         return await done
 
     # ---- engine thread ---------------------------------------------------------------------------
@@ -115,9 +108,7 @@ class AsyncEngine:
             loop.call_soon_threadsafe(out.put_nowait, item)
 
     def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
-        """Take what callers sent (requests, aborts, closes) → whether anything came."""
-        if self._deferred and block:
-            timeout = 0.01 if timeout is None else min(timeout, 0.01)  # a deferred turn is tried again soon
+        """Take what callers sent (requests, aborts, releases) → whether anything came."""
         came = False
         try:
             item = self._inbox.get(block=block, timeout=timeout)
@@ -125,29 +116,20 @@ class AsyncEngine:
             while True:
                 if isinstance(item, tuple) and item[0] is _ABORT:
                     self.engine.abort(item[1])
-                    self._deferred.pop(item[1], None)
-                elif isinstance(item, tuple) and item[0] is _CLOSE:
+                elif isinstance(item, tuple) and item[0] is _RELEASE:
                     _, session_id, loop, done = item
-                    closed = self.engine.close_session(session_id)
-                    loop.call_soon_threadsafe(lambda: done.done() or done.set_result(closed))
+                    released = self.engine.release_session(session_id)
+                    loop.call_soon_threadsafe(lambda: done.done() or done.set_result(released))
                 elif item is not None:
-                    self._add(item, time.monotonic() + SESSION_BUSY_WAIT)
+                    self._add(item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
-        for seq, give_up in list(self._deferred.values()):  # after the aborts that may have freed their sessions
-            del self._deferred[seq.seq_id]
-            self._add(seq, give_up)
         return came
 
-    def _add(self, seq: Sequence, give_up: float) -> None:
+    def _add(self, seq: Sequence) -> None:
         try:
             self.engine.add(seq)
-        except SessionBusy as err:
-            if time.monotonic() < give_up:
-                self._deferred[seq.seq_id] = (seq, give_up)
-            else:
-                self._deliver(seq.seq_id, err)
         except ServiceError as err:  # refused, nothing kept
             self._deliver(seq.seq_id, err)
 
@@ -156,7 +138,7 @@ class AsyncEngine:
         while not self._stop.is_set():
             if not self.engine.has_work():
                 last_step_end = None
-                if not self._drain_inbox(block=True, timeout=self.probe_seconds) and not self._deferred and self.lost():
+                if not self._drain_inbox(block=True, timeout=self.probe_seconds) and self.lost():
                     self._die(DeviceLost("its GPU failed (found while idle); restarting"))  # (a fault elsewhere: MPS)
                     return
             elif (hold := self.engine.hold_seconds()) > 0:
@@ -198,20 +180,19 @@ class AsyncEngine:
                     s.prefill_tokens, s.decode_tokens, between * 1e3, load.running, load.waiting)
 
     def _die(self, err: DeviceLost) -> None:
-        """The device is lost: fail every request (running, queued, deferred, registered), answer every
-        CloseSession, and tell the server. The thread ends after this."""
+        """The device is lost: fail every request (running, queued, registered), answer every release, and tell
+        the server. The thread ends after this."""
         log.critical("llm: %s: failing every request and stopping", err)
         self.fatal = err
         # The server first: a client that sees the error finds it already going down (and a test that awaits the
         # error finds it told).
         self.on_fatal(err)
-        self._deferred.clear()
         while True:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(item, tuple) and item[0] is _CLOSE:
+            if isinstance(item, tuple) and item[0] is _RELEASE:
                 _, _, loop, done = item
                 loop.call_soon_threadsafe(lambda done=done: done.done() or done.set_result(False))
         for seq_id in list(self._outputs):

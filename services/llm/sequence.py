@@ -88,6 +88,7 @@ class Sequence:
     session_id: str = ""
     num_cached: int = 0          # positions whose K/V are in the cache
     text_kv_upto: int = 0        # positions whose text-branch K/V are too (the kernel runner may skip them while speaking)
+    text_committed: int = 0      # text_kv_upto as the block manager last recorded it for this sequence's known blocks
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # of the leading full, computed blocks
     num_steps: int = 0           # tokens sampled (each step samples both heads once)
@@ -109,9 +110,8 @@ class Sequence:
 
     def __post_init__(self):
         self.num_prompt = len(self.text_ids)
-        self.turn_start = 0      # where this turn's own tokens begin (a session prepends its history)
-        self.history: tuple[list[int], list[int]] | None = None  # a session's history given by the caller
-        self.history_len = 0     # positions of session history this turn began with
+        self.history_len = 0     # positions of session history this turn's prompt begins with (its caller's)
+        self.pin_at_end = bool(self.session_id)  # a session's turn: its blocks are pinned when it ends (pins.py)
         self.num_prefilled = 0   # prompt positions computed by this request (not served from the cache)
         # The sampler's noise is a hash of (noise_seed, step, token): a request's seed reproduces its
         # samples whatever else shares the batch; without one, a random key.

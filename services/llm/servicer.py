@@ -82,7 +82,7 @@ class LlmServicer(llm_pb2_grpc.LlmServicer):
             metrics.observe_chunk(chunk)
             yield to_response(chunk, text.add(chunk.text_tokens, chunk.final))
 
-    async def CloseSession(self, request, context):
+    async def ReleaseSession(self, request, context):
         if not request.session_id:
             raise InvalidArgument("session_id", "must not be empty")
-        return llm_pb2.CloseSessionResponse(closed=await self.engine.close_session(request.session_id))
+        return llm_pb2.ReleaseSessionResponse(released=await self.engine.release_session(request.session_id))

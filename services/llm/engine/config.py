@@ -14,7 +14,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512   # positions per step: bounds a step's time while prompts stream in
     max_model_len: int = 4096           # prompt (with session history) + generated positions
     max_new_tokens_limit: int = 2048
-    max_sessions: int = 1024
+    max_sessions: int = 1024            # sessions whose blocks are pinned for their next turn, at most (pins.py)
     runner: str = "auto"                # "kernels" (fused kernels, CUDA graphs), "reference", or auto: kernels on CUDA
     kernels: str = "auto"               # the kernel runner's ops: "triton", "torch", or auto: triton on CUDA
     cuda_graphs: bool = True            # steps replay captured graphs (CUDA, Triton kernels)

@@ -20,9 +20,9 @@ from services.llm.batch import ScheduledBatch
 from services.llm.engine.block_manager import BlockManager
 from services.llm.engine.config import EngineConfig
 from services.llm.engine.pacing import hold_for
+from services.llm.engine.pins import Pins
 from services.llm.engine.sampler import Sampler, Samples
 from services.llm.engine.scheduler import Scheduler
-from services.llm.engine.session import SessionStore
 from services.llm.model.config import MossSpeechConfig
 from services.llm.model.model import MossSpeechForCausalLM
 from services.llm.model.prompt import PromptBuilder
@@ -43,9 +43,9 @@ class GenerationRequest:
     audio_ids: list[int] | None = None
     system_prompt: str = ""
     audio_reply: bool = True
-    session_id: str = ""                     # continue this conversation (its KV stays warm)
-    # The session's history as the caller kept it (both channels): what the session starts again from when
-    # this engine's copy is missing or differs (session.py). None: this engine's copy, if any.
+    session_id: str = ""                     # a turn of this conversation: its blocks are pinned for the next (pins.py)
+    # The session's history as its caller keeps it (both channels; None or empty: its first turn): the prompt is
+    # the history, then this turn (without a system turn of its own).
     history_text_ids: list[int] | None = None
     history_audio_ids: list[int] | None = None
 
@@ -129,9 +129,9 @@ class LLMEngine:
         device = next(model.parameters()).device
         num_blocks = max(1, config.kv_cache_bytes // (config.block_size * bytes_per_position(self.cfg, config, device)))
         self.block_manager = BlockManager(num_blocks, config.block_size)
-        self.sessions = SessionStore(self.block_manager, config.max_sessions)
+        self.pins = Pins(self.block_manager, config.max_sessions)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   reclaim=self.sessions.reclaim)
+                                   reclaim=self.pins.reclaim)
         self.upload = Uploader(device)  # one pinned staging buffer for the step's host → device copies
         self.runner = make_runner(model, num_blocks, device, config, self.upload)
         self.sampler = Sampler(self.cfg, config.max_num_seqs, device, self.upload)
@@ -148,30 +148,28 @@ class LLMEngine:
 
     # ---- requests --------------------------------------------------------------------------------
     def make_sequence(self, req: GenerationRequest) -> Sequence:
-        """Validate a request and build its sequence. Pure: allocates nothing, safe from any thread.
-        A session's history is joined in `add`, on the engine's thread."""
+        """Validate a request and build its sequence: a session's history, then the turn. Pure: allocates
+        nothing, safe from any thread."""
+        history = list(req.history_text_ids or []), list(req.history_audio_ids or [])
+        if history != ([], []):
+            if not req.session_id:
+                raise InvalidArgument("history", "needs a session_id")
+            self._check_prompt_tokens(*history, field="history")
         if req.text is not None:
             if not req.text.strip():
                 raise InvalidArgument("text", "must not be empty")
             prompt = self.prompts.build(req.text, req.audio_reply, req.system_prompt)
-            text_ids, audio_ids, turn_start = prompt.text_ids, prompt.audio_ids, prompt.turn_start
+            turn = prompt.turn_start if history[0] else 0  # a later turn: the history has the system turn
+            text_ids, audio_ids = prompt.text_ids[turn:], prompt.audio_ids[turn:]
         else:
             text_ids = list(req.text_ids or [])
             audio_ids = list(req.audio_ids or []) or [self.cfg.audio_pad_token_id] * len(text_ids)
             self._check_prompt_tokens(text_ids, audio_ids)
-            turn_start = 0
-        self._check_length(len(text_ids), req.sampling.max_new_tokens)
-        seq = Sequence(req.request_id, text_ids, audio_ids, req.sampling, req.chunking, req.audio_reply,
-                       session_id=req.session_id)
-        seq.turn_start = turn_start
-        if req.history_text_ids or req.history_audio_ids:
-            if not req.session_id:
-                raise InvalidArgument("history", "needs a session_id")
-            history = list(req.history_text_ids), list(req.history_audio_ids or [])
-            self._check_prompt_tokens(*history, field="history")
-            self._check_length(len(history[0]) + len(text_ids) - turn_start, req.sampling.max_new_tokens,
-                               what="session history plus this turn")
-            seq.history = history
+        what = "session history plus this turn" if history[0] else "prompt"
+        self._check_length(len(history[0]) + len(text_ids), req.sampling.max_new_tokens, what=what)
+        seq = Sequence(req.request_id, history[0] + text_ids, history[1] + audio_ids, req.sampling, req.chunking,
+                       req.audio_reply, session_id=req.session_id)
+        seq.history_len = len(history[0])
         seq.start_mode(self.cfg)
         return seq
 
@@ -192,15 +190,7 @@ class LLMEngine:
             )
 
     def add(self, seq: Sequence) -> None:
-        """Queue a sequence (engine thread). A session's turn joins its history here; errors leave nothing behind."""
-        if seq.session_id:
-            if seq.history is not None:  # the caller's copy wins over ours (checked against the context in make_sequence)
-                self.sessions.adopt(seq.session_id, *seq.history)
-            history = self.sessions.history_len(seq.session_id)
-            if history:
-                turn = len(seq) - seq.turn_start
-                self._check_length(history + turn, seq.sampling.max_new_tokens, what="session history plus this turn")
-            self.sessions.begin(seq, seq.turn_start)
+        """Queue a sequence (engine thread)."""
         self.sequences[seq.seq_id] = seq
         self.scheduler.add(seq)
 
@@ -212,15 +202,18 @@ class LLMEngine:
         seq.finish(FinishReason.ABORTED)
         self.scheduler.finish(seq)
         self.sampler.release(seq)
-        if seq.session_id:
-            self.sessions.abort(seq)  # the session takes its history's blocks back first
-        self.block_manager.free(seq)
+        self.block_manager.free(seq)  # (a session's pin, if any, is the last finished turn's: kept)
         if self.inflight is not None and not any(self.sequences.get(s.seq_id) is s for s in self.inflight.batch.seqs):
             self.inflight = None  # nobody is left to apply the step in flight to (stream order keeps it harmless)
         return True
 
-    def close_session(self, session_id: str) -> bool:
-        return self.sessions.close(session_id)
+    def release_session(self, session_id: str) -> bool:
+        """The session ended: its pinned blocks go back to the cache, and a turn of it still running pins none when
+        it ends (its caller cancels it, but the cancel may come after this). False if nothing was pinned."""
+        for seq in self.sequences.values():
+            if seq.session_id == session_id:
+                seq.pin_at_end = False
+        return self.pins.release(session_id)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self.inflight is not None
@@ -243,7 +236,7 @@ class LLMEngine:
 
     def load(self) -> EngineLoad:
         bm = self.block_manager
-        return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting), bm.num_used, bm.num_free, len(self.sessions))
+        return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting), bm.num_used, bm.num_free, len(self.pins))
 
     # ---- the loop --------------------------------------------------------------------------------
     def step(self) -> list[Chunk]:
@@ -311,6 +304,8 @@ class LLMEngine:
         if previous is not None:
             self.sampler.observe_ahead(previous.samples)
             feed = self._feed(previous)
+        if copies := self.block_manager.take_copies():  # partial blocks a sequence admitted now starts with
+            self.runner.copy_blocks(copies)
         sampled, text_logits, audio_logits = self.runner.run(batch, feed)
         self.block_manager.commit(*batch.seqs)
         seqs = [batch.seqs[i] for i in sampled]
@@ -395,7 +390,8 @@ class LLMEngine:
         return Chunk(seq.seq_id, seq.request_id, seq.chunks_sent, [], [], final=True, error=message)
 
     def _retire(self, seq: Sequence) -> tuple[list[int], list[int]] | None:
-        """A finished sequence leaves the engine → for a session's turn, the positions it added to the history."""
+        """A finished sequence leaves the engine → for a session's turn, the positions it added to the history
+        (its prompt after the history, its reply and the turn's closing), its blocks pinned for the next turn."""
         self.scheduler.finish(seq)
         self.sampler.release(seq)
         self.sequences.pop(seq.seq_id, None)
@@ -405,7 +401,12 @@ class LLMEngine:
         text, audio = self.turn_end
         if seq.mode is Mode.AUDIO:  # cut off mid-speech (length limit): close the segment first
             text, audio = [self.cfg.modality_pad_token_id, *text], [self.cfg.eosp_token_id, *audio]
-        return self.sessions.end(seq, text, audio)
+        added = seq.text_ids[seq.history_len :] + text, seq.audio_ids[seq.history_len :] + audio
+        if seq.pin_at_end:
+            self.pins.keep(seq.session_id, seq)
+        else:
+            self.block_manager.free(seq)
+        return added
 
     def record(self, stats: StepStats, start: float, batch_size: int, before: tuple[int, int, int], now: float) -> None:
         """stats.duration: from the step's launch, or the previous step's end if later (steps overlap)."""

@@ -6,11 +6,11 @@ chunk of its prompt that fits, so a long prompt is spread over several steps ins
 streams already talking. Then waiting sequences are admitted in arrival order while the budget, the
 batch size and the KV pool allow; the first that does not fit stops admission (no overtaking).
 
-When a running sequence needs a block and none is free, `reclaim` is asked first (idle sessions' blocks),
-then the newest running sequence is preempted: its blocks are freed and it waits at the front of the
-queue, to be recomputed (mostly from cached blocks) when there is room again. When the head of the queue
-does not fit, idle sessions and then sequences waiting behind it give up the blocks they hold (a
-session's turn brings its history's blocks), so admission in order can never deadlock.
+When a running sequence needs a block and none is free, `reclaim` is asked first (the blocks pinned for
+sessions' next turns: pins.py), then the newest running sequence is preempted: its blocks are freed and it
+waits at the front of the queue, to be recomputed (mostly from cached blocks) when there is room again. A
+waiting sequence holds no block (they are allocated at admission), so admission in order never deadlocks:
+when the head of the queue does not fit, only pins are asked to make room.
 """
 
 from __future__ import annotations
@@ -72,18 +72,10 @@ class Scheduler:
         return batch
 
     def _room_for(self, head: Sequence) -> bool:
-        """Free enough blocks to admit the head of the queue, if idle sessions or the sequences
-        waiting behind it hold them."""
+        """Free enough blocks to admit the head of the queue, if pins hold them."""
         bm = self.block_manager
-        if bm.can_allocate(head):
-            return True
-        needed = bm.blocks_needed(len(head)) - len(head.block_table)
-        self.reclaim(needed)
-        for seq in reversed(self.waiting):
-            if bm.num_free >= needed:
-                break
-            if seq is not head and seq.block_table:
-                bm.free(seq)  # recomputed on admission, mostly from its hashed blocks
+        if not bm.can_allocate(head):
+            self.reclaim(bm.blocks_needed(len(head)))
         return bm.can_allocate(head)
 
     def _make_room(self, seq: Sequence) -> bool:

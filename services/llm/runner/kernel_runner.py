@@ -46,7 +46,7 @@ class BlockTableMirror:
     """Each running sequence's block table as a row of a host array [slots, max_blocks] int32, kept by
     appending new entries (a decoding sequence gains one block every block_size steps) instead of
     rebuilding B rows each step. A row is rewritten whole when its sequence's table list is a new
-    object (admission, preemption and readmission, a session's turn)."""
+    object (admission, preemption and readmission)."""
 
     def __init__(self, slots: int, max_blocks: int):
         self.table = np.zeros((slots, max_blocks), dtype=np.int32)
@@ -248,6 +248,19 @@ class KernelRunner:
         self.filled_positions += cu[-1]
 
     # ---- the runner contract -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy each (source, destination) block: its K/V in every layer and the trunk outputs kept for its positions
+        (torch_runner.py's contract), on the step's stream ahead of the step."""
+        bs = self.block_size
+        ids = self.upload(torch.tensor(copies, dtype=torch.long).T.contiguous())    # [2, copies]
+        self.kv_cache[ids[1]] = self.kv_cache[ids[0]]
+        trunk = self.forward.trunk
+        if trunk is not None:
+            offsets = torch.arange(bs, device=ids.device)
+            rows = (ids[:, :, None] * bs + offsets).flatten(1)                        # [2, copies * block_size]
+            trunk[rows[1]] = trunk[rows[0]]
+
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, feed: tuple[torch.Tensor, torch.Tensor] | None = None
             ) -> tuple[list[int], torch.Tensor, torch.Tensor]:

@@ -58,6 +58,12 @@ class ModelRunner:
             num_blocks, cfg.num_layers, 2, cfg.num_key_value_heads, block_size, cfg.head_dim, dtype=dtype, device=device
         )
 
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy each (source, destination) block's K/V, every layer (a sequence starting with a known partial block:
+        block_manager.py), ahead of the step that writes the rest of the destination."""
+        source, destination = (torch.tensor(ids, device=self.device) for ids in zip(*copies))
+        self.kv_cache[destination] = self.kv_cache[source]
+
     def run(self, batch: ScheduledBatch, feed: tuple[torch.Tensor, torch.Tensor] | None = None
             ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
         """Compute the scheduled positions; → (indices into batch.seqs of the sequences whose last

@@ -28,17 +28,17 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_END_OF_SPEECH: FinishReason
 
-class CloseSessionRequest(_message.Message):
+class ReleaseSessionRequest(_message.Message):
     __slots__ = ("session_id",)
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
-class CloseSessionResponse(_message.Message):
-    __slots__ = ("closed",)
-    CLOSED_FIELD_NUMBER: _ClassVar[int]
-    closed: bool
-    def __init__(self, closed: _Optional[bool] = ...) -> None: ...
+class ReleaseSessionResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class PromptTokens(_message.Message):
     __slots__ = ("text", "audio")

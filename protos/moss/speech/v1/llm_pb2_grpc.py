@@ -39,10 +39,10 @@ class LlmStub:
                 request_serializer=moss_dot_speech_dot_v1_dot_llm__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=moss_dot_speech_dot_v1_dot_llm__pb2.GenerateResponse.FromString,
                 _registered_method=True)
-        self.CloseSession = channel.unary_unary(
-                '/moss.speech.v1.Llm/CloseSession',
-                request_serializer=moss_dot_speech_dot_v1_dot_llm__pb2.CloseSessionRequest.SerializeToString,
-                response_deserializer=moss_dot_speech_dot_v1_dot_llm__pb2.CloseSessionResponse.FromString,
+        self.ReleaseSession = channel.unary_unary(
+                '/moss.speech.v1.Llm/ReleaseSession',
+                request_serializer=moss_dot_speech_dot_v1_dot_llm__pb2.ReleaseSessionRequest.SerializeToString,
+                response_deserializer=moss_dot_speech_dot_v1_dot_llm__pb2.ReleaseSessionResponse.FromString,
                 _registered_method=True)
 
 
@@ -56,9 +56,10 @@ class LlmServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def CloseSession(self, request, context):
-        """Forget a session: its history and its KV blocks. A turn of it still running is not stopped (cancel
-        its Generate call for that): the session goes when the turn ends. closed: false if no such session.
+    def ReleaseSession(self, request, context):
+        """A session ended: the KV blocks pinned for its next turn (its last finished turn's) go back to the cache,
+        where any request may reuse them until their room is needed. A turn of it still running is not stopped
+        (cancel its Generate call for that): its blocks are pinned when it ends. released: false if none were.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -72,10 +73,10 @@ def add_LlmServicer_to_server(servicer, server):
                     request_deserializer=moss_dot_speech_dot_v1_dot_llm__pb2.GenerateRequest.FromString,
                     response_serializer=moss_dot_speech_dot_v1_dot_llm__pb2.GenerateResponse.SerializeToString,
             ),
-            'CloseSession': grpc.unary_unary_rpc_method_handler(
-                    servicer.CloseSession,
-                    request_deserializer=moss_dot_speech_dot_v1_dot_llm__pb2.CloseSessionRequest.FromString,
-                    response_serializer=moss_dot_speech_dot_v1_dot_llm__pb2.CloseSessionResponse.SerializeToString,
+            'ReleaseSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseSession,
+                    request_deserializer=moss_dot_speech_dot_v1_dot_llm__pb2.ReleaseSessionRequest.FromString,
+                    response_serializer=moss_dot_speech_dot_v1_dot_llm__pb2.ReleaseSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -116,7 +117,7 @@ class Llm:
             _registered_method=True)
 
     @staticmethod
-    def CloseSession(request,
+    def ReleaseSession(request,
             target,
             options=(),
             channel_credentials=None,
@@ -129,9 +130,9 @@ class Llm:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/moss.speech.v1.Llm/CloseSession',
-            moss_dot_speech_dot_v1_dot_llm__pb2.CloseSessionRequest.SerializeToString,
-            moss_dot_speech_dot_v1_dot_llm__pb2.CloseSessionResponse.FromString,
+            '/moss.speech.v1.Llm/ReleaseSession',
+            moss_dot_speech_dot_v1_dot_llm__pb2.ReleaseSessionRequest.SerializeToString,
+            moss_dot_speech_dot_v1_dot_llm__pb2.ReleaseSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
