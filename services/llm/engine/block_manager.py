@@ -189,8 +189,9 @@ class BlockManager:
         # Only blocks whose tokens the host has (a step launched ahead computes a position whose token is
         # still on the device).
         known, size = min(seq.num_cached, len(seq)), self.block_size
-        for i in range(seq.text_committed // size, len(seq.block_hashes)):  # text K/V filled in since: say so
-            self._mark_text(seq.block_table[i], seq.block_hashes[i], i * size, seq.text_kv_upto)
+        if seq.text_kv_upto > seq.text_committed:  # text K/V filled in since (not every step: a speaking one's stay)
+            for i in range(seq.text_committed // size, len(seq.block_hashes)):
+                self._mark_text(seq.block_table[i], seq.block_hashes[i], i * size, seq.text_kv_upto)
         while (len(seq.block_hashes) + 1) * size <= known:
             i = len(seq.block_hashes)
             start, end = i * size, (i + 1) * size
@@ -232,7 +233,12 @@ class BlockManager:
         for block_id in reversed(block_table):
             self._release(block_id)
 
-    def free(self, seq: Sequence) -> None:
-        self.release(seq.block_table)
+    def detach(self, seq: Sequence) -> list[int]:
+        """seq's block table, its references now the caller's; seq holds no block after."""
+        table = seq.block_table
         seq.block_table, seq.block_hashes = [], []
         seq.num_cached = seq.text_kv_upto = seq.text_committed = 0
+        return table
+
+    def free(self, seq: Sequence) -> None:
+        self.release(self.detach(seq))

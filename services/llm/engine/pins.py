@@ -31,9 +31,7 @@ class Pins:
         the last turn's; seq holds none after."""
         self.block_manager.keep_partial(seq)
         self.release(session_id)
-        self.tables[session_id] = seq.block_table
-        seq.block_table, seq.block_hashes = [], []
-        seq.num_cached = seq.text_kv_upto = seq.text_committed = 0
+        self.tables[session_id] = self.block_manager.detach(seq)
         while len(self.tables) > self.max_sessions:
             self._let_go(next(iter(self.tables)))
 
