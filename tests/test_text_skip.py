@@ -20,21 +20,40 @@ from services.llm.model.checkpoint import random_model
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def ended_speaking(text_ids: list[int], audio_ids: list[int], reason) -> bool:
+    """A reply (as converse gives it) whose last position was computed in audio mode: its sosp or a speech token."""
+    return bool(text_ids) and (text_ids[-1] == CFG.sosp_token_id or audio_ids[-1] != CFG.audio_pad_token_id)
+
+
 def test_skipping_the_text_branch_while_speaking_changes_no_token():
     model = random_model(CFG, device=DEVICE, dtype=torch.float32, seed=23)
     both = make_engine(model, "kernels", text_skip=False, echo=0.0)  # the model's own logits decide the text
     skipping = make_engine(model, "kernels", text_skip=True, echo=0.0)
     kept = {engine: Sessions() for engine in (both, skipping)}
-    assert converse(skipping, sessions=kept[skipping]) == converse(both, sessions=kept[both])
+    spoken = converse(skipping, sessions=kept[skipping])
+    assert spoken == converse(both, sessions=kept[both])
     runner = skipping.runner.runner  # inside the forcing wrapper
     assert runner.skipped_steps > 0 and runner.filled_positions > 0
     assert both.runner.runner.skipped_steps == 0
     # Computed blocks are known to the prefix cache whether or not their text K/V are in (the same blocks), each
-    # with how far they are in: every reply here ends in text, so every skipped stretch was filled in, and said so.
+    # with how far they are in (text_upto). Never more than is in: those positions' text K/V equal the run that
+    # computed both branches. Less only in a session one of whose replies ended speaking (by END_OF_SPEECH or
+    # length: its last stretch was never filled in, nor by a next turn that began speaking); the others are complete.
     bm, bs = skipping.block_manager, skipping.block_manager.block_size
     assert set(bm.hash_to_block) == set(both.block_manager.hash_to_block)
-    for engine in (both, skipping):
-        assert all(engine.block_manager.blocks[b].text_upto == bs for b in engine.block_manager.hash_to_block.values())
+    assert all(both.block_manager.blocks[b].text_upto == bs for b in both.block_manager.hash_to_block.values())
+    text_layers = slice(CFG.num_shared_layers, CFG.num_shared_layers + CFG.num_modality_layers)
+    pools = [engine.runner.runner.kv_cache[:, text_layers] for engine in (both, skipping)]
+    for h, b in bm.hash_to_block.items():
+        n = bm.blocks[b].text_upto
+        torch.testing.assert_close(pools[1][b, ..., :n, :], pools[0][both.block_manager.hash_to_block[h], ..., :n, :],
+                                   rtol=1e-4, atol=1e-5)
+    for i, replies in enumerate(spoken):
+        table = skipping.pins.tables[f"s{i}"]
+        complete = [bm.blocks[b].text_upto == bs for b in table if bm.blocks[b].hash in bm.hash_to_block]
+        if not any(ended_speaking(*reply) for reply in replies):
+            assert all(complete), f"session s{i}"
+        assert complete == sorted(complete, reverse=True), f"session s{i}: a gap, then complete blocks again"
     for engine in (both, skipping):
         kept[engine].release_all(engine)
         assert engine.block_manager.num_used == 0
