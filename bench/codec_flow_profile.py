@@ -1,0 +1,114 @@
+"""Where the flow's time goes today, by kernel, and what a GELU inside the feed-forward's first product would buy
+(issue 20), on one GPU in one run.
+
+    python bench/codec_flow_profile.py --streams 32 --json out.json
+
+The flow at the real size (random weights, bf16), with each stream's history (codec/history.py), as the vocoder
+calls it: a stream's first call (8 tokens; part of time to first audio) and a steady call of N streams (20 tokens
+each). For each shape: its time in CUDA graphs, then one eager call under the profiler, by kernel (the table's
+share of each kind of kernel says what to fuse next). Variant `gelu-epilogue`: the feed-forward's first product
+with its GELU as cuBLASLt's epilogue (torch._addmm_activation: one kernel instead of two, but cuBLASLt's GELU is
+the tanh approximation, where the reference's is exact): its time and its mel's SNR against the exact one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+import torch
+from codec_estimator import timed
+
+from measure import snr_db
+from services.vocoder.codec import estimator
+from services.vocoder.codec.checkpoint import random_codec
+from services.vocoder.codec.config import moss_speech
+from services.vocoder.codec.decoder import FlowTokenDecoder
+from services.vocoder.codec.voice import random_voice
+
+WARM_CHUNKS = (8, 5, 10, 20)   # the gateway's schedule up to the steady state
+CHUNK = 20
+
+
+def exact_feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+    gelu, _, out = self.net
+    return out(gelu(x))
+
+
+def epilogue_feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """x [B, T, dim] → [B, T, dim], the first product's GELU (tanh form) inside the product's kernel."""
+    gelu, _, out = self.net
+    h = torch._addmm_activation(gelu.proj.bias, x.reshape(-1, x.shape[-1]), gelu.proj.weight.t(), use_gelu=True)
+    return out(h.view(*x.shape[:-1], -1))
+
+
+def profile_table(fn) -> tuple[str, int, float]:
+    """One eager call under the profiler → (its kernels by CUDA time, top 15; kernel count; CUDA ms)."""
+    cuda = torch.cuda.is_available()
+    activity = torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU
+    with torch.profiler.profile(activities=[activity]) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.self_device_time_total for e in kernels) / 1e3
+    table = events.table(sort_by="self_cuda_time_total", row_limit=15, max_name_column_width=60)
+    return table, sum(e.count for e in kernels), total
+
+
+@torch.inference_mode()
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json")
+    p.add_argument("--streams", type=int, default=32)
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (no kernels to profile)")
+    args = p.parse_args()
+    device, cfg = torch.device(args.device), moss_speech()
+    voice = random_voice(cfg.flow, prompt_tokens=40, seed=3)
+    g = torch.Generator().manual_seed(1)
+    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": gpu,
+           "torch": torch.__version__, "cells": {}, "profiles": {}}
+    n = args.streams
+    tokens = torch.randint(0, cfg.flow.vocab_size, (n, sum(WARM_CHUNKS) + CHUNK), generator=g).tolist()
+    mels = {}
+    for variant, forward in (("exact", exact_feed_forward), ("gelu-epilogue", epilogue_feed_forward)):
+        estimator.FeedForward.forward = forward
+        d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=n)
+        d.set_voices([voice])
+        shapes = {"first call, 1 stream": [(tokens[0][:8], d.start(voice))]}
+        states, at = [d.start(voice) for _ in range(n)], 0
+        for c in WARM_CHUNKS:
+            states = [s for _, s in d.decode_chunks([(tokens[i][at : at + c], s) for i, s in enumerate(states)])]
+            at += c
+        shapes[f"steady call, {n} streams"] = [(tokens[i][at : at + CHUNK], s) for i, s in enumerate(states)]
+        for shape, rows in shapes.items():
+            result = d.decode_chunks(rows)  # captures the shape's graph
+            seconds = timed(lambda: d.decode_chunks(rows), 10)
+            mel = torch.cat([m for m, _ in result], 1).float()
+            mels.setdefault(shape, mel)
+            cell = {"ms": seconds * 1e3, "snr_vs_exact_db": snr_db(mels[shape], mel)}
+            out["cells"][f"{variant} | {shape}"] = cell
+            print(f"{variant:14s} {shape:24s} {cell['ms']:7.2f} ms  SNR vs exact {cell['snr_vs_exact_db']:.1f} dB", flush=True)
+            graphs, d.use_graphs = d.use_graphs, False
+            table, count, total = profile_table(lambda: d.decode_chunks(rows))
+            d.use_graphs = graphs
+            out["profiles"][f"{variant} | {shape}"] = {"kernels": count, "cuda_ms_eager": total, "table": table}
+            print(f"eager: {count} kernels, {total:.2f} ms of kernel time\n{table}", flush=True)
+        d = None
+        torch.cuda.empty_cache()
+    estimator.FeedForward.forward = exact_feed_forward
+    print(f"\n{out['gpu']}, torch {out['torch']}, {out['date']}")
+    print(f"{'variant':14s} {'shape':24s} {'graph ms':>8s} {'kernels':>8s} {'SNR dB':>7s}")
+    for key, c in out["cells"].items():
+        variant, shape = key.split(" | ")
+        print(f"{variant:14s} {shape:24s} {c['ms']:8.2f} {out['profiles'][key]['kernels']:8d} {c['snr_vs_exact_db']:7.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
