@@ -56,9 +56,12 @@ def request(engine, name: str, session: str = "") -> object:
     return engine.make_sequence(GenerationRequest(name, LONG, ChunkSettings(), text="hello", session_id=session))
 
 
-async def first_then_rest(agen):
-    """Read a generation's first chunk, then the rest → the error that ended it (None: it finished)."""
+async def first_then_rest(agen, started: asyncio.Event | None = None):
+    """Read a generation's first chunk (then set `started`), then the rest → the error that ended it (None: it
+    finished)."""
     await anext(agen)
+    if started is not None:
+        started.set()
     try:
         async for _ in agen:
             pass
@@ -73,8 +76,9 @@ def test_an_llm_whose_device_is_lost_fails_everything_and_says_so(engine):
     driver.start()
 
     async def scenario():
-        running = asyncio.create_task(first_then_rest(driver.generate(request(engine, "a", session="s"))))
-        await asyncio.sleep(0.2)  # streaming
+        streaming = asyncio.Event()
+        running = asyncio.create_task(first_then_rest(driver.generate(request(engine, "a", session="s")), streaming))
+        await asyncio.wait_for(streaming.wait(), 30)
         engine.broken.set()
         err = await asyncio.wait_for(running, 10)
         with pytest.raises(DeviceLost):  # nothing more is taken: at once, not after a wait
@@ -95,8 +99,9 @@ def test_a_failed_step_on_a_working_device_fails_only_what_it_held(engine):
     driver.start()
 
     async def scenario():
-        running = asyncio.create_task(first_then_rest(driver.generate(request(engine, "a"))))
-        await asyncio.sleep(0.2)
+        streaming = asyncio.Event()  # (a fixed sleep raced a slow first chunk on a loaded CI machine)
+        running = asyncio.create_task(first_then_rest(driver.generate(request(engine, "a")), streaming))
+        await asyncio.wait_for(streaming.wait(), 30)
         engine.broken.set()
         err = await asyncio.wait_for(running, 10)
         engine.broken.clear()
