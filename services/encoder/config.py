@@ -41,6 +41,10 @@ class WhisperVQConfig:
         """Mel frames a segment holds: the reference encodes audio in independent 30 s segments."""
         return 2 * self.max_source_positions
 
+    @property
+    def segment_samples(self) -> int:
+        return self.segment_mel_frames * HOP
+
 
 def glm4_voice() -> WhisperVQConfig:
     """The published tokenizer's dimensions (Whisper-large-v3's encoder, causal, quantized after layer 16)."""

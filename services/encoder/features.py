@@ -1,0 +1,123 @@
+"""Whisper's log-mel features, offline and as audio arrives.
+
+    samples [N] at 16 kHz → STFT (n_fft 400, hop 160, Hann, centred: reflect-padded 200 samples each side; the last
+    frame dropped) → power → 128 Slaney mel bands → log10 (floor 1e-10) → max(x, segment max - 8) → (x + 4) / 4
+                                                                                         [n_mels, N / 160]
+
+That is the reference's feature extractor (transformers' WhisperFeatureExtractor), which the tokenizer was trained
+on. Its reference pads each segment's samples with zeros to a multiple of 1,280 (one code: `pad_to_code`) first.
+
+A stream computes frame t once samples up to 160·t + 200 have arrived (its window lies in them; the first two read
+the start reflected), and the last frame at the end, reflected there. Every frame's value before the floor is then
+the offline one. The floor is not: it is 8 below the maximum of the whole segment, which a stream has not heard yet.
+`StreamingLogMel` floors each frame at the maximum so far and remembers which floor each frame got; at the end,
+`refloored()` says whether any frame would have come out otherwise, i.e. whether a frame lay more than 8 (80 dB)
+below a maximum that came after it. When so, the caller encodes the segment again from the final features
+(stream.py): codes then always equal the offline ones, and the usual speech (no frame 80 dB below the loudest
+one before it is heard) is never encoded twice.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from services.encoder.config import HOP, SAMPLE_RATE
+
+N_FFT = 400
+PAD = N_FFT // 2          # the centred STFT's reflection at each end
+CODE_SAMPLES = 1280       # samples a code covers: 8 mel frames
+FLOOR = 8.0               # log10 units below the segment's maximum (80 dB)
+
+
+@functools.cache
+def mel_filters(n_mels: int) -> torch.Tensor:
+    """[n_mels, 201]: Slaney-scale, Slaney-normalised triangles over the STFT's bins (Whisper's, librosa's default)."""
+    import librosa  # (imported here: the llm and gateway never need it)
+
+    return torch.from_numpy(librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=n_mels))
+
+
+def pad_to_code(samples: torch.Tensor) -> torch.Tensor:
+    """samples [N] → zeros appended up to a multiple of CODE_SAMPLES (the reference's pad_to_multiple_of)."""
+    return torch.nn.functional.pad(samples, (0, -len(samples) % CODE_SAMPLES))
+
+
+def log10_mel(windows_signal: torch.Tensor, n_mels: int) -> torch.Tensor:
+    """A signal already padded as the frames need ([PAD + ...]: frame f's window starts at HOP·f) → every whole
+    window's log10 mel power [n_mels, frames], before the floor."""
+    spec = torch.stft(windows_signal.float(), N_FFT, HOP, window=torch.hann_window(N_FFT, device=windows_signal.device),
+                      center=False, return_complex=True)                                     # [201, frames]
+    return torch.clamp(mel_filters(n_mels).to(spec.device) @ spec.abs().pow(2), min=1e-10).log10()
+
+
+def finish_features(raw: torch.Tensor, floor: float) -> torch.Tensor:
+    """log10 mel [n_mels, T] and the floor's level → the encoder's input, max(x, level) then (x + 4) / 4."""
+    return (torch.maximum(raw, torch.tensor(floor, device=raw.device)) + 4.0) / 4.0
+
+
+def offline(samples: torch.Tensor, n_mels: int = 128) -> torch.Tensor:
+    """One segment's samples [N] (N a multiple of HOP, > PAD: pad_to_code makes it so) → [n_mels, N / HOP]."""
+    padded = torch.nn.functional.pad(samples[None, None].float(), (PAD, PAD), mode="reflect")[0, 0]
+    raw = log10_mel(padded, n_mels)[:, :-1]  # the centred STFT's extra last frame, dropped as the reference does
+    return finish_features(raw, float(raw.max()) - FLOOR)
+
+
+class StreamingLogMel:
+    """One segment's features as its samples arrive (module docstring): `feed` → the frames its samples complete,
+    `finish` → the rest, once the segment's samples are all in (padded to a code)."""
+
+    def __init__(self, n_mels: int = 128):
+        self.n_mels = n_mels
+        self.samples: list[torch.Tensor] = []
+        self.received = 0
+        self.frames = 0                          # frames given out
+        self.raw: list[torch.Tensor] = []        # their log10 mel, before the floor
+        self.floors: list[float] = []            # the floor each frame got
+        self.peak = float("-inf")
+
+    def _signal(self) -> torch.Tensor:
+        if len(self.samples) > 1:
+            self.samples = [torch.cat(self.samples)]
+        return self.samples[0] if self.samples else torch.zeros(0)
+
+    def feed(self, samples: torch.Tensor) -> torch.Tensor:
+        """New samples [n] (float, 16 kHz) → the frames they complete [n_mels, k] (k may be 0)."""
+        self.samples.append(samples.float())
+        self.received += len(samples)
+        if self.received <= PAD:  # the start's reflection needs PAD + 1 samples
+            return torch.zeros(self.n_mels, 0)
+        last = (self.received - PAD) // HOP + 1  # frames 0 .. last - 1 have their whole window here
+        return self._frames(self._signal(), last, end=False)
+
+    def finish(self) -> torch.Tensor:
+        """The segment's samples are all in → they are padded to a code and the remaining frames come out."""
+        signal = pad_to_code(self._signal())
+        if len(signal) <= PAD:
+            raise ValueError(f"a segment of {len(signal)} samples: Whisper's features need more than {PAD}")
+        self.samples, self.received = [signal], len(signal)
+        return self._frames(signal, len(signal) // HOP, end=True)
+
+    def _frames(self, signal: torch.Tensor, upto: int, end: bool) -> torch.Tensor:
+        if upto <= self.frames:
+            return torch.zeros(self.n_mels, 0)
+        # the padded signal's samples for frames [self.frames, upto): frame f's window is padded[HOP·f, HOP·f + N_FFT)
+        padded = torch.nn.functional.pad(signal[None, None], (PAD, PAD if end else 0), mode="reflect")[0, 0]
+        raw = log10_mel(padded[HOP * self.frames : HOP * (upto - 1) + N_FFT], self.n_mels)
+        self.peak = max(self.peak, float(raw.max()))
+        floor = self.peak - FLOOR
+        self.raw.append(raw)
+        self.floors += [floor] * raw.shape[1]
+        self.frames = upto
+        return finish_features(raw, floor)
+
+    def refloored(self) -> torch.Tensor | None:
+        """After finish: the whole segment's features [n_mels, T] if any frame came out other than offline gives it
+        (a frame below the final floor got a lower one); else None."""
+        raw = torch.cat(self.raw, 1)
+        final = self.peak - FLOOR
+        got = torch.tensor(self.floors)
+        if not bool(((raw < final) & (got[None] < final)).any()):
+            return None
+        return finish_features(raw, final)

@@ -1,0 +1,99 @@
+"""Speech → codes as it arrives (services/encoder/features.py, stream.py): Whisper's log-mel against librosa's, the
+streamed features and codes equal to the offline ones however the samples are chunked, across 30 s segments, and
+when a later loud frame raises the floor of earlier quiet ones."""
+
+from __future__ import annotations
+
+import librosa
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.encoder import features
+from services.encoder.config import tiny
+from services.encoder.stream import EncoderStream, encode
+from services.encoder.whisper_vq import WhisperVQEncoder
+
+
+def noise(n: int, seed: int, level: float = 0.1) -> torch.Tensor:
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed)) * level
+
+
+def whisper_by_librosa(samples: torch.Tensor, n_mels: int) -> np.ndarray:
+    """Whisper's features written with librosa (an independent STFT and mel): centred, reflect-padded, last frame
+    dropped, log10, floor 8 below the maximum, (x + 4) / 4."""
+    mel = librosa.feature.melspectrogram(y=samples.numpy().astype(np.float64), sr=16000, n_fft=400, hop_length=160,
+                                         n_mels=n_mels, power=2.0, center=True, pad_mode="reflect")[:, :-1]
+    log = np.log10(np.maximum(mel, 1e-10))
+    return (np.maximum(log, log.max() - 8.0) + 4.0) / 4.0
+
+
+def test_the_features_are_whispers():
+    t = torch.arange(24_000) / 16_000
+    samples = features.pad_to_code(0.3 * torch.sin(2 * torch.pi * 220 * t) * torch.sin(2 * torch.pi * 3 * t) + noise(24_000, 1, 0.01))
+    ours = features.offline(samples, 128)
+    assert ours.shape == (128, len(samples) // 160) == (128, 152)
+    np.testing.assert_allclose(ours.numpy(), whisper_by_librosa(samples, 128), atol=2e-4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(cuts=st.lists(st.integers(0, 7000), max_size=8))
+def test_streamed_features_are_the_offline_ones(cuts):
+    samples = noise(7000, 2)
+    stream = features.StreamingLogMel(16)
+    bounds = [0, *sorted(cuts), len(samples)]
+    frames = [stream.feed(samples[a:b]) for a, b in zip(bounds, bounds[1:])] + [stream.finish()]
+    torch.testing.assert_close(torch.cat(frames, 1), features.offline(features.pad_to_code(samples), 16))
+    assert stream.refloored() is None  # noise at one level: no frame lies 80 dB below a later one
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return WhisperVQEncoder(tiny()).eval()
+
+
+def speech_after_silence() -> torch.Tensor:
+    """Digital silence, then loud noise: the silent frames' floor rises when the noise starts (features.py)."""
+    samples = noise(9000, 3, 0.5)
+    samples[:4000] = 0.0
+    return samples
+
+
+@settings(max_examples=8, deadline=None)
+@given(cuts=st.lists(st.integers(0, 30_000), max_size=6), silence_first=st.booleans())
+def test_streamed_codes_are_the_offline_ones_across_segments(model, cuts, silence_first):
+    """30,000 samples: three of the tiny config's segments (12,800 samples), the last padded to a code."""
+    samples = noise(30_000, 4)
+    if silence_first:
+        samples[:3000] = 0.0
+    stream = EncoderStream(model)
+    bounds = [0, *sorted(cuts), len(samples)]
+    for a, b in zip(bounds, bounds[1:]):
+        stream.feed(samples[a:b])
+    codes = stream.finish()
+    assert len(codes) == 10 + 10 + 4 and codes == encode(model, samples)
+    # encoded again: at most the segment with the silence (when its silent frames came out before the noise did)
+    assert stream.reencoded <= int(silence_first)
+
+
+def test_a_floor_that_rises_later_is_caught_and_the_segment_encoded_again(model):
+    samples = speech_after_silence()
+    stream = features.StreamingLogMel(16)
+    streamed = torch.cat([stream.feed(samples[:4800]), stream.feed(samples[4800:]), stream.finish()], 1)
+    offline = features.offline(features.pad_to_code(samples), 16)
+    assert not torch.allclose(streamed, offline)  # the silent frames got the silence's own floor
+    torch.testing.assert_close(stream.refloored(), offline)
+    encoder = EncoderStream(model)
+    encoder.feed(samples[:4800])
+    encoder.feed(samples[4800:])
+    assert encoder.finish() == encode(model, samples) and encoder.reencoded == 1
+
+
+def test_an_empty_turn_has_no_codes_and_a_short_one_has_one(model):
+    assert EncoderStream(model).finish() == []
+    stream = EncoderStream(model)
+    stream.feed(noise(100, 5))  # less than a window: padded to one code at the end
+    assert len(stream.finish()) == 1
