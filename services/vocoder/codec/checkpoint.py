@@ -13,16 +13,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from services.common.checkpoint import CheckpointMismatch, load_strict
 from services.vocoder.codec.config import CodecConfig, read_config, write_config
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec
 from services.vocoder.codec.hift import HiFTGenerator
 
 FILES = ("codec.json", "flow.pt", "hift.pt")
-SHOWN = 8  # names listed per kind of mismatch
-
-
-class CheckpointMismatch(ValueError):
-    pass
 
 
 def fold_weight_norm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -47,18 +43,8 @@ def fold_weight_norm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def load_into(model: nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
-    """Every tensor by name, or CheckpointMismatch naming what is missing, extra or misshapen."""
-    state = fold_weight_norm(state)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    extra = sorted(set(state) - set(expected))
-    misshapen = sorted(f"{k} {tuple(state[k].shape)} (expected {tuple(expected[k].shape)})"
-                       for k in set(state) & set(expected) if state[k].shape != expected[k].shape)
-    problems = [f"{kind} {len(names)}: {', '.join(names[:SHOWN])}{' ...' if len(names) > SHOWN else ''}"
-                for kind, names in (("missing", missing), ("unexpected", extra), ("misshapen", misshapen)) if names]
-    if problems:
-        raise CheckpointMismatch(f"{what}: " + "; ".join(problems))
-    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
+    """Weight norm folded, then every tensor by name (services/common/checkpoint.py)."""
+    load_strict(model, fold_weight_norm(state), what)
 
 
 def _read_state(path: Path) -> dict[str, torch.Tensor]:
