@@ -104,7 +104,9 @@ def test_offline_is_the_oracles_encoder(model):
         ours = model(mel)
     finally:
         del model.quantize
-    torch.testing.assert_close(torch.cat(recorded, 1), pooled, rtol=1e-4, atol=1e-5)
+    # quantized: every row's whole groups in one call (row by row), then each row's last, unfinished group
+    torch.testing.assert_close(torch.cat(recorded), torch.cat([pooled[:, :-1].flatten(0, 1), pooled[:, -1]]),
+                               rtol=1e-4, atol=1e-5)
     assert ours.shape == (3, 10) and torch.equal(ours, codes)
     assert len(set(ours.flatten().tolist())) > 5  # the codes tell frames apart (spread_codebook)
 
@@ -115,11 +117,36 @@ def test_offline_is_the_oracles_encoder(model):
 def test_streaming_gives_the_offline_codes_however_the_frames_are_chunked(model, cuts):
     mel = torch.randn(2, 16, 80, generator=torch.Generator().manual_seed(3))
     bounds = [0, *sorted(cuts), 80]
-    state, codes = model.start(2), []
+    states, codes = [model.start(), model.start()], [[], []]
     for a, b in zip(bounds, bounds[1:]):
-        codes.append(model.feed(state, mel[:, :, a:b]))
-    codes.append(model.finish(state))
-    assert torch.equal(torch.cat(codes, 1), model(mel))
+        for row, new in enumerate(model.feed(states, list(mel[:, :, a:b]))):
+            codes[row].append(new)
+    streamed = torch.stack([torch.cat([*c, model.finish(s)]) for c, s in zip(codes, states)])
+    assert torch.equal(streamed, model(mel))
+
+
+@settings(max_examples=15, deadline=None)
+@given(chunks=st.lists(st.lists(st.integers(0, 13), min_size=1, max_size=6), min_size=1, max_size=4))  # ≤ 78 frames: a segment
+@torch.no_grad()
+def test_streams_fed_together_each_get_what_they_get_alone(model, chunks):
+    """Streams packed into one call, each with its own chunks (some empty): each stream's codes are its own."""
+    g = torch.Generator().manual_seed(6)
+    mels = [torch.randn(16, sum(c), generator=g) for c in chunks]
+    states, together = [model.start() for _ in chunks], [[] for _ in chunks]
+    at = [0] * len(chunks)
+    for step in range(max(len(c) for c in chunks)):
+        parts = []
+        for i, c in enumerate(chunks):
+            n = c[step] if step < len(c) else 0
+            parts.append(mels[i][:, at[i] : at[i] + n])
+            at[i] += n
+        for i, new in enumerate(model.feed(states, parts)):
+            together[i].append(new)
+    for i, mel in enumerate(mels):
+        alone = model.start()
+        expected = torch.cat([model.feed([alone], [mel])[0], model.finish(alone)])
+        got = torch.cat([*together[i], model.finish(states[i])])
+        assert torch.equal(got, expected), i
 
 
 @torch.no_grad()
@@ -135,10 +162,10 @@ def test_a_code_reads_no_later_frame(model):
 @torch.no_grad()
 def test_a_segment_is_at_most_30_seconds(model):
     cfg = model.cfg
-    state = model.start(1)
-    model.feed(state, torch.zeros(1, cfg.num_mel_bins, cfg.segment_mel_frames))
+    state = model.start()
+    model.feed([state], [torch.zeros(cfg.num_mel_bins, cfg.segment_mel_frames)])
     with pytest.raises(ValueError, match="a segment holds"):
-        model.feed(state, torch.zeros(1, cfg.num_mel_bins, 2))
+        model.feed([state], [torch.zeros(cfg.num_mel_bins, 2)])
 
 
 OFFICIAL = {"architectures": ["WhisperVQEncoder"], "d_model": 1280, "encoder_attention_heads": 20,

@@ -24,7 +24,7 @@ class EncoderStream:
 
     def _open(self) -> None:
         self.features = features.StreamingLogMel(self.cfg.num_mel_bins)
-        self.state = self.model.start(1)
+        self.state = self.model.start()
         self.pending: list[torch.Tensor] = []  # the open segment's codes so far
 
     @torch.inference_mode()
@@ -46,11 +46,11 @@ class EncoderStream:
 
     def _encode(self, mel: torch.Tensor) -> None:
         if mel.shape[1]:
-            self.pending.append(self.model.feed(self.state, mel[None].to(self.model.codebook.weight))[0])
+            self.pending.append(self.model.feed([self.state], [mel.to(self.model.codebook.weight)])[0])
 
     def _close(self) -> None:
         self._encode(self.features.finish())
-        codes = torch.cat([*self.pending, self.model.finish(self.state)[0]])
+        codes = torch.cat([*self.pending, self.model.finish(self.state)])
         again = self.features.refloored()
         if again is not None:
             codes = self.model(again[None].to(self.model.codebook.weight))[0]

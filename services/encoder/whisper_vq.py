@@ -6,7 +6,9 @@
 
 Every part reads only the past, so a stream is encoded as its audio arrives (`start` / `feed` / `finish`) and gives
 the codes an offline pass over the same frames gives: each convolution keeps the input frames its next output needs,
-each layer its keys and values, the pool the frames of an unfinished group. (The reference computes a block-causal
+each layer its keys and values, the pool the frames of an unfinished group. `feed` takes many streams at once: their
+new frames go through each layer packed as rows of one matrix, [N, 1280], so the projections and MLPs are one
+product each for all of them; only the attention runs stream by stream, over the stream's own keys. (The reference computes a block-causal
 mask but hands its causal layers none: they attend causally, which is what runs here.)
 
 Positions run to max_source_positions (30 s); the reference encodes longer audio as independent 30 s segments,
@@ -55,17 +57,23 @@ class WhisperAttention(nn.Module):
         self.q_proj, self.v_proj, self.out_proj = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
         self.k_proj = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor] | None):
-        """x [B, t, dim], the frames after the cached ones (cache: keys and values [B, heads, past, d]) →
-        ([B, t, dim], the cache with x's keys and values). Frame i reads the cached frames and x's up to i."""
-        B, t, dim = x.shape
-        q, k, v = (p(x).view(B, t, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
-        if cache is not None:
-            k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
-        past = k.shape[2] - t
-        allowed = torch.ones(t, past + t, dtype=torch.bool, device=x.device).tril(past)       # [t, past + t]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)                       # [B, heads, t, d]
-        return self.out_proj(out.transpose(1, 2).reshape(B, t, dim)), (k, v)
+    def forward(self, x: torch.Tensor, spans: list[slice], caches: list) -> tuple[torch.Tensor, list]:
+        """x [N, dim]: the new frames of several streams packed, stream i's at rows spans[i], after its cached ones
+        (caches[i]: keys and values [heads, past, d], or None) → ([N, dim], each stream's cache with its new keys and
+        values). A frame reads its stream's cached frames and its new ones up to itself. The projections run once
+        over all rows; the attention stream by stream."""
+        N, dim = x.shape
+        q, k, v = (p(x).view(N, self.heads, -1).transpose(0, 1) for p in (self.q_proj, self.k_proj, self.v_proj))
+        out, kept = torch.empty_like(q), []                                                   # [heads, N, d]
+        for rows, cache in zip(spans, caches):
+            ki, vi = k[:, rows], v[:, rows]
+            if cache is not None:
+                ki, vi = torch.cat([cache[0], ki], 1), torch.cat([cache[1], vi], 1)
+            t = rows.stop - rows.start
+            allowed = torch.ones(t, ki.shape[1], dtype=torch.bool, device=x.device).tril(ki.shape[1] - t)  # [t, past + t]
+            out[:, rows] = F.scaled_dot_product_attention(q[:, rows], ki, vi, attn_mask=allowed)
+            kept.append((ki, vi))
+        return self.out_proj(out.transpose(0, 1).reshape(N, dim)), kept
 
 
 class WhisperVQEncoderLayer(nn.Module):
@@ -76,21 +84,22 @@ class WhisperVQEncoderLayer(nn.Module):
         self.self_attn_layer_norm, self.final_layer_norm = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.fc1, self.fc2 = nn.Linear(dim, cfg.encoder_ffn_dim), nn.Linear(cfg.encoder_ffn_dim, dim)
 
-    def forward(self, x: torch.Tensor, cache=None):
-        attended, cache = self.self_attn(self.self_attn_layer_norm(x), cache)
+    def forward(self, x: torch.Tensor, spans: list[slice], caches: list) -> tuple[torch.Tensor, list]:
+        """x [N, dim] packed as WhisperAttention reads it → ([N, dim], the streams' caches)."""
+        attended, caches = self.self_attn(self.self_attn_layer_norm(x), spans, caches)
         x = x + attended
-        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x)))), cache
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x)))), caches
 
 
 @dataclass
 class EncoderState:
-    """One batch of streams' place in a segment: the convolutions' pending inputs, each layer's keys and values,
-    the frames of an unfinished pool group, and how many frames (after conv2) the segment has had."""
+    """One stream's place in a segment: the convolutions' pending inputs ([1, C, p]), each layer's keys and values
+    ([heads, frames, d]), the frames of an unfinished pool group, and how many frames (after conv2) it has had."""
 
     conv1: torch.Tensor
     conv2: torch.Tensor
     kv: list = field(default_factory=list)
-    pool: torch.Tensor | None = None   # [B, < pooling_kernel_size, dim]
+    pool: torch.Tensor | None = None   # [< pooling_kernel_size, dim]
     frames: int = 0
 
 
@@ -108,50 +117,62 @@ class WhisperVQEncoder(nn.Module):
         self.embed_positions2 = nn.Embedding(math.ceil(cfg.max_source_positions / cfg.pooling_kernel_size), dim)
 
     # ---- streaming ------------------------------------------------------------------------------
-    def start(self, batch: int = 1) -> EncoderState:
+    def start(self) -> EncoderState:
+        """A stream's first segment (and each next one: a stream starts a new state every segment_mel_frames)."""
         like = self.conv1.weight
-        return EncoderState(self.conv1.initial(batch, like), self.conv2.initial(batch, like),
-                            [None] * len(self.layers), like.new_zeros(batch, 0, self.cfg.d_model))
+        return EncoderState(self.conv1.initial(1, like), self.conv2.initial(1, like), [None] * len(self.layers),
+                            like.new_zeros(0, self.cfg.d_model))
 
-    def feed(self, state: EncoderState, mel: torch.Tensor) -> torch.Tensor:
-        """The next mel frames of each stream, [B, n_mels, n] → the codes they complete [B, c] (int64). A segment
-        holds at most segment_mel_frames; the caller starts the next one (`start`) after it."""
-        h, state.conv1 = self.conv1.step(state.conv1, mel)
-        h, state.conv2 = self.conv2.step(state.conv2, F.gelu(h))
-        h = F.gelu(h).transpose(1, 2)                                                              # [B, t, dim]
-        t = h.shape[1]
-        if state.frames + t > self.cfg.max_source_positions:
-            raise ValueError(f"a segment holds {self.cfg.max_source_positions} frames; "
-                             f"{state.frames + t} given (start a new segment every {self.cfg.segment_mel_frames} mel frames)")
-        if t:
-            h = h + self.embed_positions.weight[state.frames : state.frames + t]
-            state.frames += t
-            for i, layer in enumerate(self.layers):
-                h, state.kv[i] = layer(h, state.kv[i])
-        h = torch.cat([state.pool, h], 1)
-        k = self.cfg.pooling_kernel_size
-        whole = h.shape[1] // k * k
-        state.pool = h[:, whole:]
-        return self.quantize(h[:, :whole].unflatten(1, (-1, k)).mean(2))
+    def feed(self, states: list[EncoderState], mels: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each stream's next mel frames [n_mels, n_i] → the codes they complete, per stream [c_i] (int64): the
+        streams' new frames go through the layers packed together (the projections and MLPs in one product each)."""
+        h, spans, at = [], [], 0
+        for state, mel in zip(states, mels):
+            x, state.conv1 = self.conv1.step(state.conv1, mel[None])
+            x, state.conv2 = self.conv2.step(state.conv2, F.gelu(x))
+            x = F.gelu(x)[0].transpose(0, 1)                                                       # [t, dim]
+            t = x.shape[0]
+            if state.frames + t > self.cfg.max_source_positions:
+                raise ValueError(f"a segment holds {self.cfg.max_source_positions} frames; {state.frames + t} given "
+                                 f"(start a new segment every {self.cfg.segment_mel_frames} mel frames)")
+            h.append(x + self.embed_positions.weight[state.frames : state.frames + t])
+            spans.append(slice(at, at + t))
+            state.frames, at = state.frames + t, at + t
+        packed = torch.cat(h)                                                                      # [N, dim]
+        live = [i for i, rows in enumerate(spans) if rows.stop > rows.start]  # (a stream with no new frame waits)
+        if live:
+            caches = [states[i].kv for i in live]
+            for j, layer in enumerate(self.layers):
+                packed, kept = layer(packed, [spans[i] for i in live], [c[j] for c in caches])
+                for c, kv in zip(caches, kept):
+                    c[j] = kv
+        k, groups, counts = self.cfg.pooling_kernel_size, [], []
+        for state, rows in zip(states, spans):
+            x = torch.cat([state.pool, packed[rows]])
+            whole = x.shape[0] // k * k
+            state.pool = x[whole:]
+            groups.append(x[:whole].unflatten(0, (-1, k)).mean(1))
+            counts.append(whole // k)
+        return list(self.quantize(torch.cat(groups)).split(counts))
 
     def finish(self, state: EncoderState) -> torch.Tensor:
-        """The code of an unfinished group, its missing frames zeros (the reference pads so) → [B, 0 or 1]."""
-        n = state.pool.shape[1]
+        """The code of an unfinished group, its missing frames zeros (the reference pads so) → [0 or 1]."""
+        n = state.pool.shape[0]
         if n == 0:
-            return torch.zeros(state.pool.shape[0], 0, dtype=torch.long, device=state.pool.device)
-        group, state.pool = F.pad(state.pool, (0, 0, 0, self.cfg.pooling_kernel_size - n)), state.pool[:, :0]
-        return self.quantize(group.mean(1, keepdim=True))
+            return torch.zeros(0, dtype=torch.long, device=state.pool.device)
+        group, state.pool = F.pad(state.pool, (0, 0, 0, self.cfg.pooling_kernel_size - n)), state.pool[:0]
+        return self.quantize(group.mean(0, keepdim=True))
 
     def quantize(self, h: torch.Tensor) -> torch.Tensor:
-        """h [B, c, dim] → the index of each frame's nearest codebook vector [B, c] (squared distance, ties to
-        the lower index, in float32)."""
-        flat, book = h.reshape(-1, h.shape[-1]).float(), self.codebook.weight.float()
-        distances = torch.addmm(book.pow(2).sum(1) + flat.pow(2).sum(1, keepdim=True), flat, book.t(), alpha=-2.0)
-        return distances.argmin(1).view(h.shape[:2])
+        """h [c, dim] → the index of each row's nearest codebook vector [c] (squared distance, ties to the lower
+        index, in float32)."""
+        flat, book = h.float(), self.codebook.weight.float()
+        return torch.addmm(book.pow(2).sum(1) + flat.pow(2).sum(1, keepdim=True), flat, book.t(), alpha=-2.0).argmin(1)
 
     # ---- offline --------------------------------------------------------------------------------
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
-        """mel [B, n_mels, T] (T ≤ segment_mel_frames) → codes [B, ceil(T / mel_frames_per_code)]: the whole
+        """mel [B, n_mels, T] (T ≤ segment_mel_frames) → codes [B, ceil(T / mel_frames_per_code)]: each row a whole
         segment at once, as `feed` then `finish` give it."""
-        state = self.start(mel.shape[0])
-        return torch.cat([self.feed(state, mel), self.finish(state)], 1)
+        states = [self.start() for _ in range(mel.shape[0])]
+        codes = self.feed(states, list(mel))
+        return torch.stack([torch.cat([c, self.finish(s)]) for c, s in zip(codes, states)])
