@@ -16,6 +16,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from services.encoder import attention as encoder_attention  # noqa: E402
 from services.llm.runner.kernels import fused, paged_attention, sampling  # noqa: E402
 from services.vocoder import activation  # noqa: E402
 from services.vocoder.codec import chunk_attention, frame_ops, snake  # noqa: E402
@@ -113,6 +114,10 @@ KERNELS = {
     "codec: guided Euler step": (frame_ops._euler_step, *signature(
         frame_ops._euler_step, {"IN": BF16, "V": BF16, "MASK": BF16}, ("dt", "cfg_rate"),
         dict(BLOCK_T=16, BLOCK_C=128)), 4),
+    "encoder: causal attention over the slot pool": (encoder_attention._causal_pool_attention, *signature(
+        encoder_attention._causal_pool_attention, {"Q": BF16, "K": BF16, "V": BF16, "OUT": BF16, "BLOCKS": "*i32",
+                                                   "META": "*i32"}, ("scale",),
+        dict(D=64, BLOCK_M=encoder_attention.BLOCK_M, BLOCK_N=encoder_attention.BLOCK_N, PRECISION="tf32")), 4),
 }
 
 

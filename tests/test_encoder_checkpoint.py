@@ -47,7 +47,7 @@ def rewrite(tmp_path, change) -> None:
     (lambda t: t.pop("model.encoder.layers.1.fc2.bias"), r"missing 1: layers\.1\.fc2\.bias"),
     (lambda t: t.update({"model.encoder.layers.0.extra.weight": torch.zeros(2)}), r"unexpected 1: layers\.0\.extra\.weight"),
     (lambda t: t.update({"model.encoder.codebook.weight": torch.zeros(3, CFG.d_model)}),
-     r"misshapen 1: codebook\.weight \(3, 32\) \(expected \(64, 32\)\)"),
+     r"misshapen 1: codebook\.weight \(3, 64\) \(expected \(64, 64\)\)"),
 ])
 def test_a_wrong_tensor_is_refused_by_name(tmp_path, change, named):
     save_tokenizer(random_tokenizer(CFG), tmp_path)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from services.encoder.config import UnsupportedConfig, glm4_voice, read_config, tiny
+from services.encoder.kv_pool import KVPool, PoolFull
 from services.encoder.whisper_vq import WhisperVQEncoder
 
 
@@ -117,11 +118,13 @@ def test_offline_is_the_oracles_encoder(model):
 def test_streaming_gives_the_offline_codes_however_the_frames_are_chunked(model, cuts):
     mel = torch.randn(2, 16, 80, generator=torch.Generator().manual_seed(3))
     bounds = [0, *sorted(cuts), 80]
-    states, codes = [model.start(), model.start()], [[], []]
+    pool = KVPool(model.cfg, 2)
+    states, codes = [model.start(pool), model.start(pool)], [[], []]
     for a, b in zip(bounds, bounds[1:]):
-        for row, new in enumerate(model.feed(states, list(mel[:, :, a:b]))):
+        for row, new in enumerate(model.feed(states, list(mel[:, :, a:b]), pool)):
             codes[row].append(new)
-    streamed = torch.stack([torch.cat([*c, model.finish(s)]) for c, s in zip(codes, states)])
+    streamed = torch.stack([torch.cat([*c, model.finish(s, pool)]) for c, s in zip(codes, states)])
+    assert pool.used() == 0
     assert torch.equal(streamed, model(mel))
 
 
@@ -132,7 +135,8 @@ def test_streams_fed_together_each_get_what_they_get_alone(model, chunks):
     """Streams packed into one call, each with its own chunks (some empty): each stream's codes are its own."""
     g = torch.Generator().manual_seed(6)
     mels = [torch.randn(16, sum(c), generator=g) for c in chunks]
-    states, together = [model.start() for _ in chunks], [[] for _ in chunks]
+    pool = KVPool(model.cfg, len(chunks) + 1)
+    states, together = [model.start(pool) for _ in chunks], [[] for _ in chunks]
     at = [0] * len(chunks)
     for step in range(max(len(c) for c in chunks)):
         parts = []
@@ -140,12 +144,12 @@ def test_streams_fed_together_each_get_what_they_get_alone(model, chunks):
             n = c[step] if step < len(c) else 0
             parts.append(mels[i][:, at[i] : at[i] + n])
             at[i] += n
-        for i, new in enumerate(model.feed(states, parts)):
+        for i, new in enumerate(model.feed(states, parts, pool)):
             together[i].append(new)
     for i, mel in enumerate(mels):
-        alone = model.start()
-        expected = torch.cat([model.feed([alone], [mel])[0], model.finish(alone)])
-        got = torch.cat([*together[i], model.finish(states[i])])
+        alone = model.start(pool)
+        expected = torch.cat([model.feed([alone], [mel], pool)[0], model.finish(alone, pool)])
+        got = torch.cat([*together[i], model.finish(states[i], pool)])
         assert torch.equal(got, expected), i
 
 
@@ -162,10 +166,15 @@ def test_a_code_reads_no_later_frame(model):
 @torch.no_grad()
 def test_a_segment_is_at_most_30_seconds(model):
     cfg = model.cfg
-    state = model.start()
-    model.feed([state], [torch.zeros(cfg.num_mel_bins, cfg.segment_mel_frames)])
+    pool = KVPool(cfg, 1)
+    state = model.start(pool)
+    model.feed([state], [torch.zeros(cfg.num_mel_bins, cfg.segment_mel_frames)], pool)
     with pytest.raises(ValueError, match="a segment holds"):
-        model.feed([state], [torch.zeros(cfg.num_mel_bins, 2)])
+        model.feed([state], [torch.zeros(cfg.num_mel_bins, 2)], pool)
+    with pytest.raises(PoolFull, match="all 1 encoder slots are in use"):
+        model.start(pool)
+    model.finish(state, pool)
+    assert pool.used() == 0
 
 
 OFFICIAL = {"architectures": ["WhisperVQEncoder"], "d_model": 1280, "encoder_attention_heads": 20,

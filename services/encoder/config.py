@@ -52,8 +52,8 @@ def glm4_voice() -> WhisperVQConfig:
 
 
 def tiny() -> WhisperVQConfig:
-    """The same layout, small enough for CPU tests."""
-    return WhisperVQConfig(num_mel_bins=16, d_model=32, encoder_attention_heads=4, encoder_ffn_dim=64,
+    """The same layout, small enough for CPU tests (heads of 16: the attention kernel's smallest)."""
+    return WhisperVQConfig(num_mel_bins=16, d_model=64, encoder_attention_heads=4, encoder_ffn_dim=128,
                            quantize_position=2, quantize_vocab_size=64, max_source_positions=40)
 
 

@@ -52,16 +52,16 @@ def log10_mel(windows_signal: torch.Tensor, n_mels: int) -> torch.Tensor:
     return torch.clamp(mel_filters(n_mels).to(spec.device) @ spec.abs().pow(2), min=1e-10).log10()
 
 
-def finish_features(raw: torch.Tensor, floor: float) -> torch.Tensor:
-    """log10 mel [n_mels, T] and the floor's level → the encoder's input, max(x, level) then (x + 4) / 4."""
-    return (torch.maximum(raw, torch.tensor(floor, device=raw.device)) + 4.0) / 4.0
+def finish_features(raw: torch.Tensor, floor: torch.Tensor) -> torch.Tensor:
+    """log10 mel [n_mels, T] and the floor's level (a 0-d tensor) → the encoder's input, max(x, level), (x + 4) / 4."""
+    return (torch.maximum(raw, floor) + 4.0) / 4.0
 
 
 def offline(samples: torch.Tensor, n_mels: int = 128) -> torch.Tensor:
     """One segment's samples [N] (N a multiple of HOP, > PAD: pad_to_code makes it so) → [n_mels, N / HOP]."""
     padded = torch.nn.functional.pad(samples[None, None].float(), (PAD, PAD), mode="reflect")[0, 0]
     raw = log10_mel(padded, n_mels)[:, :-1]  # the centred STFT's extra last frame, dropped as the reference does
-    return finish_features(raw, float(raw.max()) - FLOOR)
+    return finish_features(raw, raw.max() - FLOOR)
 
 
 class StreamingLogMel:
@@ -74,20 +74,20 @@ class StreamingLogMel:
         self.received = 0
         self.frames = 0                          # frames given out
         self.raw: list[torch.Tensor] = []        # their log10 mel, before the floor
-        self.floors: list[float] = []            # the floor each frame got
-        self.peak = float("-inf")
+        self.floors: list[torch.Tensor] = []     # the floor each frame got, [frames] per batch of them
+        self.peak: torch.Tensor | None = None    # on the samples' device: no wait for it while streaming
 
     def _signal(self) -> torch.Tensor:
         if len(self.samples) > 1:
             self.samples = [torch.cat(self.samples)]
-        return self.samples[0] if self.samples else torch.zeros(0)
+        return self.samples[0] if self.samples else torch.zeros(0)  # (finish of a segment that had no sample)
 
     def feed(self, samples: torch.Tensor) -> torch.Tensor:
         """New samples [n] (float, 16 kHz) → the frames they complete [n_mels, k] (k may be 0)."""
         self.samples.append(samples.float())
         self.received += len(samples)
         if self.received <= PAD:  # the start's reflection needs PAD + 1 samples
-            return torch.zeros(self.n_mels, 0)
+            return samples.new_zeros(self.n_mels, 0, dtype=torch.float32)
         last = (self.received - PAD) // HOP + 1  # frames 0 .. last - 1 have their whole window here
         return self._frames(self._signal(), last, end=False)
 
@@ -101,14 +101,14 @@ class StreamingLogMel:
 
     def _frames(self, signal: torch.Tensor, upto: int, end: bool) -> torch.Tensor:
         if upto <= self.frames:
-            return torch.zeros(self.n_mels, 0)
+            return signal.new_zeros(self.n_mels, 0, dtype=torch.float32)
         # the padded signal's samples for frames [self.frames, upto): frame f's window is padded[HOP·f, HOP·f + N_FFT)
         padded = torch.nn.functional.pad(signal[None, None], (PAD, PAD if end else 0), mode="reflect")[0, 0]
         raw = log10_mel(padded[HOP * self.frames : HOP * (upto - 1) + N_FFT], self.n_mels)
-        self.peak = max(self.peak, float(raw.max()))
+        self.peak = raw.max() if self.peak is None else torch.maximum(self.peak, raw.max())
         floor = self.peak - FLOOR
         self.raw.append(raw)
-        self.floors += [floor] * raw.shape[1]
+        self.floors.append(floor.expand(raw.shape[1]))
         self.frames = upto
         return finish_features(raw, floor)
 
@@ -117,7 +117,7 @@ class StreamingLogMel:
         (a frame below the final floor got a lower one); else None."""
         raw = torch.cat(self.raw, 1)
         final = self.peak - FLOOR
-        got = torch.tensor(self.floors)
-        if not bool(((raw < final) & (got[None] < final)).any()):
+        got = torch.cat(self.floors)
+        if not bool(((raw < final) & (got[None] < final)).any()):  # (the one wait for the device, at the end)
             return None
         return finish_features(raw, final)

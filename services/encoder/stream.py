@@ -12,19 +12,23 @@ from __future__ import annotations
 import torch
 
 from services.encoder import features
+from services.encoder.kv_pool import KVPool
 from services.encoder.whisper_vq import WhisperVQEncoder
 
 
 class EncoderStream:
-    def __init__(self, model: WhisperVQEncoder):
+    def __init__(self, model: WhisperVQEncoder, pool: KVPool | None = None):
+        """pool: the keys and values it takes a slot of while a segment is open (default: a slot of its own)."""
+        w = model.codebook.weight
         self.model, self.cfg = model, model.cfg
+        self.pool = pool if pool is not None else KVPool(model.cfg, 1, w.device, w.dtype)
         self.codes: list[int] = []   # of the closed segments
         self.reencoded = 0           # segments encoded again (their floor rose after a frame it floors)
         self._open()
 
     def _open(self) -> None:
         self.features = features.StreamingLogMel(self.cfg.num_mel_bins)
-        self.state = self.model.start()
+        self.state = self.model.start(self.pool)
         self.pending: list[torch.Tensor] = []  # the open segment's codes so far
 
     @torch.inference_mode()
@@ -46,11 +50,11 @@ class EncoderStream:
 
     def _encode(self, mel: torch.Tensor) -> None:
         if mel.shape[1]:
-            self.pending.append(self.model.feed([self.state], [mel.to(self.model.codebook.weight)])[0])
+            self.pending.append(self.model.feed([self.state], [mel.to(self.model.codebook.weight)], self.pool)[0])
 
     def _close(self) -> None:
         self._encode(self.features.finish())
-        codes = torch.cat([*self.pending, self.model.finish(self.state)])
+        codes = torch.cat([*self.pending, self.model.finish(self.state, self.pool)])
         again = self.features.refloored()
         if again is not None:
             codes = self.model(again[None].to(self.model.codebook.weight))[0]

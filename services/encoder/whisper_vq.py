@@ -20,13 +20,16 @@ and so does a stream (`segment_mel_frames`). Module and parameter names are the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.encoder import attention
+from services.encoder.attention import Layout
 from services.encoder.config import WhisperVQConfig
+from services.encoder.kv_pool import KVPool
 
 
 class CausalConv1d(nn.Conv1d):
@@ -57,23 +60,13 @@ class WhisperAttention(nn.Module):
         self.q_proj, self.v_proj, self.out_proj = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
         self.k_proj = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, spans: list[slice], caches: list) -> tuple[torch.Tensor, list]:
-        """x [N, dim]: the new frames of several streams packed, stream i's at rows spans[i], after its cached ones
-        (caches[i]: keys and values [heads, past, d], or None) → ([N, dim], each stream's cache with its new keys and
-        values). A frame reads its stream's cached frames and its new ones up to itself. The projections run once
-        over all rows; the attention stream by stream."""
+    def forward(self, x: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, layout: Layout) -> torch.Tensor:
+        """x [N, dim]: several streams' new frames packed (attention.py's layout); their keys and values go to the
+        streams' slots of this layer's pool [slots, heads, frames, d], then each frame reads its stream's up to itself."""
         N, dim = x.shape
-        q, k, v = (p(x).view(N, self.heads, -1).transpose(0, 1) for p in (self.q_proj, self.k_proj, self.v_proj))
-        out, kept = torch.empty_like(q), []                                                   # [heads, N, d]
-        for rows, cache in zip(spans, caches):
-            ki, vi = k[:, rows], v[:, rows]
-            if cache is not None:
-                ki, vi = torch.cat([cache[0], ki], 1), torch.cat([cache[1], vi], 1)
-            t = rows.stop - rows.start
-            allowed = torch.ones(t, ki.shape[1], dtype=torch.bool, device=x.device).tril(ki.shape[1] - t)  # [t, past + t]
-            out[:, rows] = F.scaled_dot_product_attention(q[:, rows], ki, vi, attn_mask=allowed)
-            kept.append((ki, vi))
-        return self.out_proj(out.transpose(0, 1).reshape(N, dim)), kept
+        q, k, v = (p(x).view(N, self.heads, -1) for p in (self.q_proj, self.k_proj, self.v_proj))  # [N, heads, d]
+        attention.write(k_pool, v_pool, k, v, layout)
+        return self.out_proj(attention.attend(q, k_pool, v_pool, layout).reshape(N, dim))
 
 
 class WhisperVQEncoderLayer(nn.Module):
@@ -84,22 +77,22 @@ class WhisperVQEncoderLayer(nn.Module):
         self.self_attn_layer_norm, self.final_layer_norm = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.fc1, self.fc2 = nn.Linear(dim, cfg.encoder_ffn_dim), nn.Linear(cfg.encoder_ffn_dim, dim)
 
-    def forward(self, x: torch.Tensor, spans: list[slice], caches: list) -> tuple[torch.Tensor, list]:
-        """x [N, dim] packed as WhisperAttention reads it → ([N, dim], the streams' caches)."""
-        attended, caches = self.self_attn(self.self_attn_layer_norm(x), spans, caches)
-        x = x + attended
-        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x)))), caches
+    def forward(self, x: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, layout: Layout) -> torch.Tensor:
+        """x [N, dim] packed as WhisperAttention reads it → [N, dim]."""
+        x = x + self.self_attn(self.self_attn_layer_norm(x), k_pool, v_pool, layout)
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
 
 @dataclass
 class EncoderState:
-    """One stream's place in a segment: the convolutions' pending inputs ([1, C, p]), each layer's keys and values
-    ([heads, frames, d]), the frames of an unfinished pool group, and how many frames (after conv2) it has had."""
+    """One stream's place in a segment: the convolutions' pending inputs ([1, C, p]), its slot of the keys and values
+    (kv_pool.py), the frames of an unfinished pool group ([< pooling_kernel_size, dim]), and how many frames (after
+    conv2) it has had."""
 
     conv1: torch.Tensor
     conv2: torch.Tensor
-    kv: list = field(default_factory=list)
-    pool: torch.Tensor | None = None   # [< pooling_kernel_size, dim]
+    slot: int
+    group: torch.Tensor
     frames: int = 0
 
 
@@ -117,16 +110,18 @@ class WhisperVQEncoder(nn.Module):
         self.embed_positions2 = nn.Embedding(math.ceil(cfg.max_source_positions / cfg.pooling_kernel_size), dim)
 
     # ---- streaming ------------------------------------------------------------------------------
-    def start(self) -> EncoderState:
-        """A stream's first segment (and each next one: a stream starts a new state every segment_mel_frames)."""
+    def start(self, pool: KVPool) -> EncoderState:
+        """A stream's segment, in a slot of `pool` (PoolFull if none is free) until `finish`. A stream starts a new
+        one every segment_mel_frames."""
         like = self.conv1.weight
-        return EncoderState(self.conv1.initial(1, like), self.conv2.initial(1, like), [None] * len(self.layers),
+        return EncoderState(self.conv1.initial(1, like), self.conv2.initial(1, like), pool.take(),
                             like.new_zeros(0, self.cfg.d_model))
 
-    def feed(self, states: list[EncoderState], mels: list[torch.Tensor]) -> list[torch.Tensor]:
+    def feed(self, states: list[EncoderState], mels: list[torch.Tensor], pool: KVPool) -> list[torch.Tensor]:
         """Each stream's next mel frames [n_mels, n_i] → the codes they complete, per stream [c_i] (int64): the
-        streams' new frames go through the layers packed together (the projections and MLPs in one product each)."""
-        h, spans, at = [], [], 0
+        streams' new frames go through the layers packed together (the projections and MLPs in one product each,
+        the attention in one kernel on CUDA)."""
+        h, rows, past, at = [], [], [], 0
         for state, mel in zip(states, mels):
             x, state.conv1 = self.conv1.step(state.conv1, mel[None])
             x, state.conv2 = self.conv2.step(state.conv2, F.gelu(x))
@@ -136,31 +131,32 @@ class WhisperVQEncoder(nn.Module):
                 raise ValueError(f"a segment holds {self.cfg.max_source_positions} frames; {state.frames + t} given "
                                  f"(start a new segment every {self.cfg.segment_mel_frames} mel frames)")
             h.append(x + self.embed_positions.weight[state.frames : state.frames + t])
-            spans.append(slice(at, at + t))
+            rows.append(at)
+            past.append(state.frames)
             state.frames, at = state.frames + t, at + t
         packed = torch.cat(h)                                                                      # [N, dim]
-        live = [i for i, rows in enumerate(spans) if rows.stop > rows.start]  # (a stream with no new frame waits)
-        if live:
-            caches = [states[i].kv for i in live]
+        counts = [len(x) for x in h]
+        if at:
+            layout = Layout([s.slot for s in states], rows, counts, past, packed.device)
             for j, layer in enumerate(self.layers):
-                packed, kept = layer(packed, [spans[i] for i in live], [c[j] for c in caches])
-                for c, kv in zip(caches, kept):
-                    c[j] = kv
-        k, groups, counts = self.cfg.pooling_kernel_size, [], []
-        for state, rows in zip(states, spans):
-            x = torch.cat([state.pool, packed[rows]])
+                packed = layer(packed, pool.k[j], pool.v[j], layout)
+        k, groups, codes = self.cfg.pooling_kernel_size, [], []
+        for state, row, t in zip(states, rows, counts):
+            x = torch.cat([state.group, packed[row : row + t]])
             whole = x.shape[0] // k * k
-            state.pool = x[whole:]
+            state.group = x[whole:]
             groups.append(x[:whole].unflatten(0, (-1, k)).mean(1))
-            counts.append(whole // k)
-        return list(self.quantize(torch.cat(groups)).split(counts))
+            codes.append(whole // k)
+        return list(self.quantize(torch.cat(groups)).split(codes))
 
-    def finish(self, state: EncoderState) -> torch.Tensor:
-        """The code of an unfinished group, its missing frames zeros (the reference pads so) → [0 or 1]."""
-        n = state.pool.shape[0]
+    def finish(self, state: EncoderState, pool: KVPool) -> torch.Tensor:
+        """The segment's end: the code of its unfinished group, its missing frames zeros (the reference pads so) →
+        [0 or 1]; its slot goes back to the pool."""
+        pool.give(state.slot)
+        n = state.group.shape[0]
         if n == 0:
-            return torch.zeros(0, dtype=torch.long, device=state.pool.device)
-        group, state.pool = F.pad(state.pool, (0, 0, 0, self.cfg.pooling_kernel_size - n)), state.pool[:0]
+            return torch.zeros(0, dtype=torch.long, device=state.group.device)
+        group, state.group = F.pad(state.group, (0, 0, 0, self.cfg.pooling_kernel_size - n)), state.group[:0]
         return self.quantize(group.mean(0, keepdim=True))
 
     def quantize(self, h: torch.Tensor) -> torch.Tensor:
@@ -172,7 +168,9 @@ class WhisperVQEncoder(nn.Module):
     # ---- offline --------------------------------------------------------------------------------
     def forward(self, mel: torch.Tensor) -> torch.Tensor:
         """mel [B, n_mels, T] (T ≤ segment_mel_frames) → codes [B, ceil(T / mel_frames_per_code)]: each row a whole
-        segment at once, as `feed` then `finish` give it."""
-        states = [self.start() for _ in range(mel.shape[0])]
-        codes = self.feed(states, list(mel))
-        return torch.stack([torch.cat([c, self.finish(s)]) for c, s in zip(codes, states)])
+        segment at once, as `feed` then `finish` give it (in a pool of its own, sized to the rows)."""
+        w = self.conv1.weight
+        pool = KVPool(self.cfg, mel.shape[0], w.device, w.dtype, frames=max(1, (mel.shape[2] + 1) // 2))
+        states = [self.start(pool) for _ in range(mel.shape[0])]
+        codes = self.feed(states, list(mel), pool)
+        return torch.stack([torch.cat([c, self.finish(s, pool)]) for c, s in zip(codes, states)])

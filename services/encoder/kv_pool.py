@@ -1,0 +1,45 @@
+"""The encoder's keys and values: a slot per open segment (a speaker's current 30 s), every layer's keys and values
+at the segment's frame positions.
+
+    k, v: [layers, slots, heads, max_source_positions, head_dim]
+
+A segment's frames are at most max_source_positions (1500 at the real size), so a slot is sized for a whole one:
+2 · 16 · 1500 · 1280 values, 123 MB in bf16 at the real size. `slots` bounds the speakers encoded at once; a speaker
+beyond it is refused (PoolFull) rather than waiting, since its words would come late.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from services.encoder.config import WhisperVQConfig
+
+
+class PoolFull(RuntimeError):
+    pass
+
+
+class KVPool:
+    def __init__(self, cfg: WhisperVQConfig, slots: int, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, frames: int | None = None):
+        """frames: positions a slot holds (default: a whole segment's)."""
+        heads = cfg.encoder_attention_heads
+        shape = (cfg.quantize_position, slots, heads, frames or cfg.max_source_positions, cfg.d_model // heads)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.free = list(range(slots - 1, -1, -1))
+
+    @property
+    def frames(self) -> int:
+        return self.k.shape[3]
+
+    def take(self) -> int:
+        if not self.free:
+            raise PoolFull(f"all {self.k.shape[1]} encoder slots are in use")
+        return self.free.pop()
+
+    def give(self, slot: int) -> None:
+        self.free.append(slot)
+
+    def used(self) -> int:
+        return self.k.shape[1] - len(self.free)
