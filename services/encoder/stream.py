@@ -17,13 +17,17 @@ from services.encoder.whisper_vq import WhisperVQEncoder
 
 
 class EncoderStream:
+    """One turn's speech. It holds a slot of the pool from its start (PoolFull: no room for another speaker) to its
+    finish or abort; `feed_streams` and `finish_streams` encode many streams' samples in one call each."""
+
     def __init__(self, model: WhisperVQEncoder, pool: KVPool | None = None):
-        """pool: the keys and values it takes a slot of while a segment is open (default: a slot of its own)."""
+        """pool: the keys and values it takes a slot of (default: a slot of its own)."""
         w = model.codebook.weight
         self.model, self.cfg = model, model.cfg
         self.pool = pool if pool is not None else KVPool(model.cfg, 1, w.device, w.dtype)
         self.codes: list[int] = []   # of the closed segments
         self.reencoded = 0           # segments encoded again (their floor rose after a frame it floors)
+        self.done = False
         self._open()
 
     def _open(self) -> None:
@@ -31,36 +35,79 @@ class EncoderStream:
         self.state = self.model.start(self.pool)
         self.pending: list[torch.Tensor] = []  # the open segment's codes so far
 
-    @torch.inference_mode()
     def feed(self, samples: torch.Tensor) -> None:
         """The next samples [n] (float, 16 kHz)."""
-        while len(samples):
-            room = self.cfg.segment_samples - self.features.received
-            part, samples = samples[:room], samples[room:]
-            self._encode(self.features.feed(part))
-            if self.features.received == self.cfg.segment_samples:
-                self._close()
+        feed_streams([(self, samples)])
 
-    @torch.inference_mode()
     def finish(self) -> list[int]:
-        """The end of the turn → every code of it."""
-        if self.features.received:
-            self._close()
-        return self.codes
+        """The end of the turn → every code of it; the slot goes back."""
+        return finish_streams([self])[0]
 
-    def _encode(self, mel: torch.Tensor) -> None:
-        if mel.shape[1]:
-            self.pending.append(self.model.feed([self.state], [mel.to(self.model.codebook.weight)], self.pool)[0])
+    def abort(self) -> None:
+        """The turn is dropped (cancelled, or its caller gone): its slot goes back; idempotent."""
+        if not self.done:
+            self.done = True
+            self.pool.give(self.state.slot)
 
-    def _close(self) -> None:
-        self._encode(self.features.finish())
+    def _close(self, reopen: bool) -> None:
+        """The open segment's features are all in (its last frames encoded): its last code, or all of it again if its
+        floor rose (features.py); then the next segment, or the slot back."""
         codes = torch.cat([*self.pending, self.model.finish(self.state, self.pool)])
         again = self.features.refloored()
         if again is not None:
             codes = self.model(again[None].to(self.model.codebook.weight))[0]
             self.reencoded += 1
         self.codes += codes.tolist()
-        self._open()
+        if reopen:
+            self._open()
+        else:
+            self.done = True
+
+
+def _encode(streams: list[EncoderStream], mels: list[torch.Tensor]) -> None:
+    """One model call for the streams' new frames (all on one model and pool)."""
+    if not streams:
+        return
+    model, pool = streams[0].model, streams[0].pool
+    w = model.codebook.weight
+    for stream, codes in zip(streams, model.feed([s.state for s in streams], [m.to(w) for m in mels], pool)):
+        stream.pending.append(codes)
+
+
+@torch.inference_mode()
+def feed_streams(items: list[tuple[EncoderStream, torch.Tensor]]) -> None:
+    """Each stream's next samples [n_i], encoded together (one model call a round; a second round only for samples
+    past a segment's end, every 30 s of a stream)."""
+    while items:
+        streams, mels, rest = [], [], []
+        for stream, samples in items:
+            if stream.done:
+                raise ValueError("samples after the end of the turn")
+            room = stream.cfg.segment_samples - stream.features.received
+            streams.append(stream)
+            mels.append(stream.features.feed(samples[:room]))
+            if len(samples) > room or stream.features.received == stream.cfg.segment_samples:
+                rest.append((stream, samples[room:]))
+        _encode(streams, mels)
+        for stream, _ in rest:  # a full segment: its last frames, its last code, the next segment
+            _encode([stream], [stream.features.finish()])
+            stream._close(reopen=True)
+        items = [(stream, samples) for stream, samples in rest if len(samples)]
+
+
+@torch.inference_mode()
+def finish_streams(streams: list[EncoderStream]) -> list[list[int]]:
+    """The ends of the streams' turns, their last frames encoded together → each turn's codes."""
+    live = [s for s in streams if not s.done and s.features.received]
+    _encode(live, [s.features.finish() for s in live])
+    for stream in streams:
+        if stream.done:
+            continue
+        if stream.features.received:
+            stream._close(reopen=False)
+        else:  # nothing since the last segment (or at all): no code, the slot back
+            stream.abort()
+    return [s.codes for s in streams]
 
 
 @torch.inference_mode()

@@ -1,0 +1,106 @@
+"""One thread owns the encoder's device and encodes the speech of many speakers together.
+
+Streams hand in jobs (a speaker's next samples, or the end of the turn) and await them. The worker takes every job
+that is ready, at most one per stream and `max_batch` in all, and runs them as one call: every new sample through
+the encoder at once (stream.feed_streams), every ended turn's last frames at once (stream.finish_streams). A job
+waits for company at most `max_wait` seconds, and an end of turn never waits: its codes are what the reply waits
+for. A failed call fails the jobs in it; the streams' slots go back when their callers abort them.
+
+No asyncio here: `submit` returns a concurrent future; the servicer wraps it, so the gRPC event loop never blocks on
+the model.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from services.encoder.stream import EncoderStream, feed_streams, finish_streams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Job:
+    stream: EncoderStream
+    samples: torch.Tensor | None        # None: the end of the turn (its future gets the turn's codes)
+    submitted: float = field(default_factory=time.perf_counter)
+    future: Future = field(default_factory=Future)
+
+
+class EncoderWorker:
+    def __init__(self, max_batch: int = 64, max_wait: float = 0.002, name: str = "encoder-worker"):
+        self.max_batch, self.max_wait = max_batch, max_wait
+        self.pending: list[Job] = []
+        self.cv = threading.Condition()
+        self.stopping = False
+        self.batches = 0  # calls made (tests, metrics)
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Job) -> Future:
+        with self.cv:
+            if self.stopping:
+                raise RuntimeError("the encoder worker has stopped")
+            self.pending.append(job)
+            self.cv.notify()
+        return job.future
+
+    def stop(self) -> None:
+        with self.cv:
+            self.stopping = True
+            self.cv.notify()
+        self.thread.join(timeout=10)
+
+    def _take(self) -> list[Job] | None:
+        """Wait for work → the next batch, oldest first, one job per stream (None: stopping)."""
+        with self.cv:
+            while not self.pending and not self.stopping:
+                self.cv.wait()
+            if self.stopping:
+                for job in self.pending:
+                    job.future.set_exception(RuntimeError("the encoder worker has stopped"))
+                return None
+            deadline = self.pending[0].submitted + self.max_wait
+            while len(self.pending) < self.max_batch and not self.stopping:
+                now = time.perf_counter()
+                if now >= deadline or any(job.samples is None for job in self.pending):
+                    break  # an end of turn waits for nobody
+                self.cv.wait(deadline - now)
+            batch, seen, left = [], set(), []
+            for job in self.pending:
+                if len(batch) < self.max_batch and id(job.stream) not in seen:
+                    batch.append(job)
+                    seen.add(id(job.stream))
+                else:
+                    left.append(job)  # a stream's next job goes in a later call, in order
+            self.pending = left
+            return batch
+
+    def _loop(self) -> None:
+        while (batch := self._take()) is not None:
+            batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
+            for job in [job for job in batch if job.stream.done]:  # a stream's own fault ends that job alone
+                job.future.set_exception(ValueError("audio after the end of the turn"))
+                batch.remove(job)
+            feeds = [job for job in batch if job.samples is not None]
+            ends = [job for job in batch if job.samples is None]
+            for jobs, run in ((feeds, lambda js: feed_streams([(j.stream, j.samples) for j in js])),
+                              (ends, lambda js: finish_streams([j.stream for j in js]))):
+                if not jobs:
+                    continue
+                try:
+                    results = run(jobs) or [None] * len(jobs)
+                    self.batches += 1
+                except Exception as exc:  # noqa: BLE001  a bug here must not stop the thread every stream waits on
+                    log.exception("encoder: a batch failed")
+                    for job in jobs:
+                        job.future.set_exception(exc)
+                    continue
+                for job, result in zip(jobs, results):
+                    job.future.set_result(result)

@@ -1,0 +1,70 @@
+"""The encoder's worker (services/encoder/worker.py): speakers talking at once, from their own threads, are encoded
+together and each gets the codes of its own speech; a stream's fault stays its own; slots come back."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+
+from services.encoder.checkpoint import random_tokenizer
+from services.encoder.config import tiny
+from services.encoder.kv_pool import KVPool, PoolFull
+from services.encoder.stream import EncoderStream, encode
+from services.encoder.worker import EncoderWorker, Job
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_tokenizer(tiny(), seed=2)
+
+
+@pytest.fixture
+def worker():
+    w = EncoderWorker(max_batch=8, max_wait=0.005)
+    yield w
+    w.stop()
+
+
+def test_speakers_talking_at_once_each_get_their_own_codes(model, worker):
+    pool = KVPool(model.cfg, 5)
+    turns = [torch.randn(n, generator=torch.Generator().manual_seed(n)) * 0.1 for n in (3000, 7000, 13_000, 26_000, 900)]
+    got, jobs = {}, []
+
+    def speak(i: int, samples: torch.Tensor) -> None:
+        stream, rng, at = EncoderStream(model, pool), random.Random(i), 0
+        while at < len(samples):
+            n = rng.randint(100, 2500)
+            jobs.append(worker.submit(Job(stream, samples[at : at + n])))
+            at += n
+        got[i] = worker.submit(Job(stream, None)).result(timeout=60)
+
+    threads = [threading.Thread(target=speak, args=(i, s)) for i, s in enumerate(turns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, samples in enumerate(turns):  # 26,000 samples: across two of the tiny config's segments
+        assert got[i] == encode(model, samples), i
+    assert all(job.done() and job.exception() is None for job in jobs)
+    assert worker.batches < len(jobs) + len(turns)  # some calls carried several speakers
+    assert pool.used() == 0
+
+
+def test_audio_after_the_end_fails_that_stream_alone_and_slots_come_back(model, worker):
+    pool = KVPool(model.cfg, 2)
+    a, b = EncoderStream(model, pool), EncoderStream(model, pool)
+    with pytest.raises(PoolFull, match="all 2 encoder slots are in use"):
+        EncoderStream(model, pool)
+    worker.submit(Job(a, torch.randn(2000) * 0.1)).result(timeout=30)
+    assert len(worker.submit(Job(a, None)).result(timeout=30)) == 2  # 2,000 samples: two codes of 1,280
+    late = worker.submit(Job(a, torch.randn(500)))
+    fine = worker.submit(Job(b, torch.randn(500) * 0.1))
+    with pytest.raises(ValueError, match="after the end of the turn"):
+        late.result(timeout=30)
+    assert fine.result(timeout=30) is None
+    b.abort()
+    b.abort()  # (idempotent)
+    assert pool.used() == 0
