@@ -70,46 +70,56 @@ class StreamingLogMel:
 
     def __init__(self, n_mels: int = 128):
         self.n_mels = n_mels
-        self.samples: list[torch.Tensor] = []
+        self.tail: list[torch.Tensor] = []       # the samples from tail_start on: what the next frames read
+        self.tail_start = 0
         self.received = 0
         self.frames = 0                          # frames given out
         self.raw: list[torch.Tensor] = []        # their log10 mel, before the floor
         self.floors: list[torch.Tensor] = []     # the floor each frame got, [frames] per batch of them
         self.peak: torch.Tensor | None = None    # on the samples' device: no wait for it while streaming
 
-    def _signal(self) -> torch.Tensor:
-        if len(self.samples) > 1:
-            self.samples = [torch.cat(self.samples)]
-        return self.samples[0] if self.samples else torch.zeros(0)  # (finish of a segment that had no sample)
-
     def feed(self, samples: torch.Tensor) -> torch.Tensor:
         """New samples [n] (float, 16 kHz) → the frames they complete [n_mels, k] (k may be 0)."""
-        self.samples.append(samples.float())
+        self.tail.append(samples.float())
         self.received += len(samples)
         if self.received <= PAD:  # the start's reflection needs PAD + 1 samples
             return samples.new_zeros(self.n_mels, 0, dtype=torch.float32)
         last = (self.received - PAD) // HOP + 1  # frames 0 .. last - 1 have their whole window here
-        return self._frames(self._signal(), last, end=False)
+        return self._frames(last, end=False)
 
     def finish(self) -> torch.Tensor:
         """The segment's samples are all in → they are padded to a code and the remaining frames come out."""
-        signal = pad_to_code(self._signal())
-        if len(signal) <= PAD:
-            raise ValueError(f"a segment of {len(signal)} samples: Whisper's features need more than {PAD}")
-        self.samples, self.received = [signal], len(signal)
-        return self._frames(signal, len(signal) // HOP, end=True)
+        pad = -self.received % CODE_SAMPLES
+        like = self.tail[0] if self.tail else torch.zeros(0)
+        self.tail.append(like.new_zeros(pad))
+        self.received += pad
+        if self.received <= PAD:
+            raise ValueError(f"a segment of {self.received} samples: Whisper's features need more than {PAD}")
+        return self._frames(self.received // HOP, end=True)
 
-    def _frames(self, signal: torch.Tensor, upto: int, end: bool) -> torch.Tensor:
+    def _frames(self, upto: int, end: bool) -> torch.Tensor:
+        """Frames [self.frames, upto): frame f's window is the samples [HOP·f - PAD, HOP·f + PAD), reflected at the
+        segment's start (frames 0 and 1) and, at its end, past its last sample. Reads the tail only: a call costs
+        its own frames, not the segment's."""
+        tail = torch.cat(self.tail) if len(self.tail) > 1 else self.tail[0]
         if upto <= self.frames:
-            return signal.new_zeros(self.n_mels, 0, dtype=torch.float32)
-        # the padded signal's samples for frames [self.frames, upto): frame f's window is padded[HOP·f, HOP·f + N_FFT)
-        padded = torch.nn.functional.pad(signal[None, None], (PAD, PAD if end else 0), mode="reflect")[0, 0]
-        raw = log10_mel(padded[HOP * self.frames : HOP * (upto - 1) + N_FFT], self.n_mels)
+            self.tail = [tail]
+            return tail.new_zeros(self.n_mels, 0, dtype=torch.float32)
+        start, stop = HOP * self.frames - PAD, HOP * (upto - 1) + N_FFT - PAD     # absolute samples, as padded
+        before, after = max(-start, 0), max(stop - self.received, 0)
+        # (the start's reflection reads samples 1 .. before: past `stop` when the first frame comes alone)
+        hi = max(min(stop, self.received), min(self.received, before + 1))
+        region = tail[max(start, 0) - self.tail_start : hi - self.tail_start]
+        if before or after:
+            region = torch.nn.functional.pad(region[None, None], (before, after), mode="reflect")[0, 0]
+        raw = log10_mel(region[: stop - start], self.n_mels)
         self.peak = raw.max() if self.peak is None else torch.maximum(self.peak, raw.max())
         floor = self.peak - FLOOR
         self.raw.append(raw)
         self.floors.append(floor.expand(raw.shape[1]))
         self.frames = upto
+        keep = max(HOP * upto - PAD, 0)  # the next frame's first sample
+        self.tail, self.tail_start = [tail[keep - self.tail_start :]], keep
         return finish_features(raw, floor)
 
     def refloored(self) -> torch.Tensor | None:
