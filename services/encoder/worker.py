@@ -13,13 +13,13 @@ the model.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
+from services.common.job_thread import JobThread
 from services.encoder.stream import EncoderStream, feed_streams, finish_streams
 
 log = logging.getLogger(__name__)
@@ -33,29 +33,14 @@ class Job:
     future: Future = field(default_factory=Future)
 
 
-class EncoderWorker:
+class EncoderWorker(JobThread):
+    what = "encoder worker"
+
     def __init__(self, max_batch: int = 64, max_wait: float = 0.002, name: str = "encoder-worker"):
+        super().__init__(name)
         self.max_batch, self.max_wait = max_batch, max_wait
-        self.pending: list[Job] = []
-        self.cv = threading.Condition()
-        self.stopping = False
         self.batches = 0  # calls made (tests, metrics)
-        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self.thread.start()
-
-    def submit(self, job: Job) -> Future:
-        with self.cv:
-            if self.stopping:
-                raise RuntimeError("the encoder worker has stopped")
-            self.pending.append(job)
-            self.cv.notify()
-        return job.future
-
-    def stop(self) -> None:
-        with self.cv:
-            self.stopping = True
-            self.cv.notify()
-        self.thread.join(timeout=10)
+        self.start()
 
     def _take(self) -> list[Job] | None:
         """Wait for work → the next batch, oldest first, one job per stream (None: stopping)."""

@@ -36,7 +36,6 @@ the gRPC event loop never blocks on the model.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from services.common.device import PROBE_SECONDS
 from services.common.errors import DeviceLost
+from services.common.job_thread import JobThread
 
 if TYPE_CHECKING:  # (not imported: it pulls in torch, and `moss-serve` reads DEFAULT_MAX_BATCH from here)
     import numpy as np
@@ -101,7 +101,9 @@ DEFAULT_FIRST_CHUNK_BATCH_FRAMES = 256
 FIRST_CHUNK_LANE_BATCH = 4
 
 
-class VocoderWorker:
+class VocoderWorker(JobThread):
+    what = "vocoder worker"
+
     def __init__(self, vocoder, max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002,
                  on_batch: Callable[[int, float], None] = lambda size, seconds: None,
                  on_decode: Callable[[float], None] = lambda seconds: None,
@@ -118,31 +120,13 @@ class VocoderWorker:
         lost(): is the device gone? (asked after a failed batch, and after every probe_seconds idle) If so
         every job fails with DeviceLost, the worker stops, and on_fatal(err) tells the server (device.py). See
         the module's docstring."""
+        super().__init__(name)
         self.vocoder, self.max_batch, self.max_wait, self.on_batch = vocoder, max_batch, max_wait, on_batch
         self.on_decode, self.on_generate = on_decode, on_generate
         self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
         self.first_chunk_batch_frames = first_chunk_batch_frames
         self.lost, self.on_fatal, self.probe_seconds = lost, on_fatal, probe_seconds
-        self.fatal: DeviceLost | None = None
-        self.pending: list[Job] = []
-        self.cv = threading.Condition()
-        self.stopping = False
-        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self.thread.start()
-
-    def submit(self, job: Job) -> Future:
-        with self.cv:
-            if self.stopping:
-                raise self.fatal or RuntimeError("the vocoder worker has stopped")
-            self.pending.append(job)
-            self.cv.notify()
-        return job.future
-
-    def stop(self) -> None:
-        with self.cv:
-            self.stopping = True
-            self.cv.notify()
-        self.thread.join(timeout=10)
+        self.start()
 
     # ---- the thread ------------------------------------------------------------------------------
     def _take(self) -> list[Job] | None:
