@@ -87,7 +87,7 @@ def test_kernel_runner_matches_the_reference_over_sessions(kernels):
     """Greedy and seeded requests, chunked prefill (40 positions a step), sessions of several turns,
     text and audio replies: the same tokens as the reference runner, and the blocks come back."""
     model = random_model(CFG, seed=5)
-    turns = TURNS if kernels == "torch" else TURNS[:2]  # the interpreter is slow
+    turns = TURNS if kernels == "torch" else TURNS[:1]  # the interpreter is slow: one session of two turns (CUDA: all)
     ref = conversation(engine_for(model, runner="reference"), turns)
     engine, sessions = engine_for(model, runner="kernels", kernels=kernels), Sessions()
     assert conversation(engine, turns, sessions) == ref
