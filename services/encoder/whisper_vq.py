@@ -6,10 +6,10 @@
 
 Every part reads only the past, so a stream is encoded as its audio arrives (`start` / `feed` / `finish`) and gives
 the codes an offline pass over the same frames gives: each convolution keeps the input frames its next output needs,
-each layer its keys and values, the pool the frames of an unfinished group. `feed` takes many streams at once: their
-new frames go through each layer packed as rows of one matrix, [N, 1280], so the projections and MLPs are one
-product each for all of them; only the attention runs stream by stream, over the stream's own keys. (The reference computes a block-causal
-mask but hands its causal layers none: they attend causally, which is what runs here.)
+each layer its keys and values (in the stream's slot of a KVPool), the pool the frames of an unfinished group. `feed`
+takes many streams at once: their new frames go through each layer packed as rows of one matrix, [N, 1280], so the
+projections and MLPs are one product each for all of them, and the attention one kernel on CUDA (attention.py). (The
+reference computes a block-causal mask but hands its causal layers none: they attend causally, as here.)
 
 Positions run to max_source_positions (30 s); the reference encodes longer audio as independent 30 s segments,
 and so does a stream (`segment_mel_frames`). Module and parameter names are the reference's (`conv1`, `conv2`,
