@@ -39,13 +39,19 @@ test: $(STAMP) tools
 	$(BIN)/python -m pytest -q
 
 # Debian's prometheus package (the server and promtool) for the deploy checks and the Prometheus
-# integration test. Best effort: without root or apt those tests skip and say why.
+# integration test; espeak-ng (test speech for spoken turns) and sox. Best effort: without root or apt the
+# tests that need them skip and say why.
 tools:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 \
 	      || echo "make tools: apt-get install prometheus failed; the promtool and Prometheus tests will skip"; \
 	  else echo "make tools: no root/apt to install prometheus; the promtool and Prometheus tests will skip"; fi; }
+	@command -v espeak-ng >/dev/null 2>&1 && command -v sox >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends espeak-ng sox >/dev/null 2>&1 \
+	      || echo "make tools: apt-get install espeak-ng sox failed; the tests that speak will skip"; \
+	  else echo "make tools: no root/apt to install espeak-ng; the tests that speak will skip"; fi; }
 
 clean:
 	rm -rf $(VENV) demo.wav

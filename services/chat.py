@@ -1,8 +1,9 @@
 """`moss-serve chat`: a typed spoken conversation in the terminal, through the gateway's Converse.
 
 Each line typed is a turn: its reply's text is printed as it comes, its audio is written to
-<out-dir>/turn_<n>.wav, then its timings. Ctrl-C while a reply streams cancels it (barge-in: the model
-forgets that turn); a turn that fails (the gateway busy, a stage down) is said, and the session goes on;
+<out-dir>/turn_<n>.wav, then its timings. A line `@speech.wav` is a spoken turn: the file's audio is streamed to the
+gateway as if spoken (the encoder works while it plays), then its end of speech. Ctrl-C while a reply streams
+cancels it (barge-in: the model forgets that turn); a turn that fails (the gateway busy, a stage down) is said, and the session goes on;
 Ctrl-D, or Ctrl-C at the prompt, ends the session.
 """
 
@@ -53,7 +54,15 @@ async def chat(target: str, out_dir: Path, *, sampling: common_pb2.SamplingParam
             if not text.strip():
                 continue
             turn += 1
-            await conv.send(text.strip())
+            if text.strip().startswith("@"):
+                try:
+                    await _send_speech(conv, text.strip()[1:])
+                except (OSError, RuntimeError) as err:  # (soundfile's errors for a file it cannot read)
+                    print(f"[cannot read {text.strip()[1:]!r}: {err}]", file=out, flush=True)
+                    turn -= 1
+                    continue
+            else:
+                await conv.send(text.strip())
             cancel = lambda: asyncio.ensure_future(conv.cancel())  # noqa: E731
             interactive = lines is sys.stdin and sys.stdin.isatty()
             if interactive:
@@ -67,6 +76,22 @@ async def chat(target: str, out_dir: Path, *, sampling: common_pb2.SamplingParam
     print(f"session ended ({common_reason(ended)})", file=out, flush=True)
 
 
+async def _send_speech(conv, path: str) -> None:
+    """A spoken turn from a WAV (or any file soundfile reads; channels mixed down), streamed at its own pace."""
+    import soundfile as sf
+    from moss.speech.v1 import gateway_pb2
+
+    samples, rate = sf.read(path, dtype="float32", always_2d=True)
+    await conv.call.write(gateway_pb2.ConverseRequest(speech=gateway_pb2.SpeechInput(sample_rate=rate)))
+    pcm = (samples.mean(axis=1).clip(-1, 1) * 32767).astype("<i2")
+    step = rate // 10
+    for i in range(0, len(pcm), step):
+        await conv.call.write(gateway_pb2.ConverseRequest(audio=gateway_pb2.UserAudio(pcm=pcm[i : i + step].tobytes())))
+        await asyncio.sleep(step / rate)
+    await conv.call.write(gateway_pb2.ConverseRequest(end_of_speech=gateway_pb2.EndOfSpeech()))
+    conv.turns_sent += 1
+
+
 async def _reply(conv, turn: int, out_dir: Path, out) -> None:
     pcm, rate, fmt = [], 0, common_pb2.AUDIO_FORMAT_PCM16
     async for msg in conv.replies():
@@ -77,6 +102,9 @@ async def _reply(conv, turn: int, out_dir: Path, out) -> None:
             pcm.append(msg.audio.pcm)
         elif kind == "text":
             print(msg.text.text, end="", file=out, flush=True)
+        elif kind == "speech_ended":
+            print(f"[heard {msg.speech_ended.audio_seconds:.2f} s of speech: {msg.speech_ended.codes} codes] ", end="",
+                  file=out, flush=True)
         elif kind == "cancelled":
             print(f"\n[turn {turn} cancelled in {msg.cancelled.seconds * 1e3:.0f} ms]", file=out, flush=True)
         elif kind == "failed":  # the session goes on: the line may be typed again

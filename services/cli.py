@@ -1,7 +1,7 @@
 """moss-serve: start one service, the whole stack, or speak a sentence through a running gateway.
 
-    moss-serve llm|vocoder|gateway [options]   one service
-    moss-serve up [options]                    all three as separate processes; Ctrl-C stops them
+    moss-serve llm|vocoder|encoder|gateway [options]   one service
+    moss-serve up [options]                    all four as separate processes; Ctrl-C stops them
     moss-serve say "text" -o out.wav           synthesize through the gateway at localhost:50051
     moss-serve chat                            a typed spoken conversation (services/chat.py)
     moss-serve bench [options]                 load the gateway, measure at the client (services/bench/)
@@ -14,7 +14,8 @@ import asyncio
 import os
 import sys
 
-from services.gateway.settings import LLM_TARGET, VOCODER_TARGET, GatewaySettings
+from services.encoder.settings import EncoderSettings
+from services.gateway.settings import ENCODER_TARGET, LLM_TARGET, VOCODER_TARGET, GatewaySettings
 from services.llm.settings import LlmSettings
 from services.settings import (
     FORWARDED,
@@ -66,6 +67,7 @@ def parser() -> argparse.ArgumentParser:
 
     _service(sub.add_parser("llm", help="the llm service"), LlmSettings)
     _service(sub.add_parser("vocoder", help="the vocoder service"), VocoderSettings)
+    _service(sub.add_parser("encoder", help="the speech encoder service (spoken turns → audio codes)"), EncoderSettings)
     gw = sub.add_parser("gateway", help="the public gateway")
     _service(gw, GatewaySettings)
     gw.add_argument("--llm-target", type=targets, action="extend", dest="llm_targets", metavar="HOST:PORT[,...]",
@@ -74,19 +76,25 @@ def parser() -> argparse.ArgumentParser:
                          f"recovers (default {LLM_TARGET})")
     gw.add_argument("--vocoder-target", type=targets, action="extend", dest="vocoder_targets", metavar="HOST:PORT[,...]",
                     help=f"vocoder replicas, as --llm-target; each stream goes to the least loaded (default {VOCODER_TARGET})")
+    gw.add_argument("--encoder-target", type=targets, action="extend", dest="encoder_targets", metavar="HOST:PORT[,...]",
+                    help=f"encoder replicas for spoken turns, as --llm-target; each turn goes to the least loaded "
+                         f"(default {ENCODER_TARGET})")
     gw.add_argument("--backend-ca", help="PEM CA: reach llm and vocoder over TLS, checking their certificates")
     gw.add_argument("--backend-cert", help="PEM certificate the gateway presents to llm and vocoder (mutual TLS)")
     gw.add_argument("--backend-key", help="PEM private key of --backend-cert")
 
-    up = sub.add_parser("up", help="start llm, vocoder and gateway as separate processes")
+    up = sub.add_parser("up", help="start llm, vocoder, encoder and gateway as separate processes")
     up.add_argument("--host", default="127.0.0.1")
-    for service in ("gateway", "llm", "vocoder"):
+    for service in ("gateway", "llm", "vocoder", "encoder"):
         up.add_argument(f"--{service}-port", type=int, default=GRPC_PORTS[service])
         up.add_argument(f"--{service}-metrics-port", type=int, default=METRICS_PORTS[service])
     up.add_argument("--model-dir", help="the llm's checkpoint; without it: the --preset with random weights")
     up.add_argument("--vocoder-dir", help="the vocoder's BigVGAN-v2 directory; without it: the vocoder preset matching "
                                           "the llm (--preset, or moss-speech with --model-dir) with random weights")
-    up.add_argument("--device", default="cpu", help="cpu or cuda, for llm and vocoder")
+    up.add_argument("--encoder-dir", help="the speech encoder's directory (GLM-4-Voice's tokenizer: config.json, "
+                                          "model*.safetensors); without it: the encoder preset matching the llm with "
+                                          "random weights")
+    up.add_argument("--device", default="cpu", help="cpu or cuda, for llm, vocoder and encoder")
     up.add_argument("--mps", action=argparse.BooleanOptionalAction, default=None,
                     help="run llm and vocoder as clients of a CUDA MPS daemon of the stack's own, so that their kernels "
                          "share the GPU instead of taking turns (needs nvidia-cuda-mps-control). Default: on with "
@@ -107,10 +115,13 @@ def parser() -> argparse.ArgumentParser:
     add_flags(up.add_argument_group("llm engine (as in `moss-serve llm`)"), LlmSettings, FORWARDED)
     add_flags(up.add_argument_group("vocoder worker and codec decoder (as in `moss-serve vocoder`)"), VocoderSettings,
               FORWARDED)
+    add_flags(up.add_argument_group("speech encoder (as in `moss-serve encoder`)"), EncoderSettings, FORWARDED)
     add_flags(up.add_argument_group("gateway (as in `moss-serve gateway`)"), GatewaySettings, FORWARDED)
 
-    say = sub.add_parser("say", help="synthesize text through the gateway into a WAV file")
-    say.add_argument("text")
+    say = sub.add_parser("say", help="one turn through the gateway (text, or speech from a WAV), its reply into a WAV file")
+    say.add_argument("text", nargs="?", help="the user's words (or --audio)")
+    say.add_argument("--audio", metavar="WAV", help="a spoken turn: the file's audio, streamed as if spoken, then its end")
+    say.add_argument("--reply", choices=["speech", "text"], default="speech", help="the reply's modality (default speech)")
     say.add_argument("-o", "--output", default="out.wav")
     say.add_argument("--target", default=GATEWAY_TARGET)
     say.add_argument("--voice", default="")
@@ -157,6 +168,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--turns", type=count, default=0,
                        help="each request a Converse session of this many turns, each sent once the reply before it "
                             "has played out (plus --turn-gap); measured per turn (default 0: Synthesize calls)")
+    bench.add_argument("--speech", metavar="WAV",
+                       help="every turn spoken: the file streamed as it would be spoken (Converse sessions of --turns "
+                            "turns, at least 1), then its end; TTFA then runs from the end of the speech")
     bench.add_argument("--turn-gap", type=seconds, default=0.5,
                        help="seconds between a reply played out at the client and the next turn (default 0.5)")
     bench.add_argument("--timeout", type=positive(float), default=120.0,
@@ -178,7 +192,8 @@ def run_service(args) -> int:
     from services.common.tls import channel_tls, server_tls
 
     if args.command == "gateway":
-        for flag, targets in (("--llm-target", args.llm_targets or []), ("--vocoder-target", args.vocoder_targets or [])):
+        for flag, targets in (("--llm-target", args.llm_targets or []), ("--vocoder-target", args.vocoder_targets or []),
+                              ("--encoder-target", args.encoder_targets or [])):
             if len(set(targets)) != len(targets):
                 print(f"moss-serve gateway: {flag}: an address given twice: {', '.join(targets)}", file=sys.stderr)
                 return 2
@@ -198,10 +213,15 @@ def run_service(args) -> int:
         from services.vocoder.server import run
 
         settings = from_args(VocoderSettings, args, tls=tls)
+    elif args.command == "encoder":
+        from services.encoder.server import run
+
+        settings = from_args(EncoderSettings, args, tls=tls)
     else:
         from services.gateway.server import run
 
-        targets = {name: getattr(args, name) for name in ("llm_targets", "vocoder_targets") if getattr(args, name)}
+        targets = {name: getattr(args, name) for name in ("llm_targets", "vocoder_targets", "encoder_targets")
+                   if getattr(args, name)}
         settings = from_args(GatewaySettings, args, tls=tls, backend_tls=backend_tls, **targets)
     from services.common.errors import DeviceLost
 
@@ -231,10 +251,22 @@ def run_say(args) -> int:
         print(error, file=sys.stderr)
         return 2
 
+    if (args.text is None) == (args.audio is None):
+        print("moss-serve say: give the text, or --audio WAV", file=sys.stderr)
+        return 2
+    from moss.speech.v1 import gateway_pb2
+
+    reply = gateway_pb2.REPLY_MODALITY_TEXT if args.reply == "text" else gateway_pb2.REPLY_MODALITY_SPEECH
+
     async def one_turn():  # a conversation of one turn
         async with converse(args.target, voice=args.voice, sampling=common_pb2.SamplingParams(**_sampling_fields(args)),
                             timeout=args.timeout, api_key=args.api_key, tls=tls) as conv:
-            return await conv.say(args.text)
+            if args.audio is None:
+                return await conv.say(args.text, reply=reply)
+            import soundfile as sf
+
+            samples, rate = sf.read(args.audio, dtype="float32", always_2d=True)
+            return await conv.speak(samples.mean(axis=1), rate, reply=reply)
 
     try:
         result = asyncio.run(one_turn())
@@ -245,8 +277,11 @@ def run_say(args) -> int:
         hint = f" (retry after {result.failed.retry_after_seconds:.1f} s)" if result.failed.retry_after_seconds else ""
         print(f"moss-serve say: {result.failed.code}: {result.failed.message}{hint}", file=sys.stderr)
         return 1
-    write_wav(args.output, result.samples, result.sample_rate)
-    print_timings(result, args.output)
+    if result.text:
+        print(f"text: {result.text}")
+    if args.reply == "speech":
+        write_wav(args.output, result.samples, result.sample_rate)
+    print_timings(result, args.output if args.reply == "speech" else None)
     return 0
 
 
@@ -283,8 +318,18 @@ def run_bench(args, argv: list[str]) -> int:
                     max_new_tokens=args.max_new_tokens,
                     min_new_tokens=args.max_new_tokens if args.min_new_tokens is None else args.min_new_tokens,
                     timeout=args.timeout, first_chunk_tokens=args.first_chunk_tokens, api_key=args.api_key, tls=tls, seed=args.seed,
-                    progress=not args.no_progress, turns=args.turns, turn_gap=args.turn_gap)
+                    progress=not args.no_progress, turns=args.turns, turn_gap=args.turn_gap, speech=_speech(args.speech))
     return run(spec, args.concurrency, args.warmup, args.out, "moss-serve bench " + " ".join(argv))
+
+
+def _speech(path: str | None):
+    """--speech's file → (mono float samples, rate), or None."""
+    if path is None:
+        return None
+    import soundfile as sf
+
+    samples, rate = sf.read(path, dtype="float32", always_2d=True)
+    return samples.mean(axis=1), rate
 
 
 def main(argv: list[str] | None = None) -> int:

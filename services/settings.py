@@ -21,8 +21,8 @@ OWN = "own"
 
 # Every service's default ports, gRPC and Prometheus, in one place (the settings, `up`, the stack helpers and the
 # gateway's default targets read them; tests/test_settings.py checks the compose file and the docs against them).
-GRPC_PORTS = {"gateway": 50051, "llm": 50052, "vocoder": 50053}
-METRICS_PORTS = {"gateway": 9091, "llm": 9092, "vocoder": 9093}
+GRPC_PORTS = {"gateway": 50051, "llm": 50052, "vocoder": 50053, "encoder": 50054}
+METRICS_PORTS = {"gateway": 9091, "llm": 9092, "vocoder": 9093, "encoder": 9094}
 
 
 # ---- the options' types (argparse turns a type's error into a usage message) ----------------------------------

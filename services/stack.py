@@ -1,4 +1,4 @@
-"""The three services as separate processes on one host: start, wait until healthy, stop.
+"""The four services as separate processes on one host: start, wait until healthy, stop.
 
 Used by `moss-serve up`, `make demo` and the integration tests. With `replicas`, llm and vocoder run as
 several processes each ("llm", "llm-2", ...; "vocoder", "vocoder-2", ...), all behind the one gateway.
@@ -22,12 +22,12 @@ from services.common.lifetime import PARENT_ENV
 from services.common.tls import ChannelTls
 from services.settings import GRPC_PORTS, METRICS_PORTS
 
-SERVICES = ("llm", "vocoder", "gateway")
+SERVICES = ("llm", "vocoder", "encoder", "gateway")
 REPLICATED = ("llm", "vocoder")
 
 
 def instances(replicas: dict[str, int] | None = None) -> list[str]:
-    """The processes of a stack, in start order: "llm", "llm-2", ..., "vocoder", ..., "gateway"."""
+    """The processes of a stack, in start order: "llm", "llm-2", ..., "vocoder", ..., "encoder", "gateway"."""
     replicas = replicas or {}
     for service, n in replicas.items():
         if service not in REPLICATED or n < 1:
@@ -115,7 +115,8 @@ class Stack:
                "--port", str(self.ports.grpc[name]), "--metrics-port", str(self.ports.metrics[name])]
         if name == "gateway":
             cmd += ["--llm-target", ",".join(map(self.target, self.replicas("llm"))),
-                    "--vocoder-target", ",".join(map(self.target, self.replicas("vocoder")))]
+                    "--vocoder-target", ",".join(map(self.target, self.replicas("vocoder"))),
+                    "--encoder-target", ",".join(map(self.target, self.replicas("encoder")))]
         return cmd + [arg for args in self._settings(self.extra_args, name) for arg in args]
 
     def start(self, name: str) -> None:

@@ -9,28 +9,33 @@ import sys
 import time
 
 from services.common.errors import DeviceLost
+from services.encoder.settings import EncoderSettings
 from services.gateway.settings import GatewaySettings
 from services.llm.settings import LlmSettings
 from services.settings import forward
 from services.vocoder.settings import VocoderSettings
 
-SERVICES_ON_GPU = ("llm", "vocoder")
+SERVICES_ON_GPU = ("llm", "vocoder", "encoder")
 
 
 def up_service_args(args) -> dict[str, list[str]]:
     """The flags `moss-serve up` gives its services (by service: every replica of it)."""
     llm = ["--device", args.device, *forward(args, LlmSettings)]
     vocoder = ["--device", args.device, "--preset", vocoder_preset(args), *forward(args, VocoderSettings)]
+    encoder = ["--device", args.device, "--preset", encoder_preset(args), *forward(args, EncoderSettings)]
     gateway = forward(args, GatewaySettings)
     if args.model_dir:
         llm += ["--model-dir", args.model_dir]
     if args.vocoder_dir:
         vocoder += ["--vocoder-dir", args.vocoder_dir]
+    if args.encoder_dir:
+        encoder += ["--encoder-dir", args.encoder_dir]
     if tls := stack_tls(args):
         llm += tls.server_flags(mutual=True)
         vocoder += tls.server_flags(mutual=True)
+        encoder += tls.server_flags(mutual=True)
         gateway += tls.server_flags(mutual=False) + tls.backend_flags()
-    return {"llm": llm, "vocoder": vocoder, "gateway": gateway}
+    return {"llm": llm, "vocoder": vocoder, "encoder": encoder, "gateway": gateway}
 
 
 def stack_tls(args):
@@ -44,6 +49,12 @@ def vocoder_preset(args) -> str:
     the real one (which covers the tiny codes too) for anything else and for a checkpoint. The stand-in decoder
     (the vocoder's own `--preset tiny`) is not chosen by `up`."""
     return "tiny-codec" if not args.model_dir and args.preset == "tiny" else "moss-speech"
+
+
+def encoder_preset(args) -> str:
+    """The speech encoder at the llm's size: tiny for the tiny llm (its codes are the tiny llm's audio tokens), the
+    real one for anything else."""
+    return "tiny" if not args.model_dir and args.preset == "tiny" else "moss-speech"
 
 
 def replicas(args) -> int:
@@ -81,7 +92,10 @@ def run_up(args) -> int:
     if not args.vocoder_dir:
         print(f"moss-serve up: no --vocoder-dir: the vocoder serves the {vocoder_preset(args)!r} preset with RANDOM weights",
               file=sys.stderr)
-    counts = {service: n for service in SERVICES_ON_GPU}
+    if not args.encoder_dir:
+        print(f"moss-serve up: no --encoder-dir: the encoder serves the {encoder_preset(args)!r} preset with RANDOM weights",
+              file=sys.stderr)
+    counts = {service: n for service in ("llm", "vocoder")}
     ports = Ports.spaced({s: getattr(args, f"{s}_port") for s in SERVICES},
                          {s: getattr(args, f"{s}_metrics_port") for s in SERVICES}, counts)
     from services.mps import MpsUnavailable
@@ -97,7 +111,8 @@ def run_up(args) -> int:
     env = {**gpu_env(args, instances(counts))}
     for name, extra_env in mps_env(args, mps).items():
         env[name] = {**extra_env, **env.get(name, {})}
-    health = {"llm": tls.client(mutual=True), "vocoder": tls.client(mutual=True), "gateway": tls.client(mutual=False)} if tls else {}
+    health = {"llm": tls.client(mutual=True), "vocoder": tls.client(mutual=True), "encoder": tls.client(mutual=True),
+              "gateway": tls.client(mutual=False)} if tls else {}
     stack = Stack(ports, host=args.host, extra_args=extra, env=env, health_tls=health, replicas=counts)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
@@ -144,7 +159,7 @@ def start_mps(args):
 def mps_env(args, mps) -> dict[str, dict[str, str]]:
     if not mps:
         return {}
-    env = {"llm": mps.env(), "vocoder": mps.env()}
+    env = {"llm": mps.env(), "vocoder": mps.env(), "encoder": mps.env()}
     if args.mps_llm_threads < 100:
         env["llm"] = {**env["llm"], "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(args.mps_llm_threads)}
     return env

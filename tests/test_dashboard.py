@@ -9,8 +9,8 @@ import re
 import pytest
 from test_deploy import DEPLOY, MOSS_SERVICES, ROOT, load_yaml
 
-METRIC_IN_EXPR = re.compile(r"\b((?:gateway|llm|vocoder)_[A-Za-z0-9_]*[A-Za-z0-9])\b")
-QUOTED_METRIC = re.compile(r"""["']((?:gateway|llm|vocoder)_[A-Za-z0-9_]+)["']""")
+METRIC_IN_EXPR = re.compile(r"\b((?:gateway|llm|vocoder|encoder)_[A-Za-z0-9_]*[A-Za-z0-9])\b")
+QUOTED_METRIC = re.compile(r"""["']((?:gateway|llm|vocoder|encoder)_[A-Za-z0-9_]+)["']""")
 SERIES_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
@@ -126,8 +126,10 @@ PANEL_SUBJECTS = {
     "batch sizes": {"llm_batch_size_bucket", "vocoder_batch_size_bucket"},
     "errors by gRPC code": {"gateway_requests_total", "llm_requests_total", "vocoder_requests_total"},
     "pacing": {"llm_paced_seconds_total"},
+    "end of speech to first audio": {"gateway_speech_end_to_first_audio_seconds_bucket"},
+    "speakers in the encoder": {"encoder_speakers", "encoder_speaker_places"},
 }
-SECONDS_HISTOGRAM = re.compile(r"""Histogram\(\s*["']((?:gateway|llm|vocoder)_\w+_seconds)["']""")
+SECONDS_HISTOGRAM = re.compile(r"""Histogram\(\s*["']((?:gateway|llm|vocoder|encoder)_\w+_seconds)["']""")
 
 
 def metrics_of(panel: dict) -> set[str]:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 
 # service -> (gRPC port, metrics port): the services' declared defaults (services/settings.py)
-PORTS = {name: (GRPC_PORTS[name], METRICS_PORTS[name]) for name in ("gateway", "llm", "vocoder")}
+PORTS = {name: (GRPC_PORTS[name], METRICS_PORTS[name]) for name in ("gateway", "llm", "vocoder", "encoder")}
 MOSS_SERVICES = tuple(PORTS)
 ALL_SERVICES = {*MOSS_SERVICES, "prometheus", "grafana"}
 
@@ -111,7 +111,7 @@ def test_moss_services_build_the_one_image(compose, name):
     assert build["dockerfile"] == "deploy/Dockerfile"
     assert (DEPLOY / build["context"] / build["dockerfile"]).resolve() == (DEPLOY / "Dockerfile").resolve()
     images = {compose["services"][n].get("image") for n in MOSS_SERVICES}
-    assert len(images) == 1, f"llm, vocoder and gateway should share one image, got {images}"
+    assert len(images) == 1, f"llm, vocoder, encoder and gateway should share one image, got {images}"
 
 
 @pytest.mark.parametrize("name", MOSS_SERVICES)
@@ -128,6 +128,7 @@ def test_gateway_targets_llm_and_vocoder(compose):
     argv = command_args(compose["services"]["gateway"])
     assert flag(argv, "--llm-target") == f"llm:{PORTS['llm'][0]}"
     assert flag(argv, "--vocoder-target") == f"vocoder:{PORTS['vocoder'][0]}"
+    assert flag(argv, "--encoder-target") == f"encoder:{PORTS['encoder'][0]}"
 
 
 @pytest.mark.parametrize(
@@ -135,6 +136,7 @@ def test_gateway_targets_llm_and_vocoder(compose):
     [
         ("llm", "--model-dir", "/models/moss-speech", "MOSS_MODEL_DIR"),
         ("vocoder", "--vocoder-dir", "/models/bigvgan", "BIGVGAN_DIR"),
+        ("encoder", "--encoder-dir", "/models/speech-tokenizer", "SPEECH_TOKENIZER_DIR"),
     ],
 )
 def test_gpu_services_mount_their_weights_read_only(compose, name, flag_name, target, env):
@@ -149,8 +151,8 @@ def test_gpu_services_mount_their_weights_read_only(compose, name, flag_name, ta
     assert read_only, f"{name}: {target} should be mounted read-only"
 
 
-@pytest.mark.parametrize("name", ["llm", "vocoder"])
-def test_llm_and_vocoder_reserve_an_nvidia_gpu(compose, name):
+@pytest.mark.parametrize("name", ["llm", "vocoder", "encoder"])
+def test_llm_vocoder_and_encoder_reserve_an_nvidia_gpu(compose, name):
     devices = compose["services"][name]["deploy"]["resources"]["reservations"]["devices"]
     assert any(
         d.get("driver") == "nvidia"
@@ -172,12 +174,13 @@ def test_llm_and_vocoder_share_the_gpu_through_the_mps_service(compose):
     pipe = mps["environment"]["CUDA_MPS_PIPE_DIRECTORY"]
     assert any(v.split(":")[:2] == ["mps-pipe", pipe] for v in mps["volumes"])
     assert pipe in mps["healthcheck"]["test"][-1]
-    for name in ("llm", "vocoder"):
+    for name in ("llm", "vocoder", "encoder"):
         svc = services[name]
         assert svc["environment"]["CUDA_MPS_PIPE_DIRECTORY"] == pipe, name
         assert any(v.split(":")[:2] == ["mps-pipe", pipe] for v in svc["volumes"]), name
         assert svc["ipc"] == "service:mps" and svc["depends_on"]["mps"]["condition"] == "service_healthy", name
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in services["vocoder"]["environment"]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in services["encoder"]["environment"]
     default = parser().parse_args(["up"]).mps_llm_threads
     assert services["llm"]["environment"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(default)
     assert "mps-pipe" in compose["volumes"]
@@ -186,7 +189,7 @@ def test_llm_and_vocoder_share_the_gpu_through_the_mps_service(compose):
 def test_only_the_gateway_grpc_port_is_published(compose):
     services = compose["services"]
     assert (50051, 50051) in [host_port(p) for p in services["gateway"].get("ports", [])]
-    for name in ("llm", "vocoder"):
+    for name in ("llm", "vocoder", "encoder"):
         assert not services[name].get("ports"), f"{name} should stay on the compose network"
 
 
@@ -201,9 +204,9 @@ def test_healthcheck_is_a_grpc_health_check_on_the_service_port(compose, name):
     assert f"localhost:{PORTS[name][0]}" in code
 
 
-def test_gateway_waits_for_healthy_llm_and_vocoder(compose):
+def test_gateway_waits_for_healthy_llm_vocoder_and_encoder(compose):
     depends = compose["services"]["gateway"]["depends_on"]
-    for name in ("llm", "vocoder"):
+    for name in ("llm", "vocoder", "encoder"):
         assert depends[name]["condition"] == "service_healthy"
 
 
@@ -257,8 +260,8 @@ def test_the_image_installs_the_torch_build_the_gpu_code_is_tested_with():
 # --- Prometheus ---------------------------------------------------------------------------------
 
 
-def test_prometheus_scrapes_the_three_metrics_ports(compose):
-    """The gateway by name; llm and vocoder by a network alias that every replica of theirs carries."""
+def test_prometheus_scrapes_the_four_metrics_ports(compose):
+    """The gateway by name; llm, vocoder and encoder by a network alias that every replica of theirs carries."""
     config = load_yaml("prometheus/prometheus.yml")
     default_interval = config.get("global", {}).get("scrape_interval", "1m")
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
@@ -283,6 +286,7 @@ def test_the_tls_overlay_is_the_main_commands_plus_tls(compose):
     overlay = load_yaml("docker-compose.tls.yml")["services"]
     server = ["--tls-cert", "/tls/server.pem", "--tls-key", "/tls/server.key"]
     added = {"llm": server + ["--tls-client-ca", "/tls/ca.pem"], "vocoder": server + ["--tls-client-ca", "/tls/ca.pem"],
+             "encoder": server + ["--tls-client-ca", "/tls/ca.pem"],
              "gateway": server + ["--backend-ca", "/tls/ca.pem", "--backend-cert", "/tls/gateway-client.pem",
                                   "--backend-key", "/tls/gateway-client.key"]}
     for name, flags in added.items():
@@ -307,6 +311,7 @@ def test_the_two_gpu_overlay_adds_a_replica_of_each_gpu_service_on_gpu_1(compose
     argv = command_args(overlay["gateway"])
     assert flag(argv, "--llm-target") == "llm:50052,llm-2:50052"
     assert flag(argv, "--vocoder-target") == "vocoder:50053,vocoder-2:50053"
+    assert flag(argv, "--encoder-target") == "encoder:50054"  # one encoder serves both GPUs' sessions
     for name in ("--llm-target", "--vocoder-target"):  # otherwise the main file's command, as it is
         argv[argv.index(name) + 1] = base[base.index(name) + 1]
     assert argv == base

@@ -75,7 +75,7 @@ def test_promtool_accepts_the_prometheus_config_and_its_rules(tmp_path):
     assert done.returncode != 0
 
 
-@pytest.mark.parametrize("service", ["gateway", "llm", "vocoder"])
+@pytest.mark.parametrize("service", ["gateway", "llm", "vocoder", "encoder"])
 def test_promtool_lints_each_services_live_metrics(stack, service):
     promtool = tool("promtool")
     with urllib.request.urlopen(f"http://127.0.0.1:{stack.ports.metrics[service]}/metrics", timeout=5) as r:

@@ -38,7 +38,7 @@ from services.stack import free_port
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "ttfa.json"
-JOBS = ("gateway", "llm", "vocoder")
+JOBS = ("gateway", "llm", "vocoder", "encoder")
 QUANTILES = ("p50", "p95", "p99")
 TURNS = 3
 TIMEOUT = 30.0  # seconds for Prometheus to start, to see its targets up, and to see the turns

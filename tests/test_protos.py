@@ -12,10 +12,10 @@ def test_generated_stubs_are_current(tmp_path):
     stale = [str(rel) for rel in generated
              if not (PROTO_ROOT / rel).exists() or (PROTO_ROOT / rel).read_bytes() != (tmp_path / rel).read_bytes()]
     assert not stale, f"stale or missing stubs (run `make protos`): {stale}"
-    assert len(proto_files()) == 4
+    assert len(proto_files()) == 5
 
 
 def test_every_service_has_one_proto_file():
     names = {p.stem for p in proto_files()}
-    assert {"llm", "vocoder", "gateway", "common"} == names
+    assert {"llm", "vocoder", "encoder", "gateway", "common"} == names
     assert all(Path(p).read_text().count("package moss.speech.v1;") == 1 for p in proto_files())

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from services.cli import parser
+from services.encoder.settings import EncoderSettings
 from services.gateway.settings import GatewaySettings
 from services.llm.settings import LlmSettings
 from services.settings import FORWARDED, GRPC_PORTS, METRICS_PORTS, add_flags, flag, forward, from_args, option, options
@@ -21,7 +22,7 @@ from services.up import up_service_args
 from services.vocoder.settings import VocoderSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVICES = {"llm": LlmSettings, "vocoder": VocoderSettings, "gateway": GatewaySettings}
+SERVICES = {"llm": LlmSettings, "vocoder": VocoderSettings, "encoder": EncoderSettings, "gateway": GatewaySettings}
 
 def sample_value(f) -> str:
     """A command-line value for option f other than its default."""

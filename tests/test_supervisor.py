@@ -90,7 +90,7 @@ def say(target: str) -> int:
 def test_up_restarts_a_dead_service_and_its_services_die_with_it():
     ports = Ports.free()
     flags = []
-    for service in ("gateway", "llm", "vocoder"):
+    for service in ("gateway", "llm", "vocoder", "encoder"):
         flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
     up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=subprocess.PIPE, text=True)
     gateway = f"127.0.0.1:{ports.grpc['gateway']}"
@@ -100,7 +100,7 @@ def test_up_restarts_a_dead_service_and_its_services_die_with_it():
             assert up.poll() is None and time.monotonic() < deadline, "moss-serve up did not come up"
             time.sleep(0.3)
         first = children(up.pid)
-        assert set(first) == {"gateway", "llm", "vocoder"}, first
+        assert set(first) == {"gateway", "llm", "vocoder", "encoder"}, first
 
         os.kill(first["llm"], signal.SIGKILL)  # the llm dies: up starts it again, the others stay
         deadline = time.monotonic() + 10

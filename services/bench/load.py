@@ -1,8 +1,9 @@
 """Drives the gateway: requests at a fixed concurrency or on Poisson arrivals, each stream recorded as it
 arrives (stream.py). A request is a Synthesize call, or with `turns` a Converse session of that many turns:
 each turn is sent once the reply before it has played out at the client, plus `turn_gap` (a listener who
-hears the reply, then speaks), and is recorded as a stream of its own. Nothing here blocks the event loop;
-the progress bar writes to stderr."""
+hears the reply, then speaks), and is recorded as a stream of its own. With `speech`, each turn is spoken: the
+audio streamed as it would be spoken, then its end; the turn's clock (its TTFA) starts at the end of the speech.
+Nothing here blocks the event loop; the progress bar writes to stderr."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 import grpc
+import numpy as np
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from services.bench.stream import StreamRecord
@@ -41,6 +43,7 @@ class LoadSpec:
     progress: bool = True
     turns: int = 0                         # > 0: each request is a Converse session of this many turns
     turn_gap: float = 0.5                  # seconds between a reply played out and the next turn
+    speech: tuple[np.ndarray, int] | None = None  # (samples, rate): every turn spoken, as a Converse session's
 
     def requests_for(self) -> int:
         """The level's request count: as given, or 4 per concurrent stream (at least 8), or 30 s of arrivals."""
@@ -93,9 +96,12 @@ async def one_session(stub, texts: list[tuple[int, str]], sampling, spec: LoadSp
             if records:  # the listener hears the last reply out, then speaks
                 last = records[-1]
                 await asyncio.sleep(max(0.0, last.chunks[0][0] + last.audio_seconds + spec.turn_gap - time.perf_counter()))
-            record = StreamRecord(sent=time.perf_counter(), prompt=prompt, turn=turn)
+            if spec.speech is not None:
+                await conv.send_speech(*spec.speech)  # as the user speaks it: the encoder works meanwhile
+            else:
+                await conv.send(text)
+            record = StreamRecord(sent=time.perf_counter(), prompt=prompt, turn=turn)  # (spoken: its end)
             records.append(record)
-            await conv.send(text)
             async for msg in conv.replies():
                 take(record, msg)
                 if msg.WhichOneof("kind") == "failed":
@@ -149,8 +155,8 @@ async def run_load(spec: LoadSpec, label: str = "") -> tuple[list[StreamRecord],
 
     async def request(i: int) -> None:
         stub = stubs[i % len(stubs)]
-        if spec.turns:
-            texts = [((i + k) % len(spec.prompts), spec.prompts[(i + k) % len(spec.prompts)]) for k in range(spec.turns)]
+        if spec.turns or spec.speech is not None:
+            texts = [((i + k) % len(spec.prompts), spec.prompts[(i + k) % len(spec.prompts)]) for k in range(max(spec.turns, 1))]
             records[i] = await one_session(stub, texts, spec.sampling(i), spec)
         else:
             prompt = i % len(spec.prompts)

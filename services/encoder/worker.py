@@ -4,7 +4,8 @@ Streams hand in jobs (a speaker's next samples, or the end of the turn) and awai
 that is ready, at most one per stream and `max_batch` in all, and runs them as one call: every new sample through
 the encoder at once (stream.feed_streams), every ended turn's last frames at once (stream.finish_streams). A job
 waits for company at most `max_wait` seconds, and an end of turn never waits: its codes are what the reply waits
-for. A failed call fails the jobs in it; the streams' slots go back when their callers abort them.
+for. A failed call fails the jobs in it. A stream's slot goes back when its caller aborts it (`abort`), on this thread
+between two calls: never while a call it is in may still write to the slot.
 
 No asyncio here: `submit` returns a concurrent future; the servicer wraps it, so the gRPC event loop never blocks on
 the model.
@@ -36,21 +37,52 @@ class Job:
 class EncoderWorker(JobThread):
     what = "encoder worker"
 
-    def __init__(self, max_batch: int = 64, max_wait: float = 0.002, name: str = "encoder-worker"):
+    def __init__(self, max_batch: int = 64, max_wait: float = 0.002, name: str = "encoder-worker",
+                 on_batch=lambda size, seconds: None):
+        """on_batch(streams, seconds): after each model call (metrics)."""
         super().__init__(name)
-        self.max_batch, self.max_wait = max_batch, max_wait
+        self.max_batch, self.max_wait, self.on_batch = max_batch, max_wait, on_batch
         self.batches = 0  # calls made (tests, metrics)
+        self.aborts: list[EncoderStream] = []
         self.start()
+
+    def abort(self, stream: EncoderStream) -> None:
+        """Drop the stream (cancelled, or its caller gone): its jobs not yet run fail, and its slot goes back before
+        the next call. Idempotent; a stopped worker frees it at once (no call can run any more)."""
+        with self.cv:
+            if not self.thread.is_alive():
+                stream.abort()
+                return
+            self.aborts.append(stream)
+            self.cv.notify()
+
+    def _abort_pending(self) -> None:
+        """(Under cv.) The aborted streams' slots back, their waiting jobs failed."""
+        aborted = {id(stream) for stream in self.aborts}
+        for stream in self.aborts:
+            stream.abort()
+        self.aborts = []
+        for job in [job for job in self.pending if id(job.stream) in aborted]:
+            self.pending.remove(job)
+            if job.future.set_running_or_notify_cancel():  # (a caller that gave up has cancelled it)
+                job.future.set_exception(RuntimeError("the stream was aborted"))
 
     def _take(self) -> list[Job] | None:
         """Wait for work → the next batch, oldest first, one job per stream (None: stopping)."""
         with self.cv:
             while not self.pending and not self.stopping:
+                if self.aborts:
+                    self._abort_pending()
+                    continue
                 self.cv.wait()
+            self._abort_pending()
             if self.stopping:
                 for job in self.pending:
-                    job.future.set_exception(RuntimeError("the encoder worker has stopped"))
+                    if job.future.set_running_or_notify_cancel():
+                        job.future.set_exception(RuntimeError("the encoder worker has stopped"))
                 return None
+            if not self.pending:  # every job waiting was an aborted stream's
+                return []
             deadline = self.pending[0].submitted + self.max_wait
             while len(self.pending) < self.max_batch and not self.stopping:
                 now = time.perf_counter()
@@ -79,9 +111,11 @@ class EncoderWorker(JobThread):
                               (ends, lambda js: finish_streams([j.stream for j in js]))):
                 if not jobs:
                     continue
+                started = time.perf_counter()
                 try:
                     results = run(jobs) or [None] * len(jobs)
                     self.batches += 1
+                    self.on_batch(len(jobs), time.perf_counter() - started)
                 except Exception as exc:  # noqa: BLE001  a bug here must not stop the thread every stream waits on
                     log.exception("encoder: a batch failed")
                     for job in jobs:

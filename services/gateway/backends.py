@@ -1,4 +1,4 @@
-"""The gateway's backends: a pool of replicas per stage (llm, vocoder), and which replica takes each call.
+"""The gateway's backends: a pool of replicas per stage (llm, vocoder, encoder), and which replica takes each call.
 
 - Health: a replica is ready while it answers its grpc.health.v1 Check SERVING (a watcher asks each ready
   replica every `health_check_seconds`, and each other one more often), and not ready from the moment a call
@@ -9,7 +9,8 @@
   turn to turn, where its last turn's KV blocks are pinned (session.py), and moves only when that replica is
   not ready (any replica can serve any turn: it computes the history once);
   vocoder streams are placed one by one.
-- Readiness: the gateway reports SERVING while every stage has a ready replica. A call that finds none waits
+- Readiness: the gateway reports SERVING while llm and vocoder have a ready replica (the encoder serves spoken turns
+  only: without one, typed turns go on and spoken ones fail naming it). A call that finds none waits
   for one, for at most `ready_wait` seconds and within its own deadline, instead of failing at once (a stack
   still starting, a supervisor restarting a stage); then UNAVAILABLE naming the stage.
 """
@@ -23,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from moss.speech.v1 import llm_pb2_grpc, vocoder_pb2, vocoder_pb2_grpc
+from moss.speech.v1 import encoder_pb2_grpc, llm_pb2_grpc, vocoder_pb2, vocoder_pb2_grpc
 
 from services.common.errors import Unavailable
 from services.common.tls import ChannelTls, channel
@@ -160,14 +161,21 @@ class Pool:
 
 class Backends:
     def __init__(self, llm_targets: list[str], vocoder_targets: list[str], ready_wait: float,
-                 tls: ChannelTls | None = None, health_check_seconds: float = HEALTH_CHECK_SECONDS):
+                 tls: ChannelTls | None = None, health_check_seconds: float = HEALTH_CHECK_SECONDS,
+                 encoder_targets: list[str] | None = None):
         self.llm = Pool("llm", llm_targets, llm_pb2_grpc.LlmStub, tls)
         self.vocoder = Pool("vocoder", vocoder_targets, vocoder_pb2_grpc.VocoderStub, tls)
+        self.encoder = Pool("encoder", encoder_targets, encoder_pb2_grpc.EncoderStub, tls) if encoder_targets else None
         self.ready_wait, self.health_check_seconds = ready_wait, health_check_seconds
 
     @property
     def pools(self) -> tuple[Pool, Pool]:
+        """The stages every turn needs: the gateway is SERVING while each has a ready replica."""
         return self.llm, self.vocoder
+
+    @property
+    def all_pools(self) -> tuple[Pool, ...]:
+        return self.pools + ((self.encoder,) if self.encoder is not None else ())
 
     def voices(self) -> tuple[str, ...] | None:
         """The voices of the ready vocoder replicas, all together (None: none has said)."""
@@ -180,7 +188,7 @@ class Backends:
         on_change(every stage ready) whenever that flips."""
         serving = None
         while True:
-            await asyncio.gather(*(pool.poll(self.health_check_seconds) for pool in self.pools))
+            await asyncio.gather(*(pool.poll(self.health_check_seconds) for pool in self.all_pools))
             now_serving = all(pool.ready for pool in self.pools)
             if now_serving != serving:
                 serving = now_serving
@@ -192,6 +200,18 @@ class Backends:
         waited for a stage to be ready). Raises Unavailable naming a stage that had none within the wait."""
         waited = await self._wait_ready(self.pools, budget)
         return self.llm.pick(llm), self.vocoder.pick(), waited
+
+    async def acquire_llm(self, budget: float, llm: Replica | None = None) -> Replica:
+        """An llm replica for a turn that needs no vocoder (a text reply), waited for as in acquire."""
+        await self._wait_ready((self.llm,), budget)
+        return self.llm.pick(llm)
+
+    async def acquire_encoder(self, budget: float) -> Replica:
+        """An encoder replica for a spoken turn, waited for as in acquire; Unavailable without one."""
+        if self.encoder is None:
+            raise Unavailable("encoder", "this gateway has no --encoder-target")
+        await self._wait_ready((self.encoder,), budget)
+        return self.encoder.pick()
 
     async def replace(self, pool: Pool, failed: Replica, budget: float) -> Replica:
         """A replica of `pool` failed a call before answering it: mark it down → another ready replica, waited
@@ -216,5 +236,5 @@ class Backends:
         return time.perf_counter() - start
 
     async def close(self) -> None:
-        for pool in self.pools:
+        for pool in self.all_pools:
             await pool.close()

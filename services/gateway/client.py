@@ -8,6 +8,7 @@
           await conv.send("Tell me more.")           # or drive a turn message by message:
           async for msg in conv.replies():           #   metadata, audio, text, then summary
               ...                                    #   (or, after conv.cancel(), cancelled)
+          spoken = await conv.speak(samples, 16000)  # a spoken turn: audio streamed as if spoken, then the reply
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class SynthesisResult:
     text: str = ""             # Converse: the text the model emitted alongside the audio
     cancelled: gateway_pb2.TurnCancelled | None = None  # Converse: the turn was cancelled (no summary then)
     failed: gateway_pb2.TurnFailed | None = None        # Converse: the turn failed, the session goes on
+    speech_started: gateway_pb2.UserSpeechStarted | None = None  # Converse, a spoken turn: as the gateway found it
+    speech_ended: gateway_pb2.UserSpeechEnded | None = None
 
     @property
     def samples(self) -> np.ndarray:
@@ -64,6 +67,10 @@ class SynthesisResult:
             self.cancelled = msg.cancelled
         elif kind == "failed":
             self.failed = msg.failed
+        elif kind == "speech_started":
+            self.speech_started = msg.speech_started
+        elif kind == "speech_ended":
+            self.speech_ended = msg.speech_ended
 
 
 async def synthesize(
@@ -115,14 +122,48 @@ class Conversation:
             raise RuntimeError("Converse: the gateway did not start a session")
         self.session_id = first.session.session_id
 
-    async def send(self, text: str, sampling: common_pb2.SamplingParams | None = None) -> None:
+    async def send(self, text: str, sampling: common_pb2.SamplingParams | None = None,
+                   reply: int = gateway_pb2.REPLY_MODALITY_SPEECH) -> None:
         """Start a turn (one running is cancelled first, by the gateway); sampling: this turn's own."""
-        await self._write(gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text=text, sampling=sampling)))
+        await self._write(gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text=text, sampling=sampling, reply=reply)))
         self.turns_sent += 1
 
     async def cancel(self) -> None:
         """Barge-in: stop the turn running; its replies() end with a `cancelled` message."""
         await self._write(gateway_pb2.ConverseRequest(cancel=gateway_pb2.CancelTurn()))
+
+    async def send_speech(self, samples: np.ndarray, sample_rate: int, *, chunk_seconds: float = 0.1,
+                          realtime: bool = True, detect_speech: bool = False, end_silence_seconds: float = 0.0,
+                          reply: int = gateway_pb2.REPLY_MODALITY_SPEECH,
+                          sampling: common_pb2.SamplingParams | None = None) -> None:
+        """A spoken turn's audio: `samples` (float, mono) streamed as PCM16 in chunks, each once the one before has
+        played (realtime) or at once; then EndOfSpeech (without detect_speech: with it, the gateway finds the end)."""
+        await self._write(gateway_pb2.ConverseRequest(speech=gateway_pb2.SpeechInput(
+            sample_rate=sample_rate, format=common_pb2.AUDIO_FORMAT_PCM16, detect_speech=detect_speech,
+            end_silence_seconds=end_silence_seconds, sampling=sampling, reply=reply)))
+        pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2")
+        step = max(1, int(chunk_seconds * sample_rate))
+        started = time.perf_counter()
+        for i in range(0, len(pcm), step):
+            if realtime:
+                await asyncio.sleep(max(0.0, started + i / sample_rate - time.perf_counter()))
+            await self._write(gateway_pb2.ConverseRequest(audio=gateway_pb2.UserAudio(pcm=pcm[i : i + step].tobytes())))
+        if realtime:  # the last chunk is spoken to its end before the speech ends
+            await asyncio.sleep(max(0.0, started + len(pcm) / sample_rate - time.perf_counter()))
+        if not detect_speech:
+            await self._write(gateway_pb2.ConverseRequest(end_of_speech=gateway_pb2.EndOfSpeech()))
+        self.turns_sent += 1
+
+    async def speak(self, samples: np.ndarray, sample_rate: int, **options) -> SynthesisResult:
+        """One spoken turn (send_speech's options) → its reply, whose client_ttfa runs from the end of the speech
+        (EndOfSpeech sent)."""
+        await self.send_speech(samples, sample_rate, **options)
+        end = time.perf_counter()
+        result = SynthesisResult()
+        async for msg in self.replies():
+            result.take(msg, end)
+        result.client_total = time.perf_counter() - end
+        return result
 
     async def replies(self) -> AsyncIterator[gateway_pb2.ConverseResponse]:
         """The current turn's messages, through its summary, cancelled or failed message. Ends early if the
@@ -137,14 +178,15 @@ class Conversation:
                 self.ended = msg.ended
                 return
             yield msg
-            if kind in ("summary", "cancelled", "failed"):
-                return
+            if kind in ("summary", "cancelled", "failed") and msg.turn >= self.turns_sent:
+                return  # (a turn before it, cancelled by this one, ends with it too: not the end of this one)
 
-    async def say(self, text: str, sampling: common_pb2.SamplingParams | None = None) -> SynthesisResult:
+    async def say(self, text: str, sampling: common_pb2.SamplingParams | None = None,
+                  reply: int = gateway_pb2.REPLY_MODALITY_SPEECH) -> SynthesisResult:
         """One whole turn: its audio, text and summary (or `failed`: the session goes on)."""
         result = SynthesisResult()
         start = time.perf_counter()
-        await self.send(text, sampling)
+        await self.send(text, sampling, reply)
         async for msg in self.replies():
             if msg.turn == self.turns_sent:  # (not a late message of a turn before it)
                 result.take(msg, start)
@@ -185,9 +227,18 @@ async def converse(
             call.cancel()
 
 
-def print_timings(result: SynthesisResult, path: str) -> None:
-    """The turn's per-stage timings, as `moss-serve say` and `make demo` print them."""
+def print_timings(result: SynthesisResult, path: str | None) -> None:
+    """The turn's per-stage timings, as `moss-serve say` and `make demo` print them (path: where its audio went;
+    None: a text reply)."""
     s = result.summary
+    spoken = [("user speech encoded", s.user_audio_seconds, "s"), ("encoder: end of speech → codes", s.encoder_finish_seconds, "ms"),
+              ("end of speech → first audio", s.speech_end_to_first_audio_seconds, "ms")] if s.user_codes else []
+    for name, value, unit in spoken:
+        print(f"  {name:<32} {value * (1000 if unit == 'ms' else 1):9.{1 if unit == 'ms' else 2}f} {unit}")
+    if path is None:
+        print(f"  {'llm prefill':<32} {s.llm_prefill_seconds * 1000:9.1f} ms")
+        print(f"  {'total (gateway)':<32} {s.total_seconds * 1000:9.1f} ms")
+        return
     rows = [
         ("time to first audio (client)", result.client_ttfa),
         ("time to first audio (gateway)", s.ttfa_seconds),

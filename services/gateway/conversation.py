@@ -1,7 +1,12 @@
 """One Converse call: a session of spoken turns, with barge-in.
 
     client ──config, turns, cancel, close──▶ reader task ──starts / cancels──▶ turn task (a Turn, pipeline.py)
+           ──speech, audio, end of speech──▶   listener (listener.py) ──starts / cancels──▶ turn task
     client ◀──────────────── outbox (one queue, in order) ◀──────────────── every task's messages
+
+A turn is typed (UserTurn) or spoken: the listener streams the user's audio to the encoder as it arrives, and its
+codes become a turn when the speech ends. With speech detection, speech that starts while a turn runs cancels it,
+as a CancelTurn does (barge-in by voice). Bad audio fails that spoken turn (TurnFailed), and the session goes on.
 
 Each turn is a Turn of its own, run as a task, with the session (session.py): the gateway keeps the session's
 history and sends it with every turn (the llm keeps none; the replica that ran the last turn has its KV blocks
@@ -31,7 +36,8 @@ from services.common.sampling import resolve_chunking, resolve_sampling
 from services.gateway import metrics
 from services.gateway.admission import Admission
 from services.gateway.backends import Backends
-from services.gateway.pipeline import Turn, TurnLimits, validate_text
+from services.gateway.listener import Callbacks, Listener
+from services.gateway.pipeline import Spoken, Turn, TurnLimits, validate_text
 from services.gateway.session import Session
 from services.gateway.voices import resolve_voice
 
@@ -72,6 +78,9 @@ class Conversation:
         self.tails: set[asyncio.Task] = set()  # answered turns' tasks, still closing their vocoder call
         self.cancelled: set[int] = set()  # turns whose remaining messages are dropped
         self.last_activity = time.monotonic()
+        self.listener: Listener | None = None  # the user's speech, since their last SpeechInput
+        self.speech = gateway_pb2.SpeechInput()
+        self.refused_audio = False  # audio with no speech open was answered (once until the next SpeechInput)
 
     async def run(self, requests) -> AsyncIterator[gateway_pb2.ConverseResponse]:
         requests = aiter(requests)
@@ -106,6 +115,8 @@ class Conversation:
                 task.cancel()  # a turn's own cleanup cancels its llm and vocoder calls
             self.session.close()  # its llm replica releases its pinned blocks (a turn running there pins none)
             await asyncio.gather(*running, return_exceptions=True)
+            if self.listener is not None:
+                await self.listener.close()  # its encoder calls cancelled: the encoder gives their places back
 
     # ---- the client's messages -------------------------------------------------------------------
     async def _read(self, requests) -> None:
@@ -116,7 +127,16 @@ class Conversation:
                 if kind == "turn":
                     self._check_turn(req.turn)
                     await self._cancel_turn()
-                    self._start_turn(req.turn)
+                    self._start_turn(req.turn.text, req.turn.sampling if req.turn.HasField("sampling") else None,
+                                     req.turn.reply)
+                elif kind == "speech":
+                    await self._listen(req.speech)
+                elif kind == "audio":
+                    if self._listening("audio"):
+                        await self.listener.audio(req.audio.pcm)
+                elif kind == "end_of_speech":
+                    if self._listening("end_of_speech"):
+                        await self.listener.end()
                 elif kind == "cancel":
                     await self._cancel_turn()
                 elif kind == "close":
@@ -126,7 +146,7 @@ class Conversation:
                 elif kind == "config":
                     raise InvalidArgument("config", "only the first message may be a config")
                 else:
-                    raise InvalidArgument("kind", "set config, turn, cancel or close")
+                    raise InvalidArgument("kind", "set config, turn, speech, audio, end_of_speech, cancel or close")
             if self.turn is not None:  # half-closed: the turn running finishes first
                 await asyncio.gather(self.turn, return_exceptions=True)
             self._end(Reason.SESSION_END_REASON_CLIENT_DONE)
@@ -150,28 +170,89 @@ class Conversation:
     # ---- turns -----------------------------------------------------------------------------------
     def _check_turn(self, turn: gateway_pb2.UserTurn) -> None:
         validate_text(turn.text, self.limits, "turn.text")
+        if turn.reply not in gateway_pb2.ReplyModality.values():
+            raise InvalidArgument("turn.reply", f"unknown value {turn.reply}")
         if turn.HasField("sampling"):
             try:
                 resolve_sampling(turn.sampling, self.limits.max_new_tokens)
             except InvalidArgument as err:
                 raise err.within("turn") from None
 
-    def _start_turn(self, turn: gateway_pb2.UserTurn) -> None:
+    def _start_turn(self, text: str, sampling, reply: int, spoken: Spoken | None = None) -> None:
         self.turn_no += 1
         c = self.config
-        sampling = turn.sampling if turn.HasField("sampling") else c.sampling if c.HasField("sampling") else None
-        req = gateway_pb2.SynthesizeRequest(text=turn.text, voice=c.voice, format=c.format, sampling=sampling,
+        sampling = sampling if sampling is not None else c.sampling if c.HasField("sampling") else None
+        req = gateway_pb2.SynthesizeRequest(text=text, voice=c.voice, format=c.format, sampling=sampling,
                                             chunking=c.chunking if c.HasField("chunking") else None)
-        self.turn = asyncio.create_task(self._run_turn(self.turn_no, req))
+        text_reply = reply == gateway_pb2.REPLY_MODALITY_TEXT
+        self.turn = asyncio.create_task(self._run_turn(self.turn_no, req, spoken, text_reply))
 
-    async def _run_turn(self, n: int, req: gateway_pb2.SynthesizeRequest) -> None:
+    # ---- spoken turns ----------------------------------------------------------------------------
+    async def _listen(self, speech: gateway_pb2.SpeechInput) -> None:
+        """A SpeechInput: the audio that follows is the user's next speech (a listener before it is closed)."""
+        if speech.HasField("sampling"):
+            try:
+                resolve_sampling(speech.sampling, self.limits.max_new_tokens)
+            except InvalidArgument as err:
+                raise err.within("speech") from None
+        if speech.reply not in gateway_pb2.ReplyModality.values():
+            raise InvalidArgument("speech.reply", f"unknown value {speech.reply}")
+        if self.listener is not None:
+            await self.listener.close()
+        self.speech, self.refused_audio = speech, False
+        self.listener = Listener(self.backends, speech, self.context.time_remaining,
+                                 Callbacks(self._speech_started, self._spoken, self._speech_failed))
+
+    def _listening(self, field: str) -> bool:
+        """Whether audio (or its end) now goes to the listener. Audio with no speech open (none yet, or after
+        EndOfSpeech) fails the spoken turn that would have been, once, and the session goes on; after a failure
+        already reported, the client's audio still in flight is dropped."""
+        if self.listener is not None and not self.listener.done:
+            return True
+        if self.listener is None or self.listener.ended:
+            if not self.refused_audio:
+                self.refused_audio = True
+                problem = ("the speech has ended (EndOfSpeech)" if self.listener is not None else "no speech is open") \
+                    + "; send speech (a SpeechInput) first"
+                self._fail_speech(InvalidArgument(field, problem))
+        return False
+
+    async def _speech_started(self, audio_seconds: float) -> None:
+        if self.turn is not None and not self.turn.done() and self.turn_no not in self.answered:
+            metrics.VOICE_BARGE_INS.inc()
+        await self._cancel_turn()  # barge-in by voice: as a CancelTurn
+        self.outbox.put_nowait(gateway_pb2.ConverseResponse(
+            turn=self.turn_no + 1, speech_started=gateway_pb2.UserSpeechStarted(audio_seconds=audio_seconds)))
+
+    async def _spoken(self, spoken: Spoken) -> None:
+        self.last_activity = time.monotonic()
+        metrics.SPOKEN_TURNS.inc()
+        await self._cancel_turn()
+        self.outbox.put_nowait(gateway_pb2.ConverseResponse(turn=self.turn_no + 1, speech_ended=gateway_pb2.UserSpeechEnded(
+            audio_seconds=spoken.audio_seconds, codes=len(spoken.codes))))
+        s = self.speech
+        self._start_turn("", s.sampling if s.HasField("sampling") else None, s.reply, spoken)
+
+    async def _speech_failed(self, err: ServiceError) -> None:
+        self._fail_speech(err)
+
+    def _fail_speech(self, err: ServiceError) -> None:
+        """A spoken turn failed before it ran: it takes its number, as a typed turn that fails does."""
+        metrics.TURN_FAILURES.labels(err.code).inc()
+        self.turn_no += 1
+        self.outbox.put_nowait(gateway_pb2.ConverseResponse(turn=self.turn_no, failed=gateway_pb2.TurnFailed(
+            code=err.code, message=str(err), retry_after_seconds=getattr(err, "retry_after", None) or 0.0)))
+
+    async def _run_turn(self, n: int, req: gateway_pb2.SynthesizeRequest, spoken: Spoken | None = None,
+                        text_reply: bool = False) -> None:
         put = self.outbox.put_nowait
         try:
             async with self.admission.turn(self.context.time_remaining()):
                 metrics.ACTIVE.inc()
                 try:
                     turn = Turn(req, self.backends, self.limits, self.context.time_remaining(), self.session,
-                                on_text=lambda piece: put(gateway_pb2.ConverseResponse(turn=n, text=gateway_pb2.TextPiece(text=piece))))
+                                on_text=lambda piece: put(gateway_pb2.ConverseResponse(turn=n, text=gateway_pb2.TextPiece(text=piece))),
+                                spoken=spoken, text_reply=text_reply)
                     async for msg in turn.run():
                         kind = msg.WhichOneof("kind")
                         if kind == "summary":  # the turn is the client's now: it joins the history

@@ -7,6 +7,12 @@ from prometheus_client import Counter, Gauge, Histogram
 from services.common.metrics import LATENCY_BUCKETS, RATIO_BUCKETS
 
 TTFA = Histogram("gateway_ttfa_seconds", "Turn received to first PCM bytes sent", buckets=LATENCY_BUCKETS)
+SPEECH_END_TO_FIRST_AUDIO = Histogram(
+    "gateway_speech_end_to_first_audio_seconds", "A spoken turn: the end of the user's speech (EndOfSpeech received, or "
+    "the speech's end detected) to the reply's first PCM bytes sent", buckets=LATENCY_BUCKETS)
+SPOKEN_TURNS = Counter("gateway_spoken_turns_total", "Spoken user turns encoded (their replies follow)")
+VOICE_BARGE_INS = Counter("gateway_voice_barge_ins_total", "Turns cancelled because the user started to speak "
+                          "(detect_speech)")
 REQUEST = Histogram("gateway_request_seconds", "Turn received to last PCM bytes sent", buckets=LATENCY_BUCKETS)
 LLM_FIRST_CHUNK = Histogram(
     "gateway_llm_first_chunk_seconds", "Turn received to the llm's first token chunk at the gateway", buckets=LATENCY_BUCKETS

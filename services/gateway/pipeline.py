@@ -34,6 +34,17 @@ STATUS_SECONDS = 1.0         # after a failed write: how long the call's own sta
 
 
 @dataclass(frozen=True)
+class Spoken:
+    """A spoken turn's input: the user's codes (the encoder's) and when the speech ended (time.perf_counter(): the
+    turn's clock starts there)."""
+
+    codes: list[int]
+    ended_at: float
+    encoder_finish_seconds: float = 0.0
+    audio_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class TurnLimits:
     max_text_chars: int = 2000
     max_new_tokens: int = 2048
@@ -64,11 +75,14 @@ def validate_text(text: str, limits: TurnLimits, field: str = "text") -> None:
 
 
 def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits, session: Session | None = None,
-             ) -> tuple[llm_pb2.GenerateRequest, int]:
+             spoken: Spoken | None = None, text_reply: bool = False) -> tuple[llm_pb2.GenerateRequest, int]:
     """Everything a client can get wrong is refused here, before any stage is called.
-    session: the turn continues that session (its system prompt replaces the voice's).
+    session: the turn continues that session (its system prompt replaces the voice's). spoken: the user's turn is
+    these codes, not req.text. text_reply: the reply is text alone.
     → (the llm request, the resolved audio format)."""
-    validate_text(req.text, limits)
+    if spoken is None:
+        validate_text(req.text, limits)
+    user = {"audio": llm_pb2.SpokenTurn(codes=spoken.codes)} if spoken is not None else {"text": req.text}
     fmt = resolve_format(req.format, "format")
     sampling = resolve_sampling(req.sampling if req.HasField("sampling") else None, limits.max_new_tokens)
     chunking = resolve_chunking(req.chunking if req.HasField("chunking") else None)
@@ -76,13 +90,13 @@ def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits, session: Se
         request_id=uuid.uuid4().hex,
         session_id=session.session_id if session else "",
         history=session.request_history() if session else None,
-        text=req.text,
+        **user,
         system_prompt=session.system_prompt if session else "",
         sampling=common_pb2.SamplingParams(**sampling_to_fields(sampling)),
         chunking=common_pb2.ChunkPolicy(first_chunk_tokens=chunking.first_chunk_tokens,
                                         second_chunk_tokens=chunking.second_chunk_tokens, chunk_tokens=chunking.chunk_tokens,
                                         lookahead_frames=chunking.lookahead_frames),
-        output_mode=llm_pb2.OUTPUT_MODE_AUDIO,
+        output_mode=llm_pb2.OUTPUT_MODE_TEXT if text_reply else llm_pb2.OUTPUT_MODE_AUDIO,
     ), fmt
 
 
@@ -116,8 +130,11 @@ class Turn:
     ends the turn."""
 
     def __init__(self, req, backends: Backends, limits: TurnLimits, timeout: float | None,
-                 session: Session | None = None, on_text: Callable[[str], None] | None = None):
-        self.start = time.perf_counter()
+                 session: Session | None = None, on_text: Callable[[str], None] | None = None,
+                 spoken: Spoken | None = None, text_reply: bool = False):
+        """spoken: a spoken turn (its clock starts when the speech ended); text_reply: the reply is text alone."""
+        self.start = spoken.ended_at if spoken is not None else time.perf_counter()
+        self.spoken, self.text_reply = spoken, text_reply
         self.req = req
         self.session, self.on_text = session, on_text
         self.backends = backends
@@ -135,7 +152,15 @@ class Turn:
         return self.deadline - time.perf_counter()
 
     async def run(self):
-        self.gen_req, fmt = validate(self.req, self.limits, self.session)
+        self.gen_req, fmt = validate(self.req, self.limits, self.session, self.spoken, self.text_reply)
+        if self.spoken is not None:
+            self.summary.encoder_finish_seconds = self.spoken.encoder_finish_seconds
+            self.summary.user_codes = len(self.spoken.codes)
+            self.summary.user_audio_seconds = self.spoken.audio_seconds
+        if self.text_reply:
+            async for msg in self._run_text():
+                yield msg
+            return
         # A replica of each stage (the session's llm while it is ready); a stage still starting is waited
         # for, within the deadline.
         llm, vocoder, _ = await self.backends.acquire(self._left(), self.session.replica if self.session else None)
@@ -166,6 +191,21 @@ class Turn:
             if pump is not None and not pump.done():
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
+
+    async def _run_text(self):
+        """A text reply: the llm alone; its text goes out through on_text, then the summary."""
+        try:
+            self._use_llm(await self.backends.acquire_llm(self._left(), self.session.replica if self.session else None))
+            async with contextlib.aclosing(self._llm_chunks()) as chunks:
+                async for chunk in chunks:
+                    self._take(chunk)
+            yield gateway_pb2.SynthesizeResponse(summary=self._finish(0))
+        except Unavailable as err:
+            if self.llm.replica is not None and err.stage == "llm":
+                self.llm.pool.mark_down(self.llm.replica)
+            raise
+        finally:
+            self.llm.move(None)
 
     def _use_llm(self, replica: Replica) -> None:
         """Generate on `replica` (a session's turn: the session is there now)."""
@@ -282,6 +322,9 @@ class Turn:
                 if not self.summary.num_samples:
                     self.summary.ttfa_seconds = now - self.start
                     metrics.TTFA.observe(self.summary.ttfa_seconds)
+                    if self.spoken is not None:
+                        self.summary.speech_end_to_first_audio_seconds = self.summary.ttfa_seconds
+                        metrics.SPEECH_END_TO_FIRST_AUDIO.observe(self.summary.ttfa_seconds)
                     if self.first_tokens_sent is not None:
                         metrics.VOCODER_FIRST_PCM.observe(now - self.first_tokens_sent)
                 if len(msg.pcm) != msg.num_samples * bytes_per_sample:

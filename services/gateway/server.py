@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 
 
 async def run(s: GatewaySettings) -> None:
-    backends = Backends(s.llm_targets, s.vocoder_targets, s.ready_wait, s.backend_tls, s.health_check_seconds)
+    backends = Backends(s.llm_targets, s.vocoder_targets, s.ready_wait, s.backend_tls, s.health_check_seconds,
+                        encoder_targets=s.encoder_targets)
     servicer = GatewayServicer(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
                                Admission(s.max_turns, s.max_queued_turns), s.session_idle_seconds)
     api_keys = load_keys(s.api_keys_file)

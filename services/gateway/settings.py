@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
 
 LLM_TARGET = f"127.0.0.1:{GRPC_PORTS['llm']}"
 VOCODER_TARGET = f"127.0.0.1:{GRPC_PORTS['vocoder']}"
+ENCODER_TARGET = f"127.0.0.1:{GRPC_PORTS['encoder']}"
 HEALTH_CHECK_SECONDS = 0.5  # how often a ready replica's health is asked (backends.py)
 
 
@@ -25,6 +26,7 @@ class GatewaySettings:
     # stays on its llm replica, new ones go to the least loaded.
     llm_targets: list[str] = field(default_factory=lambda: [LLM_TARGET])
     vocoder_targets: list[str] = field(default_factory=lambda: [VOCODER_TARGET])
+    encoder_targets: list[str] = field(default_factory=lambda: [ENCODER_TARGET])  # spoken turns' codes
     max_text_chars: int = option(2000, "longest user turn taken", type=positive(int))
     ready_wait: float = option(10.0, "seconds a request waits for a backend that is not ready (starting, restarting) "
                                      "before UNAVAILABLE; always within the request's deadline", type=seconds)

@@ -17,7 +17,7 @@ from services.llm.sequence import Chunk
 def to_request(req: llm_pb2.GenerateRequest, max_new_tokens_limit: int) -> GenerationRequest:
     turn = req.WhichOneof("turn")
     if turn is None:
-        raise InvalidArgument("turn", "set text or tokens")
+        raise InvalidArgument("turn", "set text, audio or tokens")
     if req.output_mode not in llm_pb2.OutputMode.values():
         raise InvalidArgument("output_mode", f"unknown value {req.output_mode}")
     return GenerationRequest(
@@ -25,6 +25,7 @@ def to_request(req: llm_pb2.GenerateRequest, max_new_tokens_limit: int) -> Gener
         sampling=resolve_sampling(req.sampling if req.HasField("sampling") else None, max_new_tokens_limit),
         chunking=resolve_chunking(req.chunking if req.HasField("chunking") else None),
         text=req.text if turn == "text" else None,
+        user_codes=list(req.audio.codes) if turn == "audio" else None,
         text_ids=list(req.tokens.text) if turn == "tokens" else None,
         audio_ids=list(req.tokens.audio) if turn == "tokens" else None,
         system_prompt=req.system_prompt,

@@ -39,6 +39,7 @@ class GenerationRequest:
     sampling: SamplingSettings
     chunking: ChunkSettings
     text: str | None = None                  # the user's turn, or …
+    user_codes: list[int] | None = None      # … the user's spoken turn (audio codes), or …
     text_ids: list[int] | None = None        # … a formatted prompt (both channels)
     audio_ids: list[int] | None = None
     system_prompt: str = ""
@@ -155,10 +156,13 @@ class LLMEngine:
             if not req.session_id:
                 raise InvalidArgument("history", "needs a session_id")
             self._check_prompt_tokens(*history, field="history")
-        if req.text is not None:
-            if not req.text.strip():
+        if req.text is not None or req.user_codes is not None:
+            if req.text is not None and not req.text.strip():
                 raise InvalidArgument("text", "must not be empty")
-            prompt = self.prompts.build(req.text, req.audio_reply, req.system_prompt)
+            if req.user_codes is not None:
+                self._check_codes(req.user_codes)
+            user = req.text if req.text is not None else req.user_codes
+            prompt = self.prompts.build(user, req.audio_reply, req.system_prompt)
             turn = prompt.turn_start if history[0] else 0  # a later turn: the history has the system turn
             text_ids, audio_ids = prompt.text_ids[turn:], prompt.audio_ids[turn:]
         else:
@@ -182,6 +186,13 @@ class LLMEngine:
             raise InvalidArgument(f"{field}.text", f"ids must be in [0, {self.cfg.vocab_size})")
         if not all(0 <= a < self.cfg.audio_vocab_size for a in audio_ids):
             raise InvalidArgument(f"{field}.audio", f"ids must be in [0, {self.cfg.audio_vocab_size})")
+
+    def _check_codes(self, codes: list[int]) -> None:
+        if not codes:
+            raise InvalidArgument("audio.codes", "a spoken turn needs at least one code")
+        if not all(0 <= c < self.cfg.audio_codebook_size for c in codes):
+            bad = next(c for c in codes if not 0 <= c < self.cfg.audio_codebook_size)
+            raise InvalidArgument("audio.codes", f"codes must be in [0, {self.cfg.audio_codebook_size}), got {bad}")
 
     def _check_length(self, prompt_len: int, max_new: int, what: str = "prompt") -> None:
         if prompt_len + max_new > self.context_limit:

@@ -62,14 +62,20 @@ class GatewayServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Converse(self, request_iterator, context):
-        """A spoken conversation: the first message opens the session (SessionConfig), then user turns as
-        text. Each turn's reply streams back as metadata, audio chunks and text, then a summary; the model
+        """A spoken conversation: the first message opens the session (SessionConfig), then user turns, typed
+        (UserTurn) or spoken (SpeechInput, its audio, EndOfSpeech; see SpeechInput). Each turn's reply streams back as metadata, audio chunks and text, then a summary; the model
         remembers earlier turns (their KV cache is kept and reused; the gateway keeps the history as well, so a
         session goes on, as heard, on another llm replica when its own is down or restarted). A CancelTurn stops the turn running
         (barge-in): no more of its audio is sent, a TurnCancelled follows, and the session forgets the turn.
         A turn sent while another runs cancels that one first. The call ends with SessionEnded after a
         CloseSession, after the client half-closes (once the turn running has finished), or after
         --session-idle-seconds without a message and without a turn running.
+        A spoken turn's audio is encoded while the user speaks (the encoder service); its reply starts once the
+        speech has ended. With SpeechInput.detect_speech the gateway listens hands-free: each utterance it finds
+        is a turn, and speech that starts while a reply runs cancels it (barge-in by voice), as CancelTurn does.
+        Bad audio (a sample rate outside 8-192 kHz, bytes that are not whole samples, a NaN, a turn longer than
+        the encoder's --max-turn-seconds, a turn with no audio) is answered with TurnFailed(INVALID_ARGUMENT)
+        naming the field, and the session goes on (send SpeechInput again to speak again).
         A turn that fails is answered with TurnFailed, and the session goes on: RESOURCE_EXHAUSTED (the turn
         found no place; retry after its hint), UNAVAILABLE naming the stage (down, and not back within the
         gateway's --ready-wait; the next turn waits for it, or goes to another replica), INTERNAL and other stage

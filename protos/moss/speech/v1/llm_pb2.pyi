@@ -48,11 +48,18 @@ class PromptTokens(_message.Message):
     audio: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, text: _Optional[_Iterable[int]] = ..., audio: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class SpokenTurn(_message.Message):
+    __slots__ = ("codes",)
+    CODES_FIELD_NUMBER: _ClassVar[int]
+    codes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, codes: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "session_id", "text", "tokens", "system_prompt", "sampling", "chunking", "output_mode", "history")
+    __slots__ = ("request_id", "session_id", "text", "audio", "tokens", "system_prompt", "sampling", "chunking", "output_mode", "history")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     SYSTEM_PROMPT_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -62,13 +69,14 @@ class GenerateRequest(_message.Message):
     request_id: str
     session_id: str
     text: str
+    audio: SpokenTurn
     tokens: PromptTokens
     system_prompt: str
     sampling: _common_pb2.SamplingParams
     chunking: _common_pb2.ChunkPolicy
     output_mode: OutputMode
     history: PromptTokens
-    def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., text: _Optional[str] = ..., tokens: _Optional[_Union[PromptTokens, _Mapping]] = ..., system_prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., chunking: _Optional[_Union[_common_pb2.ChunkPolicy, _Mapping]] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., history: _Optional[_Union[PromptTokens, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., session_id: _Optional[str] = ..., text: _Optional[str] = ..., audio: _Optional[_Union[SpokenTurn, _Mapping]] = ..., tokens: _Optional[_Union[PromptTokens, _Mapping]] = ..., system_prompt: _Optional[str] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., chunking: _Optional[_Union[_common_pb2.ChunkPolicy, _Mapping]] = ..., output_mode: _Optional[_Union[OutputMode, str]] = ..., history: _Optional[_Union[PromptTokens, _Mapping]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
     __slots__ = ("prompt_tokens", "generated_tokens", "audio_tokens", "text_tokens", "queue_seconds", "prefill_seconds", "decode_seconds", "first_audio_token_seconds", "finish_reason")

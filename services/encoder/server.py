@@ -1,0 +1,62 @@
+"""Build the encoder service from its settings and serve it."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from moss.speech.v1 import encoder_pb2, encoder_pb2_grpc
+
+from services.common.metrics import start_metrics_server
+from services.common.server import serve
+from services.encoder import metrics
+from services.encoder.checkpoint import load_tokenizer, random_tokenizer
+from services.encoder.config import SAMPLE_RATE, glm4_voice, tiny
+from services.encoder.servicer import EncoderServicer
+from services.encoder.settings import EncoderSettings
+from services.encoder.stream import EncoderStream
+from services.encoder.whisper_vq import WhisperVQEncoder
+
+log = logging.getLogger(__name__)
+
+
+def load_encoder(s: EncoderSettings) -> WhisperVQEncoder:
+    """The tokenizer's encoder from --encoder-dir, or the preset with random weights; bf16 on CUDA."""
+    if s.encoder_dir:
+        model = load_tokenizer(s.encoder_dir)
+    else:
+        model = random_tokenizer(glm4_voice() if s.preset == "moss-speech" else tiny(), s.seed)
+        log.warning("encoder: no --encoder-dir: the %r preset with RANDOM weights", s.preset)
+    device = torch.device(s.device)
+    return model.to(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+
+def warm_up(servicer: EncoderServicer) -> None:
+    """One speaker's second of noise and its end, encoded before serving: the first turn then pays no kernel
+    compilation (Triton's attention on CUDA) and the voice-activity model has run once."""
+    started = time.perf_counter()
+    stream = EncoderStream(servicer.model, servicer.pool)
+    noise = torch.randn(SAMPLE_RATE) * 0.1
+    stream.feed(noise)
+    stream.finish()
+    from services.encoder.vad import VadStream
+
+    servicer.vad.probabilities(VadStream(), noise.numpy()).result()
+    log.info("encoder: warmed up in %.1f s", time.perf_counter() - started)
+
+
+async def run(s: EncoderSettings) -> None:
+    servicer = EncoderServicer(load_encoder(s), s)
+    warm_up(servicer)
+    start_metrics_server(s.host, s.metrics_port)
+    await serve(
+        name="encoder",
+        full_service_name=encoder_pb2.DESCRIPTOR.services_by_name["Encoder"].full_name,
+        host=s.host,
+        port=s.port,
+        add_servicer=lambda server: encoder_pb2_grpc.add_EncoderServicer_to_server(servicer, server),
+        on_done=metrics.observe_request,
+        on_stop=servicer.stop,
+        tls=s.tls,
+    )
