@@ -4,6 +4,7 @@
     moss-serve up [options]                    all four as separate processes; Ctrl-C stops them
     moss-serve say "text" -o out.wav           synthesize through the gateway at localhost:50051
     moss-serve chat                            a typed spoken conversation (services/chat.py)
+    moss-serve voice WAV --name N ...          a voice for the codec's decoder from a recording
     moss-serve bench [options]                 load the gateway, measure at the client (services/bench/)
 """
 
@@ -145,6 +146,23 @@ def parser() -> argparse.ArgumentParser:
     chat.add_argument("--api-key", default=os.environ.get("MOSS_API_KEY"), help="sent as 'authorization: Bearer <key>' "
                                                                               "(default: $MOSS_API_KEY)")
     _client_tls_options(chat)
+
+    voice = sub.add_parser("voice", help="make a voice for the codec's flow decoder from a recording (WAV)",
+                           description="A voice: the recording's codes (the encoder), its mel in the flow's format and "
+                                       "its speaker x-vector (a speaker-embedding model in ONNX), saved as "
+                                       "<voices-dir>/<name>.safetensors (services/voice_maker.py, docs/codec.md)")
+    voice.add_argument("wav", help="a recording of the speaker: a few seconds, any rate, mono or mixed down")
+    voice.add_argument("--name", required=True, help="the voice's name (letters, digits, '_', '.', '-')")
+    voice.add_argument("--voices-dir", required=True, help="where the voice file goes (the vocoder's --voices-dir)")
+    voice.add_argument("--speaker-model", required=True, metavar="ONNX",
+                       help="the speaker-embedding model (CosyVoice2's campplus.onnx)")
+    voice.add_argument("--encoder-dir", help="the speech tokenizer (as `moss-serve encoder --encoder-dir`); without "
+                                             "it: --preset's encoder with random weights (tests only)")
+    voice.add_argument("--vocoder-dir", help="the codec's directory, whose codec.json says the flow's format "
+                                             "(default: --preset's)")
+    voice.add_argument("--preset", choices=["tiny", "moss-speech"], default="moss-speech",
+                       help="without --encoder-dir / --vocoder-dir: their sizes (default moss-speech)")
+    voice.add_argument("--max-seconds", type=positive(float), default=30.0, help="longest recording taken (default 30)")
 
     bench = sub.add_parser("bench", help="load the gateway and measure TTFA, RTF and stalls at the client",
                            description="Requests at fixed concurrencies (a sweep) or on Poisson arrivals, measured "
@@ -345,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_chat(args)
     if args.command == "bench":
         return run_bench(args, argv[1:])
+    if args.command == "voice":
+        from services.voice_maker import run
+
+        return run(args)
     return run_service(args)
 
 

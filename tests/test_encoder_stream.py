@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from services.encoder import features
 from services.encoder.config import tiny
-from services.encoder.stream import EncoderStream, encode
+from services.encoder.kv_pool import KVPool
+from services.encoder.stream import EncoderStream, encode, feed_streams, finish_streams
 from services.encoder.whisper_vq import WhisperVQEncoder
 
 
@@ -90,6 +91,18 @@ def test_a_floor_that_rises_later_is_caught_and_the_segment_encoded_again(model)
     encoder.feed(samples[:4800])
     encoder.feed(samples[4800:])
     assert encoder.finish() == encode(model, samples) and encoder.reencoded == 1
+
+
+def test_speakers_whose_floor_rose_are_encoded_again_together(model):
+    """Turns that began with digital silence, ended in one call: their segments are encoded again in one batch per
+    length, and each gets its own offline codes."""
+    turns = [speech_after_silence(), speech_after_silence() * 0.5, speech_after_silence()[:6000]]
+    pool = KVPool(model.cfg, 3)
+    streams = [EncoderStream(model, pool) for _ in turns]
+    feed_streams([(s, t[:4800]) for s, t in zip(streams, turns)])
+    feed_streams([(s, t[4800:]) for s, t in zip(streams, turns)])
+    assert finish_streams(streams) == [encode(model, t) for t in turns]
+    assert streams[0].reencoded == streams[1].reencoded == 1 and pool.used() == 0  # (the first two: one batch)
 
 
 def test_an_empty_turn_has_no_codes_and_a_short_one_has_one(model):

@@ -68,3 +68,31 @@ def test_audio_after_the_end_fails_that_stream_alone_and_slots_come_back(model, 
     b.abort()
     b.abort()  # (idempotent)
     assert pool.used() == 0
+
+
+def test_a_speakers_chunks_that_waited_are_encoded_in_one_call(model):
+    """Chunks of one speaker that came while the worker waited go in one call, in order, and give the same codes."""
+    worker = EncoderWorker(max_batch=8, max_wait=0.5)  # (it waits for company long enough to see them all)
+    try:
+        pool = KVPool(model.cfg, 2)
+        samples = torch.randn(9000, generator=torch.Generator().manual_seed(4)) * 0.1
+        stream = EncoderStream(model, pool)
+        futures = [worker.submit(Job(stream, samples[i : i + 1500])) for i in range(0, 9000, 1500)]
+        assert all(f.result(timeout=30) is None for f in futures)
+        assert worker.batches == 1
+        assert worker.submit(Job(stream, None)).result(timeout=30) == encode(model, samples)
+    finally:
+        worker.stop()
+
+
+def test_a_turns_end_that_waited_behind_its_audio_is_finished_in_the_same_round(model):
+    worker = EncoderWorker(max_batch=8, max_wait=0.5)
+    try:
+        samples = torch.randn(5000, generator=torch.Generator().manual_seed(5)) * 0.1
+        stream = EncoderStream(model, KVPool(model.cfg, 1))
+        feeds = [worker.submit(Job(stream, samples[i : i + 1000])) for i in range(0, 5000, 1000)]
+        end = worker.submit(Job(stream, None))
+        assert end.result(timeout=30) == encode(model, samples) and all(f.done() for f in feeds)
+        assert worker.batches == 2  # one call for the audio, one for the end: one round
+    finally:
+        worker.stop()

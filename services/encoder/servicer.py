@@ -53,6 +53,7 @@ class Turn:
             self.vad = VadStream()
         self.stream: EncoderStream | None = None if config.detect_speech else self._open()
         self.encoded = 0  # samples given to the encoder
+        self.feeds: list = []  # the worker's futures of the samples handed in and not yet encoded
         self.done = False
 
     def _open(self) -> EncoderStream:
@@ -62,16 +63,23 @@ class Turn:
             raise ResourceExhausted(f"every one of the encoder's {self.servicer.settings.max_speakers} speaker places "
                                     f"is taken", RETRY_AFTER_SECONDS) from None
 
-    async def _encode(self, samples: np.ndarray) -> None:
+    def _encode(self, samples: np.ndarray) -> None:
+        """Hand samples to the worker without waiting for them: the call reads on, so a speaker's audio that arrives
+        while the worker is busy waits there and goes into its next call together (worker.py). Awaiting each chunk
+        instead let a speaker have one chunk in flight at a time: at 64 speakers the encoder fell behind
+        (docs/benchmarks.md). A failed feed surfaces at the next chunk, or at the end."""
+        for done in [f for f in self.feeds if f.done()]:
+            self.feeds.remove(done)
+            done.result()  # (raises its error)
         if len(samples):
             self.encoded += len(samples)
-            await asyncio.wrap_future(self.servicer.worker.submit(Job(self.stream, torch.from_numpy(samples))))
+            self.feeds.append(self.servicer.worker.submit(Job(self.stream, torch.from_numpy(samples))))
 
     async def audio(self, pcm: bytes) -> list[encoder_pb2.EncodeResponse]:
         """The next chunk → what it made known (speech started, ended)."""
         samples = self.input.push(pcm)
         if self.gate is None:
-            await self._encode(samples)
+            self._encode(samples)
             return []
         probabilities = await asyncio.wrap_future(self.servicer.vad.probabilities(self.vad, samples))
         step = self.gate.advance(samples, probabilities)
@@ -80,7 +88,7 @@ class Turn:
             metrics.SPEECH.labels("started").inc()
             self.stream = self._open()
             events.append(encoder_pb2.EncodeResponse(started=encoder_pb2.SpeechStarted(audio_seconds=step.started / SAMPLE_RATE)))
-        await self._encode(step.speech)
+        self._encode(step.speech)
         if step.ended is not None:
             metrics.SPEECH.labels("ended").inc()
             events.append(encoder_pb2.EncodeResponse(ended=encoder_pb2.SpeechEnded(audio_seconds=step.ended / SAMPLE_RATE)))
@@ -97,12 +105,15 @@ class Turn:
                     self.stream = self._open()
                 tail = np.concatenate([step.speech, self.gate.finish().speech])
             if self.stream is not None:
-                await self._encode(tail)
+                self._encode(tail)
         self.done = True
         ended = time.perf_counter()
         codes: list[int] = []
         if self.stream is not None:
-            codes = await asyncio.wrap_future(self.servicer.worker.submit(Job(self.stream, None)))
+            end = self.servicer.worker.submit(Job(self.stream, None))  # (after every feed: the worker keeps order)
+            for feed in self.feeds:
+                await asyncio.wrap_future(feed)
+            codes = await asyncio.wrap_future(end)
             reencoded = self.stream.reencoded
         finish = time.perf_counter() - ended
         metrics.FINISH.observe(finish)

@@ -49,19 +49,19 @@ class EncoderStream:
             self.done = True
             self.pool.give(self.state.slot)
 
-    def _close(self, reopen: bool) -> None:
-        """The open segment's features are all in (its last frames encoded): its last code, or all of it again if its
-        floor rose (features.py); then the next segment, or the slot back."""
+    def _close(self, reopen: bool) -> torch.Tensor | None:
+        """The open segment's features are all in (its last frames encoded): its last code; then the next segment,
+        or the slot back. → the segment's final features if its floor rose (features.py): it must be encoded again
+        (`_reencode`), its codes so far left out; else None."""
         codes = torch.cat([*self.pending, self.model.finish(self.state, self.pool)])
         again = self.features.refloored()
-        if again is not None:
-            codes = self.model(again[None].to(self.model.codebook.weight))[0]
-            self.reencoded += 1
-        self.codes += codes.tolist()
+        if again is None:
+            self.codes += codes.tolist()
         if reopen:
             self._open()
         else:
             self.done = True
+        return again
 
 
 def _encode(streams: list[EncoderStream], mels: list[torch.Tensor]) -> None:
@@ -91,7 +91,7 @@ def feed_streams(items: list[tuple[EncoderStream, torch.Tensor]]) -> None:
         _encode(streams, mels)
         for stream, _ in rest:  # a full segment: its last frames, its last code, the next segment
             _encode([stream], [stream.features.finish()])
-            stream._close(reopen=True)
+            _reencode([(stream, stream._close(reopen=True))])
         items = [(stream, samples) for stream, samples in rest if len(samples)]
 
 
@@ -100,14 +100,31 @@ def finish_streams(streams: list[EncoderStream]) -> list[list[int]]:
     """The ends of the streams' turns, their last frames encoded together → each turn's codes."""
     live = [s for s in streams if not s.done and s.features.received]
     _encode(live, [s.features.finish() for s in live])
+    again = []
     for stream in streams:
         if stream.done:
             continue
         if stream.features.received:
-            stream._close(reopen=False)
+            again.append((stream, stream._close(reopen=False)))
         else:  # nothing since the last segment (or at all): no code, the slot back
             stream.abort()
+    _reencode(again)
     return [s.codes for s in streams]
+
+
+def _reencode(closed: list[tuple[EncoderStream, torch.Tensor | None]]) -> None:
+    """The closed segments whose floor rose, encoded again from their final features [n_mels, T]: one offline batch
+    per length (at the end of turns that began with digital silence, many speakers' segments may need it at once)."""
+    by_length: dict[int, list[tuple[EncoderStream, torch.Tensor]]] = {}
+    for stream, final in closed:
+        if final is not None:
+            by_length.setdefault(final.shape[1], []).append((stream, final))
+    for group in by_length.values():
+        model = group[0][0].model
+        codes = model(torch.stack([f for _, f in group]).to(model.codebook.weight))
+        for (stream, _), row in zip(group, codes):
+            stream.codes += row.tolist()
+            stream.reencoded += 1
 
 
 @torch.inference_mode()

@@ -1,8 +1,10 @@
 """One thread owns the encoder's device and encodes the speech of many speakers together.
 
 Streams hand in jobs (a speaker's next samples, or the end of the turn) and await them. The worker takes every job
-that is ready, at most one per stream and `max_batch` in all, and runs them as one call: every new sample through
-the encoder at once (stream.feed_streams), every ended turn's last frames at once (stream.finish_streams). A job
+that is ready, `max_batch` streams at most, and runs them as one call: every new sample through the encoder at once
+(stream.feed_streams), every ended turn's last frames at once (stream.finish_streams). A speaker whose audio came in
+several chunks while the call before ran has all of it in this call (the front end's work is per speaker and call,
+not per sample: one job a stream a call fell behind at 64 speakers sending 100 ms chunks; docs/benchmarks.md). A job
 waits for company at most `max_wait` seconds, and an end of turn never waits: its codes are what the reply waits
 for. A failed call fails the jobs in it. A stream's slot goes back when its caller aborts it (`abort`), on this thread
 between two calls: never while a call it is in may still write to the slot.
@@ -32,6 +34,10 @@ class Job:
     samples: torch.Tensor | None        # None: the end of the turn (its future gets the turn's codes)
     submitted: float = field(default_factory=time.perf_counter)
     future: Future = field(default_factory=Future)
+    followers: list[Job] = field(default_factory=list)  # the same stream's later samples, fed with these in one call
+
+    def all(self) -> list[Job]:
+        return [self, *self.followers]
 
 
 class EncoderWorker(JobThread):
@@ -89,25 +95,33 @@ class EncoderWorker(JobThread):
                 if now >= deadline or any(job.samples is None for job in self.pending):
                     break  # an end of turn waits for nobody
                 self.cv.wait(deadline - now)
-            batch, seen, left = [], set(), []
+            batch, heads, left = [], {}, []
             for job in self.pending:
-                if len(batch) < self.max_batch and id(job.stream) not in seen:
+                head = heads.get(id(job.stream), False)
+                if head is False and len(batch) < self.max_batch:
+                    heads[id(job.stream)] = job
                     batch.append(job)
-                    seen.add(id(job.stream))
-                else:
-                    left.append(job)  # a stream's next job goes in a later call, in order
+                elif head and head.samples is not None and job.samples is not None:
+                    head.followers.append(job)  # more of the speaker's audio: in this call, after the head's
+                elif head and head.samples is not None:
+                    batch.append(job)  # its end: in this round's finishing call, right after its audio's call
+                    heads[id(job.stream)] = None
+                else:  # a stream's end, and whatever follows it (or a stream beyond max_batch): a later call, in order
+                    heads[id(job.stream)] = None
+                    left.append(job)
             self.pending = left
             return batch
 
     def _loop(self) -> None:
         while (batch := self._take()) is not None:
-            batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
+            live = {id(job): [j for j in job.all() if j.future.set_running_or_notify_cancel()] for job in batch}
             for job in [job for job in batch if job.stream.done]:  # a stream's own fault ends that job alone
-                job.future.set_exception(ValueError("audio after the end of the turn"))
+                _settle(live[id(job)], exc=ValueError("audio after the end of the turn"))
                 batch.remove(job)
             feeds = [job for job in batch if job.samples is not None]
-            ends = [job for job in batch if job.samples is None]
-            for jobs, run in ((feeds, lambda js: feed_streams([(j.stream, j.samples) for j in js])),
+            ends = [job for job in batch if job.samples is None]  # (after the feeds: a stream's end follows its audio)
+            for jobs, run in ((feeds, lambda js: feed_streams([(j.stream, torch.cat([f.samples for f in j.all()]))
+                                                               for j in js])),
                               (ends, lambda js: finish_streams([j.stream for j in js]))):
                 if not jobs:
                     continue
@@ -119,7 +133,16 @@ class EncoderWorker(JobThread):
                 except Exception as exc:  # noqa: BLE001  a bug here must not stop the thread every stream waits on
                     log.exception("encoder: a batch failed")
                     for job in jobs:
-                        job.future.set_exception(exc)
+                        _settle(live[id(job)], exc=exc)
                     continue
                 for job, result in zip(jobs, results):
-                    job.future.set_result(result)
+                    _settle(live[id(job)], result)
+
+
+def _settle(jobs: list[Job], result=None, exc: BaseException | None = None) -> None:
+    """The futures of a job and its followers (those whose callers still wait)."""
+    for job in jobs:
+        if exc is not None:
+            job.future.set_exception(exc)
+        else:
+            job.future.set_result(result)

@@ -1,0 +1,151 @@
+"""`moss-serve voice WAV`: a voice for the codec's flow decoder, made from a recording of the speaker.
+
+A voice (services/vocoder/codec/voice.py) is three things the flow is conditioned on, each computed as the codec's
+reference front end computes it (CosyVoice2's, read, not copied):
+
+- `prompt_tokens` [P]: the recording's audio codes, from our encoder (the GLM-4-Voice tokenizer) at 16 kHz;
+- `prompt_mel` [4·P, 80]: its log-mel at 24 kHz in the flow's format (Matcha-TTS's: n_fft 1920, hop 480, window
+  1920, 80 bands over 0-8 kHz, reflect-padded by (n_fft − hop) / 2 each side and not centred, log of the magnitude
+  clamped at 1e-5), cut with the codes to a whole number of codes (4 frames each);
+- `embedding` [192]: the speaker's x-vector, from a speaker-embedding model in ONNX (the reference's CAM++,
+  `campplus.onnx`) run by onnxruntime over the recording's 80-bin Kaldi fbank at 16 kHz (kaldi-native-fbank;
+  dither 0, the mean over time taken away), as the reference does.
+
+Nothing is downloaded: the speaker model and the encoder's weights are files the user gives (without
+`--encoder-dir` the encoder preset's random weights give codes that mean nothing, and the tool says so).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from services.vocoder.codec.voice import NAME, Voice, check, save_voice
+
+MEL_RATE, N_FFT, HOP, N_MELS, FMAX = 24_000, 1920, 480, 80, 8000
+ENCODER_RATE = 16_000
+
+
+class VoiceMakerError(ValueError):
+    """A missing or unreadable input, said with what to give instead."""
+
+
+def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
+    """A sound file (channels mixed down) → (float32 samples, rate)."""
+    import soundfile as sf
+
+    try:
+        samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    except (OSError, RuntimeError) as exc:  # (soundfile's LibsndfileError is a RuntimeError)
+        raise VoiceMakerError(f"{path}: not a sound file soundfile can read ({exc})") from None
+    if not len(samples):
+        raise VoiceMakerError(f"{path}: no audio")
+    return samples.mean(axis=1), rate
+
+
+def resample(samples: np.ndarray, rate: int, to: int) -> np.ndarray:
+    import soxr
+
+    return samples if rate == to else soxr.resample(samples, rate, to, quality="HQ").astype(np.float32)
+
+
+def flow_mel(samples24k: np.ndarray) -> torch.Tensor:
+    """[T] at 24 kHz → the flow's log-mel [frames, 80] (module docstring)."""
+    import librosa
+
+    basis = torch.from_numpy(librosa.filters.mel(sr=MEL_RATE, n_fft=N_FFT, n_mels=N_MELS, fmin=0, fmax=FMAX))
+    pad = (N_FFT - HOP) // 2
+    y = torch.nn.functional.pad(torch.from_numpy(samples24k)[None, None], (pad, pad), mode="reflect")[0]
+    spec = torch.stft(y, N_FFT, HOP, N_FFT, window=torch.hann_window(N_FFT), center=False, return_complex=True)
+    magnitude = torch.sqrt(spec.real.pow(2) + spec.imag.pow(2) + 1e-9)                         # [1, 961, frames]
+    return torch.log(torch.clamp(basis @ magnitude, min=1e-5))[0].transpose(0, 1)             # [frames, 80]
+
+
+def fbank(samples16k: np.ndarray) -> np.ndarray:
+    """[T] at 16 kHz → Kaldi's 80-bin log fbank [frames, 80] (25 ms windows every 10 ms, dither 0), the mean over
+    time taken away: the speaker model's input."""
+    import kaldi_native_fbank as knf
+
+    opts = knf.FbankOptions()
+    opts.frame_opts.samp_freq = ENCODER_RATE
+    opts.frame_opts.dither = 0.0
+    opts.mel_opts.num_bins = N_MELS
+    computer = knf.OnlineFbank(opts)
+    computer.accept_waveform(ENCODER_RATE, samples16k.tolist())
+    computer.input_finished()
+    if computer.num_frames_ready == 0:
+        raise VoiceMakerError("the recording is shorter than one 25 ms frame")
+    feats = np.stack([computer.get_frame(i) for i in range(computer.num_frames_ready)]).astype(np.float32)
+    return feats - feats.mean(axis=0, keepdims=True)
+
+
+def speaker_embedding(model_path: str | Path, samples16k: np.ndarray) -> torch.Tensor:
+    """The x-vector [D] of a speaker-embedding ONNX model that takes fbank [1, frames, 80] (CAM++'s interface)."""
+    path = Path(model_path)
+    if not path.is_file():
+        raise VoiceMakerError(f"speaker model {path}: no such file; give the codec's speaker-embedding model in ONNX "
+                              f"(CosyVoice2's campplus.onnx, beside its flow.pt and hift.pt)")
+    import onnxruntime
+
+    try:
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001  onnxruntime's own errors: a file that is not a model
+        raise VoiceMakerError(f"speaker model {path}: onnxruntime cannot load it ({exc})") from None
+    out = session.run(None, {session.get_inputs()[0].name: fbank(samples16k)[None]})[0]
+    return torch.from_numpy(np.asarray(out, np.float32).reshape(-1))
+
+
+def make_voice(name: str, samples: np.ndarray, rate: int, encoder, speaker_model: str | Path, flow_cfg,
+               max_seconds: float = 30.0) -> Voice:
+    """A recording → its voice, checked against the flow's config (VoiceMakerError, or VoiceError for a voice that
+    does not fit it: e.g. an x-vector of another size). encoder: the WhisperVQEncoder that makes the codes."""
+    from services.encoder.stream import encode
+
+    if not NAME.match(name):
+        raise VoiceMakerError(f"voice name {name!r}: 1-64 letters, digits, '_', '.' or '-'")
+    if len(samples) > max_seconds * rate:
+        raise VoiceMakerError(f"the recording is {len(samples) / rate:.1f} s; a prompt of a few seconds is enough, "
+                              f"at most {max_seconds:g} s (every block of the flow decodes it again)")
+    if len(samples) < 0.08 * rate:
+        raise VoiceMakerError("the recording is too short to give one code (80 ms)")
+    samples16k = resample(samples, rate, ENCODER_RATE)
+    w = encoder.codebook.weight
+    codes = torch.tensor(encode(encoder, torch.from_numpy(samples16k).to(w.device)), dtype=torch.long)
+    mel = flow_mel(resample(samples, rate, MEL_RATE))
+    ratio = flow_cfg.token_mel_ratio
+    tokens = min(len(codes), mel.shape[0] // ratio)
+    if tokens == 0:
+        raise VoiceMakerError("the recording is too short to give one code (80 ms)")
+    voice = Voice(name, codes[:tokens], mel[: ratio * tokens], speaker_embedding(speaker_model, samples16k))
+    return check(voice, flow_cfg, f"voice {name!r}")
+
+
+def run(args) -> int:
+    """`moss-serve voice` with its parsed flags → exit status."""
+    import sys
+
+    from services.encoder.checkpoint import load_tokenizer, random_tokenizer
+    from services.encoder.config import glm4_voice, tiny
+    from services.vocoder.codec import config as codec_config
+    from services.vocoder.codec.voice import VoiceError
+
+    try:
+        if args.encoder_dir:
+            encoder = load_tokenizer(args.encoder_dir)
+        else:
+            encoder = random_tokenizer(glm4_voice() if args.preset == "moss-speech" else tiny())
+            print(f"moss-serve voice: no --encoder-dir: the {args.preset!r} encoder with RANDOM weights makes the "
+                  f"codes (a voice for tests only)", file=sys.stderr)
+        flow_cfg = (codec_config.read_config(Path(args.vocoder_dir) / "codec.json") if args.vocoder_dir else
+                    codec_config.moss_speech() if args.preset == "moss-speech" else codec_config.tiny()).flow
+        samples, rate = read_audio(args.wav)
+        voice = make_voice(args.name, samples, rate, encoder, args.speaker_model, flow_cfg, args.max_seconds)
+    except (VoiceMakerError, VoiceError, FileNotFoundError, ValueError) as err:
+        print(f"moss-serve voice: {err}", file=sys.stderr)
+        return 2
+    path = save_voice(voice, args.voices_dir)
+    print(f"wrote {path}: {len(voice.prompt_tokens)} codes ({len(voice.prompt_tokens) * 0.08:.2f} s), mel "
+          f"{tuple(voice.prompt_mel.shape)}, x-vector of {voice.embedding.numel()}")
+    return 0
