@@ -23,6 +23,7 @@ from services.common.tls import ChannelTls
 from services.settings import GRPC_PORTS, METRICS_PORTS
 
 SERVICES = ("llm", "vocoder", "encoder", "gateway")
+NO_SPEECH = ("encoder",)  # Stack(without=...): a stack that takes no spoken turns (tests)
 REPLICATED = ("llm", "vocoder")
 
 
@@ -84,11 +85,15 @@ def is_serving(target: str, timeout: float = 1.0, tls: ChannelTls | None = None)
 class Stack:
     def __init__(self, ports: Ports | None = None, host: str = "127.0.0.1", extra_args: dict[str, list[str]] | None = None,
                  log_dir: str | Path | None = None, env: dict[str, dict[str, str]] | None = None,
-                 health_tls: dict[str, ChannelTls] | None = None, replicas: dict[str, int] | None = None):
+                 health_tls: dict[str, ChannelTls] | None = None, replicas: dict[str, int] | None = None,
+                 without: tuple[str, ...] = ()):
         """extra_args, env, health_tls: by service ("llm": every llm replica) or by instance ("llm-2": that one
         too); env is what to add to its environment (e.g. an MPS daemon's pipe directory); health_tls is how to
-        reach it for its health check, where it serves TLS. replicas: service → processes (llm, vocoder)."""
-        self.names = instances(replicas)
+        reach it for its health check, where it serves TLS. replicas: service → processes (llm, vocoder).
+        without: services not started (the encoder, for a stack that takes no spoken turns: tests)."""
+        if unknown := set(without) - {"encoder"}:
+            raise ValueError(f"without: only the encoder may be left out, not {', '.join(sorted(unknown))}")
+        self.names = [name for name in instances(replicas) if service_of(name) not in without]
         self.ports = ports or Ports()
         if missing := [name for name in self.names if name not in self.ports.grpc or name not in self.ports.metrics]:
             raise ValueError(f"no ports for {', '.join(missing)}")
@@ -115,8 +120,9 @@ class Stack:
                "--port", str(self.ports.grpc[name]), "--metrics-port", str(self.ports.metrics[name])]
         if name == "gateway":
             cmd += ["--llm-target", ",".join(map(self.target, self.replicas("llm"))),
-                    "--vocoder-target", ",".join(map(self.target, self.replicas("vocoder"))),
-                    "--encoder-target", ",".join(map(self.target, self.replicas("encoder")))]
+                    "--vocoder-target", ",".join(map(self.target, self.replicas("vocoder")))]
+            if self.replicas("encoder"):
+                cmd += ["--encoder-target", ",".join(map(self.target, self.replicas("encoder")))]
         return cmd + [arg for args in self._settings(self.extra_args, name) for arg in args]
 
     def start(self, name: str) -> None:

@@ -12,7 +12,7 @@ from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.errors import DeadlineExceeded, ResourceExhausted
 from services.gateway.admission import RETRY_MAX, RETRY_MIN, Admission
 from services.gateway.client import converse
-from services.stack import Ports, Stack
+from services.stack import NO_SPEECH, Ports, Stack
 
 
 def test_places_queue_and_refusal():
@@ -73,7 +73,7 @@ def test_a_waiter_that_gives_up_takes_no_place():
 def one_place(tmp_path_factory):
     """A gateway with one place for a turn and no queue."""
     extra = {"gateway": ["--max-turns", "1", "--max-queued-turns", "0"]}
-    with Stack(Ports.free(), log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra) as stack:
+    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra) as stack:
         yield stack
 
 

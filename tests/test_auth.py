@@ -15,7 +15,7 @@ from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from services.common.auth import load_keys
 from services.gateway.client import converse, synthesize
-from services.stack import Ports, Stack
+from services.stack import NO_SPEECH, Ports, Stack
 
 SAMPLING = common_pb2.SamplingParams(max_new_tokens=4, seed=1)
 
@@ -24,7 +24,7 @@ SAMPLING = common_pb2.SamplingParams(max_new_tokens=4, seed=1)
 def keyed_stack(tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text("# the gateway's keys\nfile-key-1\n\nfile-key-2\n")
-    with Stack(Ports.free(), log_dir=tmp_path_factory.mktemp("logs"), env={"gateway": {"MOSS_API_KEYS": "env-key"}},
+    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), env={"gateway": {"MOSS_API_KEYS": "env-key"}},
                extra_args={"gateway": ["--api-keys-file", str(keys)]}) as stack:
         yield stack
 

@@ -13,7 +13,7 @@ import pytest
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, vocoder_pb2, vocoder_pb2_grpc
 
 from services.gateway.client import synthesize
-from services.stack import Ports, Stack, free_port
+from services.stack import NO_SPEECH, Ports, Stack, free_port
 from services.vocoder.codec.config import tiny
 from services.vocoder.codec.voice import random_voice, save_voice
 
@@ -31,7 +31,7 @@ def voices_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def codec_stack(voices_dir, tmp_path_factory):
     args = {"vocoder": ["--preset", "tiny-codec", "--voices-dir", str(voices_dir)]}
-    with Stack(Ports.free(), extra_args=args, log_dir=tmp_path_factory.mktemp("codec-stack-logs")) as s:
+    with Stack(Ports.free(), without=NO_SPEECH, extra_args=args, log_dir=tmp_path_factory.mktemp("codec-stack-logs")) as s:
         yield s
 
 
@@ -95,7 +95,7 @@ def test_cancelled_streams_give_their_history_slots_back(tmp_path):
     from conftest import metric_value, scrape
 
     save_voice(random_voice(tiny().flow, "default", prompt_tokens=10, seed=1), tmp_path)
-    stack = Stack(Ports.free(), extra_args={"vocoder": ["--preset", "tiny-codec", "--voices-dir", str(tmp_path),
+    stack = Stack(Ports.free(), without=NO_SPEECH, extra_args={"vocoder": ["--preset", "tiny-codec", "--voices-dir", str(tmp_path),
                                                         "--flow-history-streams", "3"]},
                   log_dir=tmp_path / "logs")
 

@@ -154,6 +154,25 @@ def test_streams_fed_together_each_get_what_they_get_alone(model, chunks):
 
 
 @torch.no_grad()
+def test_like_chunks_of_many_streams_share_one_convolution(model, monkeypatch):
+    """Streams with as many new frames (and as many inputs pending in the strided convolution) go through the
+    front end as one batch; each stream's codes are still its own."""
+    g = torch.Generator().manual_seed(8)
+    mels = [torch.randn(16, 24, generator=g) for _ in range(5)]
+    pool = KVPool(model.cfg, 6)
+    states = [model.start(pool) for _ in mels]
+    calls = []
+    step = type(model.conv1).step
+    monkeypatch.setattr(type(model.conv1), "step", lambda self, p, x: calls.append(x.shape[0]) or step(self, p, x))
+    together = [torch.cat([c, model.finish(s, pool)]) for c, s in zip(model.feed(states, mels, pool), states)]
+    assert calls == [5, 5]  # conv1 and conv2, each once, over the five streams
+    monkeypatch.undo()
+    for mel, got in zip(mels, together):
+        alone = model.start(pool)
+        assert torch.equal(got, torch.cat([model.feed([alone], [mel], pool)[0], model.finish(alone, pool)]))
+
+
+@torch.no_grad()
 def test_a_code_reads_no_later_frame(model):
     mel = torch.randn(1, 16, 64, generator=torch.Generator().manual_seed(4))
     later = mel.clone()

@@ -9,7 +9,7 @@ import pytest
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, llm_pb2, llm_pb2_grpc
 
 from services.gateway.client import synthesize
-from services.stack import Ports, Stack
+from services.stack import NO_SPEECH, Ports, Stack
 
 OK_SAMPLING = common_pb2.SamplingParams(max_new_tokens=6, seed=1)
 
@@ -72,7 +72,7 @@ def test_llm_refuses_bad_token_prompts(stack):
 def own_stack(tmp_path):
     """A stack of its own: these tests stop and restart stages."""
     # --ready-wait 1: a request waits at most 1 s for a stopped stage before UNAVAILABLE
-    with Stack(Ports.free(), log_dir=tmp_path / "logs", extra_args={"gateway": ["--ready-wait", "1"]}) as s:
+    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path / "logs", extra_args={"gateway": ["--ready-wait", "1"]}) as s:
         yield s
 
 

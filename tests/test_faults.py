@@ -15,14 +15,14 @@ import pytest
 from conftest import metric_value, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from services.stack import Ports, Stack
+from services.stack import NO_SPEECH, Ports, Stack
 
 LONG = common_pb2.SamplingParams(max_new_tokens=400, min_new_tokens=400, seed=1)  # many seconds on CPU
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    with Stack(Ports.free(), log_dir=tmp_path_factory.mktemp("logs")) as s:
+    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs")) as s:
         yield s
 
 

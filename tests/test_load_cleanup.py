@@ -16,7 +16,7 @@ import pytest
 from conftest import metric_value, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from services.stack import Ports, Stack
+from services.stack import NO_SPEECH, Ports, Stack
 
 KINDS = ("complete", "cancel", "disconnect", "deadline", "session", "session_drop")
 EXPECTED = {  # how each kind of call may end once it got in (a refused call is retried after its hint)
@@ -32,7 +32,7 @@ EXPECTED = {  # how each kind of call may end once it got in (a refused call is 
 @pytest.fixture(scope="module")
 def bounded(tmp_path_factory):
     extra = {"gateway": ["--max-turns", "8", "--max-queued-turns", "4"]}
-    with Stack(Ports.free(), log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra) as stack:
+    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra) as stack:
         yield stack
 
 

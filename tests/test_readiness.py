@@ -9,7 +9,7 @@ from conftest import metric_value, scrape
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from services.stack import Ports, Stack
+from services.stack import NO_SPEECH, Ports, Stack
 
 SAMPLING = common_pb2.SamplingParams(max_new_tokens=6, seed=1)
 
@@ -37,7 +37,7 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 
 def test_gateway_waits_for_backends_that_are_starting(tmp_path):
-    stack = Stack(Ports.free(), log_dir=tmp_path / "logs")
+    stack = Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path / "logs")
     gateway = stack.target("gateway")
     try:
         stack.start("gateway")  # alone: neither backend is up yet
@@ -68,7 +68,7 @@ def test_gateway_waits_for_backends_that_are_starting(tmp_path):
 
 
 def test_a_backend_that_stays_down_is_unavailable_after_the_ready_wait(tmp_path):
-    stack = Stack(Ports.free(), log_dir=tmp_path / "logs", extra_args={"gateway": ["--ready-wait", "0.5"]})
+    stack = Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path / "logs", extra_args={"gateway": ["--ready-wait", "0.5"]})
     gateway = stack.target("gateway")
     try:
         stack.start("gateway")

@@ -16,7 +16,7 @@ from conftest import metric_value, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, llm_pb2, llm_pb2_grpc
 
 from services.gateway.client import converse
-from services.stack import Ports, Stack
+from services.stack import NO_SPEECH, Ports, Stack
 
 REPLICAS = {"llm": 2, "vocoder": 2}
 GREEDY = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=12, min_new_tokens=12)
@@ -25,7 +25,7 @@ SHORT = common_pb2.SamplingParams(max_new_tokens=6, seed=1)
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    with Stack(Ports.free(REPLICAS), log_dir=tmp_path_factory.mktemp("logs"), replicas=REPLICAS) as s:
+    with Stack(Ports.free(REPLICAS), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), replicas=REPLICAS) as s:
         # The gateway serves once a replica of each stage is ready: wait until it has seen them all.
         wait_for(lambda: all(replica_ready(s, r) for r in s.replicas("llm") + s.replicas("vocoder")), 10, "replicas")
         yield s
@@ -224,7 +224,7 @@ def test_a_call_its_replica_never_answered_starts_again_on_another(tmp_path, ser
     """Health checks far apart, so that only a call can find the replica gone: the calls placed on it before the
     first of them failed are started again on the other replica, and every turn succeeds."""
     replicas = {service: 2}
-    stack = Stack(Ports.free(replicas), log_dir=tmp_path / "logs", replicas=replicas,
+    stack = Stack(Ports.free(replicas), without=NO_SPEECH, log_dir=tmp_path / "logs", replicas=replicas,
                   extra_args={"gateway": ["--health-check-seconds", "60"]})
     with stack:
         wait_for(lambda: all(replica_ready(stack, r) for r in stack.replicas(service)), 10, "replicas")

@@ -18,7 +18,7 @@ from moss.speech.v1 import common_pb2
 
 from services.common.tls import ChannelTls
 from services.gateway.client import synthesize
-from services.stack import Ports, Stack, is_serving
+from services.stack import NO_SPEECH, Ports, Stack, is_serving
 
 SAMPLING = common_pb2.SamplingParams(max_new_tokens=4, seed=1)
 
@@ -81,7 +81,7 @@ def tls_stack(pki, tmp_path_factory):
                          "--backend-ca", pki["ca"], "--backend-cert", client_cert, "--backend-key", client_key]}
     as_gateway = ChannelTls(pki["ca"], client_cert, client_key)
     health = {"llm": as_gateway, "vocoder": as_gateway, "gateway": ChannelTls(pki["ca"])}
-    with Stack(Ports.free(), log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra, health_tls=health) as stack:
+    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra, health_tls=health) as stack:
         yield stack
 
 

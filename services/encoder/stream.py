@@ -69,8 +69,7 @@ def _encode(streams: list[EncoderStream], mels: list[torch.Tensor]) -> None:
     if not streams:
         return
     model, pool = streams[0].model, streams[0].pool
-    w = model.codebook.weight
-    for stream, codes in zip(streams, model.feed([s.state for s in streams], [m.to(w) for m in mels], pool)):
+    for stream, codes in zip(streams, model.feed([s.state for s in streams], mels, pool)):  # (feed moves the frames)
         stream.pending.append(codes)
 
 

@@ -122,10 +122,7 @@ class WhisperVQEncoder(nn.Module):
         streams' new frames go through the layers packed together (the projections and MLPs in one product each,
         the attention in one kernel on CUDA)."""
         h, rows, past, at = [], [], [], 0
-        for state, mel in zip(states, mels):
-            x, state.conv1 = self.conv1.step(state.conv1, mel[None])
-            x, state.conv2 = self.conv2.step(state.conv2, F.gelu(x))
-            x = F.gelu(x)[0].transpose(0, 1)                                                       # [t, dim]
+        for state, x in zip(states, self._front(states, mels)):
             t = x.shape[0]
             if state.frames + t > self.cfg.max_source_positions:
                 raise ValueError(f"a segment holds {self.cfg.max_source_positions} frames; {state.frames + t} given "
@@ -148,6 +145,26 @@ class WhisperVQEncoder(nn.Module):
             groups.append(x[:whole].unflatten(0, (-1, k)).mean(1))
             codes.append(whole // k)
         return list(self.quantize(torch.cat(groups)).split(codes))
+
+    def _front(self, states: list[EncoderState], mels: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The two causal convolutions for every stream's new frames → each stream's [t_i, dim]. Streams with as many
+        new frames and as many inputs pending in conv2 (its stride makes that 2 or 3) run as one batch: a call of
+        many speakers sending like chunks is a few convolutions, not two per speaker. The frames go to the device
+        once per batch."""
+        w = self.conv1.weight
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, (state, mel) in enumerate(zip(states, mels)):
+            groups.setdefault((mel.shape[1], state.conv2.shape[2]), []).append(i)
+        out: list[torch.Tensor | None] = [None] * len(states)
+        for members in groups.values():
+            mel = torch.stack([mels[i] for i in members]).to(w)                                  # [G, n_mels, n]
+            x, pending1 = self.conv1.step(torch.cat([states[i].conv1 for i in members]), mel)
+            x, pending2 = self.conv2.step(torch.cat([states[i].conv2 for i in members]), F.gelu(x))
+            x = F.gelu(x).transpose(1, 2)                                                         # [G, t, dim]
+            for j, i in enumerate(members):
+                states[i].conv1, states[i].conv2 = pending1[j : j + 1], pending2[j : j + 1]
+                out[i] = x[j]
+        return out
 
     def finish(self, state: EncoderState, pool: KVPool) -> torch.Tensor:
         """The segment's end: the code of its unfinished group, its missing frames zeros (the reference pads so) →
