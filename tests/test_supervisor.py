@@ -87,12 +87,13 @@ def say(target: str) -> int:
         return list(gateway_pb2_grpc.GatewayStub(channel).Synthesize(request, timeout=60))[-1].summary.num_samples
 
 
-def test_up_restarts_a_dead_service_and_its_services_die_with_it():
+def test_up_restarts_a_dead_service_and_its_services_die_with_it(tmp_path):
     ports = Ports.free()
     flags = []
     for service in ("gateway", "llm", "vocoder", "encoder"):
         flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
-    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=subprocess.PIPE, text=True)
+    # Its log (and its services', which share its stderr) to a file: a pipe nobody reads fills up and stops them all.
+    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=open(tmp_path / "up.log", "w"))
     gateway = f"127.0.0.1:{ports.grpc['gateway']}"
     try:
         deadline = time.monotonic() + 120

@@ -18,10 +18,16 @@ from services.encoder.config import SAMPLE_RATE
 MIN_RATE, MAX_RATE = 8_000, 192_000
 
 
+def check_rate(sample_rate: int) -> None:
+    """InvalidArgument for a rate the encoder does not take (the gateway checks a SpeechInput's with it, before any
+    audio goes anywhere)."""
+    if not MIN_RATE <= sample_rate <= MAX_RATE:
+        raise InvalidArgument("sample_rate", f"{sample_rate} Hz; give the audio's rate, {MIN_RATE}-{MAX_RATE} Hz")
+
+
 class SpeechInput:
     def __init__(self, sample_rate: int, fmt: int, max_seconds: float):
-        if not MIN_RATE <= sample_rate <= MAX_RATE:
-            raise InvalidArgument("sample_rate", f"{sample_rate} Hz; give the audio's rate, {MIN_RATE}-{MAX_RATE} Hz")
+        check_rate(sample_rate)
         import soxr  # (imported here: only the encoder's side needs it)
 
         self.rate, self.fmt = sample_rate, resolve_format(fmt, "format")

@@ -199,9 +199,14 @@ class Conversation:
             raise InvalidArgument("speech.reply", f"unknown value {speech.reply}")
         if self.listener is not None:
             await self.listener.close()
+            self.listener = None
         self.speech, self.refused_audio = speech, False
-        self.listener = Listener(self.backends, speech, self.context.time_remaining,
-                                 Callbacks(self._speech_started, self._spoken, self._speech_failed))
+        try:
+            self.listener = Listener(self.backends, speech, self.context.time_remaining,
+                                     Callbacks(self._speech_started, self._spoken, self._speech_failed))
+        except InvalidArgument as err:  # a rate or format no encoder takes: this speech fails, its audio is dropped
+            self.refused_audio = True
+            self._fail_speech(err)
 
     def _listening(self, field: str) -> bool:
         """Whether audio (or its end) now goes to the listener. Audio with no speech open (none yet, or after

@@ -26,8 +26,9 @@ from moss.speech.v1 import encoder_pb2, gateway_pb2
 
 from services.common.audio import BYTES_PER_SAMPLE, resolve_format
 from services.common.errors import InvalidArgument, ServiceError
+from services.encoder.speech_input import check_rate
 from services.gateway.backends import Backends, Replica
-from services.gateway.pipeline import Spoken, stage_error
+from services.gateway.pipeline import BROKEN_STREAM, STATUS_SECONDS, Spoken, stage_error
 
 FIELDS = {"config.": "speech."}  # the encoder's field names → the client's (SpeechInput is the Encode call's config)
 
@@ -57,12 +58,27 @@ def client_error(err: ServiceError) -> ServiceError:
     return err
 
 
+async def final_status(call, err: grpc.aio.AioRpcError) -> tuple[grpc.StatusCode, str]:
+    """Why the call ended. A read that races the encoder's refusal of the audio we were still writing may fail with
+    gRPC core's bare INTERNAL; the call's own status then says what the encoder said (e.g. INVALID_ARGUMENT)."""
+    if err.code() == grpc.StatusCode.INTERNAL and err.details() == BROKEN_STREAM:
+        with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError):
+            code = await asyncio.wait_for(call.code(), STATUS_SECONDS)
+            if code not in (grpc.StatusCode.OK, grpc.StatusCode.INTERNAL):
+                return code, await call.details()
+    return err.code(), err.details()
+
+
 class Listener:
     def __init__(self, backends: Backends, speech: gateway_pb2.SpeechInput, time_left: Callable[[], float | None],
                  callbacks: Callbacks):
         """time_left: the Converse call's deadline, in seconds from now (None: none; an Encode call then lives as
         long as its utterance, or the session)."""
-        fmt = resolve_format(speech.format, "speech.format")
+        try:  # (as the encoder checks them: refused here, before any audio goes anywhere)
+            check_rate(speech.sample_rate)
+            fmt = resolve_format(speech.format, "format")
+        except InvalidArgument as err:
+            raise err.within("speech") from None
         self.backends, self.speech, self.time_left, self.callbacks = backends, speech, time_left, callbacks
         self.bytes_per_second = BYTES_PER_SAMPLE[fmt] * max(speech.sample_rate, 1)
         self.config = encoder_pb2.EncodeConfig(sample_rate=speech.sample_rate, format=fmt,
@@ -147,11 +163,12 @@ class Listener:
                     await self.callbacks.spoken(Spoken(list(turn.codes), utterance.ended_at or time.perf_counter(),
                                                        turn.finish_seconds, turn.audio_seconds))
         except grpc.aio.AioRpcError as err:
-            if err.code() != grpc.StatusCode.CANCELLED:
-                if err.code() == grpc.StatusCode.UNAVAILABLE and self.backends.encoder is not None:
+            code, details = await final_status(call, err)
+            if code != grpc.StatusCode.CANCELLED:
+                if code == grpc.StatusCode.UNAVAILABLE and self.backends.encoder is not None:
                     self.backends.encoder.mark_down(replica)
                 self.done, self.utterance = True, None
-                await self.callbacks.failed(client_error(stage_error("encoder", err.code(), err.details())))
+                await self.callbacks.failed(client_error(stage_error("encoder", code, details)))
         finally:
             call.cancel()
             replica.add_calls(-1)
