@@ -97,7 +97,9 @@ def test_up_restarts_a_dead_service_and_its_services_die_with_it(tmp_path):
     gateway = f"127.0.0.1:{ports.grpc['gateway']}"
     try:
         deadline = time.monotonic() + 120
-        while not is_serving(gateway):
+        # Serving, and up done starting (its supervision begins then: the encoder may still be starting when the
+        # gateway already serves, and an llm killed before that waits for up's start to end).
+        while not is_serving(gateway) or "Ctrl-C stops" not in (tmp_path / "up.log").read_text():
             assert up.poll() is None and time.monotonic() < deadline, "moss-serve up did not come up"
             time.sleep(0.3)
         first = children(up.pid)
