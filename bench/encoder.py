@@ -1,15 +1,16 @@
-"""The speech encoder at the real size (random weights): speakers encoded as they talk, against encoding each turn
-once it has ended (the reference's way), on one GPU in one run (issue 22).
+"""The speech encoder at the real size (random weights): speakers encoded as they talk, the way the service does it,
+against encoding each turn once it has ended (the reference's way), on one GPU in one run (issue 22).
 
-    python bench/encoder.py --speakers 1,16,64 --seconds 8 --chunk-ms 500 --json out.json
+    python bench/encoder.py --speakers 1,16,64 --seconds 8 --chunk-ms 100,500 --graphs on,off --json out.json
 
-Each speaker's turn is `--seconds` of noise at 16 kHz. Streamed: every `--chunk-ms` each speaker's next samples
-arrive, and one call (`WhisperVQEncoder.feed`, all speakers packed) encodes them; the features are computed on the
-device per speaker. At the end, each speaker's last code (`finish`): the time from the end of speech to the turn's
-codes is that last chunk's call plus the finish. Offline: the whole turn of every speaker encoded after it ended
-(the model's `forward` on a batch of all speakers). Columns: x real time (seconds of audio encoded per second of
-calls), a chunk's call (ms, median), end of speech → codes (ms), and the codes' agreement with offline (in bf16
-the packed and batched products round differently, so a code near a tie may flip).
+Each speaker's turn is `--seconds` of noise at 16 kHz, on the host as the service gets it. Streamed: every `--chunk-ms`
+each speaker's next samples arrive, and one call encodes all of them (stream.feed_streams, the worker's call: the
+features on the host, like chunks in one STFT, then the model with every speaker packed, its layers replayed from
+CUDA graphs with `--graphs on`). At the end, every turn's end in one call (stream.finish_streams): the time from the
+end of speech to the turn's codes is that last chunk's call plus the finish. Offline: the whole turn of every speaker
+encoded after it ended (the model's `forward` on a batch of all speakers). Columns: x real time (seconds of audio
+encoded per second of calls), a chunk's call (ms, median), end of speech → codes (ms), and the codes' agreement with
+offline (in bf16 the packed and batched products round differently, so a code near a tie may flip).
 
 Floor: the layers' multiply-adds for the frames (2 · params · frames) at the card's measured bf16 matrix rate.
 """
@@ -29,6 +30,7 @@ from services.encoder import features
 from services.encoder.checkpoint import random_tokenizer
 from services.encoder.config import HOP, SAMPLE_RATE, glm4_voice, tiny
 from services.encoder.kv_pool import KVPool
+from services.encoder.stream import EncoderStream, feed_streams, finish_streams
 
 
 def synced(fn):
@@ -54,7 +56,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--speakers", default="1,16,64")
     p.add_argument("--seconds", type=float, default=8.0)
-    p.add_argument("--chunk-ms", type=int, default=500)
+    p.add_argument("--chunk-ms", default="100,500", help="chunk sizes, comma-separated")
+    p.add_argument("--graphs", default="on,off", help="the layers from CUDA graphs: on, off, or both")
     p.add_argument("--json")
     p.add_argument("--device", default="cuda", help="cpu with --tiny: a smoke run of the script")
     p.add_argument("--tiny", action="store_true", help="the tiny config (CPU smoke run)")
@@ -68,53 +71,65 @@ def main():
     out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": gpu,
            "torch": torch.__version__, "bf16_matmul_tflops": rate / 1e12, "cells": {}}
     samples_total = int(args.seconds * SAMPLE_RATE) // features.CODE_SAMPLES * features.CODE_SAMPLES
-    chunk = args.chunk_ms * SAMPLE_RATE // 1000
-    for n in (int(s) for s in args.speakers.split(",")):
-        g = torch.Generator().manual_seed(n)
-        audio = [(0.1 * torch.randn(samples_total, generator=g)).to(device) for _ in range(n)]
-        # offline: every turn after it ended, one batch
-        mels = torch.stack([features.offline(a, cfg.num_mel_bins) for a in audio]).to(dtype)
-        model(mels)  # warm-up
-        offline_codes, offline_s = synced(lambda: model(mels))
-        # streamed
-        streams = [features.StreamingLogMel(cfg.num_mel_bins) for _ in range(n)]
-        pool = KVPool(cfg, n, device, dtype)
-        states = [model.start(pool) for _ in range(n)]
-        codes: list[list[torch.Tensor]] = [[] for _ in range(n)]
-        calls = []
-        for at in range(0, samples_total, chunk):
-            def call():
-                new = [s.feed(a[at : at + chunk]).to(dtype) for s, a in zip(streams, audio)]
-                return model.feed(states, new, pool)
-            got, s = synced(call)
-            calls.append(s)
-            for c, g_ in zip(codes, got):
-                c.append(g_)
-
-        def end():
-            last = model.feed(states, [s.finish().to(dtype) for s in streams], pool)
-            return [torch.cat([*c, e, model.finish(st, pool)]) for c, e, st in zip(codes, last, states)]
-        streamed, end_s = synced(end)
-        streamed = torch.stack(streamed)
-        agree = float((streamed == offline_codes).float().mean())
-        frames = n * samples_total // HOP // 2
-        floor = 2 * layer_params * frames / rate
-        audio_s = n * samples_total / SAMPLE_RATE
-        cell = {"speakers": n, "audio_s": audio_s, "stream_calls": len(calls), "call_ms_median": statistics.median(calls) * 1e3,
-                "stream_x_realtime": audio_s / (sum(calls) + end_s), "end_of_speech_to_codes_ms": (calls[-1] + end_s) * 1e3,
-                "offline_ms": offline_s * 1e3, "offline_x_realtime": audio_s / offline_s, "floor_ms": floor * 1e3,
-                "stream_x_floor": (sum(calls) + end_s) / floor, "agreement_with_offline": agree}
-        out["cells"][str(n)] = cell
-        print(f"{n:3d} speakers: streamed {cell['stream_x_realtime']:7.0f}x RT, a call {cell['call_ms_median']:6.2f} ms, "
-              f"end of speech -> codes {cell['end_of_speech_to_codes_ms']:6.2f} ms; offline {cell['offline_x_realtime']:7.0f}x RT "
-              f"({cell['offline_ms']:.1f} ms); floor {cell['floor_ms']:.2f} ms; codes agree {100 * agree:.1f}%", flush=True)
-    print(f"\n{out['gpu']}, torch {out['torch']}, {out['date']}, {args.seconds} s turns, chunks of {args.chunk_ms} ms")
-    print(f"{'speakers':>8s} {'stream xRT':>10s} {'call ms':>8s} {'end->codes ms':>13s} {'offline xRT':>11s} {'x floor':>8s} {'agree':>6s}")
+    speakers = [int(x) for x in args.speakers.split(",")]
+    pool = KVPool(cfg, max(speakers), device, dtype, scratch=device.type == "cuda")
+    for graphs in args.graphs.split(","):
+        model.graphs = None
+        if graphs == "on" and device.type == "cuda":
+            started = time.perf_counter()
+            model.capture(pool, max(speakers))
+            out["capture_s"] = time.perf_counter() - started
+        for chunk_ms in (int(c) for c in args.chunk_ms.split(",")):
+            chunk = chunk_ms * SAMPLE_RATE // 1000
+            for n in speakers:
+                cell = run_cell(model, pool, n, samples_total, chunk, layer_params, rate)
+                cell |= {"graphs": graphs, "chunk_ms": chunk_ms}
+                out["cells"][f"{graphs}/{chunk_ms}/{n}"] = cell
+                print(f"graphs {graphs:3s}, {chunk_ms:3d} ms chunks, {n:3d} speakers: streamed "
+                      f"{cell['stream_x_realtime']:7.0f}x RT, a call {cell['call_ms_median']:6.2f} ms, end of speech -> "
+                      f"codes {cell['end_of_speech_to_codes_ms']:6.2f} ms; offline {cell['offline_x_realtime']:7.0f}x RT "
+                      f"({cell['offline_ms']:.1f} ms); floor {cell['floor_ms']:.2f} ms; codes agree "
+                      f"{100 * cell['agreement_with_offline']:.1f}%", flush=True)
+    model.graphs = None
+    print(f"\n{out['gpu']}, torch {out['torch']}, {out['date']}, {args.seconds} s turns")
+    print(f"{'graphs':>6s} {'chunk ms':>8s} {'speakers':>8s} {'stream xRT':>10s} {'call ms':>8s} {'end->codes ms':>13s} "
+          f"{'offline xRT':>11s} {'x floor':>8s} {'agree':>6s}")
     for c in out["cells"].values():
-        print(f"{c['speakers']:8d} {c['stream_x_realtime']:10.0f} {c['call_ms_median']:8.2f} {c['end_of_speech_to_codes_ms']:13.2f} "
-              f"{c['offline_x_realtime']:11.0f} {c['stream_x_floor']:8.1f} {100 * c['agreement_with_offline']:5.1f}%")
+        print(f"{c['graphs']:>6s} {c['chunk_ms']:8d} {c['speakers']:8d} {c['stream_x_realtime']:10.0f} "
+              f"{c['call_ms_median']:8.2f} {c['end_of_speech_to_codes_ms']:13.2f} {c['offline_x_realtime']:11.0f} "
+              f"{c['stream_x_floor']:8.1f} {100 * c['agreement_with_offline']:5.1f}%")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
+
+
+def run_cell(model, pool: KVPool, n: int, samples_total: int, chunk: int, layer_params: int, rate: float) -> dict:
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(n)
+    audio = [0.1 * torch.randn(samples_total, generator=g) for _ in range(n)]
+    # offline: every turn after it ended, one batch
+    mels = torch.stack([features.offline(a, cfg.num_mel_bins) for a in audio]).to(model.codebook.weight)
+    model(mels)  # warm-up
+    offline_codes, offline_s = synced(lambda: model(mels))
+    # streamed, as the worker does it
+    warm = EncoderStream(model, pool)
+    feed_streams([(warm, audio[0][:chunk])])
+    finish_streams([warm])
+    streams = [EncoderStream(model, pool) for _ in range(n)]
+    calls = []
+    for at in range(0, samples_total, chunk):
+        _, s = synced(lambda: feed_streams([(st, a[at : at + chunk]) for st, a in zip(streams, audio)]))
+        calls.append(s)
+    streamed, end_s = synced(lambda: finish_streams(streams))
+    agree = float((torch.tensor(streamed, device=offline_codes.device) == offline_codes).float().mean())
+    frames = n * samples_total // HOP // 2
+    floor = 2 * layer_params * frames / rate
+    audio_s = n * samples_total / SAMPLE_RATE
+    return {"speakers": n, "audio_s": audio_s, "stream_calls": len(calls),
+            "call_ms_median": statistics.median(calls) * 1e3,
+            "stream_x_realtime": audio_s / (sum(calls) + end_s), "end_of_speech_to_codes_ms": (calls[-1] + end_s) * 1e3,
+            "offline_ms": offline_s * 1e3, "offline_x_realtime": audio_s / offline_s, "floor_ms": floor * 1e3,
+            "stream_x_floor": (sum(calls) + end_s) / floor, "agreement_with_offline": agree,
+            "reencoded": sum(st.reencoded for st in streams)}
 
 
 if __name__ == "__main__":

@@ -50,6 +50,27 @@ def test_streamed_features_are_the_offline_ones(cuts):
     assert stream.refloored() is None  # noise at one level: no frame lies 80 dB below a later one
 
 
+@settings(max_examples=20, deadline=None)
+@given(cuts=st.lists(st.integers(0, 7000), max_size=6), speakers=st.integers(2, 4))
+def test_segments_fed_together_each_get_their_own_features(cuts, speakers):
+    """Speakers sending like chunks share one STFT a call (features.feed_many); their levels differ, so a floor or a
+    frame taken from the wrong row shows."""
+    turns = [noise(7000, 10 + i, level=0.05 * (i + 1)) for i in range(speakers)]
+    turns[0][:2000] = 0.0  # one whose floor rises later: it must keep its own
+    streams = [features.StreamingLogMel(16) for _ in turns]
+    bounds = [0, *sorted(cuts), 7000]
+    got = [[] for _ in turns]
+    for a, b in zip(bounds, bounds[1:]):
+        for frames, mine in zip(features.feed_many(streams, [t[a:b] for t in turns]), got):
+            mine.append(frames)
+    for stream, turn, mine in zip(streams, turns, got):
+        alone = features.StreamingLogMel(16)
+        want = [alone.feed(turn[a:b]) for a, b in zip(bounds, bounds[1:])]
+        torch.testing.assert_close(torch.cat(mine, 1), torch.cat(want, 1))
+        torch.testing.assert_close(torch.cat([*mine, stream.finish()], 1), torch.cat([*want, alone.finish()], 1))
+        assert (stream.refloored() is None) == (alone.refloored() is None)
+
+
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)

@@ -82,7 +82,7 @@ def kernel(q, k_pool, v_pool, layout: Layout) -> torch.Tensor:
     out = torch.empty_like(q)
     if layout.num_blocks == 0:
         return out
-    n = len(layout.slots)
+    n = layout.meta.shape[1]  # (a graph's layout has room for more streams than it holds: graphs.py)
     _causal_pool_attention[(layout.num_blocks, H)](
         q, k_pool, v_pool, out, layout.blocks, layout.meta, n, *q.stride()[:2], *k_pool.stride()[:3],
         *v_pool.stride()[:3], *out.stride()[:2], 1.0 / math.sqrt(d), D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,

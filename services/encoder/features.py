@@ -44,11 +44,16 @@ def pad_to_code(samples: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(samples, (0, -len(samples) % CODE_SAMPLES))
 
 
+@functools.cache
+def hann(device: str) -> torch.Tensor:
+    return torch.hann_window(N_FFT, device=device)
+
+
 def log10_mel(windows_signal: torch.Tensor, n_mels: int) -> torch.Tensor:
-    """A signal already padded as the frames need ([PAD + ...]: frame f's window starts at HOP·f) → every whole
-    window's log10 mel power [n_mels, frames], before the floor."""
-    spec = torch.stft(windows_signal.float(), N_FFT, HOP, window=torch.hann_window(N_FFT, device=windows_signal.device),
-                      center=False, return_complex=True)                                     # [201, frames]
+    """Signals already padded as the frames need ([..., PAD + ...]: frame f's window starts at HOP·f), one or a
+    batch of like ones [B, L] → every whole window's log10 mel power [(B,) n_mels, frames], before the floor."""
+    spec = torch.stft(windows_signal.float(), N_FFT, HOP, window=hann(str(windows_signal.device)), center=False,
+                      return_complex=True)                                                   # [(B,) 201, frames]
     return torch.clamp(mel_filters(n_mels).to(spec.device) @ spec.abs().pow(2), min=1e-10).log10()
 
 
@@ -66,7 +71,8 @@ def offline(samples: torch.Tensor, n_mels: int = 128) -> torch.Tensor:
 
 class StreamingLogMel:
     """One segment's features as its samples arrive (module docstring): `feed` → the frames its samples complete,
-    `finish` → the rest, once the segment's samples are all in (padded to a code)."""
+    `finish` → the rest, once the segment's samples are all in (padded to a code). `feed_many` feeds many segments
+    at once."""
 
     def __init__(self, n_mels: int = 128):
         self.n_mels = n_mels
@@ -80,12 +86,7 @@ class StreamingLogMel:
 
     def feed(self, samples: torch.Tensor) -> torch.Tensor:
         """New samples [n] (float, 16 kHz) → the frames they complete [n_mels, k] (k may be 0)."""
-        self.tail.append(samples.float())
-        self.received += len(samples)
-        if self.received <= PAD:  # the start's reflection needs PAD + 1 samples
-            return samples.new_zeros(self.n_mels, 0, dtype=torch.float32)
-        last = (self.received - PAD) // HOP + 1  # frames 0 .. last - 1 have their whole window here
-        return self._frames(last, end=False)
+        return feed_many([self], [samples])[0]
 
     def finish(self) -> torch.Tensor:
         """The segment's samples are all in → they are padded to a code and the remaining frames come out."""
@@ -95,16 +96,25 @@ class StreamingLogMel:
         self.received += pad
         if self.received <= PAD:
             raise ValueError(f"a segment of {self.received} samples: Whisper's features need more than {PAD}")
-        return self._frames(self.received // HOP, end=True)
+        return self._frames(self._region(self.received // HOP))
 
-    def _frames(self, upto: int, end: bool) -> torch.Tensor:
+    def _take(self, samples: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+        """New samples in → the signal of the frames they complete and how far they go (None: no new frame)."""
+        self.tail.append(samples.float())
+        self.received += len(samples)
+        if self.received <= PAD:  # the start's reflection needs PAD + 1 samples
+            return None
+        return self._region((self.received - PAD) // HOP + 1)  # frames 0 .. that - 1 have their whole window here
+
+    def _region(self, upto: int) -> tuple[torch.Tensor, int] | None:
         """Frames [self.frames, upto): frame f's window is the samples [HOP·f - PAD, HOP·f + PAD), reflected at the
-        segment's start (frames 0 and 1) and, at its end, past its last sample. Reads the tail only: a call costs
-        its own frames, not the segment's."""
+        segment's start (frames 0 and 1) and, at its end, past its last sample → their signal, padded so
+        (log10_mel's input), and `upto`; None if there is no such frame. Reads the tail only: a call costs its own
+        frames, not the segment's."""
         tail = torch.cat(self.tail) if len(self.tail) > 1 else self.tail[0]
+        self.tail = [tail]
         if upto <= self.frames:
-            self.tail = [tail]
-            return tail.new_zeros(self.n_mels, 0, dtype=torch.float32)
+            return None
         start, stop = HOP * self.frames - PAD, HOP * (upto - 1) + N_FFT - PAD     # absolute samples, as padded
         before, after = max(-start, 0), max(stop - self.received, 0)
         # (the start's reflection reads samples 1 .. before: past `stop` when the first frame comes alone)
@@ -112,15 +122,27 @@ class StreamingLogMel:
         region = tail[max(start, 0) - self.tail_start : hi - self.tail_start]
         if before or after:
             region = torch.nn.functional.pad(region[None, None], (before, after), mode="reflect")[0, 0]
-        raw = log10_mel(region[: stop - start], self.n_mels)
-        self.peak = raw.max() if self.peak is None else torch.maximum(self.peak, raw.max())
-        floor = self.peak - FLOOR
+        return region[: stop - start], upto
+
+    def _frames(self, region: tuple[torch.Tensor, int] | None) -> torch.Tensor:
+        """The region's frames (`_region`) → their features [n_mels, k], kept."""
+        if region is None:
+            return self.tail[0].new_zeros(self.n_mels, 0)
+        signal, upto = region
+        raw = log10_mel(signal, self.n_mels)
+        peak = raw.max() if self.peak is None else torch.maximum(self.peak, raw.max())
+        self._keep(raw, peak, upto)
+        return finish_features(raw, peak - FLOOR)
+
+    def _keep(self, raw: torch.Tensor, peak: torch.Tensor, upto: int) -> None:
+        """The new frames' log10 mel [n_mels, k] and the segment's maximum so far (theirs included): kept, with the
+        floor they got; the tail moves past what no later frame reads."""
+        self.peak = peak
         self.raw.append(raw)
-        self.floors.append(floor.expand(raw.shape[1]))
+        self.floors.append((peak - FLOOR).expand(raw.shape[1]))
         self.frames = upto
         keep = max(HOP * upto - PAD, 0)  # the next frame's first sample
-        self.tail, self.tail_start = [tail[keep - self.tail_start :]], keep
-        return finish_features(raw, floor)
+        self.tail, self.tail_start = [self.tail[0][keep - self.tail_start :]], keep
 
     def refloored(self) -> torch.Tensor | None:
         """After finish: the whole segment's features [n_mels, T] if any frame came out other than offline gives it
@@ -131,3 +153,33 @@ class StreamingLogMel:
         if not bool(((raw < final) & (got[None] < final)).any()):  # (the one wait for the device, at the end)
             return None
         return finish_features(raw, final)
+
+
+def feed_many(streams: list[StreamingLogMel], samples: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each segment's new samples [n_i] → the frames they complete, per segment [n_mels, k_i], as each one's `feed`
+    gives them. Segments whose new frames span as many samples (speakers sending like chunks) share one STFT, one mel
+    product and one floor update: a call's features are a few ops a group, not a dozen a speaker."""
+    regions = [stream._take(x) for stream, x in zip(streams, samples)]
+    out: list[torch.Tensor | None] = [None] * len(streams)
+    groups: dict[int, list[int]] = {}
+    for i, region in enumerate(regions):
+        if region is None:
+            out[i] = streams[i]._frames(None)
+        else:
+            groups.setdefault(len(region[0]), []).append(i)
+    for members in groups.values():
+        if len(members) == 1:
+            i = members[0]
+            out[i] = streams[i]._frames(regions[i])
+            continue
+        raw = log10_mel(torch.stack([regions[i][0] for i in members]), streams[members[0]].n_mels)  # [G, n_mels, k]
+        peaks = raw.amax((1, 2))
+        before = torch.stack([streams[i].peak if streams[i].peak is not None else peaks[j]
+                              for j, i in enumerate(members)])
+        peaks = torch.maximum(before, peaks)
+        floors = peaks - FLOOR
+        features = finish_features(raw, floors[:, None, None])
+        for j, i in enumerate(members):
+            streams[i]._keep(raw[j], peaks[j], regions[i][1])
+            out[i] = features[j]
+    return out

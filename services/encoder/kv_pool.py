@@ -5,7 +5,8 @@ at the segment's frame positions.
 
 A segment's frames are at most max_source_positions (1500 at the real size), so a slot is sized for a whole one:
 2 · 16 · 1500 · 1280 values, 123 MB in bf16 at the real size. `slots` bounds the speakers encoded at once; a speaker
-beyond it is refused (PoolFull) rather than waiting, since its words would come late.
+beyond it is refused (PoolFull) rather than waiting, since its words would come late. With `scratch`, one more slot
+is kept aside for no speaker: the rows that pad a CUDA graph's bucket write there (graphs.py).
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ class PoolFull(RuntimeError):
 
 class KVPool:
     def __init__(self, cfg: WhisperVQConfig, slots: int, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, frames: int | None = None):
-        """frames: positions a slot holds (default: a whole segment's)."""
+                 dtype: torch.dtype = torch.float32, frames: int | None = None, scratch: bool = False):
+        """frames: positions a slot holds (default: a whole segment's); scratch: a slot more, `self.scratch`, that
+        is never taken."""
         heads = cfg.encoder_attention_heads
-        shape = (cfg.quantize_position, slots, heads, frames or cfg.max_source_positions, cfg.d_model // heads)
+        self.slots = slots
+        self.scratch = slots if scratch else None
+        shape = (cfg.quantize_position, slots + scratch, heads, frames or cfg.max_source_positions, cfg.d_model // heads)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.free = list(range(slots - 1, -1, -1))
@@ -35,11 +39,11 @@ class KVPool:
 
     def take(self) -> int:
         if not self.free:
-            raise PoolFull(f"all {self.k.shape[1]} encoder slots are in use")
+            raise PoolFull(f"all {self.slots} encoder slots are in use")
         return self.free.pop()
 
     def give(self, slot: int) -> None:
         self.free.append(slot)
 
     def used(self) -> int:
-        return self.k.shape[1] - len(self.free)
+        return self.slots - len(self.free)

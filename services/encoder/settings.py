@@ -46,5 +46,8 @@ class EncoderSettings:
                                           "VAD) from which it is speech", type=probability)
     speech_pad_seconds: float = option(0.1, "with speech detection: audio encoded either side of the speech",
                                        type=seconds)
+    cuda_graphs: str = option("on", "on CUDA: the encoder's layers replayed from CUDA graphs, one per bucket of a "
+                                     "call's frames (off: launched op by op; docs/encoder.md)", choices=["on", "off"],
+                              scope=OWN)
     seed: int = 0
     tls: ServerTls | None = None  # TLS on the gRPC port (mutual with a client CA: only the gateway gets in)

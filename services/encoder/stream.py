@@ -78,16 +78,16 @@ def feed_streams(items: list[tuple[EncoderStream, torch.Tensor]]) -> None:
     """Each stream's next samples [n_i], encoded together (one model call a round; a second round only for samples
     past a segment's end, every 30 s of a stream)."""
     while items:
-        streams, mels, rest = [], [], []
+        streams, now, rest = [], [], []
         for stream, samples in items:
             if stream.done:
                 raise ValueError("samples after the end of the turn")
             room = stream.cfg.segment_samples - stream.features.received
             streams.append(stream)
-            mels.append(stream.features.feed(samples[:room]))
-            if len(samples) > room or stream.features.received == stream.cfg.segment_samples:
+            now.append(samples[:room])
+            if len(samples) >= room:
                 rest.append((stream, samples[room:]))
-        _encode(streams, mels)
+        _encode(streams, features.feed_many([s.features for s in streams], now))
         for stream, _ in rest:  # a full segment: its last frames, its last code, the next segment
             _encode([stream], [stream.features.finish()])
             _reencode([(stream, stream._close(reopen=True))])

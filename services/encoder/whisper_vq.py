@@ -108,6 +108,7 @@ class WhisperVQEncoder(nn.Module):
         self.codebook = nn.Embedding(cfg.quantize_vocab_size, dim)
         # The reference's positions for layers after the quantizer (none run here); kept so its weights load as they are.
         self.embed_positions2 = nn.Embedding(math.ceil(cfg.max_source_positions / cfg.pooling_kernel_size), dim)
+        self.graphs = None  # the layers' CUDA graphs over the service's pool (`capture`)
 
     # ---- streaming ------------------------------------------------------------------------------
     def start(self, pool: KVPool) -> EncoderState:
@@ -120,31 +121,63 @@ class WhisperVQEncoder(nn.Module):
     def feed(self, states: list[EncoderState], mels: list[torch.Tensor], pool: KVPool) -> list[torch.Tensor]:
         """Each stream's next mel frames [n_mels, n_i] → the codes they complete, per stream [c_i] (int64): the
         streams' new frames go through the layers packed together (the projections and MLPs in one product each,
-        the attention in one kernel on CUDA)."""
-        h, rows, past, at = [], [], [], 0
-        for state, x in zip(states, self._front(states, mels)):
-            t = x.shape[0]
+        the attention in one kernel on CUDA, the whole in one CUDA graph's replay when `capture` made them)."""
+        xs = self._front(states, mels)                                                          # each [t_i, dim]
+        counts = [x.shape[0] for x in xs]
+        rows, past, at = [], [], 0
+        for state, t in zip(states, counts):
             if state.frames + t > self.cfg.max_source_positions:
                 raise ValueError(f"a segment holds {self.cfg.max_source_positions} frames; {state.frames + t} given "
                                  f"(start a new segment every {self.cfg.segment_mel_frames} mel frames)")
-            h.append(x + self.embed_positions.weight[state.frames : state.frames + t])
             rows.append(at)
             past.append(state.frames)
             state.frames, at = state.frames + t, at + t
-        packed = torch.cat(h)                                                                      # [N, dim]
-        counts = [len(x) for x in h]
-        if at:
-            layout = Layout([s.slot for s in states], rows, counts, past, packed.device)
-            for j, layer in enumerate(self.layers):
-                packed = layer(packed, pool.k[j], pool.v[j], layout)
-        k, groups, codes = self.cfg.pooling_kernel_size, [], []
-        for state, row, t in zip(states, rows, counts):
-            x = torch.cat([state.group, packed[row : row + t]])
-            whole = x.shape[0] // k * k
-            state.group = x[whole:]
-            groups.append(x[:whole].unflatten(0, (-1, k)).mean(1))
+        packed = torch.cat(xs)                                                                  # [N, dim]
+        slots = [s.slot for s in states]
+        if self.graphs is not None and self.graphs.pool is pool and self.graphs.fits(at, len(states)):
+            packed = self.graphs.run(packed, slots, rows, counts, past)
+        elif at:
+            packed = self._layers(packed, Layout(slots, rows, counts, past, packed.device), pool)
+        return self._pool_codes(states, packed, counts)
+
+    def _layers(self, x: torch.Tensor, layout, pool: KVPool) -> torch.Tensor:
+        """x [N, dim] (after the convolutions) → the positions added, the layers run → [N, dim]."""
+        x = x + self.embed_positions.weight[layout.positions]
+        for j, layer in enumerate(self.layers):
+            x = layer(x, pool.k[j], pool.v[j], layout)
+        return x
+
+    def capture(self, pool: KVPool, max_streams: int, buckets: tuple[int, ...] | None = None) -> None:
+        """CUDA graphs of the layers over `pool` (made with a scratch slot) for calls of up to `max_streams` streams;
+        the calls on that pool replay them (graphs.py)."""
+        from services.encoder.graphs import ROW_BUCKETS, LayerGraphs
+
+        self.graphs = None
+        self.graphs = LayerGraphs(lambda x, layout: self._layers(x, layout, pool), pool, max_streams,
+                                  buckets or ROW_BUCKETS)
+
+    def _pool_codes(self, states: list[EncoderState], packed: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
+        """Each stream's frames of an unfinished group, then its new rows of `packed` [N, dim], averaged in groups
+        of pooling_kernel_size → its codes [c_i]; what is left of a group waits in the stream for the next call.
+        One gather for all streams (the rows' indices built on the host), not a few ops per stream."""
+        k = self.cfg.pooling_kernel_size
+        carried = [s.group.shape[0] for s in states]
+        rows = torch.cat([*(s.group for s in states), packed])                 # [Σ carried + N, dim]
+        grouped, left, codes, kept = [], [], [], []
+        old, new = 0, sum(carried)
+        for g, t in zip(carried, counts):
+            seq = [*range(old, old + g), *range(new, new + t)]
+            whole = len(seq) // k * k
+            grouped += seq[:whole]
+            left += seq[whole:]
             codes.append(whole // k)
-        return list(self.quantize(torch.cat(groups)).split(codes))
+            kept.append(len(seq) - whole)
+            old, new = old + g, new + t
+        picked = rows[torch.tensor(grouped + left, dtype=torch.long, device=rows.device)]
+        whole = len(grouped)
+        for state, rest in zip(states, picked[whole:].split(kept)):
+            state.group = rest
+        return list(self.quantize(picked[:whole].view(-1, k, picked.shape[1]).mean(1)).split(codes))
 
     def _front(self, states: list[EncoderState], mels: list[torch.Tensor]) -> list[torch.Tensor]:
         """The two causal convolutions for every stream's new frames → each stream's [t_i, dim]. Streams with as many
