@@ -22,7 +22,7 @@ import torch
 from services.encoder.attention import BLOCK_M
 from services.encoder.kv_pool import KVPool
 
-ROW_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024)  # a call of more rows (a long chunk at once) runs eagerly
+ROW_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048)  # a call of more rows (a long chunk at once): eager
 
 
 class StaticLayout:
