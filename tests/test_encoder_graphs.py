@@ -17,11 +17,13 @@ from services.encoder.graphs import PaddedLayout  # noqa: E402
 from services.encoder.kv_pool import KVPool  # noqa: E402
 from services.encoder.whisper_vq import WhisperVQEncoder  # noqa: E402
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return WhisperVQEncoder(tiny()).eval()
+    return WhisperVQEncoder(tiny()).eval().to(DEVICE)
 
 
 def lay_out(counts: list[int], past: list[int]) -> tuple[list[int], list[int]]:
@@ -42,27 +44,27 @@ def test_padded_layers_give_the_eager_layers_rows_and_write_only_the_scratch_slo
                                                                                   bucket):
     monkeypatch.setattr(attention, "attend", attention.kernel)  # (the kernel's own layout on the CPU too)
     cfg, slots = model.cfg, [3, 0, 2, 1][: len(counts)]
-    g = torch.Generator().manual_seed(sum(counts))
-    eager_pool = KVPool(cfg, 4, scratch=True)
+    g = torch.Generator(DEVICE).manual_seed(sum(counts))
+    eager_pool = KVPool(cfg, 4, DEVICE, scratch=True)
     eager_pool.k.normal_(generator=g)
     eager_pool.v.normal_(generator=g)
-    padded_pool = KVPool(cfg, 4, scratch=True)
+    padded_pool = KVPool(cfg, 4, DEVICE, scratch=True)
     padded_pool.k.copy_(eager_pool.k)
     padded_pool.v.copy_(eager_pool.v)
     n = sum(counts)
-    x = torch.randn(n, cfg.d_model, generator=g)
+    x = torch.randn(n, cfg.d_model, generator=g, device=DEVICE)
     rows, past = lay_out(counts, past)
     want = model._layers(x, Layout(slots, rows, counts, past, x.device), eager_pool)
 
-    layout = PaddedLayout(64, max_streams=5, scratch=padded_pool.scratch, device=torch.device("cpu"))
+    layout = PaddedLayout(64, max_streams=5, scratch=padded_pool.scratch, device=DEVICE)
     static = layout.fill(slots, rows, counts, past, bucket)
     assert static.num_blocks == bucket // attention.BLOCK_M + min(bucket, 5)
-    x_padded = torch.cat([x, torch.full((bucket - n, cfg.d_model), 7.0)])
+    x_padded = torch.cat([x, torch.full((bucket - n, cfg.d_model), 7.0, device=DEVICE)])
     got = model._layers(x_padded, static, padded_pool)
-    torch.testing.assert_close(got[:n], want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[:n], want, rtol=1e-4, atol=1e-4)
     real = slice(0, padded_pool.scratch)
-    torch.testing.assert_close(padded_pool.k[:, real], eager_pool.k[:, real], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(padded_pool.v[:, real], eager_pool.v[:, real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(padded_pool.k[:, real], eager_pool.k[:, real], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(padded_pool.v[:, real], eager_pool.v[:, real], rtol=1e-4, atol=1e-4)
     scratch_touched = not torch.equal(padded_pool.k[:, padded_pool.scratch], eager_pool.k[:, eager_pool.scratch])
     assert scratch_touched == (bucket > n)
 
@@ -84,7 +86,7 @@ def test_graph_replays_give_the_eager_codes_call_after_call():
     graphed_pool = KVPool(cfg, 4, torch.device("cuda"), scratch=True)
     eager_pool = KVPool(cfg, 4, torch.device("cuda"))
     g = torch.Generator().manual_seed(1)
-    chunks = [[3, 10, 0, 7, 50], [16, 1, 2, 2, 9], [0, 0, 33, 4, 1]]
+    chunks = [[3, 10, 0, 7, 50], [16, 1, 2, 2, 9], [0, 0, 3, 4, 40]]
     mels = [torch.randn(cfg.num_mel_bins, sum(c), generator=g).cuda() for c in chunks]
     got = {}
     for pool, graphs in ((eager_pool, False), (graphed_pool, True)):

@@ -90,13 +90,17 @@ class StreamingLogMel:
 
     def finish(self) -> torch.Tensor:
         """The segment's samples are all in → they are padded to a code and the remaining frames come out."""
+        return finish_many([self])[0]
+
+    def _end(self) -> tuple[torch.Tensor, int] | None:
+        """The segment's samples are all in: padded to a code → the signal of its remaining frames (`_region`)."""
         pad = -self.received % CODE_SAMPLES
         like = self.tail[0] if self.tail else torch.zeros(0)
         self.tail.append(like.new_zeros(pad))
         self.received += pad
         if self.received <= PAD:
             raise ValueError(f"a segment of {self.received} samples: Whisper's features need more than {PAD}")
-        return self._frames(self._region(self.received // HOP))
+        return self._region(self.received // HOP)
 
     def _take(self, samples: torch.Tensor) -> tuple[torch.Tensor, int] | None:
         """New samples in → the signal of the frames they complete and how far they go (None: no new frame)."""
@@ -147,19 +151,24 @@ class StreamingLogMel:
     def refloored(self) -> torch.Tensor | None:
         """After finish: the whole segment's features [n_mels, T] if any frame came out other than offline gives it
         (a frame below the final floor got a lower one); else None."""
-        raw = torch.cat(self.raw, 1)
-        final = self.peak - FLOOR
-        got = torch.cat(self.floors)
-        if not bool(((raw < final) & (got[None] < final)).any()):  # (the one wait for the device, at the end)
-            return None
-        return finish_features(raw, final)
+        return refloored_many([self])[0]
 
 
 def feed_many(streams: list[StreamingLogMel], samples: list[torch.Tensor]) -> list[torch.Tensor]:
     """Each segment's new samples [n_i] → the frames they complete, per segment [n_mels, k_i], as each one's `feed`
-    gives them. Segments whose new frames span as many samples (speakers sending like chunks) share one STFT, one mel
-    product and one floor update: a call's features are a few ops a group, not a dozen a speaker."""
-    regions = [stream._take(x) for stream, x in zip(streams, samples)]
+    gives them (`_frames_many`)."""
+    return _frames_many(streams, [stream._take(x) for stream, x in zip(streams, samples)])
+
+
+def finish_many(streams: list[StreamingLogMel]) -> list[torch.Tensor]:
+    """Each segment's end (its samples all in) → its remaining frames, as each one's `finish` gives them."""
+    return _frames_many(streams, [stream._end() for stream in streams])
+
+
+def _frames_many(streams: list[StreamingLogMel], regions: list) -> list[torch.Tensor]:
+    """Each segment's region of new frames (`_region`; None: none) → their features, kept. Regions that span as many
+    samples (speakers sending like chunks) share one STFT, one mel product and one floor update: a call's features
+    are a few ops a group, not a dozen a speaker."""
     out: list[torch.Tensor | None] = [None] * len(streams)
     groups: dict[int, list[int]] = {}
     for i, region in enumerate(regions):
@@ -177,9 +186,21 @@ def feed_many(streams: list[StreamingLogMel], samples: list[torch.Tensor]) -> li
         before = torch.stack([streams[i].peak if streams[i].peak is not None else peaks[j]
                               for j, i in enumerate(members)])
         peaks = torch.maximum(before, peaks)
-        floors = peaks - FLOOR
-        features = finish_features(raw, floors[:, None, None])
+        features = finish_features(raw, (peaks - FLOOR)[:, None, None])
         for j, i in enumerate(members):
             streams[i]._keep(raw[j], peaks[j], regions[i][1])
             out[i] = features[j]
     return out
+
+
+def refloored_many(streams: list[StreamingLogMel]) -> list[torch.Tensor | None]:
+    """After finish, for each segment: its whole features [n_mels, T] if any frame came out other than offline gives
+    it (a frame below the final floor got a lower one: it must be encoded again); else None. One wait for the
+    device for all of them."""
+    checks, finals = [], []
+    for stream in streams:
+        raw, final = torch.cat(stream.raw, 1), stream.peak - FLOOR
+        checks.append(((raw < final) & (torch.cat(stream.floors)[None] < final)).any())
+        finals.append((raw, final))
+    flagged = torch.stack(checks).tolist() if checks else []
+    return [finish_features(raw, final) if again else None for again, (raw, final) in zip(flagged, finals)]

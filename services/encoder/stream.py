@@ -49,21 +49,6 @@ class EncoderStream:
             self.done = True
             self.pool.give(self.state.slot)
 
-    def _close(self, reopen: bool) -> torch.Tensor | None:
-        """The open segment's features are all in (its last frames encoded): its last code; then the next segment,
-        or the slot back. → the segment's final features if its floor rose (features.py): it must be encoded again
-        (`_reencode`), its codes so far left out; else None."""
-        codes = torch.cat([*self.pending, self.model.finish(self.state, self.pool)])
-        again = self.features.refloored()
-        if again is None:
-            self.codes += codes.tolist()
-        if reopen:
-            self._open()
-        else:
-            self.done = True
-        return again
-
-
 def _encode(streams: list[EncoderStream], mels: list[torch.Tensor]) -> None:
     """One model call for the streams' new frames (all on one model and pool)."""
     if not streams:
@@ -88,9 +73,9 @@ def feed_streams(items: list[tuple[EncoderStream, torch.Tensor]]) -> None:
             if len(samples) >= room:
                 rest.append((stream, samples[room:]))
         _encode(streams, features.feed_many([s.features for s in streams], now))
-        for stream, _ in rest:  # a full segment: its last frames, its last code, the next segment
-            _encode([stream], [stream.features.finish()])
-            _reencode([(stream, stream._close(reopen=True))])
+        full = [stream for stream, _ in rest]  # a full segment: its last frames, its last code, the next segment
+        _encode(full, features.finish_many([s.features for s in full]))
+        _reencode(_close(full, reopen=True))
         items = [(stream, samples) for stream, samples in rest if len(samples)]
 
 
@@ -98,17 +83,34 @@ def feed_streams(items: list[tuple[EncoderStream, torch.Tensor]]) -> None:
 def finish_streams(streams: list[EncoderStream]) -> list[list[int]]:
     """The ends of the streams' turns, their last frames encoded together → each turn's codes."""
     live = [s for s in streams if not s.done and s.features.received]
-    _encode(live, [s.features.finish() for s in live])
-    again = []
+    _encode(live, features.finish_many([s.features for s in live]))
     for stream in streams:
-        if stream.done:
-            continue
-        if stream.features.received:
-            again.append((stream, stream._close(reopen=False)))
-        else:  # nothing since the last segment (or at all): no code, the slot back
+        if not stream.done and not stream.features.received:  # nothing since the last segment (or at all): no code
             stream.abort()
-    _reencode(again)
+    _reencode(_close(live, reopen=False))
     return [s.codes for s in streams]
+
+
+def _close(streams: list[EncoderStream], reopen: bool) -> list[tuple[EncoderStream, torch.Tensor | None]]:
+    """The streams' open segments, their features all in and encoded: their last codes, then each one's next segment
+    (reopen) or its end. → each with its segment's final features if its floor rose (features.py): to be encoded
+    again (`_reencode`), its codes so far left out; else None. One wait for the device for all of them."""
+    if not streams:
+        return []
+    model, pool = streams[0].model, streams[0].pool
+    parts = [[*s.pending, last] for s, last in zip(streams, model.finish_many([s.state for s in streams], pool))]
+    again = features.refloored_many([s.features for s in streams])
+    flat, at = torch.cat([p for segment in parts for p in segment]).tolist(), 0
+    for stream, segment, final in zip(streams, parts, again):
+        n = sum(len(p) for p in segment)
+        if final is None:
+            stream.codes += flat[at : at + n]
+        at += n
+        if reopen:
+            stream._open()
+        else:
+            stream.done = True
+    return list(zip(streams, again))
 
 
 def _reencode(closed: list[tuple[EncoderStream, torch.Tensor | None]]) -> None:

@@ -200,14 +200,28 @@ class WhisperVQEncoder(nn.Module):
         return out
 
     def finish(self, state: EncoderState, pool: KVPool) -> torch.Tensor:
-        """The segment's end: the code of its unfinished group, its missing frames zeros (the reference pads so) →
-        [0 or 1]; its slot goes back to the pool."""
-        pool.give(state.slot)
-        n = state.group.shape[0]
-        if n == 0:
-            return torch.zeros(0, dtype=torch.long, device=state.group.device)
-        group, state.group = F.pad(state.group, (0, 0, 0, self.cfg.pooling_kernel_size - n)), state.group[:0]
-        return self.quantize(group.mean(0, keepdim=True))
+        return self.finish_many([state], pool)[0]
+
+    def finish_many(self, states: list[EncoderState], pool: KVPool) -> list[torch.Tensor]:
+        """The segments' ends: each one's unfinished group, its missing frames zeros (the reference pads so) → its
+        last code [0 or 1]; the slots go back to the pool. One gather and one quantization for all of them."""
+        k, n = self.cfg.pooling_kernel_size, [s.group.shape[0] for s in states]
+        for state in states:
+            pool.give(state.slot)
+        like = states[0].group if states else self.codebook.weight
+        rows = torch.cat([*(s.group for s in states), like.new_zeros(1, self.cfg.d_model)])  # the last row: zeros
+        index, at, zero = [], 0, sum(n)
+        for g in n:
+            if g:
+                index.append([*range(at, at + g), *[zero] * (k - g)])
+                at += g
+        codes = self.quantize(rows[torch.tensor(index, dtype=torch.long, device=rows.device)].mean(1)) if index else None
+        out, j = [], 0
+        for state, g in zip(states, n):
+            out.append(codes[j : j + 1] if g else torch.zeros(0, dtype=torch.long, device=like.device))
+            j += bool(g)
+            state.group = state.group[:0]
+        return out
 
     def quantize(self, h: torch.Tensor) -> torch.Tensor:
         """h [c, dim] → the index of each row's nearest codebook vector [c] (squared distance, ties to the lower
@@ -223,4 +237,4 @@ class WhisperVQEncoder(nn.Module):
         pool = KVPool(self.cfg, mel.shape[0], w.device, w.dtype, frames=max(1, (mel.shape[2] + 1) // 2))
         states = [self.start(pool) for _ in range(mel.shape[0])]
         codes = self.feed(states, list(mel), pool)
-        return torch.stack([torch.cat([c, self.finish(s, pool)]) for c, s in zip(codes, states)])
+        return torch.stack([torch.cat([c, last]) for c, last in zip(codes, self.finish_many(states, pool))])
