@@ -17,6 +17,8 @@ from services.encoder.kv_pool import KVPool
 from services.encoder.stream import EncoderStream, encode, feed_streams, finish_streams
 from services.encoder.whisper_vq import WhisperVQEncoder
 
+init = KVPool.__init__
+
 
 def noise(n: int, seed: int, level: float = 0.1) -> torch.Tensor:
     return torch.randn(n, generator=torch.Generator().manual_seed(seed)) * level
@@ -114,15 +116,21 @@ def test_a_floor_that_rises_later_is_caught_and_the_segment_encoded_again(model)
     assert encoder.finish() == encode(model, samples) and encoder.reencoded == 1
 
 
-def test_speakers_whose_floor_rose_are_encoded_again_together(model):
+def test_speakers_whose_floor_rose_are_encoded_again_together(model, monkeypatch):
     """Turns that began with digital silence, ended in one call: their segments are encoded again in one batch per
-    length, and each gets its own offline codes."""
+    length, in the slots they gave back (no pool of their own: the service's graphs are over its pool), and each
+    gets its own offline codes."""
     turns = [speech_after_silence(), speech_after_silence() * 0.5, speech_after_silence()[:6000]]
     pool = KVPool(model.cfg, 3)
     streams = [EncoderStream(model, pool) for _ in turns]
     feed_streams([(s, t[:4800]) for s, t in zip(streams, turns)])
     feed_streams([(s, t[4800:]) for s, t in zip(streams, turns)])
-    assert finish_streams(streams) == [encode(model, t) for t in turns]
+    pools = []
+    monkeypatch.setattr(KVPool, "__init__", lambda self, *a, **k: pools.append(a) or init(self, *a, **k))
+    got = finish_streams(streams)
+    monkeypatch.undo()
+    assert pools == []
+    assert got == [encode(model, t) for t in turns]
     assert streams[0].reencoded == streams[1].reencoded == 1 and pool.used() == 0  # (the first two: one batch)
 
 

@@ -10,9 +10,11 @@ on. Its reference pads each segment's samples with zeros to a multiple of 1,280 
 A stream computes frame t once samples up to 160·t + 200 have arrived (its window lies in them; the first two read
 the start reflected), and the last frame at the end, reflected there. Every frame's value before the floor is then
 the offline one. The floor is not: it is 8 below the maximum of the whole segment, which a stream has not heard yet.
-`StreamingLogMel` floors each frame at the maximum so far and remembers which floor each frame got; at the end,
-`refloored()` says whether any frame would have come out otherwise, i.e. whether a frame lay more than 8 (80 dB)
-below a maximum that came after it. When so, the caller encodes the segment again from the final features
+`StreamingLogMel` floors each frame at the maximum so far; at the end, `refloored()` says whether any frame would have
+come out otherwise, i.e. whether a frame lay more than 8 (80 dB) below a maximum that came after it. A frame of a
+batch floored at f (every frame of a batch gets the same) came out otherwise iff both its value and f lie below the
+final floor; so the stream keeps only the least, over its batches, of max(the batch's lowest value, f), and compares
+it with the final floor at the end. When so, the caller encodes the segment again from the final features
 (stream.py): codes then always equal the offline ones, and the usual speech (no frame 80 dB below the loudest
 one before it is heard) is never encoded twice.
 """
@@ -81,7 +83,7 @@ class StreamingLogMel:
         self.received = 0
         self.frames = 0                          # frames given out
         self.raw: list[torch.Tensor] = []        # their log10 mel, before the floor
-        self.floors: list[torch.Tensor] = []     # the floor each frame got, [frames] per batch of them
+        self.lowest: torch.Tensor | None = None  # min over batches of max(lowest value, its floor) (docstring)
         self.peak: torch.Tensor | None = None    # on the samples' device: no wait for it while streaming
 
     def feed(self, samples: torch.Tensor) -> torch.Tensor:
@@ -135,15 +137,15 @@ class StreamingLogMel:
         signal, upto = region
         raw = log10_mel(signal, self.n_mels)
         peak = raw.max() if self.peak is None else torch.maximum(self.peak, raw.max())
-        self._keep(raw, peak, upto)
+        low = torch.maximum(raw.min(), peak - FLOOR)
+        self._keep(raw, peak, low if self.lowest is None else torch.minimum(self.lowest, low), upto)
         return finish_features(raw, peak - FLOOR)
 
-    def _keep(self, raw: torch.Tensor, peak: torch.Tensor, upto: int) -> None:
-        """The new frames' log10 mel [n_mels, k] and the segment's maximum so far (theirs included): kept, with the
-        floor they got; the tail moves past what no later frame reads."""
-        self.peak = peak
+    def _keep(self, raw: torch.Tensor, peak: torch.Tensor, lowest: torch.Tensor, upto: int) -> None:
+        """The new frames' log10 mel [n_mels, k], the segment's maximum so far (theirs included) and `lowest` so far
+        (theirs included): kept; the tail moves past what no later frame reads."""
+        self.peak, self.lowest = peak, lowest
         self.raw.append(raw)
-        self.floors.append((peak - FLOOR).expand(raw.shape[1]))
         self.frames = upto
         keep = max(HOP * upto - PAD, 0)  # the next frame's first sample
         self.tail, self.tail_start = [self.tail[0][keep - self.tail_start :]], keep
@@ -186,9 +188,12 @@ def _frames_many(streams: list[StreamingLogMel], regions: list) -> list[torch.Te
         before = torch.stack([streams[i].peak if streams[i].peak is not None else peaks[j]
                               for j, i in enumerate(members)])
         peaks = torch.maximum(before, peaks)
+        lows = torch.maximum(raw.amin((1, 2)), peaks - FLOOR)
+        lows = torch.minimum(torch.stack([streams[i].lowest if streams[i].lowest is not None else lows[j]
+                                          for j, i in enumerate(members)]), lows)
         features = finish_features(raw, (peaks - FLOOR)[:, None, None])
         for j, i in enumerate(members):
-            streams[i]._keep(raw[j], peaks[j], regions[i][1])
+            streams[i]._keep(raw[j], peaks[j], lows[j], regions[i][1])
             out[i] = features[j]
     return out
 
@@ -197,10 +202,9 @@ def refloored_many(streams: list[StreamingLogMel]) -> list[torch.Tensor | None]:
     """After finish, for each segment: its whole features [n_mels, T] if any frame came out other than offline gives
     it (a frame below the final floor got a lower one: it must be encoded again); else None. One wait for the
     device for all of them."""
-    checks, finals = [], []
-    for stream in streams:
-        raw, final = torch.cat(stream.raw, 1), stream.peak - FLOOR
-        checks.append(((raw < final) & (torch.cat(stream.floors)[None] < final)).any())
-        finals.append((raw, final))
-    flagged = torch.stack(checks).tolist() if checks else []
-    return [finish_features(raw, final) if again else None for again, (raw, final) in zip(flagged, finals)]
+    if not streams:
+        return []
+    finals = torch.stack([s.peak for s in streams]) - FLOOR
+    flagged = (torch.stack([s.lowest for s in streams]) < finals).tolist()
+    return [finish_features(torch.cat(s.raw, 1), final) if again else None
+            for s, again, final in zip(streams, flagged, finals)]

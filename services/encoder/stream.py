@@ -115,16 +115,17 @@ def _close(streams: list[EncoderStream], reopen: bool) -> list[tuple[EncoderStre
 
 def _reencode(closed: list[tuple[EncoderStream, torch.Tensor | None]]) -> None:
     """The closed segments whose floor rose, encoded again from their final features [n_mels, T]: one offline batch
-    per length (at the end of turns that began with digital silence, many speakers' segments may need it at once)."""
+    per length (at the end of turns that began with digital silence, many speakers' segments may need it at once), in
+    the streams' pool where it has room (the slots they just gave back; the layers' graphs are over it)."""
     by_length: dict[int, list[tuple[EncoderStream, torch.Tensor]]] = {}
     for stream, final in closed:
         if final is not None:
             by_length.setdefault(final.shape[1], []).append((stream, final))
     for group in by_length.values():
-        model = group[0][0].model
-        codes = model(torch.stack([f for _, f in group]).to(model.codebook.weight))
+        model, pool = group[0][0].model, group[0][0].pool
+        codes = model(torch.stack([f for _, f in group]).to(model.codebook.weight), pool).tolist()
         for (stream, _), row in zip(group, codes):
-            stream.codes += row.tolist()
+            stream.codes += row
             stream.reencoded += 1
 
 

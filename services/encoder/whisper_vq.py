@@ -230,11 +230,13 @@ class WhisperVQEncoder(nn.Module):
         return torch.addmm(book.pow(2).sum(1) + flat.pow(2).sum(1, keepdim=True), flat, book.t(), alpha=-2.0).argmin(1)
 
     # ---- offline --------------------------------------------------------------------------------
-    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+    def forward(self, mel: torch.Tensor, pool: KVPool | None = None) -> torch.Tensor:
         """mel [B, n_mels, T] (T ≤ segment_mel_frames) → codes [B, ceil(T / mel_frames_per_code)]: each row a whole
-        segment at once, as `feed` then `finish` give it (in a pool of its own, sized to the rows)."""
-        w = self.conv1.weight
-        pool = KVPool(self.cfg, mel.shape[0], w.device, w.dtype, frames=max(1, (mel.shape[2] + 1) // 2))
+        segment at once, as `feed` then `finish` give it, in free slots of `pool` (the service's: its layers then
+        replay from its CUDA graphs) or, without one or room in it, in a pool of its own sized to the rows."""
+        if pool is None or len(pool.free) < mel.shape[0]:
+            w = self.conv1.weight
+            pool = KVPool(self.cfg, mel.shape[0], w.device, w.dtype, frames=max(1, (mel.shape[2] + 1) // 2))
         states = [self.start(pool) for _ in range(mel.shape[0])]
         codes = self.feed(states, list(mel), pool)
         return torch.stack([torch.cat([c, last]) for c, last in zip(codes, self.finish_many(states, pool))])
