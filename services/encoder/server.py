@@ -13,6 +13,7 @@ from services.common.server import serve
 from services.encoder import metrics
 from services.encoder.checkpoint import load_tokenizer, random_tokenizer
 from services.encoder.config import SAMPLE_RATE, glm4_voice, tiny
+from services.encoder.kv_pool import KVPool
 from services.encoder.servicer import EncoderServicer
 from services.encoder.settings import EncoderSettings
 from services.encoder.stream import EncoderStream
@@ -46,8 +47,22 @@ def warm_up(servicer: EncoderServicer) -> None:
     log.info("encoder: warmed up in %.1f s", time.perf_counter() - started)
 
 
+def speaker_places(model: WhisperVQEncoder, s: EncoderSettings) -> KVPool:
+    """The speakers' keys and values (--max-speakers places) and, on CUDA, the layers' graphs over them."""
+    w = model.codebook.weight
+    graphs = w.is_cuda and s.cuda_graphs == "on"
+    pool = KVPool(model.cfg, s.max_speakers, w.device, w.dtype, scratch=graphs)
+    if graphs:
+        started = time.perf_counter()
+        model.capture(pool, s.speakers_per_call)
+        log.info("encoder: %d CUDA graphs of the layers captured in %.1f s", len(model.graphs.graphs),
+                 time.perf_counter() - started)
+    return pool
+
+
 async def run(s: EncoderSettings) -> None:
-    servicer = EncoderServicer(load_encoder(s), s)
+    model = load_encoder(s)
+    servicer = EncoderServicer(model, s, speaker_places(model, s))
     warm_up(servicer)
     start_metrics_server(s.host, s.metrics_port)
     await serve(

@@ -129,13 +129,9 @@ class Turn:
 
 
 class EncoderServicer(encoder_pb2_grpc.EncoderServicer):
-    def __init__(self, model: WhisperVQEncoder, settings: EncoderSettings, vad: VadWorker | None = None):
-        w = model.codebook.weight
-        self.model, self.settings = model, settings
-        graphs = w.is_cuda and settings.cuda_graphs == "on"
-        self.pool = KVPool(model.cfg, settings.max_speakers, w.device, w.dtype, scratch=graphs)
-        if graphs:
-            model.capture(self.pool, settings.speakers_per_call)
+    def __init__(self, model: WhisperVQEncoder, settings: EncoderSettings, pool: KVPool, vad: VadWorker | None = None):
+        """pool: the speakers' places (settings.max_speakers), the one the model's graphs are over if it has any."""
+        self.model, self.settings, self.pool = model, settings, pool
         self.worker = EncoderWorker(settings.speakers_per_call, on_batch=metrics.observe_batch)
         self.vad = vad if vad is not None else VadWorker(on_batch=metrics.observe_vad_batch)
         self.calls = 0
