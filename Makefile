@@ -36,7 +36,7 @@ up: $(STAMP)
 # ruff first (pyproject.toml's [tool.ruff]: pyflakes, pycodestyle, import order): a lint error fails fast.
 test: $(STAMP) tools
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # Debian's prometheus package (the server and promtool) for the deploy checks and the Prometheus
 # integration test; espeak-ng (test speech for spoken turns) and sox. Best effort: without root or apt the

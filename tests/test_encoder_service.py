@@ -54,13 +54,18 @@ END = encoder_pb2.EncodeRequest(end=encoder_pb2.EndOfTurn())
 
 
 async def call(target: str, messages, pause: float = 0.0) -> list[encoder_pb2.EncodeResponse]:
-    async def requests():
-        for message in messages:
-            yield message
-            await asyncio.sleep(pause)
-
+    """The messages written (`pause` seconds apart), then the responses read; a call the service ended early (a
+    refusal) raises its own status, not the error of a write after its end."""
     async with grpc.aio.insecure_channel(target) as channel:
-        return [r async for r in encoder_pb2_grpc.EncoderStub(channel).Encode(requests(), timeout=60)]
+        rpc = encoder_pb2_grpc.EncoderStub(channel).Encode(timeout=60)
+        try:
+            for message in messages:
+                await rpc.write(message)
+                await asyncio.sleep(pause)
+            await rpc.done_writing()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass  # the call has ended: reading it raises its status
+        return [r async for r in rpc]
 
 
 def chunks(pcm: bytes, size: int) -> list:
@@ -182,6 +187,7 @@ def test_listeners_beyond_the_most_are_refused(encoder):
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await call(encoder.target("encoder"), [config(16000), END])
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "--max-listeners" in err.value.details()
             for c in listening:
                 c.cancel()
 
