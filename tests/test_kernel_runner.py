@@ -9,6 +9,7 @@ float32 (greedy tokens identical) for a tiny model and the real dimensions.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 
@@ -44,17 +45,18 @@ def engine_for(model, cfg=CFG, **kw) -> LLMEngine:
     return LLMEngine(model, tiny_tokenizer(tiny_config()), EngineConfig(**{**defaults, **kw}))
 
 
-def conversation(engine: LLMEngine, turns: list[list[str]], sessions: Sessions | None = None
+def conversation(engine: LLMEngine, turns: list[list[str]], sessions: Sessions | None = None, new_tokens: int = 24
                  ) -> list[list[tuple[list[int], list[int]]]]:
     """Several sessions, each a list of user turns, run turn by turn with all sessions' turns batched
     together, each with its session's history; → per session, per turn, the generated (text ids, audio ids)."""
     sessions = sessions if sessions is not None else Sessions()
+    greedy, sampled = (replace(s, max_new_tokens=new_tokens) for s in (GREEDY, SAMPLED))
     out = [[] for _ in turns]
     for t in range(max(len(s) for s in turns)):
         seqs = []
         for i, session in enumerate(turns):
             if t < len(session):
-                sampling = GREEDY if i % 2 == 0 else SAMPLED
+                sampling = greedy if i % 2 == 0 else sampled
                 seqs.append((i, sessions.add(engine, sessions.request(f"{i}.{t}", sampling, f"s{i}", text=session[t],
                                                                       audio_reply=(i + t) % 3 != 2))))
         sessions.run(engine)
@@ -87,10 +89,11 @@ def test_kernel_runner_matches_the_reference_over_sessions(kernels):
     """Greedy and seeded requests, chunked prefill (40 positions a step), sessions of several turns,
     text and audio replies: the same tokens as the reference runner, and the blocks come back."""
     model = random_model(CFG, seed=5)
-    turns = TURNS if kernels == "torch" else TURNS[:1]  # the interpreter is slow: one session of two turns (CUDA: all)
-    ref = conversation(engine_for(model, runner="reference"), turns)
+    # the interpreter is slow: one session of two turns, 10 tokens a reply (CUDA: all of them, below)
+    turns, new_tokens = (TURNS, 24) if kernels == "torch" else (TURNS[:1], 10)
+    ref = conversation(engine_for(model, runner="reference"), turns, new_tokens=new_tokens)
     engine, sessions = engine_for(model, runner="kernels", kernels=kernels), Sessions()
-    assert conversation(engine, turns, sessions) == ref
+    assert conversation(engine, turns, sessions, new_tokens) == ref
     sessions.release_all(engine)
     assert engine.block_manager.num_used == 0
 
