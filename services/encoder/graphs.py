@@ -8,7 +8,7 @@ launches, not the arithmetic, are its time. So the layers are captured once per 
     one int32 buffer, on the host (pinned) and the device, copied in one transfer a call:
         positions [R_max] | row_slots [R_max] | blocks [B_max, 2] | meta [4, S + 1]
 
-Padding rows write their keys and values to a scratch slot of the pool (taken at start, never a speaker's) and are
+Padding rows write their keys and values to the pool's scratch slot (KVPool(scratch=True): never a speaker's) and are
 read by nobody; their outputs are dropped. A bucket's grid has room for every block its rows can make
 (R / BLOCK_M + S); blocks beyond the call's point at meta's last column, a stream of no rows, and do nothing. Rows
 are independent in every layer but the attention, which reads only its own stream's slot, so a call gives what the
