@@ -130,17 +130,6 @@ class StreamingLogMel:
             region = torch.nn.functional.pad(region[None, None], (before, after), mode="reflect")[0, 0]
         return region[: stop - start], upto
 
-    def _frames(self, region: tuple[torch.Tensor, int] | None) -> torch.Tensor:
-        """The region's frames (`_region`) → their features [n_mels, k], kept."""
-        if region is None:
-            return self.tail[0].new_zeros(self.n_mels, 0)
-        signal, upto = region
-        raw = log10_mel(signal, self.n_mels)
-        peak = raw.max() if self.peak is None else torch.maximum(self.peak, raw.max())
-        low = torch.maximum(raw.min(), peak - FLOOR)
-        self._keep(raw, peak, low if self.lowest is None else torch.minimum(self.lowest, low), upto)
-        return finish_features(raw, peak - FLOOR)
-
     def _keep(self, raw: torch.Tensor, peak: torch.Tensor, lowest: torch.Tensor, upto: int) -> None:
         """The new frames' log10 mel [n_mels, k], the segment's maximum so far (theirs included) and `lowest` so far
         (theirs included): kept; the tail moves past what no later frame reads."""
@@ -171,18 +160,12 @@ def _frames_many(streams: list[StreamingLogMel], regions: list) -> list[torch.Te
     """Each segment's region of new frames (`_region`; None: none) → their features, kept. Regions that span as many
     samples (speakers sending like chunks) share one STFT, one mel product and one floor update: a call's features
     are a few ops a group, not a dozen a speaker."""
-    out: list[torch.Tensor | None] = [None] * len(streams)
+    out = [s.tail[0].new_zeros(s.n_mels, 0) if r is None else None for s, r in zip(streams, regions)]
     groups: dict[int, list[int]] = {}
     for i, region in enumerate(regions):
-        if region is None:
-            out[i] = streams[i]._frames(None)
-        else:
+        if region is not None:
             groups.setdefault(len(region[0]), []).append(i)
     for members in groups.values():
-        if len(members) == 1:
-            i = members[0]
-            out[i] = streams[i]._frames(regions[i])
-            continue
         raw = log10_mel(torch.stack([regions[i][0] for i in members]), streams[members[0]].n_mels)  # [G, n_mels, k]
         peaks = raw.amax((1, 2))
         before = torch.stack([streams[i].peak if streams[i].peak is not None else peaks[j]

@@ -152,7 +152,7 @@ class WhisperVQEncoder(nn.Module):
         the calls on that pool replay them (graphs.py)."""
         from services.encoder.graphs import ROW_BUCKETS, LayerGraphs
 
-        self.graphs = None
+        self.graphs = None  # (the old graphs' memory goes before the new ones are captured)
         self.graphs = LayerGraphs(lambda x, layout: self._layers(x, layout, pool), pool, max_streams,
                                   buckets or ROW_BUCKETS)
 
@@ -204,24 +204,13 @@ class WhisperVQEncoder(nn.Module):
 
     def finish_many(self, states: list[EncoderState], pool: KVPool) -> list[torch.Tensor]:
         """The segments' ends: each one's unfinished group, its missing frames zeros (the reference pads so) → its
-        last code [0 or 1]; the slots go back to the pool. One gather and one quantization for all of them."""
-        k, n = self.cfg.pooling_kernel_size, [s.group.shape[0] for s in states]
+        last code [0 or 1]; the slots go back to the pool. The zeros are pooled as a call's new rows are
+        (`_pool_codes`): one gather and one quantization for all of them."""
         for state in states:
             pool.give(state.slot)
-        like = states[0].group if states else self.codebook.weight
-        rows = torch.cat([*(s.group for s in states), like.new_zeros(1, self.cfg.d_model)])  # the last row: zeros
-        index, at, zero = [], 0, sum(n)
-        for g in n:
-            if g:
-                index.append([*range(at, at + g), *[zero] * (k - g)])
-                at += g
-        codes = self.quantize(rows[torch.tensor(index, dtype=torch.long, device=rows.device)].mean(1)) if index else None
-        out, j = [], 0
-        for state, g in zip(states, n):
-            out.append(codes[j : j + 1] if g else torch.zeros(0, dtype=torch.long, device=like.device))
-            j += bool(g)
-            state.group = state.group[:0]
-        return out
+        k = self.cfg.pooling_kernel_size
+        missing = [-s.group.shape[0] % k for s in states]  # (an empty group: none, and no code)
+        return self._pool_codes(states, self.codebook.weight.new_zeros(sum(missing), self.cfg.d_model), missing)
 
     def quantize(self, h: torch.Tensor) -> torch.Tensor:
         """h [c, dim] → the index of each row's nearest codebook vector [c] (squared distance, ties to the lower
