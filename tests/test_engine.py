@@ -229,11 +229,11 @@ def test_sixteen_concurrent_requests_survive_preemption(model):
     rng = torch.Generator().manual_seed(5)
     prompts = [[i] + torch.randint(0, 256, (20 + 3 * i,), generator=rng).tolist() + [CFG.sosp_token_id] for i in range(16)]
 
-    def reqs():  # token prompts without a shared prefix, each growing by 40 positions
-        return [GenerationRequest(f"r{i}", SamplingSettings(temperature=0.0, max_new_tokens=40, min_new_tokens=0),
+    def reqs():  # token prompts without a shared prefix, each growing by 24 positions
+        return [GenerationRequest(f"r{i}", SamplingSettings(temperature=0.0, max_new_tokens=24, min_new_tokens=0),
                                   ChunkSettings(), text_ids=p) for i, p in enumerate(prompts)]
 
-    # 30 blocks of 16 positions; the 16 requests need about 100 at their longest
+    # 30 blocks of 16 positions; the 16 requests need about 80 at their longest
     engine, alone, together = alone_and_together(model, reqs, max_num_seqs=16, max_num_batched_tokens=256,
                                                  kv_cache_bytes=30 * 16 * CFG.kv_bytes_per_token)
     assert engine.scheduler.num_preemptions > 0

@@ -89,8 +89,8 @@ def test_kernel_runner_matches_the_reference_over_sessions(kernels):
     """Greedy and seeded requests, chunked prefill (40 positions a step), sessions of several turns,
     text and audio replies: the same tokens as the reference runner, and the blocks come back."""
     model = random_model(CFG, seed=5)
-    # the interpreter is slow: one session of two turns, 10 tokens a reply (CUDA: all of them, below)
-    turns, new_tokens = (TURNS, 24) if kernels == "torch" else (TURNS[:1], 10)
+    # the interpreter is slow: one session of two turns, 4 tokens a reply (CUDA: all of them, below)
+    turns, new_tokens = (TURNS, 24) if kernels == "torch" else (TURNS[:1], 4)
     ref = conversation(engine_for(model, runner="reference"), turns, new_tokens=new_tokens)
     engine, sessions = engine_for(model, runner="kernels", kernels=kernels), Sessions()
     assert conversation(engine, turns, sessions, new_tokens) == ref

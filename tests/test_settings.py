@@ -115,3 +115,15 @@ def test_the_docs_name_the_declared_ports():
     text = (ROOT / "docs" / "architecture.md").read_text()
     for service in SERVICES:
         assert f"{GRPC_PORTS[service]}, {METRICS_PORTS[service]}" in text, service
+
+
+def test_the_command_line_and_the_gateway_start_without_torch():
+    """`moss-serve` reads every service's settings, and the gateway never computes: importing torch (~2 s of CPU a
+    process) is for the llm, vocoder and encoder alone. A fresh interpreter, as a service process starts."""
+    import subprocess
+    import sys
+
+    code = ("import sys, services.cli, services.gateway.server, services.up, services.bench.sweep; "
+            "print(sorted(m for m in ('torch', 'triton', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

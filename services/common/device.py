@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
+# torch is imported in lost(), not here: `moss-serve` and the gateway read PROBE_SECONDS through the settings, and
+# start ~2 s sooner without it.
+if TYPE_CHECKING:
+    import torch
 
 # Idle, a service asks every so often whether its device still works: under MPS a fault in another client of
 # its server reaches this one's context too, and a faulted server takes no new client until every old one is
@@ -24,6 +28,8 @@ PROBE_SECONDS = 5.0
 
 def lost(device: torch.device | str) -> bool:
     """True if `device` no longer runs work (a CPU never is). Waits for the work queued on it."""
+    import torch
+
     device = torch.device(device)
     if device.type != "cuda":
         return False
