@@ -14,19 +14,14 @@ install: $(STAMP)
 # codec decoder's test oracle (cosyvoice2-eu: CosyVoice2's flow and HiFT modules; tests/codec_reference.py), and the
 # encoder's (transformers: the Whisper encoder the reference's WhisperVQEncoder derives from; its requirements are
 # the project's already, less typer, which the oracle never imports).
-#
-# --no-compile: pip byte-compiles every file it installs (torch alone: ~23 s of the 32 its install takes here); Python
-# compiles the modules a process imports when it first imports them instead.
-PIP := $(BIN)/pip install -q --no-compile
-
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(PIP) --upgrade pip
-	$(PIP) torch==2.13.0
-	$(PIP) -e '.[dev]'
-	$(PIP) --no-deps bigvgan==2.4.1
-	$(PIP) --no-deps cosyvoice2-eu==0.2.8 conformer==0.3.2
-	$(PIP) --no-deps transformers==5.18.0
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps bigvgan==2.4.1
+	$(BIN)/pip install -q --no-deps cosyvoice2-eu==0.2.8 conformer==0.3.2
+	$(BIN)/pip install -q --no-deps transformers==5.18.0
 	touch $(STAMP)
 
 protos: $(STAMP)

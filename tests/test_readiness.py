@@ -37,7 +37,10 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 
 def test_gateway_waits_for_backends_that_are_starting(tmp_path):
-    stack = Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path / "logs")
+    # --ready-wait 60: a request waits for the backends as long as a loaded 2-core machine may take to start them
+    # (the default's 10 s was once too short in CI); the test is that it waits and then succeeds.
+    stack = Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path / "logs",
+                  extra_args={"gateway": ["--ready-wait", "60"]})
     gateway = stack.target("gateway")
     try:
         stack.start("gateway")  # alone: neither backend is up yet
