@@ -103,6 +103,9 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--mps-llm-threads", type=int, default=25, metavar="PERCENT",
                     help="with --mps: the share of the GPU's multiprocessors the llm's kernels may occupy at once "
                          "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), leaving the rest to the vocoder (default 25; docs/benchmarks.md)")
+    up.add_argument("--mps-vocoder-threads", type=int, default=100, metavar="PERCENT",
+                    help="with --mps: the share the vocoder's kernels may occupy at once; with --mps-llm-threads "
+                         "summing to 100 or less, neither takes the other's multiprocessors (default 100: no cap)")
     up.add_argument("--replicas", type=positive(int), default=1,
                     help="llm and vocoder processes each, behind the one gateway; replica k serves on the ports given "
                          "plus 10 x (k - 1) (default 1)")

@@ -147,12 +147,14 @@ def start_mps(args):
 
     if args.device != "cuda":
         raise ValueError("--mps needs --device cuda")
-    if not 1 <= args.mps_llm_threads <= 100:
-        raise ValueError("--mps-llm-threads is a percentage, 1 to 100")
+    for flag in ("mps_llm_threads", "mps_vocoder_threads"):
+        if not 1 <= getattr(args, flag) <= 100:
+            raise ValueError(f"--{flag.replace('_', '-')} is a percentage, 1 to 100")
     mps = MpsDaemon()
     mps.start()
     print(f"moss-serve up: llm and vocoder share the GPU through CUDA MPS (the llm's kernels on at most "
-          f"{args.mps_llm_threads}% of its multiprocessors at once)", file=sys.stderr)
+          f"{args.mps_llm_threads}% of its multiprocessors at once, the vocoder's on {args.mps_vocoder_threads}%)",
+          file=sys.stderr)
     return mps
 
 
@@ -160,8 +162,9 @@ def mps_env(args, mps) -> dict[str, dict[str, str]]:
     if not mps:
         return {}
     env = {"llm": mps.env(), "vocoder": mps.env(), "encoder": mps.env()}
-    if args.mps_llm_threads < 100:
-        env["llm"] = {**env["llm"], "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(args.mps_llm_threads)}
+    for name, percent in (("llm", args.mps_llm_threads), ("vocoder", args.mps_vocoder_threads)):
+        if percent < 100:
+            env[name] = {**env[name], "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent)}
     return env
 
 

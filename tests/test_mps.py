@@ -70,3 +70,28 @@ def test_up_refuses_mps_without_cuda(capsys):
     assert main(["up", "--mps"]) == 2
     assert "--mps needs --device cuda" in capsys.readouterr().err
     assert time.monotonic() - t0 < 5  # refused before anything started
+
+
+def test_each_services_share_of_the_gpu_goes_into_its_environment():
+    """--mps-llm-threads and --mps-vocoder-threads become each process's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; at 100
+    (the vocoder's default) a process gets none, so it may use every multiprocessor."""
+    from services.cli import parser
+    from services.up import mps_env
+
+    class Daemon:
+        def env(self):
+            return {"CUDA_MPS_PIPE_DIRECTORY": "/p"}
+
+    def shares(*flags):
+        env = mps_env(parser().parse_args(["up", "--device", "cuda", *flags]), Daemon())
+        return {name: e.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") for name, e in env.items()}
+
+    assert shares() == {"llm": "25", "vocoder": None, "encoder": None}
+    assert shares("--mps-vocoder-threads", "75", "--mps-llm-threads", "100") == {"llm": None, "vocoder": "75",
+                                                                              "encoder": None}
+    assert mps_env(parser().parse_args(["up"]), None) == {}
+
+
+def test_up_refuses_a_share_that_is_not_a_percentage(capsys):
+    assert main(["up", "--device", "cuda", "--mps", "--mps-vocoder-threads", "0"]) == 2
+    assert "--mps-vocoder-threads is a percentage, 1 to 100" in capsys.readouterr().err
