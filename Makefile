@@ -13,15 +13,17 @@ install: $(STAMP)
 # so that pip's resolver, run for the project, never sees its unmet declared requirements. The same for the
 # codec decoder's test oracle (cosyvoice2-eu: CosyVoice2's flow and HiFT modules; tests/codec_reference.py), and the
 # encoder's (transformers: the Whisper encoder the reference's WhisperVQEncoder derives from; its requirements are
-# the project's already, less typer, which the oracle never imports).
+# the project's already, less typer, which the oracle never imports). The two oracles without byte-compiling (transformers:
+# 14 -> 2 s): only the test process imports a few of their modules, where pip's .pyc of torch and the rest are read by
+# every service process (this environment sets PYTHONDONTWRITEBYTECODE, so a process never writes one).
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps bigvgan==2.4.1
-	$(BIN)/pip install -q --no-deps cosyvoice2-eu==0.2.8 conformer==0.3.2
-	$(BIN)/pip install -q --no-deps transformers==5.18.0
+	$(BIN)/pip install -q --no-deps --no-compile cosyvoice2-eu==0.2.8 conformer==0.3.2
+	$(BIN)/pip install -q --no-deps --no-compile transformers==5.18.0
 	touch $(STAMP)
 
 protos: $(STAMP)

@@ -130,16 +130,23 @@ def test_causal_unfold_keeps_each_rows_last_frames(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_euler_step_is_the_pytorch_form(dtype):
+@pytest.mark.parametrize("per_row", [False, True])
+def test_euler_step_is_the_pytorch_form(dtype, per_row):
+    """One step size for every row, or each row's own (rows at different steps of a solve: flow.py's solve_step)."""
     gen = torch.Generator(DEVICE).manual_seed(3)
     B, T, Cin, C = 3, 29, 40, 10
     inputs = torch.randn(2 * B, T, Cin, generator=gen, device=DEVICE).to(dtype)
     inputs[B:, :, :C] = inputs[:B, :, :C]
     v = torch.randn(2 * B, T, C, generator=gen, device=DEVICE).to(dtype)
     mask = (torch.arange(T, device=DEVICE)[None, :] < torch.tensor([T, 11, 0], device=DEVICE)[:, None]).to(dtype)[..., None]
+    dt = torch.tensor([0.0123, 0.2, 0.05], device=DEVICE) if per_row else 0.0123
     want, got = inputs.clone(), inputs.clone()
-    frame_ops.euler_reference(want, v, mask, 0.0123, 0.7)
-    frame_ops.euler_kernel(got, v, mask, 0.0123, 0.7)
+    frame_ops.euler_reference(want, v, mask, dt, 0.7)
+    frame_ops.euler_kernel(got, v, mask, dt, 0.7)
+    if per_row:                                       # each row by its own step: as if stepped alone
+        alone = inputs[[1, 4]].clone()
+        frame_ops.euler_reference(alone, v[[1, 4]], mask[1:2], 0.2, 0.7)
+        torch.testing.assert_close(got[[1, 4]].float(), alone.float(), **tolerance(dtype))
     torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
     torch.testing.assert_close(got[B:, :, :C], got[:B, :, :C], atol=0, rtol=0)   # both halves
     torch.testing.assert_close(got[:, :, C:], inputs[:, :, C:], atol=0, rtol=0)  # the conditions untouched

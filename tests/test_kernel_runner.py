@@ -45,8 +45,8 @@ def engine_for(model, cfg=CFG, **kw) -> LLMEngine:
     return LLMEngine(model, tiny_tokenizer(tiny_config()), EngineConfig(**{**defaults, **kw}))
 
 
-def conversation(engine: LLMEngine, turns: list[list[str]], sessions: Sessions | None = None, new_tokens: int = 24
-                 ) -> list[list[tuple[list[int], list[int]]]]:
+def conversation(engine: LLMEngine, turns: list[list[str]], sessions: Sessions | None = None, new_tokens: int = 24,
+                 system_prompt: str = "") -> list[list[tuple[list[int], list[int]]]]:
     """Several sessions, each a list of user turns, run turn by turn with all sessions' turns batched
     together, each with its session's history; → per session, per turn, the generated (text ids, audio ids)."""
     sessions = sessions if sessions is not None else Sessions()
@@ -58,7 +58,8 @@ def conversation(engine: LLMEngine, turns: list[list[str]], sessions: Sessions |
             if t < len(session):
                 sampling = greedy if i % 2 == 0 else sampled
                 seqs.append((i, sessions.add(engine, sessions.request(f"{i}.{t}", sampling, f"s{i}", text=session[t],
-                                                                      audio_reply=(i + t) % 3 != 2))))
+                                                                      audio_reply=(i + t) % 3 != 2,
+                                                                      system_prompt=system_prompt))))
         sessions.run(engine)
         for i, seq in seqs:
             out[i].append((seq.text_ids[seq.num_prompt :], seq.audio_ids[seq.num_prompt :]))
@@ -89,11 +90,12 @@ def test_kernel_runner_matches_the_reference_over_sessions(kernels):
     """Greedy and seeded requests, chunked prefill (40 positions a step), sessions of several turns,
     text and audio replies: the same tokens as the reference runner, and the blocks come back."""
     model = random_model(CFG, seed=5)
-    # the interpreter is slow: one session of two turns, 4 tokens a reply (CUDA: all of them, below)
-    turns, new_tokens = (TURNS, 24) if kernels == "torch" else (TURNS[:1], 4)
-    ref = conversation(engine_for(model, runner="reference"), turns, new_tokens=new_tokens)
+    # the interpreter is slow (a program at a time): one session of two turns, 4 tokens a reply, a short system turn
+    # (the default's ~100 positions were most of its work; CUDA: every session, below)
+    turns, new_tokens, system = (TURNS, 24, "") if kernels == "torch" else (TURNS[:1], 4, "Be brief.")
+    ref = conversation(engine_for(model, runner="reference"), turns, new_tokens=new_tokens, system_prompt=system)
     engine, sessions = engine_for(model, runner="kernels", kernels=kernels), Sessions()
-    assert conversation(engine, turns, sessions, new_tokens) == ref
+    assert conversation(engine, turns, sessions, new_tokens, system) == ref
     sessions.release_all(engine)
     assert engine.block_manager.num_used == 0
 

@@ -318,6 +318,19 @@ class FlowTokenDecoder:
         graph = self.use_graphs and T is not None and N is not None and len(rows) <= BATCH_BUCKETS[-1]
         T, N = (T, N) if graph else (longest, most)
         B = smallest(BATCH_BUCKETS, len(rows)) if graph else len(rows)
+        batch = self.history_batch(rows, B, T, N)
+        if graph:
+            cuda_graph, static, mel = self._graph(B, T, True, N)
+            copy_into(static, batch)
+            cuda_graph.replay()
+        else:
+            mel = self.flow(batch, streaming=True, prefix=self.history)
+        return [mel[row, :, skip : b - a].float().clone() for row, (a, b, skip) in enumerate(spans)]
+
+    def history_batch(self, rows: list[tuple[FlowState, Plan]], B: int, T: int, N: int) -> FlowBatch:
+        """History rows padded to [B, T] tokens, N solved frames each, with their places in the history, on the
+        device."""
+        spans = [self._solved(s, p) for s, p in rows]
         batch = self._batch(rows, B, T, prefixed=True)
         index = torch.zeros(B, N, dtype=torch.long)
         frames = torch.zeros(B, dtype=torch.long)
@@ -331,13 +344,7 @@ class FlowTokenDecoder:
         to = dict(device=self.device)
         batch.solve_index, batch.solve_frames = index.to(**to), frames.to(**to)
         batch.history = HistoryRows(slot.to(**to), count.to(**to), at.to(**to), bank.to(**to), keep_bank.to(**to))
-        if graph:
-            cuda_graph, static, mel = self._graph(B, T, True, N)
-            copy_into(static, batch)
-            cuda_graph.replay()
-        else:
-            mel = self.flow(batch, streaming=True, prefix=self.history)
-        return [mel[row, :, skip : b - a].float().clone() for row, (a, b, skip) in enumerate(spans)]
+        return batch
 
     def _solved(self, state: FlowState, plan: Plan) -> tuple[int, int, int]:
         """A history row's solved frames [a, b) in its window's frames, and how many of them are the prompt's

@@ -41,6 +41,12 @@ def flow_times(steps: int, dtype: torch.dtype, device: torch.device) -> torch.Te
 
 
 @functools.lru_cache(maxsize=None)
+def step_sizes(steps: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[steps] float32: euler_times' dt on the device (solve_step's: each row's own)."""
+    return torch.tensor([dt for _, dt in euler_times(steps, dtype)], dtype=torch.float32, device=device)
+
+
+@functools.lru_cache(maxsize=None)
 def euler_times(steps: int, dtype: torch.dtype) -> tuple[tuple[float, float], ...]:
     """Each Euler step's (t, dt), as the reference's solver reaches them: its tensor arithmetic in `dtype`
     (t accumulates dt, dt is the next scheduled time minus t). Numbers known before any call: no kernels."""
@@ -70,19 +76,7 @@ class ConditionalCFM(nn.Module):
         """mu, cond [B, T, 80]; mask [B, T, 1]; spks [B, 80]; noise_index [B, T]: the noise table's column for each
         frame (None: frame i takes column i, as the reference's) → mel [B, T, 80]. prefix: prefix.py's, told
         the Euler step before each estimator call."""
-        B, T, C = mu.shape
-        if noise_index is None:
-            if T > self.noise.shape[-1]:
-                raise ValueError(f"flow: {T} mel frames exceed the noise table's {self.noise.shape[-1]}")
-            noise_index = torch.arange(T, device=mu.device).expand(B, -1)
-        x = self.noise[0].t()[noise_index.clamp(max=self.noise.shape[-1] - 1)].to(mu.dtype)   # [B, T, 80]
-        # The estimator's input for the CFG pair, [2B, T, 4·80]: x | mu | speaker | cond, the unconditioned rows'
-        # conditions zero. Only x changes between steps: euler_step writes it into both halves in place.
-        zeros = torch.zeros_like
-        inputs = torch.cat([torch.cat([x, x]), torch.cat([mu, zeros(mu)]),
-                            torch.cat([spks, zeros(spks)])[:, None, :].expand(-1, T, -1), torch.cat([cond, zeros(cond)])],
-                           dim=-1)
-        lengths = mask[:, :, 0].sum(1).to(torch.int32).repeat(2)
+        inputs, lengths = self.start(mu, mask, spks, cond, noise_index)
         times = euler_times(self.n_timesteps, mu.dtype)
         terms = self.estimator.time_terms(flow_times(self.n_timesteps, mu.dtype, mu.device))   # [S, R, C]
         for step, (_, dt) in enumerate(times):
@@ -90,7 +84,38 @@ class ConditionalCFM(nn.Module):
                 prefix.step = step
             v = self.estimator(inputs, lengths, terms[step : step + 1], streaming, prefix)
             euler_step(inputs, v, mask, dt, self.cfg_rate)
-        return inputs[:B, :, :C]
+        return inputs[: mu.shape[0], :, : mu.shape[2]]
+
+    def start(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
+              noise_index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward's arguments → (the estimator's input for the CFG pair [2B, T, 4·80]: x | mu | speaker | cond, the
+        unconditioned rows' conditions zero, x the rows' noise; each row's valid frames [2B] int32). Only x changes
+        between steps: euler_step writes it into both halves in place."""
+        B, T, _ = mu.shape
+        if noise_index is None:
+            if T > self.noise.shape[-1]:
+                raise ValueError(f"flow: {T} mel frames exceed the noise table's {self.noise.shape[-1]}")
+            noise_index = torch.arange(T, device=mu.device).expand(B, -1)
+        x = self.noise[0].t()[noise_index.clamp(max=self.noise.shape[-1] - 1)].to(mu.dtype)   # [B, T, 80]
+        zeros = torch.zeros_like
+        inputs = torch.cat([torch.cat([x, x]), torch.cat([mu, zeros(mu)]),
+                            torch.cat([spks, zeros(spks)])[:, None, :].expand(-1, T, -1), torch.cat([cond, zeros(cond)])],
+                           dim=-1)
+        return inputs, mask[:, :, 0].sum(1).to(torch.int32).repeat(2)
+
+    def solve_step(self, inputs: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, steps: torch.Tensor,
+                   streaming: bool, prefix=None) -> None:
+        """One Euler step of B rows, each at its own step: the solve of rows that joined it at different times (as
+        an LLM engine batches requests at different positions). inputs [2B, T, 4·80] and lengths [2B] (start's),
+        mask [B, T, 1], steps [B] long (0 … n_timesteps - 1: each row's time term, step size, and the prefix's and
+        history's keys of that step) → inputs advanced in place. A row's steps one after another, in batches with
+        any other rows, give what forward gives it (tests/test_codec_solve.py)."""
+        terms = self.estimator.time_terms(flow_times(self.n_timesteps, inputs.dtype, inputs.device))  # [S, R, C]
+        both = torch.cat([steps, steps])                                                        # [2B]: the CFG pair
+        if prefix is not None:
+            prefix.step = both
+        v = self.estimator(inputs, lengths, terms[both], streaming, prefix)
+        euler_step(inputs, v, mask, step_sizes(self.n_timesteps, inputs.dtype, inputs.device)[steps], self.cfg_rate)
 
 
 @dataclass
@@ -136,6 +161,12 @@ class CausalMaskedDiffWithXvec(nn.Module):
         prefix (streaming): a PromptPrefix (prefix.py) whose frames every row's prompt begins with: they are not
         solved again, and the mel starts after them ([B, 80, T·ratio - prefix.frames]); or its Recorder; or, with
         batch.history, a StreamHistory (history.py): the mel is the solved frames' ([B, 80, N])."""
+        mu, mask, spks, cond, noise_index, view = self.prepare(batch, streaming, prefix)
+        return self.decoder(mu, mask, spks, cond, streaming, noise_index, view).transpose(1, 2)
+
+    def prepare(self, batch: FlowBatch, streaming: bool = True, prefix=None) -> tuple:
+        """The solver's arguments for a batch: (mu, mask, spks, cond, noise_index, what the estimator reads of the
+        prefix or history: prefix.py's and history.py's views), for the frames after the prefix, or the solved ones."""
         ratio = self.cfg.token_mel_ratio
         spks = self.spk_embed_affine_layer(F.normalize(batch.embedding, dim=1))
         T = batch.tokens.shape[1]
@@ -165,4 +196,4 @@ class CausalMaskedDiffWithXvec(nn.Module):
         elif prefix is not None:
             view, n = prefix.view(batch.voice_index), prefix.frames
             h, mask, cond, noise_index = h[:, n:], mask[:, n:], cond[:, n:], noise_index[:, n:]
-        return self.decoder(h, mask, spks, cond, streaming, noise_index, view).transpose(1, 2)
+        return h, mask, spks, cond, noise_index, view

@@ -147,13 +147,15 @@ def unfold_kernel(x, k, left=None):
 
 
 # ---- euler_step --------------------------------------------------------------------------------------------
-def euler_step(inputs: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, dt: float, cfg_rate: float) -> None:
+def euler_step(inputs: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, dt: float | torch.Tensor,
+               cfg_rate: float) -> None:
     """One guided Euler step of the flow's solver, in place.
 
     inputs [2B, T, Cin]: the estimator's input, its first C channels the state x of the B rows (twice: the
     conditioned rows, then the same x for the unconditioned ones); v [2B, T, C]: the estimator's velocity;
     mask [B, T, 1]: the rows' valid frames (the velocity is zero past them, as the reference's estimator masks
-    its output). x ← x + dt·((1 + r)·v_cond - r·v_free), into both halves."""
+    its output); dt: the step, or each row's [B] (rows at different steps: flow.py's solve_step).
+    x ← x + dt·((1 + r)·v_cond - r·v_free), into both halves."""
     if on_gpu(inputs):
         return euler_kernel(inputs, v, mask, dt, cfg_rate)
     return euler_reference(inputs, v, mask, dt, cfg_rate)
@@ -163,6 +165,8 @@ def euler_reference(inputs, v, mask, dt, cfg_rate):
     B, C = mask.shape[0], v.shape[-1]
     x = inputs[:B, :, :C]
     v_cond, v_free = v[:B] * mask, v[B:] * mask
+    if isinstance(dt, torch.Tensor):
+        dt = dt.to(x.dtype)[:, None, None]
     x = x + dt * ((1.0 + cfg_rate) * v_cond - cfg_rate * v_free)
     inputs[:B, :, :C] = x
     inputs[B:, :, :C] = x
@@ -171,9 +175,11 @@ def euler_reference(inputs, v, mask, dt, cfg_rate):
 def euler_kernel(inputs, v, mask, dt, cfg_rate):
     B, T, _ = mask.shape
     C = v.shape[-1]
+    per_row = isinstance(dt, torch.Tensor)
     grid = (triton.cdiv(T, ROWS_PER_PROGRAM), B)
-    _euler_step[grid](inputs, v, mask, B, T, C, *inputs.stride()[:2], *v.stride()[:2], *mask.stride()[:2],
-                      float(dt), float(cfg_rate), BLOCK_T=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C))
+    _euler_step[grid](inputs, v, mask, dt if per_row else mask, B, T, C, *inputs.stride()[:2], *v.stride()[:2],
+                      *mask.stride()[:2], 0.0 if per_row else float(dt), float(cfg_rate), DT_PER_ROW=per_row,
+                      BLOCK_T=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C))
 
 
 if triton is not None:
@@ -262,9 +268,11 @@ if triton is not None:
                      mask=t_ok[:, None] & col_ok[None, :])
 
     @triton.jit
-    def _euler_step(IN, V, MASK, B, T, C, si_b, si_t, sv_b, sv_t, sm_b, sm_t, dt, cfg_rate,
-                    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _euler_step(IN, V, MASK, DT, B, T, C, si_b, si_t, sv_b, sv_t, sm_b, sm_t, dt, cfg_rate,
+                    DT_PER_ROW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
         b = tl.program_id(1)
+        if DT_PER_ROW:
+            dt = tl.load(DT + b).to(tl.float32)
         offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         offs_c = tl.arange(0, BLOCK_C)
         ok = (offs_t < T)[:, None] & (offs_c < C)[None, :]

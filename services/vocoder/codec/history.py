@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from services.vocoder.codec.estimator import Attention
-from services.vocoder.codec.prefix import PromptPrefix
+from services.vocoder.codec.prefix import PromptPrefix, at_step
 
 DEFAULT_RING_FRAMES = 40
 
@@ -56,14 +56,14 @@ class StreamHistory:
         if streams < 1 or ring < 1:
             raise ValueError(f"stream history: streams ({streams}) and ring ({ring}) must be >= 1")
         self.prefix, self.streams, self.ring = prefix, streams, ring
-        p = prefix.keys[0][0]
+        p = prefix.keys[0]
         steps, rows, voices = prefix.steps, 2 * (streams + 1), len(prefix.voices)
         attn = estimator.slots(Attention)[0]
         heads, d = attn.heads, attn.to_q.out_features // attn.heads
         shape = (len(prefix.keys), steps, rows, heads, ring, d)
         self.keys, self.values = p.new_zeros(shape), p.new_zeros(shape)
-        self.lefts = [torch.cat([torch.stack(per_step), p.new_zeros(steps, 2 * rows, *per_step[0].shape[1:])], 1)
-                      for per_step in prefix.lefts]
+        self.lefts = [torch.cat([stacked, p.new_zeros(steps, 2 * rows, *stacked.shape[2:])], 1)
+                      for stacked in prefix.lefts]
         self.voice_rows = 2 * voices
         self.scratch = streams
         self.free = list(range(streams - 1, -1, -1))
@@ -144,7 +144,8 @@ class StreamHistory:
 
 
 class HistoryView:
-    """The estimator's side of a call: its rows' prefix, kept frames and lefts, at the solver's Euler step."""
+    """The estimator's side of a call: its rows' prefix, kept frames and lefts, at the solver's Euler step (`step`: an
+    int, or each row's own, [B] long: prefix.at_step)."""
 
     def __init__(self, history: StreamHistory, voice_index: torch.Tensor, rows: HistoryRows, lengths: torch.Tensor):
         self.history, self.step = history, 0
@@ -161,14 +162,18 @@ class HistoryView:
 
     def kv(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> dict:
         """What an attention reads before the rows' own keys: the voice prefix's, then the stream's kept ones."""
-        h, prefix = self.history, self.history.prefix
-        return dict(prefix=(prefix.keys[slot][self.step], prefix.values[slot][self.step], self.voice_rows),
-                    history=(h.keys[slot, self.step], h.values[slot, self.step], self.slots, self.count))
+        h, prefix, step = self.history, self.history.prefix, self.step
+        keys, voice_rows = at_step(prefix.keys[slot], self.voice_rows, step)
+        ring_keys, slots = at_step(h.keys[slot], self.slots, step)
+        return dict(prefix=(keys, at_step(prefix.values[slot], self.voice_rows, step)[0], voice_rows),
+                    history=(ring_keys, at_step(h.values[slot], self.slots, step)[0], slots, self.count))
 
     def keep(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple:
         """The rows' new keys and values into their rings, once the attention has read them (frame_norm's keep)."""
         h = self.history
-        return k, v, h.keys[slot, self.step], h.values[slot, self.step], self.slots, self.at, self.lengths
+        ring_keys, slots = at_step(h.keys[slot], self.slots, self.step)
+        return k, v, ring_keys, at_step(h.values[slot], self.slots, self.step)[0], slots, self.at, self.lengths
 
     def left(self, slot: int, x: torch.Tensor, frames: int) -> tuple:
-        return self.history.lefts[slot][self.step], self.reads, self.keeps, self.lengths
+        lefts, reads = at_step(self.history.lefts[slot], self.reads, self.step)
+        return lefts, reads, at_step(self.history.lefts[slot], self.keeps, self.step)[1], self.lengths

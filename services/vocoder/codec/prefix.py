@@ -53,14 +53,14 @@ class PromptPrefix:
         p = next(flow.parameters())
         steps, rows = flow.decoder.n_timesteps, 2 * len(voices)       # rows: voice i's CFG pair at 2i, 2i + 1
         self.steps = steps
-        # keys[slot][step], values[slot][step]: [rows, heads, frames, head_dim]
+        # keys[slot], values[slot]: [steps, rows, heads, frames, head_dim]
         self.keys, self.values = [], []
         for attn in estimator.slots(Attention):
-            shape = (rows, attn.heads, self.frames, attn.to_q.out_features // attn.heads)
-            self.keys.append([p.new_zeros(shape) for _ in range(steps)])
-            self.values.append([p.new_zeros(shape) for _ in range(steps)])
-        # lefts[slot][step]: [rows, kernel - 1, in channels]
-        self.lefts = [[p.new_zeros(rows, conv.kernel_size[0] - 1, conv.in_channels) for _ in range(steps)]
+            shape = (steps, rows, attn.heads, self.frames, attn.to_q.out_features // attn.heads)
+            self.keys.append(p.new_zeros(shape))
+            self.values.append(p.new_zeros(shape))
+        # lefts[slot]: [steps, rows, kernel - 1, in channels]
+        self.lefts = [p.new_zeros(steps, rows, conv.kernel_size[0] - 1, conv.in_channels)
                       for conv in estimator.slots(CausalConv1d)]
         if self.frames:
             for i, voice in enumerate(voices):
@@ -92,8 +92,18 @@ class PromptPrefix:
         return PrefixView(self, torch.cat([2 * voice_index, 2 * voice_index + 1]))
 
 
+def at_step(stacked: torch.Tensor, rows: torch.Tensor, step) -> tuple[torch.Tensor, torch.Tensor]:
+    """stacked [steps, R, ...] (what is kept at each Euler step), rows [B] (each row's place among the R) and the
+    step: one for every row (an int: [R, ...] and rows) or each row's own ([B] long: [steps·R, ...] and each row's
+    place there, step·R + row; a solve whose rows are at different steps, flow.py's solve_step)."""
+    if isinstance(step, int):
+        return stacked[step], rows
+    return stacked.flatten(0, 1), step * stacked.shape[1] + rows
+
+
 class PrefixView:
-    """The prefix as a call's estimator reads it: row r's is its voice's, at the Euler step the solver is at."""
+    """The prefix as a call's estimator reads it: row r's is its voice's, at the Euler step the solver is at (`step`:
+    an int, or each row's own, [B] long)."""
 
     def __init__(self, cache: PromptPrefix, rows: torch.Tensor):
         self.cache, self.rows, self.step = cache, rows, 0
@@ -101,7 +111,8 @@ class PrefixView:
     def kv(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> dict:
         """What an attention reads before the call's keys and values (chunk_attention's arguments): the prefix's
         [R, heads, frames, d] at this step, and each row's place in them [B]."""
-        return dict(prefix=(self.cache.keys[slot][self.step], self.cache.values[slot][self.step], self.rows))
+        keys, rows = at_step(self.cache.keys[slot], self.rows, self.step)
+        return dict(prefix=(keys, at_step(self.cache.values[slot], self.rows, self.step)[0], rows))
 
     def keep(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Nothing of a call's own frames is kept (history.py keeps them)."""
@@ -109,7 +120,7 @@ class PrefixView:
     def left(self, slot: int, x: torch.Tensor, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
         """What a convolution reads before its input's first frame: the prefix's last frames [R, frames, C] at this
         step, and each row's place in them [B] (frame_ops.causal_unfold)."""
-        return self.cache.lefts[slot][self.step], self.rows
+        return at_step(self.cache.lefts[slot], self.rows, self.step)
 
 
 class Recorder:

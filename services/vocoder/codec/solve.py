@@ -1,0 +1,147 @@
+"""The flow's solve batched at the Euler step: rows join and leave a running solve, as requests join and leave an LLM
+engine's batch at the token.
+
+A flow call runs its rows through all 10 Euler steps together, so a stream's first block that comes in while a call
+runs waits for that call to end, then for its own (at 128 streams on an H100: ~60 ms, then ~90 ms of a big call;
+docs/codec.md). Here the solve is a table of rows in flight, each at its own step, and a `tick` is one estimator pass
+over all of them (flow.py's solve_step: each row's time term, step size, and the prefix's and history's keys of its
+step). A row admitted between two ticks takes part in the next one and leaves after its 10th, with the mel a whole
+call would have given it (tests/test_codec_solve.py); the rows of playing streams, due later, keep the ticks full.
+
+Rows are stream-history rows (history.py): a stream's new frames, read against its ring. A stream has at most one row
+in flight: its next window reads, at each step, the frames this one writes at that step.
+
+Table (capacity C rows, one more for padding): inputs [2·(C + 1), N, 4·80] (a row's CFG pair at r and C + 1 + r),
+mask [C + 1, N, 1], lengths [2·(C + 1)], each row's voice, history places (history.HistoryRows), solved frames and
+step; N: the most frames a history row solves (the decoder's solve_cap). On CUDA a tick is a CUDA graph per batch
+bucket (decoder.BATCH_BUCKETS): the rows' places go into its index buffer, padding places point at the table's last
+row, whose history slot is the scratch one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from services.vocoder.codec.decoder import BATCH_BUCKETS
+from services.vocoder.codec.history import HistoryRows
+from services.vocoder.runner import smallest
+
+
+@dataclass
+class Solving:
+    """A row in flight: the caller's tag, its place in the table, its step, and which of its frames it returns
+    (a stream's first call also solves the prompt's frames after the prefix: `skip` of them)."""
+
+    tag: object
+    place: int
+    frames: int
+    skip: int
+    step: int = 0
+
+
+class FlowSolve:
+    def __init__(self, decoder, capacity: int):
+        """decoder: a FlowTokenDecoder with a stream history (its flow, prefix, history and plans)."""
+        if decoder.history is None:
+            raise ValueError("flow solve: the decoder keeps no stream history (set_voices with history streams)")
+        if capacity < 1:
+            raise ValueError(f"flow solve: capacity must be >= 1, got {capacity}")
+        self.decoder, self.capacity = decoder, capacity
+        self.solver = decoder.flow.decoder
+        self.steps = self.solver.n_timesteps
+        self.N = max(decoder.solve_buckets)
+        rows, dev = capacity + 1, decoder.device
+        channels = self.solver.estimator.cfg.in_channels
+        self.inputs = torch.zeros(2 * rows, self.N, channels, dtype=decoder.dtype, device=dev)
+        self.mask = torch.zeros(rows, self.N, 1, dtype=decoder.dtype, device=dev)
+        self.lengths = torch.zeros(2 * rows, dtype=torch.int32, device=dev)
+        self.voice = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.solved = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.step = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.places = HistoryRows(*(torch.zeros(rows, dtype=torch.long, device=dev) for _ in range(5)))
+        self.scratch = capacity                    # the padding place: the history's scratch slot, no frames
+        self.places.slot[self.scratch], self.places.bank[self.scratch] = decoder.history.scratch, -1
+        self.free = list(range(capacity - 1, -1, -1))
+        self.flight: list[Solving] = []
+        self.use_graphs = decoder.use_graphs
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+
+    @property
+    def room(self) -> int:
+        return len(self.free)
+
+    @torch.inference_mode()
+    def admit(self, rows: list, tags: list) -> None:
+        """History rows [(FlowState, Plan)] (the decoder's capped plans, states assigned a slot) join the solve at
+        the next tick; each comes back from tick() with its tag once solved."""
+        if len(rows) > self.room:
+            raise ValueError(f"flow solve: {len(rows)} rows admitted, room for {self.room}")
+        d = self.decoder
+        spans = [d._solved(s, p) for s, p in rows]
+        T = max(len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows)
+        batch = d.history_batch(rows, len(rows), T, self.N)
+        mu, mask, spks, cond, noise_index, _ = d.flow.prepare(batch, True, d.history)
+        inputs, lengths = self.solver.start(mu, mask, spks, cond, noise_index)
+        rows_in_table = self.capacity + 1
+        places = [self.free.pop() for _ in rows]
+        at = torch.tensor(places, device=self.inputs.device)
+        both = torch.cat([at, at + rows_in_table])
+        self.inputs[both], self.lengths[both], self.mask[at] = inputs, lengths, mask
+        self.voice[at], self.solved[at], self.step[at] = batch.voice_index, batch.solve_frames, 0
+        for field in dataclasses.fields(HistoryRows):
+            getattr(self.places, field.name)[at] = getattr(batch.history, field.name)
+        for tag, place, (a, b, skip) in zip(tags, places, spans):
+            self.flight.append(Solving(tag, place, b - a, skip))
+
+    @torch.inference_mode()
+    def tick(self) -> list[tuple[object, torch.Tensor]]:
+        """One Euler step of every row in flight → the rows it finished: [(tag, mel [80, n] float32)]."""
+        if not self.flight:
+            return []
+        places = [r.place for r in self.flight]
+        bucket = smallest(BATCH_BUCKETS, len(places)) if self.use_graphs else None
+        if bucket is None:
+            self._pass(torch.tensor(places, device=self.inputs.device))
+        else:
+            graph, at = self._graph(bucket)
+            at.copy_(torch.tensor(places + [self.scratch] * (bucket - len(places))))
+            graph.replay()
+        done, flying = [], []
+        for r in self.flight:
+            r.step += 1
+            if r.step < self.steps:
+                flying.append(r)
+                continue
+            mel = self.inputs[r.place, r.skip : r.frames, : self.decoder.cfg.num_mels]    # x: the mel, solved
+            done.append((r.tag, mel.t().float().clone()))
+            self.free.append(r.place)
+        self.flight = flying
+        return done
+
+    def _pass(self, at: torch.Tensor) -> None:
+        """One estimator pass and Euler step of the rows at places `at` [B] (the scratch place for padding)."""
+        both = torch.cat([at, at + self.capacity + 1])
+        part = self.inputs[both]
+        places = HistoryRows(*(getattr(self.places, f.name)[at] for f in dataclasses.fields(HistoryRows)))
+        view = self.decoder.history.view(self.voice[at], places, self.solved[at])
+        self.solver.solve_step(part, self.mask[at], self.lengths[both], self.step[at], True, view)
+        self.inputs[both] = part
+        self.step[at] += 1
+        self.step[self.scratch] = 0                  # padding stays at step 0
+
+    def _graph(self, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """The tick of `bucket` rows as a CUDA graph, and its index buffer."""
+        if bucket not in self.graphs:
+            at = torch.full((bucket,), self.scratch, dtype=torch.long, device=self.inputs.device)
+            self._pass(at)                            # warm-up outside capture (cuBLAS and Triton choices)
+            torch.cuda.synchronize(self.inputs.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self._pass(at)
+            self.pool = graph.pool()
+            self.graphs[bucket] = (graph, at)
+        return self.graphs[bucket]

@@ -1,0 +1,140 @@
+"""The flow's solve one Euler step at a time, each row at its own step (flow.py's solve_step): rows that join a solve
+at different steps, in passes with whichever other rows are in flight, get what a whole call gives them, over the
+voice prefix and over a stream history that holds earlier frames (tiny-codec layout, float32, random weights).
+This is what batching the solve at the Euler step rests on (docs/codec.md: the next lever)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from services.vocoder.codec.decoder import FlowTokenDecoder
+from services.vocoder.codec.history import HistoryRows
+
+CPU = torch.device("cpu")
+
+
+def codes(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 1024, n).tolist()
+
+
+def decoder(flow, voices, **options) -> FlowTokenDecoder:
+    d = FlowTokenDecoder(flow, CPU, prefix_min_rows=1, **options)
+    d.set_voices(voices)
+    return d
+
+
+def staggered(flow, batch, cache, view_of, starts: list[int]) -> torch.Tensor:
+    """Solve batch's rows one Euler step a pass, row i from pass starts[i] on, each pass over the rows then in flight
+    only (gathered, then scattered back; view_of(idx): what those rows read of the cache, the prefix or history)
+    → x [B, frames, 80]."""
+    solver = flow.decoder
+    mu, mask, spks, cond, noise_index, _ = flow.prepare(batch, True, cache)
+    inputs, lengths = solver.start(mu, mask, spks, cond, noise_index)
+    B, S = mu.shape[0], solver.n_timesteps
+    for tick in range(max(starts) + S):
+        rows = [i for i in range(B) if starts[i] <= tick < starts[i] + S]
+        if not rows:
+            continue
+        idx = torch.tensor(rows)
+        both = torch.cat([idx, idx + B])
+        part = inputs[both].clone()
+        steps = torch.tensor([tick - starts[i] for i in rows])
+        solver.solve_step(part, mask[idx], lengths[both], steps, True, view_of(idx))
+        inputs[both] = part
+    return inputs[:B, :, : mu.shape[2]]
+
+
+@pytest.mark.parametrize("starts", [[0, 0, 0], [0, 3, 7], [5, 0, 2]])
+def test_rows_over_the_voice_prefix_joining_at_different_steps_get_the_whole_calls_mel(flow, voices, starts):
+    d = decoder(flow, voices, history_streams=0)
+    rows = []
+    for i, (voice, n) in enumerate(((voices[0], 12), (voices[1], 19), (voices[0], 30))):
+        state = dataclasses.replace(d.start(voice), tokens=tuple(codes(n, seed=i)))
+        rows.append((state, d.plan(state, state.received, False)))
+    T = max(len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows)
+    batch = d._batch(rows, len(rows), T, prefixed=True)
+    with torch.inference_mode():
+        want = flow(batch, streaming=True, prefix=d.prefix)                         # [B, 80, frames]
+        got = staggered(flow, batch, d.prefix, lambda idx: d.prefix.view(batch.voice_index[idx]), starts)
+    assert got.shape == (len(rows), want.shape[2], 80)
+    torch.testing.assert_close(got.transpose(1, 2), want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("starts", [[0, 4, 9], [2, 0, 1]])
+def test_history_rows_joining_at_different_steps_get_the_whole_calls_mel(flow, voices, starts):
+    """Second calls of three streams (their rings and convolution banks hold their first calls' frames): each row
+    reads its own ring and writes its new frames there at the step it is at."""
+    d = decoder(flow, voices, history_streams=4)
+    rows = []
+    for i, voice in enumerate((voices[0], voices[1], voices[0])):
+        tokens = codes(40, seed=10 + i)
+        _, state = d.decode_chunks([(tokens[:12 + i], d.start(voice))])[0]           # its first call: a ring to read
+        state = dataclasses.replace(state, tokens=state.tokens + tuple(tokens[12 + i : 32]))
+        plan = d.plan(state, state.received, False, capped=True)
+        assert state.slot is not None and state.slot >= 0 and state.written > 0 and plan is not None, state
+        rows.append((state, plan))
+    spans = [d._solved(s, p) for s, p in rows]
+    T = max(len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows)
+    batch = d.history_batch(rows, len(rows), T, max(b - a for a, b, _ in spans))
+    rings = [t.clone() for t in (d.history.keys, d.history.values)]
+
+    def view_of(idx):
+        part = HistoryRows(*(getattr(batch.history, f.name)[idx] for f in dataclasses.fields(HistoryRows)))
+        return d.history.view(batch.voice_index[idx], part, batch.solve_frames[idx])
+
+    with torch.inference_mode():
+        want = flow(batch, streaming=True, prefix=d.history)                         # [B, 80, N]
+        kept = [t.clone() for t in (d.history.keys, d.history.values)]
+        d.history.keys.copy_(rings[0])
+        d.history.values.copy_(rings[1])                                              # the rings as before the call
+        got = staggered(flow, batch, d.history, view_of, starts)
+    for row, (a, b, _) in enumerate(spans):
+        torch.testing.assert_close(got[row, : b - a].t(), want[row, :, : b - a], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(d.history.keys, kept[0], atol=2e-5, rtol=1e-5)      # the same frames kept, by step
+    torch.testing.assert_close(d.history.values, kept[1], atol=2e-5, rtol=1e-5)
+
+
+def test_streams_through_a_running_solve_get_what_their_calls_give(flow, voices):
+    """Three streams' chunks (the gateway's 8, 5, 10, 20 tokens) admitted to one solve as they come, a stream's next
+    chunk once its last has left, streams starting ticks apart: each chunk's mel is what decode_chunks gives it."""
+    from services.vocoder.codec.solve import FlowSolve
+
+    schedule, starts = [8 + 3, 5, 10, 20], [0, 3, 7]     # (8 + 3: the tenor's first block is 8 tokens)
+    tokens = [codes(60, seed=20 + i) for i in range(3)]
+    speakers = [voices[0], voices[1], voices[0]]
+    reference = decoder(flow, voices, history_streams=4)
+    want = {}
+    for i, voice in enumerate(speakers):
+        state, at = reference.start(voice), 0
+        for k, n in enumerate(schedule):
+            want[i, k], state = reference.decode_chunks([(tokens[i][at : at + n], state)])[0]
+            at += n
+
+    mine = decoder(flow, voices, history_streams=4)
+    solve = FlowSolve(mine, capacity=3)
+    states = [mine.start(v) for v in speakers]
+    sent, busy, got = [0, 0, 0], [False] * 3, {}
+    for tick in range(200):
+        for i in range(3):
+            k = sent[i]
+            if tick < starts[i] or busy[i] or k == len(schedule):
+                continue
+            at = sum(schedule[:k])
+            state = dataclasses.replace(states[i], tokens=states[i].tokens + tuple(tokens[i][at : at + schedule[k]]))
+            state = mine._assign(state)
+            plan = mine.plan(state, state.received, False, capped=True)
+            assert state.slot >= 0 and plan is not None
+            solve.admit([(state, plan)], [(i, k)])
+            states[i], sent[i], busy[i] = mine._advance(state, plan), k + 1, True
+        for (i, k), mel in solve.tick():
+            got[i, k], busy[i] = mel, False
+        if len(got) == len(want):
+            break
+    assert set(got) == set(want)
+    for key in want:
+        assert got[key].shape == want[key].shape and want[key].shape[1] > 0, key
+        torch.testing.assert_close(got[key], want[key], atol=2e-5, rtol=1e-5)
