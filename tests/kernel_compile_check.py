@@ -112,8 +112,11 @@ KERNELS = {
     "codec: HiFT's snake": (snake._snake, *signature(
         snake._snake, {"X": BF16, "ALPHA": BF16, "OUT": BF16}, (), dict(BLOCK_T=snake.BLOCK_T)), 4),
     "codec: guided Euler step": (frame_ops._euler_step, *signature(
-        frame_ops._euler_step, {"IN": BF16, "V": BF16, "MASK": BF16}, ("dt", "cfg_rate"),
-        dict(BLOCK_T=16, BLOCK_C=128)), 4),
+        frame_ops._euler_step, {"IN": BF16, "V": BF16, "MASK": BF16, "DT": BF16}, ("dt", "cfg_rate"),
+        dict(DT_PER_ROW=False, BLOCK_T=16, BLOCK_C=128)), 4),
+    "codec: guided Euler step, a step size per row": (frame_ops._euler_step, *signature(
+        frame_ops._euler_step, {"IN": BF16, "V": BF16, "MASK": BF16, "DT": "*fp32"}, ("dt", "cfg_rate"),
+        dict(DT_PER_ROW=True, BLOCK_T=16, BLOCK_C=128)), 4),
     "encoder: causal attention over the slot pool": (encoder_attention._causal_pool_attention, *signature(
         encoder_attention._causal_pool_attention, {"Q": BF16, "K": BF16, "V": BF16, "OUT": BF16, "BLOCKS": "*i32",
                                                    "META": "*i32"}, ("scale",),

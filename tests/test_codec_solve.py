@@ -98,43 +98,84 @@ def test_history_rows_joining_at_different_steps_get_the_whole_calls_mel(flow, v
     torch.testing.assert_close(d.history.values, kept[1], atol=2e-5, rtol=1e-5)
 
 
-def test_streams_through_a_running_solve_get_what_their_calls_give(flow, voices):
+@pytest.mark.parametrize("starts", [[0, 3, 7], [0, 4, 4]])
+def test_streams_through_a_running_solve_get_what_their_calls_give(flow, voices, starts):
     """Three streams' chunks (the gateway's 8, 5, 10, 20 tokens) admitted to one solve as they come, a stream's next
-    chunk once its last has left, streams starting ticks apart: each chunk's mel is what decode_chunks gives it."""
-    from services.vocoder.codec.solve import FlowSolve
-
-    schedule, starts = [8 + 3, 5, 10, 20], [0, 3, 7]     # (8 + 3: the tenor's first block is 8 tokens)
-    tokens = [codes(60, seed=20 + i) for i in range(3)]
-    speakers = [voices[0], voices[1], voices[0]]
-    reference = decoder(flow, voices, history_streams=4)
-    want = {}
-    for i, voice in enumerate(speakers):
-        state, at = reference.start(voice), 0
-        for k, n in enumerate(schedule):
-            want[i, k], state = reference.decode_chunks([(tokens[i][at : at + n], state)])[0]
-            at += n
-
-    mine = decoder(flow, voices, history_streams=4)
-    solve = FlowSolve(mine, capacity=3)
-    states = [mine.start(v) for v in speakers]
-    sent, busy, got = [0, 0, 0], [False] * 3, {}
-    for tick in range(200):
-        for i in range(3):
-            k = sent[i]
-            if tick < starts[i] or busy[i] or k == len(schedule):
-                continue
-            at = sum(schedule[:k])
-            state = dataclasses.replace(states[i], tokens=states[i].tokens + tuple(tokens[i][at : at + schedule[k]]))
-            state = mine._assign(state)
-            plan = mine.plan(state, state.received, False, capped=True)
-            assert state.slot >= 0 and plan is not None
-            solve.admit([(state, plan)], [(i, k)])
-            states[i], sent[i], busy[i] = mine._advance(state, plan), k + 1, True
-        for (i, k), mel in solve.tick():
-            got[i, k], busy[i] = mel, False
-        if len(got) == len(want):
-            break
+    chunk once its last has left, a tick's admissions in one batch, streams starting ticks apart: each chunk's mel is
+    what decode_chunks gives it."""
+    want = reference_chunks(flow, voices)
+    got = solved_chunks(decoder(flow, voices, history_streams=4), voices, starts)
     assert set(got) == set(want)
     for key in want:
         assert got[key].shape == want[key].shape and want[key].shape[1] > 0, key
         torch.testing.assert_close(got[key], want[key], atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs: a GPU test")
+def test_a_solve_in_cuda_graphs_is_the_eager_solve(flow, voices):
+    """Ticks and admissions replayed from graphs (rows padded to batch buckets, the padding in the scratch place)
+    give what the same solve gives eagerly, on the GPU in bf16."""
+    from services.vocoder.codec.checkpoint import random_codec
+    from services.vocoder.codec.config import tiny
+
+    results = []
+    for graphs in (False, True):
+        d = FlowTokenDecoder(random_codec(tiny(), 0)[0].eval(), torch.device("cuda"), prefix_min_rows=1,
+                             history_streams=4, graphs=graphs)
+        d.set_voices(voices)
+        results.append(solved_chunks(d, voices, [0, 4, 4]))
+    assert set(results[1]) == set(results[0])
+    for key, mel in results[0].items():
+        got = results[1][key].float()
+        assert got.shape == mel.shape
+        assert float(10 * torch.log10(mel.float().pow(2).sum() / (got - mel.float()).pow(2).sum().clamp(min=1e-30))) > 30
+
+
+SCHEDULE = [8 + 3, 5, 10, 20]     # (8 + 3: the tenor's first block is 8 tokens)
+
+
+def speakers(voices):
+    return [voices[0], voices[1], voices[0]]
+
+
+def reference_chunks(flow, voices) -> dict:
+    """(stream, chunk) → its mel through decode_chunks, each stream alone."""
+    d, want = decoder(flow, voices, history_streams=4), {}
+    for i, voice in enumerate(speakers(voices)):
+        tokens, state, at = codes(60, seed=20 + i), d.start(voice), 0
+        for k, n in enumerate(SCHEDULE):
+            want[i, k], state = d.decode_chunks([(tokens[at : at + n], state)])[0]
+            at += n
+    return want
+
+
+def solved_chunks(d: FlowTokenDecoder, voices, starts: list[int]) -> dict:
+    """(stream, chunk) → its mel through one FlowSolve, stream i's first chunk admitted at tick starts[i]."""
+    from services.vocoder.codec.solve import FlowSolve
+
+    solve = FlowSolve(d, capacity=3)
+    solve.warm_up()
+    states = [d.start(v) for v in speakers(voices)]
+    tokens = [codes(60, seed=20 + i) for i in range(3)]
+    sent, busy, got = [0, 0, 0], [False] * 3, {}
+    for tick in range(200):
+        rows, tags = [], []
+        for i in range(3):
+            k = sent[i]
+            if tick < starts[i] or busy[i] or k == len(SCHEDULE):
+                continue
+            at = sum(SCHEDULE[:k])
+            state = dataclasses.replace(states[i], tokens=states[i].tokens + tuple(tokens[i][at : at + SCHEDULE[k]]))
+            state = d._assign(state)
+            plan = d.plan(state, state.received, False, capped=True)
+            assert state.slot >= 0 and plan is not None
+            rows.append((state, plan))
+            tags.append((i, k))
+            states[i], sent[i], busy[i] = d._advance(state, plan), k + 1, True
+        if rows:
+            solve.admit(rows, tags)
+        for (i, k), mel in solve.tick():
+            got[i, k], busy[i] = mel.cpu(), False
+        if len(got) == 3 * len(SCHEDULE):
+            break
+    return got

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.vocoder.codec.decoder import BATCH_BUCKETS
+from services.vocoder.codec.decoder import BATCH_BUCKETS, copy_into
 from services.vocoder.codec.history import HistoryRows
 from services.vocoder.runner import smallest
 
@@ -67,7 +67,7 @@ class FlowSolve:
         self.free = list(range(capacity - 1, -1, -1))
         self.flight: list[Solving] = []
         self.use_graphs = decoder.use_graphs
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict = {}            # batch bucket → a tick's graph; ("admit", B, T) → an admission's
         self.pool = None
 
     @property
@@ -77,25 +77,68 @@ class FlowSolve:
     @torch.inference_mode()
     def admit(self, rows: list, tags: list) -> None:
         """History rows [(FlowState, Plan)] (the decoder's capped plans, states assigned a slot) join the solve at
-        the next tick; each comes back from tick() with its tag once solved."""
+        the next tick; each comes back from tick() with its tag once solved. Rows admitted together run the encoder
+        in one batch: on CUDA a graph per (batch bucket, token bucket), its padding rows written to the scratch
+        place."""
         if len(rows) > self.room:
             raise ValueError(f"flow solve: {len(rows)} rows admitted, room for {self.room}")
         d = self.decoder
         spans = [d._solved(s, p) for s, p in rows]
-        T = max(len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows)
-        batch = d.history_batch(rows, len(rows), T, self.N)
-        mu, mask, spks, cond, noise_index, _ = d.flow.prepare(batch, True, d.history)
-        inputs, lengths = self.solver.start(mu, mask, spks, cond, noise_index)
-        rows_in_table = self.capacity + 1
+        longest = max(len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows)
+        B, T = smallest(BATCH_BUCKETS, len(rows)), smallest(d.history_token_buckets, longest)
+        graph = self.use_graphs and B is not None and T is not None
+        B, T = (B, T) if graph else (len(rows), longest)
         places = [self.free.pop() for _ in rows]
-        at = torch.tensor(places, device=self.inputs.device)
-        both = torch.cat([at, at + rows_in_table])
-        self.inputs[both], self.lengths[both], self.mask[at] = inputs, lengths, mask
-        self.voice[at], self.solved[at], self.step[at] = batch.voice_index, batch.solve_frames, 0
-        for field in dataclasses.fields(HistoryRows):
-            getattr(self.places, field.name)[at] = getattr(batch.history, field.name)
+        batch = d.history_batch(rows, B, T, self.N)
+        at = places + [self.scratch] * (B - len(rows))
+        if graph:
+            cuda_graph, static, static_at = self._admission_graph(B, T)
+            copy_into(static, batch)
+            static_at.copy_(torch.tensor(at))
+            cuda_graph.replay()
+        else:
+            self._admit(batch, torch.tensor(at, device=self.inputs.device))
         for tag, place, (a, b, skip) in zip(tags, places, spans):
             self.flight.append(Solving(tag, place, b - a, skip))
+
+    def _admit(self, batch, at: torch.Tensor) -> None:
+        """The encoder and the solver's inputs of batch's rows, into the table at places `at` [B] (a padding row's,
+        the scratch place: its own fields, a scratch history slot and no frames, are what it writes there)."""
+        d = self.decoder
+        mu, mask, spks, cond, noise_index, _ = d.flow.prepare(batch, True, d.history)
+        inputs, lengths = self.solver.start(mu, mask, spks, cond, noise_index)
+        both = torch.cat([at, at + self.capacity + 1])
+        self.inputs[both], self.lengths[both], self.mask[at] = inputs, lengths, mask
+        self.voice[at], self.solved[at] = batch.voice_index, batch.solve_frames
+        self.step.index_fill_(0, at, 0)
+        for field in dataclasses.fields(HistoryRows):
+            getattr(self.places, field.name)[at] = getattr(batch.history, field.name)
+
+    def _admission_graph(self, B: int, T: int):
+        """The admission of B rows of T tokens as a CUDA graph → (graph, its static batch, its places buffer)."""
+        key = ("admit", B, T)
+        if key not in self.graphs:
+            static = self.decoder._empty(B, T, self.N)
+            at = torch.full((B,), self.scratch, dtype=torch.long, device=self.inputs.device)
+            self._admit(static, at)                     # warm-up outside capture
+            torch.cuda.synchronize(self.inputs.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self._admit(static, at)
+            self.pool = graph.pool()
+            self.graphs[key] = (graph, static, at)
+        return self.graphs[key]
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Capture every graph a tick or an admission can need (batch buckets up to the capacity; the history's token
+        buckets), before serving."""
+        if not self.use_graphs:
+            return
+        for B in (b for b in BATCH_BUCKETS if b <= (smallest(BATCH_BUCKETS, self.capacity) or BATCH_BUCKETS[-1])):
+            self._graph(B)
+            for T in self.decoder.history_token_buckets:
+                self._admission_graph(B, T)
 
     @torch.inference_mode()
     def tick(self) -> list[tuple[object, torch.Tensor]]:
@@ -131,7 +174,7 @@ class FlowSolve:
         self.solver.solve_step(part, self.mask[at], self.lengths[both], self.step[at], True, view)
         self.inputs[both] = part
         self.step[at] += 1
-        self.step[self.scratch] = 0                  # padding stays at step 0
+        self.step[self.scratch :].zero_()            # padding stays at step 0 (a kernel: no host copy in a graph)
 
     def _graph(self, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """The tick of `bucket` rows as a CUDA graph, and its index buffer."""
