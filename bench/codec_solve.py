@@ -2,6 +2,7 @@
 calls (codec/decoder.py: all rows through all 10 steps together), at the real size on one GPU (issue 20).
 
     python bench/codec_solve.py --streams 16 --json out.json
+    python bench/codec_solve.py --streams 16,24 --admit-every 4
 
 The flow at the real size (random weights, bf16, CUDA graphs, stream history on). N streams play in the steady state
 (chunks of 20 tokens); a new stream's first block (8 tokens) comes in.
@@ -10,7 +11,8 @@ The flow at the real size (random weights, bf16, CUDA graphs, stream history on)
   the mean wait);
 - solve: the N rows are in flight at staggered steps (a stream's next chunk admitted as its last leaves, a tick's
   admissions in one batch); the first block is admitted between two ticks with them and leaves 10 ticks later
-  (reported: that admission, a tick, its latency from the admission's start).
+  (reported: that admission, a tick, its latency from the admission's start). --admit-every k: the playing
+  streams' next chunks join every k ticks (with a first block at once), fewer admissions between ticks.
 Throughput: row-steps per second of each (a call of N rows: 10·N row-steps).
 """
 
@@ -55,6 +57,8 @@ def main():
     p.add_argument("--json")
     p.add_argument("--streams", default="16")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--admit-every", type=int, default=1, help="ticks between admissions of playing streams' chunks "
+                   "(a first block is admitted at once)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--preset", default="moss-speech", choices=list(PRESETS), help="tiny: a dry run on a CPU")
     args = p.parse_args()
@@ -108,12 +112,13 @@ def main():
             if pending and tick % 2 == 0:                # two streams a tick join until all are in flight
                 due += pending[:2]
                 pending = pending[2:]
-            for i in due:
-                rows.append(plan_row(d, states, i, tokens[i][sent[i] : sent[i] + CHUNK]))
-                tags.append(("steady", i))
-                sent[i] += CHUNK
-            due = []
             first = not pending and first_at is None and tick >= 30 and joined < args.reps
+            if first or pending or tick % args.admit_every == 0:   # playing streams' chunks wait a few ticks
+                for i in due:
+                    rows.append(plan_row(d, states, i, tokens[i][sent[i] : sent[i] + CHUNK]))
+                    tags.append(("steady", i))
+                    sent[i] += CHUNK
+                due = []
             if first:
                 first_state = [d.start(voice)]
                 rows.append(plan_row(d, first_state, 0, tokens[n + joined][:8]))

@@ -104,13 +104,15 @@ class ConditionalCFM(nn.Module):
         return inputs, mask[:, :, 0].sum(1).to(torch.int32).repeat(2)
 
     def solve_step(self, inputs: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, steps: torch.Tensor,
-                   streaming: bool, prefix=None) -> None:
+                   streaming: bool, prefix=None, terms: torch.Tensor | None = None) -> None:
         """One Euler step of B rows, each at its own step: the solve of rows that joined it at different times (as
         an LLM engine batches requests at different positions). inputs [2B, T, 4·80] and lengths [2B] (start's),
         mask [B, T, 1], steps [B] long (0 … n_timesteps - 1: each row's time term, step size, and the prefix's and
         history's keys of that step) → inputs advanced in place. A row's steps one after another, in batches with
-        any other rows, give what forward gives it (tests/test_codec_solve.py)."""
-        terms = self.estimator.time_terms(flow_times(self.n_timesteps, inputs.dtype, inputs.device))  # [S, R, C]
+        any other rows, give what forward gives it (tests/test_codec_solve.py). terms: the time terms of every step,
+        [S, R, C] (time_terms; made here if not given: they depend on the weights alone)."""
+        if terms is None:
+            terms = self.estimator.time_terms(flow_times(self.n_timesteps, inputs.dtype, inputs.device))
         both = torch.cat([steps, steps])                                                        # [2B]: the CFG pair
         if prefix is not None:
             prefix.step = both

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from services.vocoder.codec.decoder import BATCH_BUCKETS, copy_into
+from services.vocoder.codec.flow import flow_times
 from services.vocoder.codec.history import HistoryRows
 from services.vocoder.runner import smallest
 
@@ -66,6 +67,8 @@ class FlowSolve:
         self.places.slot[self.scratch], self.places.bank[self.scratch] = decoder.history.scratch, -1
         self.free = list(range(capacity - 1, -1, -1))
         self.flight: list[Solving] = []
+        # every step's time terms [S, R, C], made once: they depend on the weights alone (loaded before a solve)
+        self.terms = self.solver.estimator.time_terms(flow_times(self.steps, decoder.dtype, dev))
         self.use_graphs = decoder.use_graphs
         self.graphs: dict = {}            # batch bucket → a tick's graph; ("admit", B, T) → an admission's
         self.pool = None
@@ -171,7 +174,7 @@ class FlowSolve:
         part = self.inputs[both]
         places = HistoryRows(*(getattr(self.places, f.name)[at] for f in dataclasses.fields(HistoryRows)))
         view = self.decoder.history.view(self.voice[at], places, self.solved[at])
-        self.solver.solve_step(part, self.mask[at], self.lengths[both], self.step[at], True, view)
+        self.solver.solve_step(part, self.mask[at], self.lengths[both], self.step[at], True, view, self.terms)
         self.inputs[both] = part
         self.step[at] += 1
         self.step[self.scratch :].zero_()            # padding stays at step 0 (a kernel: no host copy in a graph)
