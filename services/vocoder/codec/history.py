@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from services.vocoder.codec.estimator import Attention
-from services.vocoder.codec.prefix import PromptPrefix, at_step
+from services.vocoder.codec.prefix import PromptPrefix, StepRows
 
 DEFAULT_RING_FRAMES = 40
 
@@ -143,12 +143,13 @@ class StreamHistory:
         return HistoryView(self, voice_index, rows, lengths)
 
 
-class HistoryView:
+class HistoryView(StepRows):
     """The estimator's side of a call: its rows' prefix, kept frames and lefts, at the solver's Euler step (`step`: an
-    int, or each row's own, [B] long: prefix.at_step)."""
+    int, or each row's own, [B] long: prefix.StepRows)."""
 
     def __init__(self, history: StreamHistory, voice_index: torch.Tensor, rows: HistoryRows, lengths: torch.Tensor):
-        self.history, self.step = history, 0
+        super().__init__()
+        self.history = history
 
         self.voice_rows = history.prefix.view(voice_index).rows     # [2B]: each row's voice in the prefix
         self.slots = torch.cat([2 * rows.slot, 2 * rows.slot + 1])  # its CFG pair's rows in the rings
@@ -162,18 +163,18 @@ class HistoryView:
 
     def kv(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> dict:
         """What an attention reads before the rows' own keys: the voice prefix's, then the stream's kept ones."""
-        h, prefix, step = self.history, self.history.prefix, self.step
-        keys, voice_rows = at_step(prefix.keys[slot], self.voice_rows, step)
-        ring_keys, slots = at_step(h.keys[slot], self.slots, step)
-        return dict(prefix=(keys, at_step(prefix.values[slot], self.voice_rows, step)[0], voice_rows),
-                    history=(ring_keys, at_step(h.values[slot], self.slots, step)[0], slots, self.count))
+        h, prefix = self.history, self.history.prefix
+        keys, voice_rows = self.at_step(prefix.keys[slot], self.voice_rows)
+        ring_keys, slots = self.at_step(h.keys[slot], self.slots)
+        return dict(prefix=(keys, self.at_step(prefix.values[slot], self.voice_rows)[0], voice_rows),
+                    history=(ring_keys, self.at_step(h.values[slot], self.slots)[0], slots, self.count))
 
     def keep(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> tuple:
         """The rows' new keys and values into their rings, once the attention has read them (frame_norm's keep)."""
         h = self.history
-        ring_keys, slots = at_step(h.keys[slot], self.slots, self.step)
-        return k, v, ring_keys, at_step(h.values[slot], self.slots, self.step)[0], slots, self.at, self.lengths
+        ring_keys, slots = self.at_step(h.keys[slot], self.slots)
+        return k, v, ring_keys, self.at_step(h.values[slot], self.slots)[0], slots, self.at, self.lengths
 
     def left(self, slot: int, x: torch.Tensor, frames: int) -> tuple:
-        lefts, reads = at_step(self.history.lefts[slot], self.reads, self.step)
-        return lefts, reads, at_step(self.history.lefts[slot], self.keeps, self.step)[1], self.lengths
+        lefts, reads = self.at_step(self.history.lefts[slot], self.reads)
+        return lefts, reads, self.at_step(self.history.lefts[slot], self.keeps)[1], self.lengths

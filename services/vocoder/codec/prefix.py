@@ -92,27 +92,47 @@ class PromptPrefix:
         return PrefixView(self, torch.cat([2 * voice_index, 2 * voice_index + 1]))
 
 
-def at_step(stacked: torch.Tensor, rows: torch.Tensor, step) -> tuple[torch.Tensor, torch.Tensor]:
-    """stacked [steps, R, ...] (what is kept at each Euler step), rows [B] (each row's place among the R) and the
-    step: one for every row (an int: [R, ...] and rows) or each row's own ([B] long: [steps·R, ...] and each row's
-    place there, step·R + row; a solve whose rows are at different steps, flow.py's solve_step)."""
-    if isinstance(step, int):
-        return stacked[step], rows
-    return stacked.flatten(0, 1), step * stacked.shape[1] + rows
+class StepRows:
+    """What a view of kept tensors (stacked [steps, R, ...] by Euler step) shares: the step the solver is at, one for
+    every row (an int) or each row's own ([B] long: a solve whose rows are at different steps, flow.py's solve_step),
+    and each row's place among the R at it. Per-row places (step·R + row) are made once per step and kind of tensor,
+    not in each of the estimator's 56 attentions and 16 convolutions (~400 small kernels a pass)."""
+
+    def __init__(self):
+        self._step, self._flat = 0, {}
+
+    @property
+    def step(self):
+        return self._step
+
+    @step.setter
+    def step(self, value) -> None:
+        self._step, self._flat = value, {}
+
+    def at_step(self, stacked: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """stacked [steps, R, ...] and rows [B] (each row's place among the R) → what the rows read at their step:
+        ([R, ...], rows) at one step, or ([steps·R, ...], step·R + row) at each row's own."""
+        if isinstance(self._step, int):
+            return stacked[self._step], rows
+        key = (id(rows), stacked.shape[1])
+        if key not in self._flat:
+            self._flat[key] = self._step * stacked.shape[1] + rows
+        return stacked.flatten(0, 1), self._flat[key]
 
 
-class PrefixView:
+class PrefixView(StepRows):
     """The prefix as a call's estimator reads it: row r's is its voice's, at the Euler step the solver is at (`step`:
     an int, or each row's own, [B] long)."""
 
     def __init__(self, cache: PromptPrefix, rows: torch.Tensor):
-        self.cache, self.rows, self.step = cache, rows, 0
+        super().__init__()
+        self.cache, self.rows = cache, rows
 
     def kv(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> dict:
         """What an attention reads before the call's keys and values (chunk_attention's arguments): the prefix's
         [R, heads, frames, d] at this step, and each row's place in them [B]."""
-        keys, rows = at_step(self.cache.keys[slot], self.rows, self.step)
-        return dict(prefix=(keys, at_step(self.cache.values[slot], self.rows, self.step)[0], rows))
+        keys, rows = self.at_step(self.cache.keys[slot], self.rows)
+        return dict(prefix=(keys, self.at_step(self.cache.values[slot], self.rows)[0], rows))
 
     def keep(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Nothing of a call's own frames is kept (history.py keeps them)."""
@@ -120,7 +140,7 @@ class PrefixView:
     def left(self, slot: int, x: torch.Tensor, frames: int) -> tuple[torch.Tensor, torch.Tensor]:
         """What a convolution reads before its input's first frame: the prefix's last frames [R, frames, C] at this
         step, and each row's place in them [B] (frame_ops.causal_unfold)."""
-        return at_step(self.cache.lefts[slot], self.rows, self.step)
+        return self.at_step(self.cache.lefts[slot], self.rows)
 
 
 class Recorder:
