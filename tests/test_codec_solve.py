@@ -179,3 +179,44 @@ def solved_chunks(d: FlowTokenDecoder, voices, starts: list[int]) -> dict:
         if len(got) == 3 * len(SCHEDULE):
             break
     return got
+
+
+def test_a_stream_cancelled_while_its_row_flies_keeps_its_slot_until_the_row_is_out(flow, voices):
+    """A cancel (decoder.release) while the stream's row is in the solve: the slot stays the stream's while the solve
+    writes it, and is free once the row leaves, dropped or solved; its place is free for the next admission."""
+    from services.vocoder.codec.solve import FlowSolve
+
+    d = decoder(flow, voices, history_streams=2)
+    solve = FlowSolve(d, capacity=2)
+
+    def admitted(voice, tag, seed):
+        state = dataclasses.replace(d.start(voice), tokens=tuple(codes(11, seed=seed)))
+        state = d._assign(state)
+        solve.admit([(state, d.plan(state, state.received, False, capped=True))], [tag])
+        return state
+
+    first = admitted(voices[0], "dropped", 5)
+    d.release(first)                                         # cancelled, its row in flight
+    solve.tick()
+    assert d.history.held == 1 and solve.room == 1
+    assert solve.drop("dropped") and not solve.drop("dropped")
+    assert d.history.held == 0 and solve.room == 2 and not solve.flight
+
+    second = admitted(voices[1], "solved", 6)
+    d.release(second)
+    for _ in range(d.flow.decoder.n_timesteps - 1):
+        assert solve.tick() == [] and d.history.held == 1
+    [(tag, mel)] = solve.tick()
+    assert tag == "solved" and mel.shape[1] > 0
+    assert d.history.held == 0 and solve.room == 2
+
+
+def test_only_history_rows_are_admitted(flow, voices):
+    from services.vocoder.codec.solve import FlowSolve
+
+    d = decoder(flow, voices, history_streams=1)
+    state = dataclasses.replace(d.start(voices[0]), tokens=tuple(codes(11, seed=1)))   # no slot assigned yet
+    with pytest.raises(ValueError, match="only stream-history rows"):
+        FlowSolve(d, capacity=1).admit([(state, d.plan(state, state.received, False))], ["x"])
+    with pytest.raises(ValueError, match="keeps no stream history"):
+        FlowSolve(decoder(flow, voices, history_streams=0), capacity=1)

@@ -40,6 +40,7 @@ class Solving:
     place: int
     frames: int
     skip: int
+    stream: int | None = None   # the decoder's stream id: its history slot is busy while the row flies
     step: int = 0
 
 
@@ -85,6 +86,9 @@ class FlowSolve:
         place."""
         if len(rows) > self.room:
             raise ValueError(f"flow solve: {len(rows)} rows admitted, room for {self.room}")
+        if any(state.stream is None or state.slot is None or state.slot < 0 for state, _ in rows):
+            raise ValueError("flow solve: only stream-history rows are solved here (a stream started by the decoder, "
+                             "holding a slot); others are decoded over their window (decode_chunks)")
         d = self.decoder
         spans = [d._solved(s, p) for s, p in rows]
         longest = max(len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows)
@@ -101,8 +105,10 @@ class FlowSolve:
             cuda_graph.replay()
         else:
             self._admit(batch, torch.tensor(at, device=self.inputs.device))
-        for tag, place, (a, b, skip) in zip(tags, places, spans):
-            self.flight.append(Solving(tag, place, b - a, skip))
+        streams = [state.stream for state, _ in rows]
+        d.history.begin(streams)                   # a slot let go meanwhile (a cancel) is freed once its row is out
+        for tag, place, (a, b, skip), stream in zip(tags, places, spans, streams):
+            self.flight.append(Solving(tag, place, b - a, skip, stream))
 
     def _admit(self, batch, at: torch.Tensor) -> None:
         """The encoder and the solver's inputs of batch's rows, into the table at places `at` [B] (a padding row's,
@@ -156,7 +162,7 @@ class FlowSolve:
             graph, at = self._graph(bucket)
             at.copy_(torch.tensor(places + [self.scratch] * (bucket - len(places))))
             graph.replay()
-        done, flying = [], []
+        done, left, flying = [], [], []
         for r in self.flight:
             r.step += 1
             if r.step < self.steps:
@@ -164,9 +170,32 @@ class FlowSolve:
                 continue
             mel = self.inputs[r.place, r.skip : r.frames, : self.decoder.cfg.num_mels]    # x: the mel, solved
             done.append((r.tag, mel.t().float().clone()))
-            self.free.append(r.place)
+            left.append(r)
         self.flight = flying
+        self._leave(left)
         return done
+
+    def drop(self, tag) -> bool:
+        """The row of `tag` leaves the solve unsolved (its stream was cancelled) → whether it was in flight. Its place
+        is free for the next admission; its stream's history slot, if let go, is freed once the device is past it."""
+        row = next((r for r in self.flight if r.tag == tag), None)
+        if row is None:
+            return False
+        self.flight.remove(row)
+        self._leave([row])
+        return True
+
+    def _leave(self, rows: list[Solving]) -> None:
+        """Rows out of the solve: their places free, their streams' slots no longer written by it (history.end, with
+        an event the device's work so far completes with)."""
+        if not rows:
+            return
+        self.free.extend(r.place for r in rows)
+        done = None
+        if self.inputs.is_cuda:
+            done = torch.cuda.Event()
+            done.record()
+        self.decoder.history.end([r.stream for r in rows], done)
 
     def _pass(self, at: torch.Tensor) -> None:
         """One estimator pass and Euler step of the rows at places `at` [B] (the scratch place for padding)."""
