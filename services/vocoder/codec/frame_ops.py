@@ -165,8 +165,8 @@ def euler_reference(inputs, v, mask, dt, cfg_rate):
     B, C = mask.shape[0], v.shape[-1]
     x = inputs[:B, :, :C]
     v_cond, v_free = v[:B] * mask, v[B:] * mask
-    if isinstance(dt, torch.Tensor):
-        dt = dt.to(x.dtype)[:, None, None]
+    if isinstance(dt, torch.Tensor):  # float32, as the kernel reads it: the sum rounds once, into inputs
+        dt = dt.float()[:, None, None]
     x = x + dt * ((1.0 + cfg_rate) * v_cond - cfg_rate * v_free)
     inputs[:B, :, :C] = x
     inputs[B:, :, :C] = x

@@ -95,8 +95,8 @@ class FlowSolve:
         B, T = smallest(BATCH_BUCKETS, len(rows)), smallest(d.history_token_buckets, longest)
         graph = self.use_graphs and B is not None and T is not None
         B, T = (B, T) if graph else (len(rows), longest)
-        places = [self.free.pop() for _ in rows]
         batch = d.history_batch(rows, B, T, self.N)
+        places = [self.free.pop() for _ in rows]     # (after the batch: a row that fails there takes no place)
         at = places + [self.scratch] * (B - len(rows))
         if graph:
             cuda_graph, static, static_at = self._admission_graph(B, T)
