@@ -165,7 +165,7 @@ def plan_row(d: FlowTokenDecoder, states: list, i: int, tokens: list[int]):
     state = dataclasses.replace(states[i], tokens=states[i].tokens + tuple(tokens))
     state = d._assign(state)
     plan = d.plan(state, state.received, False, capped=True)
-    states[i] = d._advance(state, plan)
+    states[i] = d.advance(state, plan)
     return state, plan
 
 

@@ -88,15 +88,18 @@ def test_a_bad_voices_directory_stops_the_vocoder_at_start_naming_the_file(tmp_p
     assert "cannot start" in proc.stderr and "broken.safetensors: not a readable safetensors file" in proc.stderr
 
 
-def test_cancelled_streams_give_their_history_slots_back(tmp_path):
+@pytest.mark.parametrize("solve", ["off", "on"])
+def test_cancelled_streams_give_their_history_slots_back(tmp_path, solve):
     """A vocoder alone on the tiny-codec preset with a voice that has a prompt prefix (its streams keep their solved
     frames), 3 slots for 4 streams: all 3 are held once the streams' first chunks are decoded, and every one comes
-    back, whether its stream ended, was cancelled mid-way, or broke off without an end, as its /metrics shows."""
+    back, whether its stream ended, was cancelled mid-way, or broke off without an end, as its /metrics shows; with
+    flow calls, and with the solve batched at the Euler step (--flow-solve on: the fourth stream is decoded over its
+    window beside it)."""
     from conftest import metric_value, scrape
 
     save_voice(random_voice(tiny().flow, "default", prompt_tokens=10, seed=1), tmp_path)
     stack = Stack(Ports.free(), without=NO_SPEECH, extra_args={"vocoder": ["--preset", "tiny-codec", "--voices-dir", str(tmp_path),
-                                                        "--flow-history-streams", "3"]},
+                                                        "--flow-history-streams", "3", "--flow-solve", solve]},
                   log_dir=tmp_path / "logs")
 
     def held() -> float:
@@ -154,5 +157,7 @@ def test_cancelled_streams_give_their_history_slots_back(tmp_path):
                 break
             asyncio.run(stream(8, True, ready))
         assert held() == 0
+        ticks = metric_value(scrape(stack.ports.metrics["vocoder"]), "vocoder_flow_tick_rows_count")
+        assert (ticks > 0) == (solve == "on"), ticks
     finally:
         stack.stop_all()

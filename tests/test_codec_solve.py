@@ -171,7 +171,7 @@ def solved_chunks(d: FlowTokenDecoder, voices, starts: list[int]) -> dict:
             assert state.slot >= 0 and plan is not None
             rows.append((state, plan))
             tags.append((i, k))
-            states[i], sent[i], busy[i] = d._advance(state, plan), k + 1, True
+            states[i], sent[i], busy[i] = d.advance(state, plan), k + 1, True
         if rows:
             solve.admit(rows, tags)
         for (i, k), mel in solve.tick():

@@ -26,6 +26,14 @@ REQUESTS = Counter("vocoder_requests_total", "Finished Vocode calls, by gRPC sta
 HISTORY_HELD = Gauge("vocoder_flow_history_streams", "Streams holding a slot of the flow's stream history (their "
                      "frames solved once); the streams beyond its slots are decoded over their window, slower")
 HISTORY_SLOTS = Gauge("vocoder_flow_history_slots", "Slots of the flow's stream history (--flow-history-streams)")
+FLOW_TICK = Histogram("vocoder_flow_tick_seconds", "One tick of the flow's solve (--flow-solve on): an Euler step of "
+                      "every row in flight (device time on CUDA)", buckets=LATENCY_BUCKETS)
+FLOW_TICK_ROWS = Histogram("vocoder_flow_tick_rows", "Rows in flight at a tick of the flow's solve",
+                           buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64))
+FLOW_ADMIT = Histogram("vocoder_flow_admit_seconds", "One admission to the flow's solve: the encoder of the rows that "
+                       "join it (device time on CUDA)", buckets=LATENCY_BUCKETS)
+FLOW_ADMIT_ROWS = Histogram("vocoder_flow_admit_rows", "Rows that join the flow's solve in one admission",
+                            buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64))
 
 
 def watch_history(history) -> None:
@@ -50,6 +58,12 @@ def observe_token_decode(seconds: float) -> None:
 
 def observe_generate(seconds: float) -> None:
     GENERATE.observe(seconds)
+
+
+def observe_solve(kind: str, rows: int, seconds: float) -> None:
+    """An admission ("admit") or a tick ("tick") of the flow's solve."""
+    (FLOW_ADMIT if kind == "admit" else FLOW_TICK).observe(seconds)
+    (FLOW_ADMIT_ROWS if kind == "admit" else FLOW_TICK_ROWS).observe(rows)
 
 
 def observe_first_chunk(seconds: float) -> None:

@@ -14,6 +14,7 @@ from services.common.metrics import start_metrics_server
 from services.common.server import serve
 from services.vocoder import metrics
 from services.vocoder.codec.decoder import FlowTokenDecoder
+from services.vocoder.codec.solve import FlowSolve
 from services.vocoder.runner import LAST_WINDOW_BATCH, smallest
 from services.vocoder.servicer import VocoderServicer
 from services.vocoder.settings import VocoderSettings
@@ -44,15 +45,28 @@ async def run(s: VocoderSettings) -> None:
     started = time.perf_counter()
     left = vocoder.receptive_field[0] if s.left_context is None else s.left_context
     lookahead = DEFAULT_LOOKAHEAD if s.lookahead is None else s.lookahead
-    # A call holds at most max_batch windows: larger batch buckets are never used.
-    ceiling = smallest(vocoder.runner.batch_buckets, s.max_batch) or vocoder.runner.batch_buckets[-1]
+    flow = isinstance(vocoder.decoder, FlowTokenDecoder)
+    solve = None
+    if s.flow_solve == "on":
+        if not flow or vocoder.decoder.history is None:
+            raise ValueError("--flow-solve on needs the codec's flow decoder with a stream history "
+                             "(--flow-history-streams > 0)")
+        if s.first_chunk_lane == "on":
+            raise ValueError("--flow-solve on and --first-chunk-lane on do not go together: with the solve a first "
+                             "chunk joins the running solve at once")
+        solve = FlowSolve(vocoder.decoder, s.flow_solve_rows)
+    # A call holds at most max_batch windows (with the solve: the rows a tick finishes, and the chunks ready beside
+    # them): larger batch buckets are never used.
+    most = s.max_batch if solve is None else max(s.max_batch, s.flow_solve_rows)
+    ceiling = smallest(vocoder.runner.batch_buckets, most) or vocoder.runner.batch_buckets[-1]
     batches = [b for b in vocoder.runner.batch_buckets if b <= ceiling]
     vocoder.runner.warm_up(batches, exact_frames=[left + lookahead + frames for frames in vocoder.end_frames],
                            exact_batches=[b for b in batches if b <= LAST_WINDOW_BATCH])
-    if isinstance(vocoder.decoder, FlowTokenDecoder):  # the flow's graphs: every (batch, token bucket) a call can use
+    if solve is not None:  # its ticks' and admissions' graphs; streams beyond the history's slots decode eagerly
+        solve.warm_up()
+    elif flow:  # the flow's graphs: every (batch, token bucket) a call can use
         vocoder.decoder.warm_up(list(vocoder.voices.values()), s.max_batch)
     lane = None
-    flow = isinstance(vocoder.decoder, FlowTokenDecoder)
     if s.first_chunk_lane == "on":
         lane = vocoder.lane()  # first chunks beside the other calls (worker.py): its graphs for first chunks only
         lane.runner.warm_up([b for b in batches if b <= FIRST_CHUNK_LANE_BATCH])
@@ -60,7 +74,7 @@ async def run(s: VocoderSettings) -> None:
             lane.decoder.warm_up(list(vocoder.voices.values()), FIRST_CHUNK_LANE_BATCH, first_calls=True)
     if vocoder.runner.graphs:
         parts = [vocoder] + ([lane] if lane is not None else [])
-        flow_graphs = sum(len(getattr(v.decoder, "graphs", {})) for v in parts)
+        flow_graphs = sum(len(getattr(v.decoder, "graphs", {})) for v in parts) + len(solve.graphs if solve else {})
         log.info("vocoder: %d CUDA graphs captured in %.1f s (%d of the flow%s)",
                  sum(len(v.runner.graphs) for v in parts) + flow_graphs, time.perf_counter() - started, flow_graphs,
                  ", the first-chunk lane's included" if lane is not None else "")
@@ -70,7 +84,8 @@ async def run(s: VocoderSettings) -> None:
     servicer = VocoderServicer(vocoder, s.left_context, s.lookahead, max_batch=s.max_batch,
                                max_batch_frames=s.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
                                first_chunk_batch_frames=s.first_chunk_batch_frames,
-                               lost=lambda: device_lost(s.device), on_fatal=report, lane=lane)
+                               lost=lambda: device_lost(s.device), on_fatal=report, lane=lane, solve=solve,
+                               admit_every=s.flow_admit_every)
     start_metrics_server(s.host, s.metrics_port)
     await serve(
         name="vocoder",

@@ -205,11 +205,19 @@ class VocoderWorker(JobThread):
         return {id(job): d for job, d in zip(jobs, decoded)}
 
     def _run(self, batch: list[Job]) -> None:
-        """Prepare each stream's window, vocode the due ones in one call, hand each stream its samples.
-        A stream's own fault (its tokens, its state) ends that stream alone; a failed model call fails
-        the streams of this batch (the caller's loop reports it)."""
+        """Decode the batch's tokens in one pass, then vocode (below)."""
         started = time.perf_counter()
         decoded = self._decode_tokens(batch)
+        self._vocode(batch, decoded, {id(job): started for job in batch}, decoded_here=bool(decoded))
+
+    def _vocode(self, batch: list[Job], decoded: dict[int, tuple], started: dict[int, float],
+                decoded_here: bool = False, call_started: float | None = None) -> None:
+        """Prepare each stream's window (with its decoded tokens, by id(job)), vocode the due ones in one call, hand
+        each stream its samples. started: when each job's work began (id(job)); the batch's seconds count from
+        call_started (default: the earliest). A stream's own fault (its tokens, its state) ends that stream alone; a
+        failed model call fails the streams of this batch (the caller reports it). decoded_here: the decode was this
+        call's (its device time is observed after the generator's)."""
+        began = call_started if call_started is not None else min(started.values(), default=time.perf_counter())
         jobs, windows = [], []
         for job in batch:
             try:
@@ -226,16 +234,17 @@ class VocoderWorker(JobThread):
             wavs = self.vocoder.vocode(mels, last, [windows[i].conditions for i in due])
         else:
             wavs = self.vocoder.vocode(mels, last)
-        seconds = time.perf_counter() - started
+        now = time.perf_counter()
         if due:
-            self.on_batch(len(due), seconds)
+            self.on_batch(len(due), now - began)
             self.on_generate(self.vocoder.generate_seconds())
-        if decoded:  # (read after the generator's call: its samples are on the host, the decode long done)
+        if decoded_here:  # (read after the generator's call: its samples are on the host, the decode long done)
             self.on_decode(self.vocoder.decode_seconds())
         by_index = dict(zip(due, wavs))
         for i, (job, window) in enumerate(zip(jobs, windows)):
             samples = job.streamer.commit(window, by_index.get(i))
-            job.future.set_result(Done(samples, started - job.submitted, seconds, len(due)))
+            began_job = started.get(id(job), began)
+            job.future.set_result(Done(samples, began_job - job.submitted, now - began_job, len(due)))
 
 
 class Lanes:

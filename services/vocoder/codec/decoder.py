@@ -231,38 +231,47 @@ class FlowTokenDecoder:
             self.history.end(streams, done)
 
     def _decode_chunks(self, chunks):
-        states, finals = [], []
-        for tokens, state in chunks:
-            if tokens:
-                state = dataclasses.replace(state, tokens=state.tokens + tuple(tokens))
-            states.append(state)
-            finals.append(tokens is None)
+        states = [self.extend(state, tokens) for tokens, state in chunks]
+        finals = [tokens is None for tokens, _ in chunks]
         pieces: list[list[torch.Tensor]] = [[] for _ in chunks]
         todo = list(range(len(chunks)))
         while todo:
             kept, window = [], []
             for i in todo:
-                if self.plan(states[i], states[i].received, finals[i]) is None:
-                    continue
-                states[i] = self._assign(states[i])
-                if states[i].slot is not None and states[i].slot >= 0:
-                    kept.append((i, self.plan(states[i], states[i].received, finals[i], capped=True)))
-                else:
-                    window.append((i, self.plan(states[i], states[i].received, finals[i])))
+                if (row := self.next_row(states[i], finals[i])) is not None:
+                    states[i], plan, in_history = row
+                    (kept if in_history else window).append((i, plan))
             for group, run in ((kept, self._run_history), (window, self._run)):
                 if group:
                     mels = run([(states[i], plan) for i, plan in group])
                     for (i, plan), mel in zip(group, mels):
                         pieces[i].append(mel)
-                        states[i] = self._advance(states[i], plan)
+                        states[i] = self.advance(states[i], plan)
             todo = [i for i, _ in kept]  # a capped row may have more due
-        out = []
-        for i, state in enumerate(states):
-            if finals[i] and self.history is not None and state.stream is not None:
-                self.history.release(state.stream)  # (freed once this call is done)
-            mel = torch.cat(pieces[i], 1) if pieces[i] else torch.zeros(self.cfg.num_mels, 0, device=self.device)
-            out.append((mel, state))
-        return out
+        return [self.finish(state, pieces[i], finals[i]) for i, state in enumerate(states)]
+
+    # ---- a stream's rows, one at a time (decode_chunks above; the solve's worker, solve_worker.py) ---------------
+    @staticmethod
+    def extend(state: FlowState, tokens: list[int] | None) -> FlowState:
+        """The state with a chunk's new tokens received (None, the end: none)."""
+        return dataclasses.replace(state, tokens=state.tokens + tuple(tokens)) if tokens else state
+
+    def next_row(self, state: FlowState, final: bool) -> tuple[FlowState, Plan, bool] | None:
+        """The row that decodes what is due next → (the state, its history slot assigned at its first row; the plan,
+        capped for a history row; whether it is a history row), or None when nothing is due."""
+        if self.plan(state, state.received, final) is None:
+            return None
+        state = self._assign(state)
+        in_history = state.slot is not None and state.slot >= 0
+        return state, self.plan(state, state.received, final, capped=in_history), in_history
+
+    def finish(self, state: FlowState, pieces: list[torch.Tensor], final: bool) -> tuple[torch.Tensor, FlowState]:
+        """A chunk's rows all decoded → (its mel [80, n], the state); at the stream's end its history slot is let go
+        (freed once no call writes it)."""
+        if final and self.history is not None and state.stream is not None:
+            self.history.release(state.stream)
+        mel = torch.cat(pieces, 1) if pieces else torch.zeros(self.cfg.num_mels, 0, device=self.device)
+        return mel, state
 
     def _assign(self, state: FlowState) -> FlowState:
         """A stream's history slot at its first call (-1: none; or none kept: its slot was released)."""
@@ -275,7 +284,7 @@ class FlowTokenDecoder:
             return dataclasses.replace(state, slot=-1)
         return state
 
-    def _advance(self, state: FlowState, plan: Plan) -> FlowState:
+    def advance(self, state: FlowState, plan: Plan) -> FlowState:
         """The state after its row `plan` was decoded."""
         keep = max(0, plan.decode_end - self.max_context)  # no later window starts before this
         state = dataclasses.replace(state, tokens=tuple(state.window(keep, state.received)), base=keep,

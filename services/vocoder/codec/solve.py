@@ -20,7 +20,9 @@ row, whose history slot is the scratch one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +31,10 @@ from services.vocoder.codec.decoder import BATCH_BUCKETS, copy_into
 from services.vocoder.codec.flow import flow_times
 from services.vocoder.codec.history import HistoryRows
 from services.vocoder.runner import smallest
+
+# Ticks queued on the device before the host waits for the oldest: the host prepares the next tick while the device
+# runs this one, and admissions decide on the solve as it stands, not as it will be many ticks later.
+TICKS_AHEAD = 2
 
 
 @dataclass
@@ -45,8 +51,9 @@ class Solving:
 
 
 class FlowSolve:
-    def __init__(self, decoder, capacity: int):
-        """decoder: a FlowTokenDecoder with a stream history (its flow, prefix, history and plans)."""
+    def __init__(self, decoder, capacity: int, ahead: int = TICKS_AHEAD):
+        """decoder: a FlowTokenDecoder with a stream history (its flow, prefix, history and plans); capacity: rows in
+        flight at most; ahead: ticks queued on the device before tick() waits for the oldest."""
         if decoder.history is None:
             raise ValueError("flow solve: the decoder keeps no stream history (set_voices with history streams)")
         if capacity < 1:
@@ -73,6 +80,9 @@ class FlowSolve:
         self.use_graphs = decoder.use_graphs
         self.graphs: dict = {}            # batch bucket → a tick's graph; ("admit", B, T) → an admission's
         self.pool = None
+        self.ahead = ahead
+        self.queued: list = []            # the end events of ticks queued on the device (CUDA)
+        self.timed: list = []             # (kind, rows, start, end): perf_counter seconds, or CUDA events
 
     @property
     def room(self) -> int:
@@ -98,13 +108,14 @@ class FlowSolve:
         batch = d.history_batch(rows, B, T, self.N)
         places = [self.free.pop() for _ in rows]     # (after the batch: a row that fails there takes no place)
         at = places + [self.scratch] * (B - len(rows))
-        if graph:
-            cuda_graph, static, static_at = self._admission_graph(B, T)
-            copy_into(static, batch)
-            static_at.copy_(torch.tensor(at))
-            cuda_graph.replay()
-        else:
-            self._admit(batch, torch.tensor(at, device=self.inputs.device))
+        with self._timing("admit", len(rows)):
+            if graph:
+                cuda_graph, static, static_at = self._admission_graph(B, T)
+                copy_into(static, batch)
+                static_at.copy_(torch.tensor(at))
+                cuda_graph.replay()
+            else:
+                self._admit(batch, torch.tensor(at, device=self.inputs.device))
         streams = [state.stream for state, _ in rows]
         d.history.begin(streams)                   # a slot let go meanwhile (a cancel) is freed once its row is out
         for tag, place, (a, b, skip), stream in zip(tags, places, spans, streams):
@@ -156,12 +167,17 @@ class FlowSolve:
             return []
         places = [r.place for r in self.flight]
         bucket = smallest(BATCH_BUCKETS, len(places)) if self.use_graphs else None
-        if bucket is None:
-            self._pass(torch.tensor(places, device=self.inputs.device))
-        else:
-            graph, at = self._graph(bucket)
-            at.copy_(torch.tensor(places + [self.scratch] * (bucket - len(places))))
-            graph.replay()
+        with self._timing("tick", len(places)) as end:
+            if bucket is None:
+                self._pass(torch.tensor(places, device=self.inputs.device))
+            else:
+                graph, at = self._graph(bucket)
+                at.copy_(torch.tensor(places + [self.scratch] * (bucket - len(places))))
+                graph.replay()
+        if end is not None:                          # at most `ahead` ticks queued: wait for the oldest
+            self.queued.append(end)
+            while len(self.queued) > self.ahead:
+                self.queued.pop(0).synchronize()
         done, left, flying = [], [], []
         for r in self.flight:
             r.step += 1
@@ -174,6 +190,35 @@ class FlowSolve:
         self.flight = flying
         self._leave(left)
         return done
+
+    @contextlib.contextmanager
+    def _timing(self, kind: str, rows: int):
+        """Times the work queued inside (CUDA: events, read once the device has run it) → yields the end event
+        (None on the CPU)."""
+        if not self.inputs.is_cuda:
+            started = time.perf_counter()
+            yield None
+            self.timed.append((kind, rows, started, time.perf_counter()))
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield end
+        end.record()
+        self.timed.append((kind, rows, start, end))
+
+    def times(self) -> list[tuple[str, int, float]]:
+        """(kind: "admit" or "tick", rows, seconds) of the admissions and ticks whose time is known (on CUDA: the
+        device has run them; device time), each once."""
+        out, left = [], []
+        for kind, rows, start, end in self.timed:
+            if isinstance(end, float):
+                out.append((kind, rows, end - start))
+            elif end.query():
+                out.append((kind, rows, start.elapsed_time(end) / 1000))
+            else:
+                left.append((kind, rows, start, end))
+        self.timed = left
+        return out
 
     def drop(self, tag) -> bool:
         """The row of `tag` leaves the solve unsolved (its stream was cancelled) → whether it was in flight. Its place

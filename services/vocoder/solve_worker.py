@@ -1,0 +1,212 @@
+"""The vocoder's worker with the flow's solve batched at the Euler step (codec/solve.py): a stream's block joins the
+running solve at the next tick, instead of waiting for the flow call in flight and then riding a call of its own.
+
+Each turn of the loop:
+- the jobs that came in are opened: a chunk's tokens join its stream's decoder state, and its first row (decoder.py's
+  `next_row`) waits to be admitted; a chunk with nothing due goes straight to the generator, and a stream that holds
+  no history slot (more streams than `--flow-history-streams`) is decoded over its window in one call, as worker.py
+  does;
+- the waiting rows are admitted together (earliest deadline first, as many as the solve has room for) when one of
+  them is urgent (a stream's first chunk, a chunk due within `urgent_slack` seconds, or the next row of a chunk
+  already begun), when nothing is in flight, or every `admit_every` ticks: an admission costs about a tick (the
+  encoder of its rows; H100: ~4 ms), so the playing streams' chunks, due seconds later, join a few at a time;
+- one tick (an Euler step of every row in flight);
+- the chunks a tick finished go to the generator in one call, with the others ready this turn, and their samples to
+  their streams.
+Rows admitted together finish together, so with `admit_every` dividing the Euler steps (10: every 5 ticks) the
+playing streams' windows reach the generator in the same calls.
+
+A chunk stays cancellable while it is in the solve (its future is set running only once its samples are made): a
+cancelled chunk's row is dropped at the next turn, and its stream's slot is freed once the device is past it
+(history.py). A failed tick fails the chunks in flight, and a lost device stops the worker as worker.py's does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.common.errors import DeviceLost
+from services.vocoder.worker import Job, VocoderWorker
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOLVE_ROWS = 32     # rows in flight at most (the flow's largest batch bucket)
+DEFAULT_ADMIT_EVERY = 5     # ticks between admissions of chunks that are not urgent (divides the 10 Euler steps)
+DEFAULT_URGENT_SLACK = 0.3  # seconds: a playing stream's chunk due sooner is admitted at once (a solve: ~10 ticks)
+
+
+@dataclass(eq=False)
+class Chunk:
+    """A job whose rows go through the solve: its decoder state, the row waiting or in flight (state, plan), the mel
+    of its rows solved so far, and when its first row joined the solve."""
+
+    job: Job
+    state: object
+    final: bool
+    row: tuple
+    pieces: list = field(default_factory=list)
+    admitted: float | None = None
+
+    def urgent(self, now: float, slack: float) -> bool:
+        return self.job.audio_started is None or self.job.slack(now) < slack or bool(self.pieces)
+
+
+class SolveWorker(VocoderWorker):
+    def __init__(self, vocoder, solve, admit_every: int = DEFAULT_ADMIT_EVERY,
+                 urgent_slack: float = DEFAULT_URGENT_SLACK,
+                 on_solve: Callable[[str, int, float], None] = lambda kind, rows, seconds: None, **options):
+        """vocoder: a TokenVocoder with the flow decoder; solve: its FlowSolve. on_solve(kind, rows, seconds) for each
+        admission ("admit") and tick ("tick"), device time on CUDA. options: VocoderWorker's (max_batch and the frame
+        caps do not apply: a generator call takes every window ready in a turn)."""
+        self.solve, self.admit_every, self.urgent_slack, self.on_solve = solve, admit_every, urgent_slack, on_solve
+        self.decoder = vocoder.decoder
+        self.waiting: list[Chunk] = []
+        self.since_admission = 0
+        super().__init__(vocoder, **options)
+
+    # ---- the thread ------------------------------------------------------------------------------
+    def _take_new(self) -> list[Job] | None:
+        """The jobs that came in; waits for one only while the solve has nothing in flight or waiting ([] after
+        probe_seconds idle; None: stopping, every job failed)."""
+        with self.cv:
+            if not (self.solve.flight or self.waiting):
+                idle_until = time.monotonic() + self.probe_seconds
+                while not self.pending and not self.stopping:
+                    if (left := idle_until - time.monotonic()) <= 0:
+                        return []
+                    self.cv.wait(left)
+            if self.stopping:
+                for job in self.pending + self._held():
+                    if not job.future.done():
+                        job.future.set_exception(RuntimeError("the vocoder worker has stopped"))
+                return None
+            jobs, self.pending = self.pending, []
+            return jobs
+
+    def _held(self) -> list[Job]:
+        """The jobs whose rows wait for the solve or fly in it."""
+        return [c.job for c in self.waiting] + [r.tag.job for r in self.solve.flight]
+
+    def _loop(self) -> None:
+        while (jobs := self._take_new()) is not None:
+            if not jobs and not (self.solve.flight or self.waiting):  # idle: does the device still work?
+                if self.lost():
+                    self._die(DeviceLost("its GPU failed (found while idle); restarting"), [])
+                    return
+                continue
+            try:
+                with self.vocoder.running():
+                    self._turn([job for job in jobs if not job.future.cancelled()])
+            except Exception as exc:  # noqa: BLE001  a bug here must not stop the thread every stream waits on
+                log.exception("vocoder: the flow's solve failed")
+                failed = jobs + self._held()
+                self.waiting = []
+                for row in list(self.solve.flight):
+                    self.solve.drop(row.tag)
+                if self.lost():
+                    self._die(DeviceLost(f"its GPU failed ({str(exc).splitlines()[0]}); restarting"), failed)
+                    return
+                for job in failed:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+
+    def _turn(self, jobs: list[Job]) -> None:
+        now = time.perf_counter()
+        ready: list[tuple[Job, tuple | None, float]] = []   # (job, its decoded tokens (mel, state) or None, started)
+        over_window = []
+        for job in jobs:
+            try:
+                way, decoded = self._open(job)
+            except Exception as exc:  # noqa: BLE001  its own fault: this stream alone
+                log.exception("vocoder: opening a chunk failed")
+                job.future.set_exception(exc)
+                continue
+            if way == "window":
+                over_window.append(job)
+            elif way == "ready":
+                ready.append((job, decoded, now))
+        if over_window:
+            decoded = self._decode_tokens(over_window)
+            ready += [(job, decoded.get(id(job)), now) for job in over_window]
+        self._drop_cancelled()
+        if self._admission_due(now):
+            self._admit(now)
+        ready += self._tick()
+        for kind, rows, seconds in self.solve.times():
+            self.on_solve(kind, rows, seconds)
+        if ready:
+            self._generate(ready)
+
+    def _open(self, job: Job) -> tuple[str, tuple | None]:
+        """A job's chunk → ("solve", None): its first row waits for admission; ("window", None): its stream holds no
+        history slot, so it is decoded over its window in a call; ("ready", (mel, state)): nothing is due (or None:
+        its stream has ended, and prepare() says so)."""
+        streamer = job.streamer
+        if streamer.ended:
+            return "ready", None
+        state = self.decoder.extend(streamer.decoder_state, job.tokens)
+        final = job.tokens is None
+        row = self.decoder.next_row(state, final)
+        if row is None:
+            return "ready", self.decoder.finish(state, [], final)
+        state, plan, in_history = row
+        if not in_history:
+            return "window", None
+        self.waiting.append(Chunk(job, state, final, (state, plan)))
+        return "solve", None
+
+    def _drop_cancelled(self) -> None:
+        """Cancelled chunks leave: waiting rows at once, rows in flight from the solve."""
+        self.waiting = [c for c in self.waiting if not c.job.future.cancelled()]
+        for row in [r for r in self.solve.flight if r.tag.job.future.cancelled()]:
+            self.solve.drop(row.tag)
+
+    def _admission_due(self, now: float) -> bool:
+        if not self.waiting or not self.solve.room:
+            return False
+        return (not self.solve.flight or self.since_admission >= self.admit_every
+                or any(c.urgent(now, self.urgent_slack) for c in self.waiting))
+
+    def _admit(self, now: float) -> None:
+        self.waiting.sort(key=lambda c: c.job.deadline(self.first_chunk_budget))
+        taken, self.waiting = self.waiting[: self.solve.room], self.waiting[self.solve.room :]
+        self.solve.admit([c.row for c in taken], taken)
+        for c in taken:
+            c.admitted = c.admitted or now
+        self.since_admission = 0
+
+    def _tick(self) -> list[tuple[Job, tuple, float]]:
+        """One tick → the chunks it finished, each (job, (mel, state), when its first row was admitted); a chunk with
+        more due waits for admission again."""
+        if not self.solve.flight:
+            return []
+        finished = []
+        solved = self.solve.tick()
+        self.since_admission += 1
+        for chunk, mel in solved:
+            state, plan = chunk.row
+            chunk.pieces.append(mel)
+            chunk.state = self.decoder.advance(state, plan)
+            row = self.decoder.next_row(chunk.state, chunk.final)
+            if row is not None and row[2]:            # more than one row holds: its next one, at the next admission
+                chunk.state, plan, _ = row
+                chunk.row = (chunk.state, plan)
+                self.waiting.append(chunk)
+                continue
+            if row is not None:                       # its slot let go (a cancel) with more due: over its window
+                if chunk.job.future.cancelled():
+                    continue
+                mel, chunk.state = self.decoder.decode_chunks([(None if chunk.final else [], chunk.state)])[0]
+                chunk.pieces.append(mel)
+            finished.append((chunk.job, self.decoder.finish(chunk.state, chunk.pieces, chunk.final), chunk.admitted))
+        return finished
+
+    def _generate(self, ready: list[tuple[Job, tuple | None, float]]) -> None:
+        """The ready chunks' windows through the generator in one call (worker.py's _vocode); the cancelled let go."""
+        ready = [r for r in ready if r[0].future.set_running_or_notify_cancel()]
+        decoded = {id(job): d for job, d, _ in ready if d is not None}
+        self._vocode([job for job, _, _ in ready], decoded, {id(job): started for job, _, started in ready},
+                     call_started=time.perf_counter())
