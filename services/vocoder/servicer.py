@@ -18,7 +18,7 @@ from services.common.audio import encode_pcm, resolve_format
 from services.common.errors import DeviceLost, InvalidArgument
 from services.common.sampling import resolve_lookahead
 from services.vocoder import metrics
-from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, SolveWorker
+from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_GENERATE_WAIT, SolveWorker
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import TokenVocoder
 from services.vocoder.worker import (
@@ -43,7 +43,8 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
-                 lane: TokenVocoder | None = None, solve=None, admit_every: int = DEFAULT_ADMIT_EVERY):
+                 lane: TokenVocoder | None = None, solve=None, admit_every: int = DEFAULT_ADMIT_EVERY,
+                 generate_wait: float = DEFAULT_GENERATE_WAIT):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
         others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most
@@ -51,13 +52,15 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         lost / on_fatal: what the worker does when its device is lost (worker.py).
         lane: the vocoder's lane (TokenVocoder.lane) that first chunks run on, beside the other calls; None: one worker.
         solve: the flow's FlowSolve, driven by a SolveWorker (solve_worker.py; admit_every ticks between admissions of
-        chunks not yet urgent); None: flow calls (worker.py)."""
+        chunks not yet urgent, generate_wait seconds such a chunk may wait for a generator call); None: flow calls
+        (worker.py)."""
         self.vocoder = vocoder
         self.left_context, self.lookahead = left_context, lookahead
         common = dict(max_wait=max_wait, on_batch=metrics.observe_batch, on_decode=metrics.observe_token_decode,
                       on_generate=metrics.observe_generate, lost=lost, on_fatal=on_fatal)
         if solve is not None:
-            self.worker = SolveWorker(vocoder, solve, admit_every=admit_every, on_solve=metrics.observe_solve,
+            self.worker = SolveWorker(vocoder, solve, admit_every=admit_every, generate_wait=generate_wait,
+                                      on_solve=metrics.observe_solve,
                                       first_chunk_budget=first_chunk_budget, **common)
             return
         self.worker = VocoderWorker(vocoder, max_batch, max_batch_frames=max_batch_frames,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from services.settings import OWN, count, host_option, metrics_port_option, option, port_option, positive, seconds
-from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_SOLVE_ROWS
+from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_GENERATE_WAIT, DEFAULT_SOLVE_ROWS
 from services.vocoder.worker import (
     DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
     DEFAULT_FIRST_CHUNK_BUDGET,
@@ -72,9 +72,11 @@ class VocoderSettings:
                                     "solve at the next tick instead of waiting for the flow call in flight; needs the "
                                     "stream history; docs/codec.md)", choices=["on", "off"])
     flow_solve_rows: int = option(DEFAULT_SOLVE_ROWS, "rows in the flow's solve at most (--flow-solve on; CUDA graphs up "
-                                                      "to 32)", type=positive(int))
+                                                      "to 64)", type=positive(int))
     flow_admit_every: int = option(DEFAULT_ADMIT_EVERY, "ticks between admissions to the flow's solve of chunks not yet "
                                                         "urgent (--flow-solve on)", type=positive(int))
+    flow_generate_wait: float = option(DEFAULT_GENERATE_WAIT, "seconds a solved chunk that is not yet urgent may wait "
+                                                              "to share a generator call (--flow-solve on)", type=seconds)
     flow_steps: int | None = option(None, "Euler steps of the flow (default 10)", type=positive(int))
     flow_cfg_rate: float | None = option(None, "classifier-free guidance rate of the flow, 0 or more (default 0.7)",
                                          type=seconds)

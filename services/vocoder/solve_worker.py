@@ -11,10 +11,9 @@ Each turn of the loop:
   already begun), when nothing is in flight, or every `admit_every` ticks: an admission costs about a tick (the
   encoder of its rows; H100: ~4 ms), so the playing streams' chunks, due seconds later, join a few at a time;
 - one tick (an Euler step of every row in flight);
-- the chunks a tick finished go to the generator in one call, with the others ready this turn, and their samples to
-  their streams.
-Rows admitted together finish together, so with `admit_every` dividing the Euler steps (10: every 5 ticks) the
-playing streams' windows reach the generator in the same calls.
+- the chunks ready (finished by a tick, or with nothing to solve) go to the generator in one call, and their samples to
+  their streams: at once if one of them is urgent, or else once the oldest has waited `generate_wait` seconds, so that
+  the playing streams' windows of several admissions share a call.
 
 A chunk stays cancellable while it is in the solve (its future is set running only once its samples are made): a
 cancelled chunk's row is dropped at the next turn, and its stream's slot is freed once the device is past it
@@ -33,9 +32,12 @@ from services.vocoder.worker import Job, VocoderWorker
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SOLVE_ROWS = 32     # rows in flight at most (the flow's largest batch bucket)
+DEFAULT_SOLVE_ROWS = 64     # rows in flight at most (solve.py's largest bucket; 32 was full half the time at 128 streams)
 DEFAULT_ADMIT_EVERY = 5     # ticks between admissions of chunks that are not urgent (divides the 10 Euler steps)
 DEFAULT_URGENT_SLACK = 0.3  # seconds: a playing stream's chunk due sooner is admitted at once (a solve: ~10 ticks)
+# Seconds a chunk that is not urgent may wait, solved, for a generator call to share: a call costs ~12 ms beside the
+# llm (H100, 8 HiFT windows), and one per admission group was ~19 a second at 128 streams.
+DEFAULT_GENERATE_WAIT = 0.1
 
 
 @dataclass(eq=False)
@@ -56,14 +58,16 @@ class Chunk:
 
 class SolveWorker(VocoderWorker):
     def __init__(self, vocoder, solve, admit_every: int = DEFAULT_ADMIT_EVERY,
-                 urgent_slack: float = DEFAULT_URGENT_SLACK,
+                 urgent_slack: float = DEFAULT_URGENT_SLACK, generate_wait: float = DEFAULT_GENERATE_WAIT,
                  on_solve: Callable[[str, int, float], None] = lambda kind, rows, seconds: None, **options):
         """vocoder: a TokenVocoder with the flow decoder; solve: its FlowSolve. on_solve(kind, rows, seconds) for each
         admission ("admit") and tick ("tick"), device time on CUDA. options: VocoderWorker's (max_batch and the frame
         caps do not apply: a generator call takes every window ready in a turn)."""
         self.solve, self.admit_every, self.urgent_slack, self.on_solve = solve, admit_every, urgent_slack, on_solve
+        self.generate_wait = generate_wait
         self.decoder = vocoder.decoder
         self.waiting: list[Chunk] = []
+        self.ready: list[tuple[Job, tuple | None, float, float]] = []  # (job, decoded, started, ready since)
         self.since_admission = 0
         super().__init__(vocoder, **options)
 
@@ -72,7 +76,7 @@ class SolveWorker(VocoderWorker):
         """The jobs that came in; waits for one only while the solve has nothing in flight or waiting ([] after
         probe_seconds idle; None: stopping, every job failed)."""
         with self.cv:
-            if not (self.solve.flight or self.waiting):
+            if not (self.solve.flight or self.waiting or self.ready):
                 idle_until = time.monotonic() + self.probe_seconds
                 while not self.pending and not self.stopping:
                     if (left := idle_until - time.monotonic()) <= 0:
@@ -88,11 +92,11 @@ class SolveWorker(VocoderWorker):
 
     def _held(self) -> list[Job]:
         """The jobs whose rows wait for the solve or fly in it."""
-        return [c.job for c in self.waiting] + [r.tag.job for r in self.solve.flight]
+        return [c.job for c in self.waiting] + [r.tag.job for r in self.solve.flight] + [r[0] for r in self.ready]
 
     def _loop(self) -> None:
         while (jobs := self._take_new()) is not None:
-            if not jobs and not (self.solve.flight or self.waiting):  # idle: does the device still work?
+            if not jobs and not (self.solve.flight or self.waiting or self.ready):  # idle: does the device still work?
                 if self.lost():
                     self._die(DeviceLost("its GPU failed (found while idle); restarting"), [])
                     return
@@ -103,7 +107,7 @@ class SolveWorker(VocoderWorker):
             except Exception as exc:  # noqa: BLE001  a bug here must not stop the thread every stream waits on
                 log.exception("vocoder: the flow's solve failed")
                 failed = jobs + self._held()
-                self.waiting = []
+                self.waiting, self.ready = [], []
                 for row in list(self.solve.flight):
                     self.solve.drop(row.tag)
                 if self.lost():
@@ -132,13 +136,25 @@ class SolveWorker(VocoderWorker):
             decoded = self._decode_tokens(over_window)
             ready += [(job, decoded.get(id(job)), now) for job in over_window]
         self._drop_cancelled()
+        self.ready = [r for r in self.ready if not r[0].future.cancelled()]
         if self._admission_due(now):
             self._admit(now)
-        ready += self._tick()
+        self.ready += [(job, decoded, started, float("-inf")) for job, decoded, started in ready]  # (never wait)
+        self.ready += [(job, decoded, started, now) for job, decoded, started in self._tick()]
         for kind, rows, seconds in self.solve.times():
             self.on_solve(kind, rows, seconds)
-        if ready:
+        if self._generation_due(now):
+            ready, self.ready = [r[:3] for r in self.ready], []
             self._generate(ready)
+
+    def _generation_due(self, now: float) -> bool:
+        """Whether the ready chunks go to the generator now: nothing else in the solve, one of them urgent (a first
+        chunk, one due within urgent_slack, one that was never solved), or the oldest solved `generate_wait` ago."""
+        if not self.ready:
+            return False
+        if not (self.solve.flight or self.waiting) or now - min(r[3] for r in self.ready) >= self.generate_wait:
+            return True
+        return any(job.audio_started is None or job.slack(now) < self.urgent_slack for job, *_ in self.ready)
 
     def _open(self, job: Job) -> tuple[str, tuple | None]:
         """A job's chunk → ("solve", None): its first row waits for admission; ("window", None): its stream holds no

@@ -351,8 +351,8 @@ class FlowTokenDecoder:
             count[row], at[row] = min(state.written, self.history.ring), state.written % self.history.ring
             bank[row], keep_bank[row] = state.bank, 0 if state.bank < 0 else 1 - state.bank
         to = dict(device=self.device)
-        batch.solve_index, batch.solve_frames = index.to(**to), frames.to(**to)
-        batch.history = HistoryRows(slot.to(**to), count.to(**to), at.to(**to), bank.to(**to), keep_bank.to(**to))
+        batch.solve_index, batch.solve_frames = on_device(index, **to), on_device(frames, **to)
+        batch.history = HistoryRows(*(on_device(t, **to) for t in (slot, count, at, bank, keep_bank)))
         return batch
 
     def _solved(self, state: FlowState, plan: Plan) -> tuple[int, int, int]:
@@ -389,9 +389,10 @@ class FlowTokenDecoder:
             if prefixed:
                 voice_index[row] = self.prefix.voice_index(voice)
         to = dict(device=self.device)
-        return FlowBatch(tokens.to(**to), lengths.to(**to), context.to(**to), prompt_mel.to(dtype=self.dtype, **to),
-                         prompt_frames.to(**to), embedding.to(dtype=self.dtype, **to), noise_shift.to(**to),
-                         voice_index.to(**to))
+        return FlowBatch(on_device(tokens, **to), on_device(lengths, **to), on_device(context, **to),
+                         on_device(prompt_mel, dtype=self.dtype, **to), on_device(prompt_frames, **to),
+                         on_device(embedding, dtype=self.dtype, **to), on_device(noise_shift, **to),
+                         on_device(voice_index, **to))
 
     # ---- graphs ----------------------------------------------------------------------------------
     def _graph(self, B: int, T: int, prefixed: bool, solved: int | None = None):
@@ -450,6 +451,15 @@ class FlowTokenDecoder:
                     continue
                 for N in self.solve_buckets[:1] if first_calls else self.solve_buckets:
                     self._graph(B, T, True, N)
+
+
+def on_device(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A host tensor on the device without waiting for the work queued there: through pinned memory, not blocking (a
+    pageable copy waits for its stream to finish everything queued before it; PyTorch's pinned blocks are not reused
+    before their copy has run)."""
+    if device.type != "cuda":
+        return t.to(device=device, dtype=dtype)
+    return t.to(dtype=dtype).pin_memory().to(device, non_blocking=True)
 
 
 def copy_into(static: FlowBatch, batch: FlowBatch) -> None:

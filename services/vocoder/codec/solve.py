@@ -14,7 +14,7 @@ in flight: its next window reads, at each step, the frames this one writes at th
 Table (capacity C rows, one more for padding): inputs [2·(C + 1), N, 4·80] (a row's CFG pair at r and C + 1 + r),
 mask [C + 1, N, 1], lengths [2·(C + 1)], each row's voice, history places (history.HistoryRows), solved frames and
 step; N: the most frames a history row solves (the decoder's solve_cap). On CUDA a tick is a CUDA graph per batch
-bucket (decoder.BATCH_BUCKETS): the rows' places go into its index buffer, padding places point at the table's last
+bucket (SOLVE_BUCKETS): the rows' places go into its index buffer, padding places point at the table's last
 row, whose history slot is the scratch one.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.vocoder.codec.decoder import BATCH_BUCKETS, copy_into
+from services.vocoder.codec.decoder import BATCH_BUCKETS, copy_into, on_device
 from services.vocoder.codec.flow import flow_times
 from services.vocoder.codec.history import HistoryRows
 from services.vocoder.runner import smallest
@@ -35,6 +35,9 @@ from services.vocoder.runner import smallest
 # Ticks queued on the device before the host waits for the oldest: the host prepares the next tick while the device
 # runs this one, and admissions decide on the solve as it stands, not as it will be many ticks later.
 TICKS_AHEAD = 2
+# Rows of a tick or an admission, each a CUDA graph: the flow calls' buckets, then steps of 8 (a tick of 64 rows is
+# ~2x one of 32: the estimator's matmuls are still small).
+SOLVE_BUCKETS = BATCH_BUCKETS + (40, 48, 56, 64)
 
 
 @dataclass
@@ -102,7 +105,7 @@ class FlowSolve:
         d = self.decoder
         spans = [d._solved(s, p) for s, p in rows]
         longest = max(len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows)
-        B, T = smallest(BATCH_BUCKETS, len(rows)), smallest(d.history_token_buckets, longest)
+        B, T = smallest(SOLVE_BUCKETS, len(rows)), smallest(d.history_token_buckets, longest)
         graph = self.use_graphs and B is not None and T is not None
         B, T = (B, T) if graph else (len(rows), longest)
         batch = d.history_batch(rows, B, T, self.N)
@@ -112,10 +115,10 @@ class FlowSolve:
             if graph:
                 cuda_graph, static, static_at = self._admission_graph(B, T)
                 copy_into(static, batch)
-                static_at.copy_(torch.tensor(at))
+                static_at.copy_(on_device(torch.tensor(at), static_at.device))
                 cuda_graph.replay()
             else:
-                self._admit(batch, torch.tensor(at, device=self.inputs.device))
+                self._admit(batch, on_device(torch.tensor(at), self.inputs.device))
         streams = [state.stream for state, _ in rows]
         d.history.begin(streams)                   # a slot let go meanwhile (a cancel) is freed once its row is out
         for tag, place, (a, b, skip), stream in zip(tags, places, spans, streams):
@@ -155,7 +158,7 @@ class FlowSolve:
         buckets), before serving."""
         if not self.use_graphs:
             return
-        for B in (b for b in BATCH_BUCKETS if b <= (smallest(BATCH_BUCKETS, self.capacity) or BATCH_BUCKETS[-1])):
+        for B in (b for b in SOLVE_BUCKETS if b <= (smallest(SOLVE_BUCKETS, self.capacity) or SOLVE_BUCKETS[-1])):
             self._graph(B)
             for T in self.decoder.history_token_buckets:
                 self._admission_graph(B, T)
@@ -166,13 +169,13 @@ class FlowSolve:
         if not self.flight:
             return []
         places = [r.place for r in self.flight]
-        bucket = smallest(BATCH_BUCKETS, len(places)) if self.use_graphs else None
+        bucket = smallest(SOLVE_BUCKETS, len(places)) if self.use_graphs else None
         with self._timing("tick", len(places)) as end:
             if bucket is None:
-                self._pass(torch.tensor(places, device=self.inputs.device))
+                self._pass(on_device(torch.tensor(places), self.inputs.device))
             else:
                 graph, at = self._graph(bucket)
-                at.copy_(torch.tensor(places + [self.scratch] * (bucket - len(places))))
+                at.copy_(on_device(torch.tensor(places + [self.scratch] * (bucket - len(places))), at.device))
                 graph.replay()
         if end is not None:                          # at most `ahead` ticks queued: wait for the oldest
             self.queued.append(end)
