@@ -125,7 +125,7 @@ class BreakingVocoder:
     def __getattr__(self, name):
         return getattr(self.vocoder, name)
 
-    def vocode(self, windows, last):
+    def launch(self, windows, last, conditions=None):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
 

@@ -75,6 +75,8 @@ def solve_worker(vocoder, capacity: int = 4, **options) -> SolveWorker:
 
 @pytest.mark.parametrize("admit_every", [1, 5])
 def test_streams_through_the_solve_get_what_flow_calls_give_them(vocoder, calls, admit_every):
+    """Every stream's samples as flow calls give them, with admissions every tick or every 5 (generator calls
+    launched without waiting, their samples delivered once in)."""
     seen = []
     worker = solve_worker(vocoder, admit_every=admit_every, on_solve=lambda kind, rows, s: seen.append((kind, rows)))
     try:

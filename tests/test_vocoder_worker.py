@@ -25,10 +25,10 @@ class Recording:
     def __getattr__(self, name):
         return getattr(self.vocoder, name)
 
-    def vocode(self, windows, last):
+    def launch(self, windows, last, conditions=None):
         self.calls.append([w.shape[1] for w in windows])
         self.gate.wait(10)
-        return self.vocoder.vocode(windows, last)
+        return self.vocoder.launch(windows, last, conditions)
 
 
 @pytest.fixture(scope="module")

@@ -131,7 +131,6 @@ class GeneratorRunner:
                 self.exact_batch = max(self.exact_batch, max(exact_batches))
 
     # ---- running ---------------------------------------------------------------------------------
-    @torch.inference_mode()
     def __call__(self, windows: list[torch.Tensor], exact: list[bool] | None = None,
                  conditions: list[tuple[torch.Tensor, ...]] | None = None) -> list[torch.Tensor]:
         """windows: mel [num_mels, F_i] each → float32 samples [F_i * hop] each, on the CPU.
@@ -141,6 +140,12 @@ class GeneratorRunner:
         window's entry is (samples, [its outputs]), the outputs on the CPU too.
         The groups' samples and outputs come back in one device-to-host copy: one synchronisation a call, however
         many groups it has (each wait is also a chance for the llm's process to take the GPU)."""
+        return self.launch(windows, exact, conditions).result()
+
+    @torch.inference_mode()
+    def launch(self, windows: list[torch.Tensor], exact: list[bool] | None = None,
+               conditions: list[tuple[torch.Tensor, ...]] | None = None) -> "Generation":
+        """The call above, queued on the device without waiting for it → its Generation (result(): the samples)."""
         exact = exact or [False] * len(windows)
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, (mel, last) in enumerate(zip(windows, exact)):
@@ -161,18 +166,20 @@ class GeneratorRunner:
                     pieces.append(wav[: windows[i].shape[1] * self.hop])
                     outputs.append([o[row] for o in outs])
         if not pieces:
-            return []
+            return Generation(len(windows), conditions is not None)
         if isinstance(timing, tuple):
             timing[1].record()
         flat = [o for outs in outputs for o in outs]
-        host = torch.cat(pieces + [o.reshape(-1).float() for o in flat]).cpu()
-        self.timing = timing if isinstance(timing, tuple) else time.perf_counter() - timing
-        host = host.split([p.numel() for p in pieces] + [o.numel() for o in flat])
-        back = iter(o.view(like.shape).to(like.dtype) for o, like in zip(host[len(pieces):], flat))
-        out: list = [None] * len(windows)
-        for i, wav, outs in zip(order, host, outputs):
-            out[i] = wav if conditions is None else (wav, [next(back) for _ in outs])
-        return out
+        dev = torch.cat(pieces + [o.reshape(-1).float() for o in flat])
+        timing = self.timing = timing if isinstance(timing, tuple) else time.perf_counter() - timing
+        host, done = dev, None
+        if dev.is_cuda:  # into pinned memory, not blocking: result() waits for this copy alone
+            host = torch.empty(dev.shape, dtype=dev.dtype, pin_memory=True)
+            host.copy_(dev, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        return Generation(len(windows), conditions is not None, host, done, order, [p.numel() for p in pieces], flat,
+                          len(outputs[0]), timing)
 
     def _record(self):
         """The start of a call's generator work: on CUDA (start recorded now, end to record after it), events, so that
@@ -228,3 +235,42 @@ class GeneratorRunner:
         y = y.reshape(y.shape[0], -1)  # [batch, 1, T] or [batch, 1, 1, T] → [batch, T]
         return (y[: len(mels), : frames * self.hop].to(torch.float32, copy=True),
                 [o[: len(mels)].clone() for o in outs])
+
+
+class Generation:
+    """A generator call queued on the device: its samples (and further outputs) arrive in pinned host memory."""
+
+    def __init__(self, windows: int, conditioned: bool, host: torch.Tensor | None = None, done=None,
+                 order: list[int] = (), sizes: list[int] = (), outputs: list[torch.Tensor] = (), per_window: int = 0,
+                 timing=0.0):
+        """host: every window's samples, then every further output, flat (done: the event its copy ends with); order:
+        the window of each piece; sizes: each piece's samples; outputs: the further outputs on the device (their
+        shapes and types), per_window of them a window; timing: its generator work's (seconds, or CUDA events)."""
+        self.windows, self.conditioned, self.host, self.done = windows, conditioned, host, done
+        self.order, self.sizes, self.outputs, self.per_window = order, sizes, outputs, per_window
+        self.timing = timing
+
+    def seconds(self) -> float:
+        """Its generator work, seconds (on CUDA device time: waits for it)."""
+        if not isinstance(self.timing, tuple):
+            return self.timing
+        self.timing[1].synchronize()
+        return self.timing[0].elapsed_time(self.timing[1]) / 1000
+
+    def ready(self) -> bool:
+        """Whether result() would not wait."""
+        return self.done is None or self.done.query()
+
+    def result(self) -> list:
+        """The windows' samples, float32 [F_i * hop] on the CPU each (conditioned: (samples, [outputs]) each); waits
+        for the device's copy."""
+        if self.host is None:
+            return []
+        if self.done is not None:
+            self.done.synchronize()
+        parts = self.host.split(list(self.sizes) + [o.numel() for o in self.outputs])
+        back = iter(o.view(like.shape).to(like.dtype) for o, like in zip(parts[len(self.sizes):], self.outputs))
+        out: list = [None] * self.windows
+        for i, wav in zip(self.order, parts[: len(self.sizes)]):
+            out[i] = (wav, [next(back) for _ in range(self.per_window)]) if self.conditioned else wav
+        return out

@@ -68,6 +68,7 @@ class SolveWorker(VocoderWorker):
         self.decoder = vocoder.decoder
         self.waiting: list[Chunk] = []
         self.ready: list[tuple[Job, tuple | None, float, float]] = []  # (job, decoded, started, ready since)
+        self.launched: list = []  # generator calls queued on the device (worker.py's Vocoding), oldest first
         self.since_admission = 0
         super().__init__(vocoder, **options)
 
@@ -76,7 +77,7 @@ class SolveWorker(VocoderWorker):
         """The jobs that came in; waits for one only while the solve has nothing in flight or waiting ([] after
         probe_seconds idle; None: stopping, every job failed)."""
         with self.cv:
-            if not (self.solve.flight or self.waiting or self.ready):
+            if not self._busy():
                 idle_until = time.monotonic() + self.probe_seconds
                 while not self.pending and not self.stopping:
                     if (left := idle_until - time.monotonic()) <= 0:
@@ -92,11 +93,12 @@ class SolveWorker(VocoderWorker):
 
     def _held(self) -> list[Job]:
         """The jobs whose rows wait for the solve or fly in it."""
-        return [c.job for c in self.waiting] + [r.tag.job for r in self.solve.flight] + [r[0] for r in self.ready]
+        return ([c.job for c in self.waiting] + [r.tag.job for r in self.solve.flight] + [r[0] for r in self.ready]
+                + [job for v in self.launched for job in v.jobs])
 
     def _loop(self) -> None:
         while (jobs := self._take_new()) is not None:
-            if not jobs and not (self.solve.flight or self.waiting or self.ready):  # idle: does the device still work?
+            if not jobs and not self._busy():  # idle: does the device still work?
                 if self.lost():
                     self._die(DeviceLost("its GPU failed (found while idle); restarting"), [])
                     return
@@ -107,7 +109,7 @@ class SolveWorker(VocoderWorker):
             except Exception as exc:  # noqa: BLE001  a bug here must not stop the thread every stream waits on
                 log.exception("vocoder: the flow's solve failed")
                 failed = jobs + self._held()
-                self.waiting, self.ready = [], []
+                self.waiting, self.ready, self.launched = [], [], []
                 for row in list(self.solve.flight):
                     self.solve.drop(row.tag)
                 if self.lost():
@@ -146,6 +148,7 @@ class SolveWorker(VocoderWorker):
         if self._generation_due(now):
             ready, self.ready = [r[:3] for r in self.ready], []
             self._generate(ready)
+        self._deliver_ready()
 
     def _generation_due(self, now: float) -> bool:
         """Whether the ready chunks go to the generator now: nothing else in the solve, one of them urgent (a first
@@ -221,8 +224,21 @@ class SolveWorker(VocoderWorker):
         return finished
 
     def _generate(self, ready: list[tuple[Job, tuple | None, float]]) -> None:
-        """The ready chunks' windows through the generator in one call (worker.py's _vocode); the cancelled let go."""
+        """The ready chunks' windows through the generator in one call, queued on the device (worker.py's _launch):
+        the next ticks are queued behind it at once, and its samples go out once the device has made them
+        (_deliver_ready). The cancelled are let go."""
         ready = [r for r in ready if r[0].future.set_running_or_notify_cancel()]
         decoded = {id(job): d for job, d, _ in ready if d is not None}
-        self._vocode([job for job, _, _ in ready], decoded, {id(job): started for job, _, started in ready},
-                     call_started=time.perf_counter())
+        self.launched.append(self._launch([job for job, _, _ in ready], decoded,
+                                          {id(job): started for job, _, started in ready},
+                                          call_started=time.perf_counter()))
+
+    def _deliver_ready(self) -> None:
+        """The launched calls whose samples are in go to their streams, oldest first; all of them, waiting for the
+        device, when nothing else is left to do."""
+        wait = not (self.solve.flight or self.waiting or self.ready)
+        while self.launched and (wait or self.launched[0].ready()):
+            self._deliver(self.launched.pop(0))
+
+    def _busy(self) -> bool:
+        return bool(self.solve.flight or self.waiting or self.ready or self.launched)

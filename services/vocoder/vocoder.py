@@ -211,8 +211,17 @@ class TokenVocoder:
         Batched and padded as runner.py describes. (A config whose upsample kernels exceed their strides by an
         odd number, as the 24 kHz hop-480 BigVGAN preset's do, yields a few samples after the last frame's: they
         are cut.)"""
-        out = self.runner(windows, last, conditions)
-        return [wav.numpy() for wav in out] if conditions is None else [(wav.numpy(), outs) for wav, outs in out]
+        return self.samples(self.launch(windows, last, conditions))
+
+    def launch(self, windows: list[torch.Tensor], last: list[bool], conditions: list[tuple] | None = None):
+        """vocode(), queued on the device without waiting for it → a runner.Generation for samples()."""
+        return self.runner.launch(windows, last, conditions)
+
+    @staticmethod
+    def samples(generation) -> list:
+        """A launched call's samples, as vocode() gives them (waits for the device)."""
+        out = generation.result()
+        return [wav.numpy() for wav in out] if not generation.conditioned else [(wav.numpy(), outs) for wav, outs in out]
 
     def waveform(self, mel: torch.Tensor) -> np.ndarray:
         """Offline synthesis: mel [num_mels, frames] → float32 samples [frames * hop] (HiFT: its source from the

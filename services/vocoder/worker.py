@@ -213,10 +213,15 @@ class VocoderWorker(JobThread):
     def _vocode(self, batch: list[Job], decoded: dict[int, tuple], started: dict[int, float],
                 decoded_here: bool = False, call_started: float | None = None) -> None:
         """Prepare each stream's window (with its decoded tokens, by id(job)), vocode the due ones in one call, hand
-        each stream its samples. started: when each job's work began (id(job)); the batch's seconds count from
-        call_started (default: the earliest). A stream's own fault (its tokens, its state) ends that stream alone; a
-        failed model call fails the streams of this batch (the caller reports it). decoded_here: the decode was this
-        call's (its device time is observed after the generator's)."""
+        each stream its samples (_launch, then _deliver)."""
+        self._deliver(self._launch(batch, decoded, started, call_started), decoded_here)
+
+    def _launch(self, batch: list[Job], decoded: dict[int, tuple], started: dict[int, float],
+                call_started: float | None = None) -> "Vocoding":
+        """Prepare each stream's window and queue the due ones' generator call, without waiting for the device.
+        started: when each job's work began (id(job)); the batch's seconds count from call_started (default: the
+        earliest). A stream's own fault (its tokens, its state) ends that stream alone; a failed model call fails
+        the streams of this batch (the caller reports it)."""
         began = call_started if call_started is not None else min(started.values(), default=time.perf_counter())
         jobs, windows = [], []
         for job in batch:
@@ -228,23 +233,42 @@ class VocoderWorker(JobThread):
                 job.future.set_exception(exc)
         due = [i for i, w in enumerate(windows) if w.mel is not None]
         mels, last = [windows[i].mel for i in due], [windows[i].last for i in due]
-        if not due:
-            wavs = []
-        elif self.vocoder.conditioned:  # HiFT: each window's source position too (streamer.py)
-            wavs = self.vocoder.vocode(mels, last, [windows[i].conditions for i in due])
-        else:
-            wavs = self.vocoder.vocode(mels, last)
+        generation = None
+        if due:  # HiFT: each window's source position too (streamer.py)
+            conditions = [windows[i].conditions for i in due] if self.vocoder.conditioned else None
+            generation = self.vocoder.launch(mels, last, conditions)
+        return Vocoding(jobs, windows, due, generation, started, began)
+
+    def _deliver(self, v: "Vocoding", decoded_here: bool = False) -> None:
+        """A launched call's samples (waits for the device) to their streams. decoded_here: the decode was this call's
+        (its device time is observed after the generator's)."""
+        wavs = self.vocoder.samples(v.generation) if v.generation is not None else []
         now = time.perf_counter()
-        if due:
-            self.on_batch(len(due), now - began)
-            self.on_generate(self.vocoder.generate_seconds())
+        if v.due:
+            self.on_batch(len(v.due), now - v.began)
+            self.on_generate(v.generation.seconds())
         if decoded_here:  # (read after the generator's call: its samples are on the host, the decode long done)
             self.on_decode(self.vocoder.decode_seconds())
-        by_index = dict(zip(due, wavs))
-        for i, (job, window) in enumerate(zip(jobs, windows)):
+        by_index = dict(zip(v.due, wavs))
+        for i, (job, window) in enumerate(zip(v.jobs, v.windows)):
             samples = job.streamer.commit(window, by_index.get(i))
-            began_job = started.get(id(job), began)
-            job.future.set_result(Done(samples, began_job - job.submitted, now - began_job, len(due)))
+            began_job = v.started.get(id(job), v.began)
+            job.future.set_result(Done(samples, began_job - job.submitted, now - began_job, len(v.due)))
+
+
+@dataclass
+class Vocoding:
+    """A generator call launched for a batch of jobs (worker._launch): their windows, which were due, the call."""
+
+    jobs: list[Job]
+    windows: list
+    due: list[int]
+    generation: object | None   # runner.Generation (None: no window was due)
+    started: dict[int, float]
+    began: float
+
+    def ready(self) -> bool:
+        return self.generation is None or self.generation.ready()
 
 
 class Lanes:
