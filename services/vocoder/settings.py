@@ -70,7 +70,8 @@ class VocoderSettings:
                                                    "(default 40)", type=positive(int))
     flow_solve: str = option("off", "the flow's solve batched at the Euler step (on: a stream's block joins the running "
                                     "solve at the next tick instead of waiting for the flow call in flight; needs the "
-                                    "stream history; docs/codec.md)", choices=["on", "off"])
+                                    "stream history; slower than calls at 128 streams on an H100: docs/codec.md)",
+                             choices=["on", "off"])
     flow_solve_rows: int = option(DEFAULT_SOLVE_ROWS, "rows in the flow's solve at most (--flow-solve on; CUDA graphs up "
                                                       "to 64)", type=positive(int))
     flow_admit_every: int = option(DEFAULT_ADMIT_EVERY, "ticks between admissions to the flow's solve of chunks not yet "

@@ -15,6 +15,11 @@ Each turn of the loop:
   their streams: at once if one of them is urgent, or else once the oldest has waited `generate_wait` seconds, so that
   the playing streams' windows of several admissions share a call.
 
+**Measured, and off by default** (`--flow-solve off`; docs/benchmarks.md, issue 20): on an H100 at 128 streams beside
+the llm (MPS), the solve's turns are bound by the device (a tick of ~22-30 rows ~7-8 ms there, ~21 ms of wall per turn
+with the admissions and HiFT calls between ticks), so a first block's 10 ticks take longer than the call it would have
+waited for: vocoder first chunk 179-257 ms and 97% stall-free at best, against 89 ms and 99.6% with flow calls.
+
 A chunk stays cancellable while it is in the solve (its future is set running only once its samples are made): a
 cancelled chunk's row is dropped at the next turn, and its stream's slot is freed once the device is past it
 (history.py). A failed tick fails the chunks in flight, and a lost device stops the worker as worker.py's does.
@@ -32,7 +37,7 @@ from services.vocoder.worker import Job, VocoderWorker
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SOLVE_ROWS = 64     # rows in flight at most (solve.py's largest bucket; 32 was full half the time at 128 streams)
+DEFAULT_SOLVE_ROWS = 32     # rows in flight at most (at 128 streams 64 made ticks slower and left the table as full)
 DEFAULT_ADMIT_EVERY = 5     # ticks between admissions of chunks that are not urgent (divides the 10 Euler steps)
 DEFAULT_URGENT_SLACK = 0.3  # seconds: a playing stream's chunk due sooner is admitted at once (a solve: ~10 ticks)
 # Seconds a chunk that is not urgent may wait, solved, for a generator call to share: a call costs ~12 ms beside the
