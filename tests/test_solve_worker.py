@@ -55,6 +55,18 @@ def drive(vocoder, worker, streams=STREAMS) -> list[np.ndarray]:
     return [np.concatenate(pieces) for pieces in out]
 
 
+def driven(vocoder, worker) -> list[np.ndarray]:
+    """drive() through the worker, stopped afterwards."""
+    try:
+        return drive(vocoder, worker)
+    finally:
+        worker.stop()
+
+
+def snr(got: np.ndarray, want: np.ndarray) -> float:
+    return float(10 * np.log10(np.sum(want**2) / max(np.sum((got - want) ** 2), 1e-30)))
+
+
 @pytest.fixture(scope="module")
 def vocoder():
     return load_vocoder(None, "tiny-codec", flow=FlowOptions(history_streams=4))
@@ -62,11 +74,7 @@ def vocoder():
 
 @pytest.fixture(scope="module")
 def calls(vocoder) -> list[np.ndarray]:
-    worker = VocoderWorker(vocoder, max_wait=0.01)
-    try:
-        return drive(vocoder, worker)
-    finally:
-        worker.stop()
+    return driven(vocoder, VocoderWorker(vocoder, max_wait=0.01))
 
 
 def solve_worker(vocoder, capacity: int = 4, **options) -> SolveWorker:
@@ -79,10 +87,7 @@ def test_streams_through_the_solve_get_what_flow_calls_give_them(vocoder, calls,
     launched without waiting, their samples delivered once in)."""
     seen = []
     worker = solve_worker(vocoder, admit_every=admit_every, on_solve=lambda kind, rows, s: seen.append((kind, rows)))
-    try:
-        got = drive(vocoder, worker)
-    finally:
-        worker.stop()
+    got = driven(vocoder, worker)
     for i, (g, want) in enumerate(zip(got, calls)):
         assert len(g) == len(want) == STREAMS[i][0] * vocoder.samples_per_token, i
         np.testing.assert_allclose(g, want, atol=2e-4, rtol=0, err_msg=f"stream {i}")
@@ -95,15 +100,11 @@ def test_streams_through_the_solve_get_what_flow_calls_give_them(vocoder, calls,
 def test_a_stream_without_a_history_slot_is_decoded_over_its_window_beside_the_solve(calls):
     """One slot for four streams: the first to come holds it, the others are decoded in flow calls between ticks."""
     v = load_vocoder(None, "tiny-codec", flow=FlowOptions(history_streams=1))
-    worker = solve_worker(v)
-    try:
-        got = drive(v, worker)
-    finally:
-        worker.stop()
+    got = driven(v, solve_worker(v))
     for i, (g, want) in enumerate(zip(got, calls)):
         assert len(g) == len(want), i
         # the window's decode solves frames the history keeps instead: the same to float error, not bit for bit
-        assert 10 * np.log10(np.sum(want**2) / max(np.sum((g - want) ** 2), 1e-30)) > 40, i
+        assert snr(g, want) > 40, i
 
 
 def test_a_chunk_cancelled_while_its_row_flies_frees_its_place_and_slot(vocoder):
@@ -146,19 +147,11 @@ def test_on_cuda_the_solves_graphs_give_what_flow_calls_give():
     the same streams through flow calls' graphs."""
     v = load_vocoder(None, "tiny-codec", device="cuda", flow=FlowOptions(history_streams=4))
     v.decoder.warm_up(list(v.voices.values()), 4)
-    calls_worker = VocoderWorker(v, max_wait=0.01)
-    try:
-        want = drive(v, calls_worker)
-    finally:
-        calls_worker.stop()
+    want = driven(v, VocoderWorker(v, max_wait=0.01))
     solve = FlowSolve(v.decoder, 4)
     solve.warm_up()
     assert solve.graphs
-    worker = SolveWorker(v, solve, max_wait=0.01)
-    try:
-        got = drive(v, worker)
-    finally:
-        worker.stop()
+    got = driven(v, SolveWorker(v, solve, max_wait=0.01))
     for i, (g, w) in enumerate(zip(got, want)):
         assert len(g) == len(w), i
-        assert 10 * np.log10(np.sum(w**2) / max(np.sum((g - w) ** 2), 1e-30)) > 20, i
+        assert snr(g, w) > 20, i

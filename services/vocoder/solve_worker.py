@@ -82,16 +82,10 @@ class SolveWorker(VocoderWorker):
         """The jobs that came in; waits for one only while the solve has nothing in flight or waiting ([] after
         probe_seconds idle; None: stopping, every job failed)."""
         with self.cv:
-            if not self._busy():
-                idle_until = time.monotonic() + self.probe_seconds
-                while not self.pending and not self.stopping:
-                    if (left := idle_until - time.monotonic()) <= 0:
-                        return []
-                    self.cv.wait(left)
+            if not self._busy() and not self._await_pending():
+                return []
             if self.stopping:
-                for job in self.pending + self._held():
-                    if not job.future.done():
-                        job.future.set_exception(RuntimeError("the vocoder worker has stopped"))
+                self._fail_stopped(self.pending + self._held())
                 return None
             jobs, self.pending = self.pending, []
             return jobs

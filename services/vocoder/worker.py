@@ -132,14 +132,10 @@ class VocoderWorker(JobThread):
     def _take(self) -> list[Job] | None:
         """Wait for work → the next batch, most urgent first ([]: idle for probe_seconds; None: stopping)."""
         with self.cv:
-            idle_until = time.monotonic() + self.probe_seconds
-            while not self.pending and not self.stopping:
-                if (left := idle_until - time.monotonic()) <= 0:
-                    return []
-                self.cv.wait(left)
+            if not self._await_pending():
+                return []
             if self.stopping:
-                for job in self.pending:
-                    job.future.set_exception(RuntimeError("the vocoder worker has stopped"))
+                self._fail_stopped(self.pending)
                 return None
             deadline = self.pending[0].submitted + self.max_wait
             while len(self.pending) < self.max_batch and not self.stopping:
@@ -158,6 +154,21 @@ class VocoderWorker(JobThread):
                 taken += 1
             batch, self.pending = self.pending[:taken], self.pending[taken:]
             return batch
+
+    def _await_pending(self) -> bool:
+        """(Holding cv) wait for a job or the stop → False once probe_seconds have passed idle."""
+        idle_until = time.monotonic() + self.probe_seconds
+        while not self.pending and not self.stopping:
+            if (left := idle_until - time.monotonic()) <= 0:
+                return False
+            self.cv.wait(left)
+        return True
+
+    @staticmethod
+    def _fail_stopped(jobs: list[Job]) -> None:
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(RuntimeError("the vocoder worker has stopped"))
 
     def _loop(self) -> None:
         while (batch := self._take()) is not None:
