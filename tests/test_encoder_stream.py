@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from spectra import stft_magnitude
 
 from services.encoder import features
 from services.encoder.config import tiny
@@ -25,10 +26,10 @@ def noise(n: int, seed: int, level: float = 0.1) -> torch.Tensor:
 
 
 def whisper_by_librosa(samples: torch.Tensor, n_mels: int) -> np.ndarray:
-    """Whisper's features written with librosa (an independent STFT and mel): centred, reflect-padded, last frame
-    dropped, log10, floor 8 below the maximum, (x + 4) / 4."""
-    mel = librosa.feature.melspectrogram(y=samples.numpy().astype(np.float64), sr=16000, n_fft=400, hop_length=160,
-                                         n_mels=n_mels, power=2.0, center=True, pad_mode="reflect")[:, :-1]
+    """Whisper's features written with numpy's FFT and librosa's mel filters (an independent STFT and mel): centred,
+    reflect-padded, last frame dropped, log10, floor 8 below the maximum, (x + 4) / 4."""
+    power = stft_magnitude(samples.numpy().astype(np.float64), 400, 160, center=True) ** 2
+    mel = (librosa.filters.mel(sr=16000, n_fft=400, n_mels=n_mels) @ power)[:, :-1]
     log = np.log10(np.maximum(mel, 1e-10))
     return (np.maximum(log, log.max() - 8.0) + 4.0) / 4.0
 

@@ -19,7 +19,7 @@ from services.vocoder.worker import Job, VocoderWorker
 
 # (tokens, chunk schedule, first round): the gateway's chunks, a late starter, and a whole stream in one chunk
 # (more frames than one row solves: several rows in turn).
-STREAMS = [(60, [8, 5, 10, 20, 20], 0), (45, [8, 5, 10, 22], 2), (60, [60], 1), (33, [8, 25], 3)]
+STREAMS = [(43, [8, 5, 10, 20], 0), (30, [8, 5, 17], 2), (45, [45], 1), (25, [8, 17], 3)]
 
 
 def codes(n: int, seed: int) -> list[int]:

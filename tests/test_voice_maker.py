@@ -60,13 +60,14 @@ def test_a_voice_is_the_recordings_codes_mel_and_speaker_embedding(tmp_path, rec
     codes = encode(encoder, torch.from_numpy(at16k))
     p = len(voice.prompt_tokens)
     assert voice.prompt_tokens.tolist() == codes[:p] and p >= len(codes) - 1
-    # The flow's mel, computed here with librosa's STFT: reflect-padded by 720 each side, not centred, log of the
-    # magnitude's mel clamped at 1e-5.
+    # The flow's mel, computed here with numpy's FFT and librosa's filters: reflect-padded by 720 each side, not
+    # centred, log of the magnitude's mel clamped at 1e-5.
     import librosa
+    from spectra import stft_magnitude
 
     at24k = soxr.resample(samples, rate, 24000, quality="HQ").astype(np.float32)
     y = np.pad(at24k, 720, mode="reflect")
-    magnitude = np.abs(librosa.stft(y, n_fft=1920, hop_length=480, win_length=1920, window="hann", center=False))
+    magnitude = stft_magnitude(y, 1920, 480, center=False)
     mel = np.log(np.maximum(librosa.filters.mel(sr=24000, n_fft=1920, n_mels=80, fmin=0, fmax=8000) @ magnitude, 1e-5)).T
     assert voice.prompt_mel.shape == (4 * p, 80) and p == min(len(codes), mel.shape[0] // 4)
     np.testing.assert_allclose(voice.prompt_mel.numpy(), mel[: 4 * p], atol=2e-3)
