@@ -27,6 +27,10 @@ start_stack() {
   setsid python3 -c "$SERVE_PY" up --device "${DEVICE:-cuda}" --preset "${PRESET:-moss-speech}" \
     $( [ "${MPS:-1}" = 0 ] && echo --no-mps ) "$@" > "$OUT/up.log" 2>&1 &
   STACK_PID=$!
+  # Killed (e.g. by `timeout`): stop the stack on the way out, or it holds the GPU and its ports for the next one (an
+  # H100 ran out of memory that way). Bash runs the trap once the command in the foreground has returned.
+  trap 'exit 143' TERM INT
+  trap 'stop_stack; rm -rf "$WORK"' EXIT
   for _ in $(seq 1 150); do  # the gateway answers before the llm has captured its graphs: retry
     if serve say "warm up" -o "$WORK/warmup.wav" --max-new-tokens 8 --timeout 30 > /dev/null 2>&1; then  # a hung stack fails in minutes
       echo "stack ready after $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s"
@@ -39,12 +43,14 @@ start_stack() {
 }
 
 stop_stack() {
+  [ -n "${STACK_PID:-}" ] || return 0  # (stopped already: the exit trap comes after an explicit stop)
   kill -TERM "$STACK_PID"; wait "$STACK_PID"  # (not SIGINT: a non-interactive shell starts background jobs ignoring it)
   grep -iE "error|traceback" "$OUT/up.log" | head -5
   tail -3 "$OUT/up.log"
   if pkill -KILL -g "$STACK_PID" 2> /dev/null; then  # never let a stack outlive its run; only this one's processes
     echo "stop_stack: processes of this stack still running after moss-serve up stopped; killed them"
   fi
+  STACK_PID=
 }
 
 # Pack $OUT's results into $OUT/results.tgz (the device tool brings back few files) and remove what was packed.
