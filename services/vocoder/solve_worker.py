@@ -16,9 +16,9 @@ Each turn of the loop:
   the playing streams' windows of several admissions share a call.
 
 **Measured, and off by default** (`--flow-solve off`; docs/benchmarks.md, issue 20): on an H100 at 128 streams beside
-the llm (MPS), the solve's turns are bound by the device (a tick of ~22-30 rows ~7-8 ms there, ~21 ms of wall per turn
+the llm (MPS), the solve's turns are bound by the device (a tick of ~17-32 rows 6-8.5 ms there, ~21 ms of wall per turn
 with the admissions and HiFT calls between ticks), so a first block's 10 ticks take longer than the call it would have
-waited for: vocoder first chunk 179-257 ms and 97% stall-free at best, against 89 ms and 99.6% with flow calls.
+waited for: vocoder first chunk 160-257 ms and 97.5% stall-free at best, against 89 ms and 99.6% with flow calls.
 
 A chunk stays cancellable while it is in the solve (its future is set running only once its samples are made): a
 cancelled chunk's row is dropped at the next turn, and its stream's slot is freed once the device is past it

@@ -112,9 +112,9 @@ class VocoderWorker(JobThread):
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
                  probe_seconds: float = PROBE_SECONDS, name: str = "vocoder-worker"):
-        """vocoder: TokenVocoder (its `vocode(windows, last)` runs a batch); on_batch(size, seconds) per batch,
-        on_decode(seconds) per pass of its token decoder and on_generate(seconds) per call of its generator (parts of
-        a batch's seconds: on CUDA their device time).
+        """vocoder: TokenVocoder (its `launch(windows, last, conditions)` queues a batch, `samples` reads it);
+        on_batch(size, seconds) per batch, on_decode(seconds) per pass of its token decoder and on_generate(seconds)
+        per call of its generator (parts of a batch's seconds: on CUDA their device time).
         A call holds at most max_batch windows and max_batch_frames mel frames (but always one window), and
         at most first_chunk_batch_frames (when > 0) if it carries a first chunk; first_chunk_budget: seconds.
         lost(): is the device gone? (asked after a failed batch, and after every probe_seconds idle) If so
