@@ -70,7 +70,6 @@ class GeneratorRunner:
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.exact_frames: set[int] = set()  # last-window lengths that run in graphs (warm_up)
         self.exact_batch = 0                 # the most last windows of one length a graph takes (warm_up)
-        self.timing = None                   # the last call's (start, end) CUDA events around the generator's work
         self.pool = None
         # A conditioned generator's further inputs per row (dtype, shape after the batch axis): what warm_up
         # captures graphs with. HiFT: its source's phase at an anchor frame, that frame, the frame whose phase
@@ -80,7 +79,7 @@ class GeneratorRunner:
     def lane(self) -> "GeneratorRunner":
         """The same runner for a second worker thread: the generator shared, graphs of its own (worker.py)."""
         other = copy.copy(self)
-        other.graphs, other.pool, other.exact_frames, other.exact_batch, other.timing = {}, None, set(), 0, None
+        other.graphs, other.pool, other.exact_frames, other.exact_batch = {}, None, set(), 0
         return other
 
     @property
@@ -171,7 +170,7 @@ class GeneratorRunner:
             timing[1].record()
         flat = [o for outs in outputs for o in outs]
         dev = torch.cat(pieces + [o.reshape(-1).float() for o in flat])
-        timing = self.timing = timing if isinstance(timing, tuple) else time.perf_counter() - timing
+        timing = timing if isinstance(timing, tuple) else time.perf_counter() - timing  # (Generation.seconds)
         host, done = dev, None
         if dev.is_cuda:  # into pinned memory, not blocking: result() waits for this copy alone
             host = torch.empty(dev.shape, dtype=dev.dtype, pin_memory=True)
@@ -189,14 +188,6 @@ class GeneratorRunner:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         return start, end
-
-    def seconds(self) -> float:
-        """The last call's generator work, seconds (on CUDA its device time: waits for it)."""
-        if not isinstance(self.timing, tuple):
-            return self.timing or 0.0
-        start, end = self.timing
-        end.synchronize()
-        return start.elapsed_time(end) / 1000
 
     def _batched(self, column: tuple[torch.Tensor, ...], batch: int) -> torch.Tensor:
         """One further input, a tensor per window → [batch, ...] on the device, padding rows zero. Host rows go in

@@ -201,10 +201,6 @@ class TokenVocoder:
             return timing[0].elapsed_time(timing[1]) / 1000
         return timing
 
-    def generate_seconds(self) -> float:
-        """The last vocode call's generator work (on CUDA its device time, CUDA events: waits for it; 0 on CPU)."""
-        return self.runner.seconds()
-
     def vocode(self, windows: list[torch.Tensor], last: list[bool], conditions: list[tuple] | None = None) -> list:
         """Windows of mel [num_mels, F_i] (any streams) → float32 samples [F_i * hop] each, in [-1, 1];
         last[i]: window i ends its stream. With conditions (HiFT: streamer.py), (samples, [outputs]) each.
