@@ -102,7 +102,8 @@ def parser() -> argparse.ArgumentParser:
                          "--device cuda where the daemon is installed, with a warning where it is not")
     up.add_argument("--mps-llm-threads", type=int, default=25, metavar="PERCENT",
                     help="with --mps: the share of the GPU's multiprocessors the llm's kernels may occupy at once "
-                         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), leaving the rest to the vocoder (default 25; docs/benchmarks.md)")
+                         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), leaving the rest to the vocoder (default 25; on an H100 35 and 45 hung "
+                         "the stack's first request, not yet understood: docs/benchmarks.md)")
     up.add_argument("--mps-vocoder-threads", type=int, default=100, metavar="PERCENT",
                     help="with --mps: the share the vocoder's kernels may occupy at once; with --mps-llm-threads "
                          "summing to 100 or less, neither takes the other's multiprocessors (default 100: no cap)")

@@ -124,6 +124,25 @@ def test_up_forwards_pacing_and_the_vocoder_worker_options():
     assert vocoder.first_chunk_batch_frames == 128
 
 
+def test_the_vocoders_call_limits_are_its_decoders_unless_given():
+    """The codec's flow takes larger calls than the stand-in (worker.CallLimits); a flag overrides one limit only,
+    and 0 first-chunk frames (no cap of their own) is a value, not a default."""
+    from services.settings import from_args
+    from services.vocoder.settings import VocoderSettings
+    from services.vocoder.worker import FLOW_LIMITS, STAND_IN_LIMITS, CallLimits
+
+    def limits(*flags, flow):
+        return from_args(VocoderSettings, parser().parse_args(["vocoder", *flags])).call_limits(flow)
+
+    assert FLOW_LIMITS != STAND_IN_LIMITS
+    assert limits(flow=True) == FLOW_LIMITS and limits(flow=False) == STAND_IN_LIMITS
+    assert limits("--max-batch", "8", flow=True) == CallLimits(8, FLOW_LIMITS.max_batch_frames,
+                                                               FLOW_LIMITS.first_chunk_batch_frames)
+    assert limits("--first-chunk-batch-frames", "0", flow=True).first_chunk_batch_frames == 0
+    # `up` hands on only what was given: the vocoder then picks its decoder's
+    assert "--max-batch" not in up_service_args(parser().parse_args(["up"]))["vocoder"]
+
+
 def test_pacing_is_on_by_default_on_cuda_only():
     assert audio_lead(parser().parse_args(["llm", "--device", "cuda"])) == CUDA_AUDIO_LEAD > 0
     assert audio_lead(parser().parse_args(["llm"])) == 0.0  # CPU: tests and the demo run as fast as they can

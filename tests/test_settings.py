@@ -95,7 +95,8 @@ def test_an_option_declared_in_one_place_appears_everywhere():
 
 def test_the_help_states_the_declared_defaults():
     helps = {name: sub.format_help() for name, sub in parser()._subparsers._group_actions[0].choices.items()}
-    assert "(default 50052)" in helps["llm"] and "(default 16)" in helps["vocoder"]
+    assert "(default 50052)" in helps["llm"] and "(default 0.1)" in helps["vocoder"]
+    assert "default: the codec's flow 32, the stand-in 16" in " ".join(helps["vocoder"].split())  # per decoder
     assert "(default 300.0)" in helps["gateway"] and "(default 300.0)" in helps["up"]
 
 

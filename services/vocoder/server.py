@@ -46,6 +46,7 @@ async def run(s: VocoderSettings) -> None:
     left = vocoder.receptive_field[0] if s.left_context is None else s.left_context
     lookahead = DEFAULT_LOOKAHEAD if s.lookahead is None else s.lookahead
     flow = isinstance(vocoder.decoder, FlowTokenDecoder)
+    limits = s.call_limits(flow)
     solve = None
     if s.flow_solve == "on":
         if not flow or vocoder.decoder.history is None:
@@ -57,7 +58,7 @@ async def run(s: VocoderSettings) -> None:
         solve = FlowSolve(vocoder.decoder, s.flow_solve_rows)
     # A call holds at most max_batch windows (with the solve: the rows a tick finishes, and the chunks ready beside
     # them): larger batch buckets are never used.
-    most = s.max_batch if solve is None else max(s.max_batch, s.flow_solve_rows)
+    most = limits.max_batch if solve is None else max(limits.max_batch, s.flow_solve_rows)
     ceiling = smallest(vocoder.runner.batch_buckets, most) or vocoder.runner.batch_buckets[-1]
     batches = [b for b in vocoder.runner.batch_buckets if b <= ceiling]
     vocoder.runner.warm_up(batches, exact_frames=[left + lookahead + frames for frames in vocoder.end_frames],
@@ -65,7 +66,7 @@ async def run(s: VocoderSettings) -> None:
     if solve is not None:  # its ticks' and admissions' graphs; streams beyond the history's slots decode eagerly
         solve.warm_up()
     elif flow:  # the flow's graphs: every (batch, token bucket) a call can use
-        vocoder.decoder.warm_up(list(vocoder.voices.values()), s.max_batch)
+        vocoder.decoder.warm_up(list(vocoder.voices.values()), limits.max_batch)
     lane = None
     if s.first_chunk_lane == "on":
         lane = vocoder.lane()  # first chunks beside the other calls (worker.py): its graphs for first chunks only
@@ -81,9 +82,11 @@ async def run(s: VocoderSettings) -> None:
     if getattr(vocoder.decoder, "history", None) is not None:
         metrics.watch_history(vocoder.decoder.history)
     fatal, report = fatal_signal(asyncio.get_running_loop())  # the device lost: stop serving, exit (device.py)
-    servicer = VocoderServicer(vocoder, s.left_context, s.lookahead, max_batch=s.max_batch,
-                               max_batch_frames=s.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
-                               first_chunk_batch_frames=s.first_chunk_batch_frames,
+    log.info("vocoder: calls of at most %d windows and %d mel frames, %d with a first chunk", limits.max_batch,
+             limits.max_batch_frames, limits.first_chunk_batch_frames)
+    servicer = VocoderServicer(vocoder, s.left_context, s.lookahead, max_batch=limits.max_batch,
+                               max_batch_frames=limits.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
+                               first_chunk_batch_frames=limits.first_chunk_batch_frames,
                                lost=lambda: device_lost(s.device), on_fatal=report, lane=lane, solve=solve,
                                admit_every=s.flow_admit_every, generate_wait=s.flow_generate_wait)
     start_metrics_server(s.host, s.metrics_port)

@@ -8,12 +8,7 @@ from typing import TYPE_CHECKING
 
 from services.settings import OWN, count, host_option, metrics_port_option, option, port_option, positive, seconds
 from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_GENERATE_WAIT, DEFAULT_SOLVE_ROWS
-from services.vocoder.worker import (
-    DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
-    DEFAULT_FIRST_CHUNK_BUDGET,
-    DEFAULT_MAX_BATCH,
-    DEFAULT_MAX_BATCH_FRAMES,
-)
+from services.vocoder.worker import DEFAULT_FIRST_CHUNK_BUDGET, FLOW_LIMITS, STAND_IN_LIMITS, CallLimits
 
 if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
     from services.common.tls import ServerTls
@@ -39,16 +34,21 @@ class VocoderSettings:
     lookahead: int | None = option(None, "mel frames held back for the next chunk (default 4: one token, 80 ms at hop "
                                          "480)", type=count, scope=OWN)
     # The worker's options (worker.py): `up` hands them on.
-    max_batch: int = option(DEFAULT_MAX_BATCH, "windows per model call (a first chunk never waits behind a long call)",
-                            type=positive(int))
-    max_batch_frames: int = option(DEFAULT_MAX_BATCH_FRAMES, "mel frames per model call, all windows together",
-                                   type=positive(int))
+    # Their defaults are the decoder's (worker.CallLimits): the codec's flow and the stand-in trade differently.
+    max_batch: int | None = option(None, "windows per model call (a first chunk never waits behind a long call; "
+                                         f"default: the codec's flow {FLOW_LIMITS.max_batch}, the stand-in "
+                                         f"{STAND_IN_LIMITS.max_batch})", type=positive(int))
+    max_batch_frames: int | None = option(None, "mel frames per model call, all windows together (default: the codec's "
+                                                f"flow {FLOW_LIMITS.max_batch_frames}, the stand-in "
+                                                f"{STAND_IN_LIMITS.max_batch_frames})", type=positive(int))
     first_chunk_budget: float = option(DEFAULT_FIRST_CHUNK_BUDGET, "seconds after it comes in that a stream's first "
                                        "chunk is due; chunks are vocoded earliest deadline first (0: first chunks first)",
                                        type=seconds)
-    first_chunk_batch_frames: int = option(DEFAULT_FIRST_CHUNK_BATCH_FRAMES, "mel frames of a model call that carries a "
-                                           "stream's first chunk: a shorter call, sooner first audio (0: "
-                                           "--max-batch-frames alone)", type=count)
+    first_chunk_batch_frames: int | None = option(None, "mel frames of a model call that carries a stream's first "
+                                                        "chunk: a shorter call, sooner first audio (0: "
+                                                        "--max-batch-frames alone; default: the codec's flow "
+                                                        f"{FLOW_LIMITS.first_chunk_batch_frames}, the stand-in "
+                                                        f"{STAND_IN_LIMITS.first_chunk_batch_frames})", type=count)
     first_chunk_lane: str = option("off", "vocode streams' first chunks on a second worker thread, in small calls on "
                                           "a CUDA stream of high priority beside the playing streams' calls (on: "
                                           "sooner first audio under load, but more stalls; docs/benchmarks.md)",
@@ -83,3 +83,9 @@ class VocoderSettings:
                                          type=seconds)
     seed: int = 0
     tls: ServerTls | None = None  # TLS on the gRPC port (mutual with a client CA: only the gateway gets in)
+
+    def call_limits(self, flow: bool) -> CallLimits:
+        """The worker's limits on a call: those given, the decoder's (flow: the codec's) for the rest."""
+        mine = FLOW_LIMITS if flow else STAND_IN_LIMITS
+        return CallLimits(*(getattr(mine, f) if getattr(self, f) is None else getattr(self, f)
+                            for f in ("max_batch", "max_batch_frames", "first_chunk_batch_frames")))

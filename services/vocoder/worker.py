@@ -81,22 +81,34 @@ class Done:
     batch_size: int
 
 
-# What one model call may hold: windows, and mel frames in all. Larger calls gain little (an H200 vocodes
-# 361x real time in calls of 8 windows of 80 frames, 397x in calls of 64) but a chunk that turns urgent during
-# a call waits for all of it: at 128 streams, calls of up to 64 windows took 145 ms on average and first
-# chunks waited 350 ms (docs/benchmarks.md). 1024 frames is ~25 ms of an H200 alone.
-# The codec's flow decoder costs more per call and less per window than BigVGAN (~25 ms a call, ~2.2 ms a window on
-# an H100), so larger calls (`--max-batch 32 --max-batch-frames 4096 --first-chunk-batch-frames 768`) raise its
-# throughput (128 streams stall-free where these limits fall behind at 96), but they cost time to first audio below
-# the knee (TTFA p95 ~350-390 ms against ~270): these limits are kept (docs/benchmarks.md, issue 20).
-DEFAULT_MAX_BATCH = 16
-DEFAULT_MAX_BATCH_FRAMES = 1024
+# What one model call may hold: windows, mel frames in all, and mel frames when it carries a first chunk (0:
+# max_batch_frames alone: ~3 first windows with room for some urgent ones). A chunk that turns urgent during a call
+# waits for all of it, and a first chunk's call is time to first audio; larger calls vocode more per second. Each
+# decoder has its own best trade (docs/benchmarks.md); `--max-batch`, `--max-batch-frames` and
+# `--first-chunk-batch-frames` override it.
+@dataclass(frozen=True)
+class CallLimits:
+    max_batch: int
+    max_batch_frames: int
+    first_chunk_batch_frames: int
+
+
+# The stand-in decoder and BigVGAN: larger calls gain little (an H200 vocodes 361x real time in calls of 8 windows of
+# 80 frames, 397x in calls of 64), but at 128 streams calls of up to 64 windows took 145 ms on average and first
+# chunks waited 350 ms. 1024 frames is ~25 ms of an H200 alone. The first-chunk cap took that call from 64 to 31 ms
+# and TTFA p95 from 316 to 274 ms (H200, 128 streams).
+STAND_IN_LIMITS = CallLimits(max_batch=16, max_batch_frames=1024, first_chunk_batch_frames=256)
+# The codec's flow costs more per call and less per window (~25 ms a call, ~2.2 ms a window on an H100): with the
+# stand-in's limits (6 windows a call) the vocoder falls behind past 80 streams; with these, 128 streams started over
+# 6 s play 100% stall-free at TTFA p95 270-282 ms on an H100 (768 first-chunk frames: 303-309 ms). ~190 listeners
+# (~31 arrivals a second) need 768 to keep up: most calls then carry a first chunk (docs/benchmarks.md, issue 20).
+FLOW_LIMITS = CallLimits(max_batch=32, max_batch_frames=4096, first_chunk_batch_frames=512)
+DEFAULT_MAX_BATCH = STAND_IN_LIMITS.max_batch
+DEFAULT_MAX_BATCH_FRAMES = STAND_IN_LIMITS.max_batch_frames
+DEFAULT_FIRST_CHUNK_BATCH_FRAMES = STAND_IN_LIMITS.first_chunk_batch_frames
 # A first chunk's deadline, after it comes in: what the vocoder may add to time to first audio when chunks of
 # streams already playing are due sooner. 0: first chunks before any chunk that is not yet late.
 DEFAULT_FIRST_CHUNK_BUDGET = 0.1
-# The mel frames of a call that carries a first chunk (0: max_batch_frames alone): ~3 first windows with
-# room for some urgent ones.
-DEFAULT_FIRST_CHUNK_BATCH_FRAMES = 256
 # First chunks per call of the first-chunk lane: streams start a few at a time; its graphs are captured up to this.
 FIRST_CHUNK_LANE_BATCH = 4
 
