@@ -4,17 +4,25 @@ Servicers raise services.common.errors types (or let them propagate from the eng
 interceptor aborts the call with the mapped code and the error's message, reports each call's final
 code to `on_done` (for the `<service>_requests_total{code}` counter), and turns anything unexpected into
 INTERNAL without crashing the server.
+
+With `write_timeout` (the gateway's `--client-stall-seconds`), a streaming call whose client takes no message
+for that long is ended. A client that stops reading is not seen otherwise: its messages fill HTTP/2's flow-control
+windows (grpc's grow to megabytes, ~80 s of 24 kHz audio for one call; a connection's streams share one), and then
+the next write waits for as long as the client does, holding the call's admission place and its stages. The call's
+handler is closed, which frees all of that, and the call ends CANCELLED at once on the server; gRPC sends that
+status behind the messages the client has not read yet.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 
 import grpc
 
-from services.common.errors import ServiceError
+from services.common.errors import Cancelled, ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -44,24 +52,36 @@ def trailing_metadata(exc: ServiceError) -> tuple[tuple[str, str | bytes], ...]:
     return (("grpc-status-details-bin", status.SerializeToString()), ("retry-after-ms", str(round(retry_after * 1000))))
 
 
+class ClientStalled(Cancelled):
+    """The client took no message for the write timeout: the call ends, freeing what it held."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"the client took no message for {seconds:g} s (it stopped reading): the call was ended to "
+                         f"free its place")
+
+
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, on_done: Callable[[str, str], None] = lambda method, code: None):
-        self.on_done = on_done
+    def __init__(self, on_done: Callable[[str, str], None] = lambda method, code: None,
+                 write_timeout: float | None = None, on_stalled: Callable[[str], None] = lambda method: None):
+        """write_timeout: seconds a streaming call's write may wait for its client (None: as long as it takes);
+        on_stalled(method): a call ended for it."""
+        self.on_done, self.write_timeout, self.on_stalled = on_done, write_timeout, on_stalled
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
         if handler is None or not details.method.startswith(API_PREFIX):
             return handler
         method = details.method.rsplit("/", 1)[-1]
+        wrap_stream = self._wrap_stream if self.write_timeout is None else self._wrap_writes
         if handler.unary_stream:
             return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(method, handler.unary_stream),
+                wrap_stream(method, handler.unary_stream),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream:
             return grpc.stream_stream_rpc_method_handler(
-                self._wrap_stream(method, handler.stream_stream),
+                wrap_stream(method, handler.stream_stream),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -89,6 +109,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
             try:
                 async for response in behavior(request, context):
                     yield response
+            except ClientStalled as exc:  # not abort(): it would wait until the client reads what it has not yet
+                code = exc.code
+                context.set_code(status_code(exc))
+                context.set_details(str(exc))
             except ServiceError as exc:
                 code = exc.code
                 await context.abort(status_code(exc), str(exc), trailing_metadata(exc))
@@ -104,5 +128,24 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
             finally:
                 self.on_done(method, code)
+
+        return wrapper
+
+    def _wrap_writes(self, method: str, behavior):
+        """As _wrap_stream, but each response is written within write_timeout (the module's docstring)."""
+        async def wrapper(request, context: grpc.aio.ServicerContext):
+            async def responses():
+                async with contextlib.aclosing(behavior(request, context)) as inner:  # closed, and its cleanup run,
+                    async for response in inner:                                     # before the error goes out
+                        try:
+                            async with asyncio.timeout(self.write_timeout):
+                                await context.write(response)
+                        except TimeoutError:
+                            self.on_stalled(method)
+                            raise ClientStalled(self.write_timeout) from None
+                        yield  # (nothing: written above)
+
+            async for _ in self._wrap_stream(method, lambda r, c: responses())(request, context):
+                pass
 
         return wrapper

@@ -37,6 +37,8 @@ async def serve(
     max_streams_per_connection: int | None = None,
     tls: ServerTls | None = None,
     fatal: asyncio.Future | None = None,
+    write_timeout: float | None = None,
+    on_stalled: Callable[[str], None] = lambda method: None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop taking calls, give running ones GRACE_SECONDS, and clean up.
 
@@ -50,11 +52,14 @@ async def serve(
     whose one client, the gateway, carries every turn on one connection).
     tls: serve TLS (mutual, with a client CA) instead of plaintext (tls.py).
     fatal: completes with an exception when the service can no longer work (its device lost: device.py):
-    serving stops as on SIGTERM, then serve raises it."""
+    serving stops as on SIGTERM, then serve raises it.
+    write_timeout: seconds a streaming call may wait for its client to take a message, then it ends CANCELLED and
+    on_stalled(method) is told (interceptor.py); None: as long as it takes (llm, vocoder: their client is the
+    gateway, which reads what it asked for)."""
     # gRPC sets SO_REUSEPORT by default on Linux: a second copy of a service would then bind the same port
     # and silently take half of the new connections. Off, a port in use is an error at start.
     # ErrorInterceptor first: it sees (and counts) the UNAUTHENTICATED of a refused key too.
-    interceptors = [ErrorInterceptor(on_done)] + ([ApiKeyInterceptor(api_keys)] if api_keys else [])
+    interceptors = [ErrorInterceptor(on_done, write_timeout, on_stalled)] + ([ApiKeyInterceptor(api_keys)] if api_keys else [])
     options = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", max_message_bytes)]
     if max_streams_per_connection:
         options.append(("grpc.max_concurrent_streams", max_streams_per_connection))

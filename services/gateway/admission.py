@@ -1,9 +1,11 @@
 """Admission control: at most `max_turns` turns run at once, at most `max_queued` more wait for a place
 (first come, first served, each within its own deadline), and any beyond that are refused at once with
-RESOURCE_EXHAUSTED and a retry hint, never left hanging.
+RESOURCE_EXHAUSTED and a retry hint, never left hanging. One client (an API key, or an address: `client_of`) may
+have at most `max_per_client` turns running or waiting, so that it cannot take every place.
 
 The hint is how long the queue ahead would take to drain at the recent pace: the mean duration of the last
-turns, times the turns ahead of a newcomer per running place; at least RETRY_MIN and at most RETRY_MAX.
+turns, times the turns ahead of a newcomer per running place (a client at its own limit: its own turns, one place
+each); at least RETRY_MIN and at most RETRY_MAX.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
 import time
 
 from services.common.errors import DeadlineExceeded, ResourceExhausted
@@ -20,20 +23,58 @@ RETRY_MIN, RETRY_MAX = 0.1, 30.0
 RECENT_TURNS = 32
 
 
+def client_of(context) -> str:
+    """Who a call is from, for --max-turns-per-client: its API key (a digest: keys are not kept or logged), else its
+    address without the port (gRPC's peer, e.g. "ipv4:10.0.0.7:51234" → "ipv4:10.0.0.7")."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and value.startswith("Bearer "):
+            return "key:" + hashlib.sha256(value[len("Bearer "):].encode()).hexdigest()[:16]
+    peer = context.peer() or ""
+    kind, _, address = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return f"{kind}:{address.rsplit(':', 1)[0]}"
+    return peer
+
+
 class Admission:
-    def __init__(self, max_turns: int, max_queued: int):
-        self.max_turns, self.max_queued = max_turns, max_queued
+    def __init__(self, max_turns: int, max_queued: int, max_per_client: int = 0):
+        """max_per_client: turns one client may have running or waiting (0: no limit of its own)."""
+        self.max_turns, self.max_queued, self.max_per_client = max_turns, max_queued, max_per_client
         self.running = 0
         self.waiting: collections.deque[asyncio.Future] = collections.deque()
         self.recent = collections.deque(maxlen=RECENT_TURNS)  # seconds each recent turn held its place
+        self.by_client: collections.Counter[str] = collections.Counter()  # turns running or waiting, per client
 
-    def retry_after(self) -> float:
+    def retry_after(self, ahead: float | None = None) -> float:
+        """ahead: turns to finish before a place frees, per place (default: the queue's, over every place)."""
         mean = sum(self.recent) / len(self.recent) if self.recent else 1.0
-        return min(max(mean * (len(self.waiting) + 1) / self.max_turns, RETRY_MIN), RETRY_MAX)
+        ahead = (len(self.waiting) + 1) / self.max_turns if ahead is None else ahead
+        return min(max(mean * ahead, RETRY_MIN), RETRY_MAX)
 
     @contextlib.asynccontextmanager
-    async def turn(self, deadline: float | None):
-        """Hold a running place for the body; wait for one (until `deadline` seconds from now) if needed."""
+    async def turn(self, deadline: float | None, client: str | None = None):
+        """Hold a running place for the body; wait for one (until `deadline` seconds from now) if needed.
+        client: who asks (client_of), counted against max_per_client."""
+        if client is None or not self.max_per_client:
+            async with self._place(deadline):
+                yield
+            return
+        if self.by_client[client] >= self.max_per_client:
+            metrics.ADMISSIONS_REFUSED_CLIENT.inc()
+            raise ResourceExhausted(f"this client has {self.by_client[client]} turns running or waiting "
+                                    f"(--max-turns-per-client {self.max_per_client})",
+                                    retry_after=self.retry_after(ahead=1 / self.by_client[client]))
+        self.by_client[client] += 1
+        try:
+            async with self._place(deadline):
+                yield
+        finally:
+            self.by_client[client] -= 1
+            if not self.by_client[client]:
+                del self.by_client[client]
+
+    @contextlib.asynccontextmanager
+    async def _place(self, deadline: float | None):
         if self.running >= self.max_turns or self.waiting:
             if len(self.waiting) >= self.max_queued:
                 metrics.ADMISSIONS_REFUSED.inc()

@@ -34,7 +34,7 @@ from services.common.audio import resolve_format
 from services.common.errors import Cancelled, DeadlineExceeded, InvalidArgument, ServiceError
 from services.common.sampling import resolve_chunking, resolve_sampling
 from services.gateway import metrics
-from services.gateway.admission import Admission
+from services.gateway.admission import Admission, client_of
 from services.gateway.backends import Backends
 from services.gateway.listener import Callbacks, Listener
 from services.gateway.pipeline import Spoken, Turn, TurnLimits, validate_text
@@ -69,6 +69,7 @@ class Conversation:
     def __init__(self, backends: Backends, limits: TurnLimits, admission: Admission, idle_seconds: float, context):
         self.backends, self.limits, self.admission = backends, limits, admission
         self.idle_seconds, self.context = idle_seconds, context
+        self.client = client_of(context)  # its turns count against --max-turns-per-client
         self.session = Session(uuid.uuid4().hex)
         self.config = gateway_pb2.SessionConfig()
         self.outbox: asyncio.Queue = asyncio.Queue()
@@ -252,7 +253,7 @@ class Conversation:
                         text_reply: bool = False) -> None:
         put = self.outbox.put_nowait
         try:
-            async with self.admission.turn(self.context.time_remaining()):
+            async with self.admission.turn(self.context.time_remaining(), self.client):
                 metrics.ACTIVE.inc()
                 try:
                     turn = Turn(req, self.backends, self.limits, self.context.time_remaining(), self.session,

@@ -41,6 +41,12 @@ CANCEL = Histogram("gateway_turn_cancel_seconds", "Cancel received to the turn s
                    buckets=LATENCY_BUCKETS)
 ADMISSIONS_REFUSED = Counter("gateway_admissions_refused_total", "Turns refused RESOURCE_EXHAUSTED: every place "
                              "and every queue slot taken")
+ADMISSIONS_REFUSED_CLIENT = Counter("gateway_client_admissions_refused_total", "Turns refused RESOURCE_EXHAUSTED because "
+                                    "their client (API key, or address) had --max-turns-per-client running or waiting")
+STALLED_CALLS = Counter("gateway_stalled_calls_total", "Calls ended (CANCELLED) because their client took no message "
+                        "for --client-stall-seconds: it stopped reading", ["method"])
+for _method in ("Synthesize", "Converse"):  # exported from the start, at 0
+    STALLED_CALLS.labels(_method)
 QUEUED_TURNS = Gauge("gateway_queued_turns", "Turns waiting for a place (admission control)")
 ADMISSION_WAIT = Histogram("gateway_admission_wait_seconds", "How long turns waited for a place (turns admitted at "
                            "once are not counted)", buckets=LATENCY_BUCKETS)
@@ -63,3 +69,7 @@ REQUESTS = Counter("gateway_requests_total", "Finished calls, by gRPC status cod
 
 def observe_request(method: str, code: str) -> None:
     REQUESTS.labels(code).inc()
+
+
+def observe_stalled(method: str) -> None:
+    STALLED_CALLS.labels(method).inc()

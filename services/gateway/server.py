@@ -22,11 +22,14 @@ log = logging.getLogger(__name__)
 async def run(s: GatewaySettings) -> None:
     backends = Backends(s.llm_targets, s.vocoder_targets, s.ready_wait, s.backend_tls, s.health_check_seconds,
                         encoder_targets=s.encoder_targets)
-    servicer = GatewayServicer(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
-                               Admission(s.max_turns, s.max_queued_turns), s.session_idle_seconds)
     api_keys = load_keys(s.api_keys_file)
     if not api_keys:
         log.warning("gateway: no API keys (--api-keys-file, $%s): any client may call it", KEYS_ENV)
+    per_client = s.max_turns_per_client
+    if per_client is None:  # keys name clients; addresses may not (a proxy, a NAT): no limit of their own by default
+        per_client = max(1, s.max_turns // 2) if api_keys else 0
+    servicer = GatewayServicer(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
+                               Admission(s.max_turns, s.max_queued_turns, per_client), s.session_idle_seconds)
     start_metrics_server(s.host, s.metrics_port)
     await serve(
         name="gateway",
@@ -41,4 +44,6 @@ async def run(s: GatewaySettings) -> None:
         max_message_bytes=s.max_message_bytes,
         max_streams_per_connection=s.max_streams_per_connection,
         tls=s.tls,
+        write_timeout=s.client_stall_seconds or None,
+        on_stalled=metrics.observe_stalled,
     )

@@ -3,10 +3,12 @@ Conversation of turns (conversation.py)."""
 
 from __future__ import annotations
 
+import contextlib
+
 from moss.speech.v1 import gateway_pb2_grpc
 
 from services.gateway import metrics
-from services.gateway.admission import Admission
+from services.gateway.admission import Admission, client_of
 from services.gateway.backends import Backends
 from services.gateway.conversation import Conversation
 from services.gateway.pipeline import Turn, TurnLimits
@@ -18,15 +20,20 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         self.session_idle_seconds = session_idle_seconds
 
     async def Synthesize(self, request, context):
-        async with self.admission.turn(context.time_remaining()):  # waits for a place, or RESOURCE_EXHAUSTED
+        # waits for a place, or RESOURCE_EXHAUSTED
+        async with self.admission.turn(context.time_remaining(), client_of(context)):
             metrics.ACTIVE.inc()
             try:
-                async for msg in Turn(request, self.backends, self.limits, context.time_remaining()).run():
-                    yield msg
+                turn = Turn(request, self.backends, self.limits, context.time_remaining())
+                # closed at once when the call ends early (the client left, or stopped reading): its stages with it
+                async with contextlib.aclosing(turn.run()) as replies:
+                    async for msg in replies:
+                        yield msg
             finally:
                 metrics.ACTIVE.dec()
 
     async def Converse(self, request_iterator, context):
         conversation = Conversation(self.backends, self.limits, self.admission, self.session_idle_seconds, context)
-        async for msg in conversation.run(request_iterator):
-            yield msg
+        async with contextlib.aclosing(conversation.run(request_iterator)) as replies:
+            async for msg in replies:
+                yield msg

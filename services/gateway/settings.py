@@ -39,6 +39,13 @@ class GatewaySettings:
     max_turns: int = option(256, "turns running at once", type=positive(int))
     max_queued_turns: int = option(256, "turns waiting for a place, each within its deadline; beyond: "
                                         "RESOURCE_EXHAUSTED with a retry hint", type=count)
+    max_turns_per_client: int | None = option(
+        None, "turns one client may have running or waiting at once, each API key its own (without API keys: each "
+              "client address, though behind a proxy all clients share one); beyond: RESOURCE_EXHAUSTED with a retry "
+              "hint (default: half of --max-turns with API keys, none without; 0: none)", type=count)
+    client_stall_seconds: float = option(10.0, "a streaming call whose client takes no message for this long (it stopped "
+                                               "reading) ends CANCELLED, freeing its place and its stages (0: never)",
+                                         type=seconds)
     max_message_bytes: int = option(1 << 20, "largest request message taken, in bytes (a request is text and a few "
                                              "fields); larger: RESOURCE_EXHAUSTED", type=positive(int))
     max_streams_per_connection: int = option(100, "calls one client connection may have open at once; more wait on "

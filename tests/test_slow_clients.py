@@ -1,0 +1,158 @@
+"""Slow and silent clients cannot hold capacity (issue 23): a call whose client stops reading ends CANCELLED after
+--client-stall-seconds, freeing its place and its stages; one client (an API key) has at most
+--max-turns-per-client turns running or waiting, and is refused RESOURCE_EXHAUSTED with a retry hint beyond them,
+while other clients still get places."""
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import grpc
+import pytest
+from conftest import metric_value, scrape
+from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from test_converse import held
+
+from services.common.errors import ResourceExhausted
+from services.gateway.admission import RETRY_MAX, RETRY_MIN, Admission, client_of
+from services.stack import NO_SPEECH, Ports, Stack
+
+KEYS = ("alpha", "beta")
+# A reply of 120 tokens is ~9.6 s of PCM16 at 24 kHz (~460 kB): far over the 64 kB that HTTP/2 lets a stream hold
+# unread when the client's window never grows (BDP probing off), so a client that never reads blocks the gateway's
+# writes within the first chunks.
+LONG = common_pb2.SamplingParams(max_new_tokens=120, min_new_tokens=120)
+STALL_SECONDS = 1.0
+
+
+def bearer(key):
+    return (("authorization", f"Bearer {key}"),)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """Three places, no queue, two per client, and a second without a message taken ends a call."""
+    keys = tmp_path_factory.mktemp("keys") / "keys.txt"
+    keys.write_text("\n".join(KEYS) + "\n")
+    extra = {"gateway": ["--api-keys-file", str(keys), "--max-turns", "3", "--max-queued-turns", "0",
+                         "--max-turns-per-client", "2", "--client-stall-seconds", str(STALL_SECONDS)]}
+    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra) as stack:
+        yield stack
+
+
+def wait_for(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+    return value
+
+
+def gateway_metric(stack, name, labels=""):
+    return metric_value(scrape(stack.ports.metrics["gateway"]), name, labels)
+
+
+async def synthesize(stub, key, sampling=None):
+    request = gateway_pb2.SynthesizeRequest(text="hi", sampling=sampling)
+    return [m async for m in stub.Synthesize(request, timeout=60, metadata=bearer(key))]
+
+
+def test_silent_clients_are_ended_and_free_their_places(stack):
+    async def scenario():
+        target = stack.target("gateway")
+        stalled_before = gateway_metric(stack, "gateway_stalled_calls_total", '{method="Synthesize"}')
+        # A client that never reads: its window stays at 64 kB
+        silent = grpc.aio.insecure_channel(target, options=[("grpc.http2.bdp_probe", 0)])
+        calls = [gateway_pb2_grpc.GatewayStub(silent).Synthesize(
+            gateway_pb2.SynthesizeRequest(text=f"never read {i}", sampling=LONG), timeout=60, metadata=bearer("alpha"))
+            for i in range(2)]
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            await asyncio.to_thread(wait_for, lambda: gateway_metric(stack, "gateway_active_requests") == 2, 30,
+                                    "the silent client's turns never started")
+            # alpha is at its own limit: refused at once, with a hint, while beta still gets the third place
+            t0 = time.perf_counter()
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await synthesize(stub, "alpha")
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "this client has 2 turns running or waiting (--max-turns-per-client 2)" in refused.value.details()
+            assert time.perf_counter() - t0 < 1.0
+            retry_ms = dict(refused.value.trailing_metadata())["retry-after-ms"]
+            assert RETRY_MIN * 1000 <= int(retry_ms) <= RETRY_MAX * 1000
+            assert (await synthesize(stub, "beta"))[-1].summary.audio_tokens > 0
+            # The silent calls end within the stall bound (plus the time to fill their windows), everything they held
+            # is given back, and alpha may call again
+            await asyncio.to_thread(
+                wait_for, lambda: gateway_metric(stack, "gateway_stalled_calls_total", '{method="Synthesize"}')
+                >= stalled_before + 2, 30, "the silent calls were not ended")
+            await asyncio.to_thread(wait_for, lambda: not any(held(stack).values()), 10, "a stage still holds them")
+            assert (await synthesize(stub, "alpha"))[-1].summary.audio_tokens > 0
+        # When the silent client reads at last: what had been sent, then CANCELLED saying why
+        for call in calls:
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                async for _ in call:
+                    pass
+            assert ended.value.code() == grpc.StatusCode.CANCELLED
+            assert f"the client took no message for {STALL_SECONDS:g} s (it stopped reading)" in ended.value.details()
+        await silent.close()
+
+    asyncio.run(scenario())
+    assert gateway_metric(stack, "gateway_client_admissions_refused_total") >= 1
+
+
+def test_a_silent_converse_client_is_ended_too(stack):
+    async def scenario():
+        silent = grpc.aio.insecure_channel(stack.target("gateway"), options=[("grpc.http2.bdp_probe", 0)])
+        call = gateway_pb2_grpc.GatewayStub(silent).Converse(timeout=60, metadata=bearer("beta"))
+        await call.write(gateway_pb2.ConverseRequest(config=gateway_pb2.SessionConfig(sampling=LONG)))
+        await call.write(gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text="a long reply, never read")))
+        stalled = '{method="Converse"}'
+        before = gateway_metric(stack, "gateway_stalled_calls_total", stalled)
+        await asyncio.to_thread(wait_for, lambda: gateway_metric(stack, "gateway_stalled_calls_total", stalled) > before,
+                                30, "the silent session was not ended")
+        await asyncio.to_thread(wait_for, lambda: not any(held(stack).values()), 10, "a stage still holds it")
+        call.cancel()
+        await silent.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_client_over_its_own_limit_is_refused_and_holds_nothing():
+    async def scenario():
+        adm = Admission(max_turns=8, max_queued=0, max_per_client=1)
+        hold = asyncio.Event()
+
+        async def turn(client):
+            async with adm.turn(None, client):
+                await hold.wait()
+
+        first = asyncio.create_task(turn("key:a"))
+        await asyncio.sleep(0)
+        with pytest.raises(ResourceExhausted, match="this client has 1 turns running or waiting") as info:
+            await turn("key:a")
+        assert RETRY_MIN <= info.value.retry_after <= RETRY_MAX
+        other = asyncio.create_task(turn("key:b"))  # another client still gets a place
+        await asyncio.sleep(0)
+        assert adm.running == 2 and adm.by_client == {"key:a": 1, "key:b": 1}
+        hold.set()
+        await asyncio.gather(first, other)
+        assert adm.running == 0 and not adm.by_client  # nothing kept for clients that left
+        async with adm.turn(None, "key:a"):  # and a's next turn goes through
+            pass
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("metadata, peer, client", [
+    ((("authorization", "Bearer s3cret"),), "ipv4:127.0.0.1:5555", "key:"),
+    ((), "ipv4:10.0.0.7:51234", "ipv4:10.0.0.7"),
+    ((), "ipv6:[::1]:40000", "ipv6:[::1]"),
+    ((("user-agent", "x"),), "unix:/tmp/sock", "unix:/tmp/sock"),
+])
+def test_who_a_client_is(metadata, peer, client):
+    context = SimpleNamespace(invocation_metadata=lambda: metadata, peer=lambda: peer)
+    got = client_of(context)
+    assert got.startswith(client) and "s3cret" not in got
+    other = SimpleNamespace(invocation_metadata=lambda: (("authorization", "Bearer other"),), peer=lambda: peer)
+    assert client_of(other) != client_of(SimpleNamespace(invocation_metadata=lambda: (("authorization", "Bearer s3cret"),),
+                                                         peer=lambda: peer))
