@@ -28,6 +28,7 @@ from services.settings import (
     from_args,
     gpu_list,
     positive,
+    rates,
     seconds,
     targets,
 )
@@ -175,7 +176,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--target", default=GATEWAY_TARGET)
     bench.add_argument("--concurrency", type=concurrencies, default=[1],
                        help="concurrent streams, or a comma-separated sweep (1,4,16,32,64,128)")
-    bench.add_argument("--rate", type=positive(float), help="Poisson arrivals (requests/s) instead of fixed concurrency")
+    bench.add_argument("--rate", type=rates, help="Poisson arrivals (requests/s) instead of fixed concurrency, or a "
+                                                  "comma-separated sweep of them (10,20,30,40: offered load against "
+                                                  "goodput, the knee)")
     bench.add_argument("--ramp", type=seconds, default=0.0,
                        help="seconds over which a level's streams start, evenly spaced (default 0: all at once)")
     bench.add_argument("--requests", type=positive(int), default=None,
@@ -336,12 +339,12 @@ def run_bench(args, argv: list[str]) -> int:
     if error:
         print(error, file=sys.stderr)
         return 2
-    spec = LoadSpec(target=args.target, prompts=prompts, requests=args.requests, rate=args.rate, ramp=args.ramp,
+    spec = LoadSpec(target=args.target, prompts=prompts, requests=args.requests, ramp=args.ramp,
                     max_new_tokens=args.max_new_tokens,
                     min_new_tokens=args.max_new_tokens if args.min_new_tokens is None else args.min_new_tokens,
                     timeout=args.timeout, first_chunk_tokens=args.first_chunk_tokens, api_key=args.api_key, tls=tls, seed=args.seed,
                     progress=not args.no_progress, turns=args.turns, turn_gap=args.turn_gap, speech=_speech(args.speech))
-    return run(spec, args.concurrency, args.warmup, args.out, "moss-serve bench " + " ".join(argv))
+    return run(spec, args.concurrency, args.warmup, args.out, "moss-serve bench " + " ".join(argv), rates=args.rate)
 
 
 def _speech(path: str | None):

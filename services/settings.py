@@ -91,6 +91,11 @@ def concurrencies(text: str) -> list[int]:
     return [positive(int)(part.strip()) for part in text.split(",")]
 
 
+def rates(text: str) -> list[float]:
+    """An argparse type: positive numbers, comma-separated."""
+    return [positive(float)(part.strip()) for part in text.split(",")]
+
+
 # ---- declarations ------------------------------------------------------------------------------------------
 def option(default, help: str, type=None, choices=None, scope: str = FORWARDED, metavar: str | None = None,
            show_default: bool = True):

@@ -141,3 +141,29 @@ def test_a_refused_converse_turn_keeps_its_session(one_place):
     text = scrape(stack.ports.metrics["gateway"])
     assert metric_value(text, "gateway_admissions_refused_total") == refused_before + 1
     assert metric_value(text, "gateway_turn_failures_total", '{code="RESOURCE_EXHAUSTED"}') == 1
+
+
+def test_the_bench_counts_refusals_as_the_services_answer(one_place, tmp_path):
+    """Poisson levels past one place with no queue: refusals come back at once with their hint, the bench counts them
+    apart (goodput, the knee plot) and does not call them failures."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "--no-progress", "--target",
+                           one_place.target("gateway"), "--rate", "20,40", "--requests", "8", "--max-new-tokens", "12",
+                           "--warmup", "0", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    levels = json.loads((tmp_path / "bench.json").read_text())["levels"]
+    assert list(levels) == ["rate 20/s", "rate 40/s"]
+    refused = sum(lv["summary"]["refused"] for lv in levels.values())
+    assert refused >= 1 and all(lv["summary"]["refusals_with_hint"] == lv["summary"]["refused"] for lv in levels.values())
+    for lv in levels.values():
+        s = lv["summary"]
+        assert s["ok"] + s["refused"] == s["requests"] == 8
+        if s["refused"]:
+            assert s["refusal_seconds"]["max"] < 1.0  # at once, not after a wait
+        hints = [x["retry_after_s"] for x in lv["streams"] if x["code"] == "RESOURCE_EXHAUSTED"]
+        assert all(RETRY_MIN <= h <= RETRY_MAX for h in hints)
+    assert "offered/s" in proc.stdout and (tmp_path / "goodput.png").read_bytes()[:4] == b"\x89PNG"
+

@@ -50,6 +50,23 @@ def test_a_level_counts_errors_apart_and_orders_its_quantiles():
     assert not report.meets_capacity(lv)              # an error, and only 90% stall-free
 
 
+def test_goodput_counts_stall_free_streams_a_second_and_times_the_refusals():
+    """Offered load over the time the requests went out, goodput over the level's wall time; refusals apart."""
+    streams = [record([0.1, 0.3], sent=0.0), record([0.6, 0.8], sent=0.5), record([1.1, 1.9], sent=1.0),  # a stall
+               record([1.6, 1.8], sent=1.5)]
+    refused = [StreamRecord(sent=0.2, code="RESOURCE_EXHAUSTED", done=0.21, retry_after=0.5),
+               StreamRecord(sent=0.7, code="RESOURCE_EXHAUSTED", done=0.73)]  # (no hint came with this one)
+    lv = report.summarize(streams + refused, wall=3.0)
+    assert lv["offered_per_second"] == pytest.approx(5 / 1.5)  # six sends, 1.5 s from the first to the last
+    assert lv["goodput_per_second"] == pytest.approx(3 / 3.0)  # three stall-free streams in 3 s
+    assert (lv["refused"], lv["refusals_with_hint"]) == (2, 1)
+    assert lv["refusal_seconds"]["max"] == pytest.approx(0.03)
+    assert lv["refusal_seconds"]["p50"] == pytest.approx(0.02)
+    assert lv["errors"] == {"RESOURCE_EXHAUSTED": 2}
+    table = report.goodput_table({"rate 4/s": lv})
+    assert "3.3" in table and "1/2" in table
+
+
 def test_capacity_is_the_largest_level_meeting_both_bounds():
     def level(share, p95, errors=0):
         return {"requests": 10, "ok": 10 - errors, "stall_free_share": share, "ttfa_seconds": {"p95": p95}}
@@ -102,12 +119,17 @@ def test_bench_against_the_tiny_stack(stack, tmp_path):
         assert lv["stalls"] == sum(len(r.stalls()) for r in rebuilt)
         assert lv["stall_free_streams"] == sum(r.stall_free() for r in rebuilt)
         assert all(r.rtf > 0 for r in rebuilt)
+        # Goodput recomputed from the recorded sends and arrivals agrees with the summary.
+        sent = [s["sent_s"] for s in streams]
+        assert lv["offered_per_second"] == pytest.approx((len(sent) - 1) / (max(sent) - min(sent)))
+        assert lv["goodput_per_second"] == pytest.approx(sum(r.stall_free() for r in rebuilt) / lv["wall_seconds"])
+        assert lv["refused"] == 0
         # Per-stage times come from the gateway's summaries: prefill within TTFA, TTFA within the total.
         st = lv["stages_mean_seconds"]
         assert 0 < st["llm_prefill_seconds"] <= st["ttfa_seconds"] <= st["total_seconds"]
     assert result["capacity"] in (0, 1, 3)
     assert "| streams |" in (tmp_path / "bench.md").read_text()
-    for png in ("ttfa_distribution.png", "sweep.png"):
+    for png in ("ttfa_distribution.png", "sweep.png", "goodput.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -68,9 +68,16 @@ async def one_request(stub, text: str, prompt: int, sampling, timeout: float,
         async for msg in stub.Synthesize(request, timeout=timeout, metadata=bearer(api_key)):
             take(record, msg)
     except grpc.aio.AioRpcError as err:
-        record.code, record.error = err.code().name, err.details() or ""
+        failed(record, err)
     record.done = time.perf_counter()
     return record
+
+
+def failed(record: StreamRecord, err: grpc.aio.AioRpcError) -> None:
+    """The call's error status into its record, with the retry hint a refusal carries (`retry-after-ms`)."""
+    record.code, record.error = err.code().name, err.details() or ""
+    hint = dict(err.trailing_metadata() or ()).get("retry-after-ms")
+    record.retry_after = float(hint) / 1000 if hint is not None else None
 
 
 def take(record: StreamRecord, msg) -> None:
@@ -106,6 +113,7 @@ async def one_session(stub, texts: list[tuple[int, str]], sampling, spec: LoadSp
                 take(record, msg)
                 if msg.WhichOneof("kind") == "failed":
                     record.code, record.error = msg.failed.code, msg.failed.message
+                    record.retry_after = msg.failed.retry_after_seconds or None
             record.done = time.perf_counter()
             if not record.ok:
                 if record.code == "OK":
@@ -115,7 +123,8 @@ async def one_session(stub, texts: list[tuple[int, str]], sampling, spec: LoadSp
     except grpc.aio.AioRpcError as err:
         if not records:
             records.append(StreamRecord(sent=time.perf_counter(), turn=1))
-        records[-1].code, records[-1].error, records[-1].done = err.code().name, err.details() or "", time.perf_counter()
+        failed(records[-1], err)
+        records[-1].done = time.perf_counter()
     finally:
         call.cancel()
     return records

@@ -1,5 +1,6 @@
-"""PNG plots of a bench result (matplotlib, no display): the TTFA distribution per level, and TTFA p50/p95 and
-the stall-free share against concurrency.
+"""PNG plots of a bench result (matplotlib, no display): the TTFA distribution per level; TTFA p50/p95 and the
+stall-free share against concurrency; and the knee: goodput (stall-free streams a second) and refusals against the
+offered load, with TTFA p95.
 
     python -m services.bench.plots bench.json [--out DIR]     # redraw from a saved result
 """
@@ -70,12 +71,41 @@ def sweep(result: dict, path: Path) -> Path:
     return path
 
 
+def knee(result: dict, path: Path) -> Path:
+    """Goodput and refusals a second (left axis) and TTFA p95 (right axis) against the offered load: where goodput
+    stops following the offered load is the knee; past it a service that refuses the excess keeps its goodput."""
+    plt = _pyplot()
+    levels = sorted((lv["summary"] for lv in result["levels"].values()), key=lambda lv: lv["offered_per_second"])
+    xs = [lv["offered_per_second"] for lv in levels]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(xs, xs, ":", color="grey", lw=0.8, label="offered")
+    ax.plot(xs, [lv["goodput_per_second"] for lv in levels], "o-", label="goodput (stall-free streams/s)")
+    ax.plot(xs, [lv["refused"] / lv["wall_seconds"] for lv in levels], "x--", label="refused/s")
+    ax.set_xlabel("offered load (requests/s)")
+    ax.set_ylabel("streams a second")
+    ttfa = ax.twinx()
+    ttfa.plot(xs, [lv["ttfa_seconds"]["p95"] * 1e3 for lv in levels], "s-", color="tab:red", label="TTFA p95 (admitted)")
+    ttfa.axhline(300, color="tab:red", lw=0.8, ls=":")
+    ttfa.set_ylim(0, max([350.0] + [lv["ttfa_seconds"]["p95"] * 1.1e3 for lv in levels if lv["ttfa_seconds"]["p95"] > 0]))
+    ttfa.set_ylabel("TTFA p95 at the client (ms)")
+    lines, more = ax.get_legend_handles_labels(), ttfa.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper left")
+    ax.set_title("offered load against goodput")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def draw(result: dict, out: Path) -> list[Path]:
-    """The TTFA distribution; with concurrency levels (not a Poisson run) the sweep too."""
+    """The TTFA distribution and the knee; with concurrency levels (not a Poisson run) the sweep too."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [ttfa_distribution(result, out / "ttfa_distribution.png")]
     if all(str(label).isdigit() for label in result["levels"]):
         paths.append(sweep(result, out / "sweep.png"))
+    if all("offered_per_second" in lv["summary"] for lv in result["levels"].values()):  # (results before goodput: none)
+        paths.append(knee(result, out / "goodput.png"))
     return paths
 
 

@@ -26,7 +26,10 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def summarize(records: list[StreamRecord], wall: float, jitter: float = JITTER_SECONDS) -> dict:
-    """One level's figures. Streams that failed count in `requests` and `errors`, not in the latency figures."""
+    """One level's figures. Streams that failed count in `requests` and `errors`, not in the latency figures.
+    Goodput (issue 23): offered load is the requests over the time they were sent in; goodput the stall-free streams
+    over the level's wall time; refusals (RESOURCE_EXHAUSTED) are timed from sending to the status, and counted with
+    and without a retry hint."""
     ok = [r for r in records if r.ok]
     ttfa = [r.ttfa for r in ok]
     rtf = [r.rtf for r in ok]
@@ -48,6 +51,22 @@ def summarize(records: list[StreamRecord], wall: float, jitter: float = JITTER_S
         "stall_seconds": {"total": sum(stalls), "max": max(stalls, default=0.0)},
         "stages_mean_seconds": {s: _mean([r.stages[s] for r in ok if s in r.stages]) for s in STAGES},
         "by_turn": by_turn(ok),
+        **goodput(records, wall, stall_free),
+    }
+
+
+def goodput(records: list[StreamRecord], wall: float, stall_free: int) -> dict:
+    sent = [r.sent for r in records]
+    span = max(sent) - min(sent) if len(sent) > 1 else 0.0
+    refused = [r for r in records if r.refused]
+    waits = [r.done - r.sent for r in refused if r.done]
+    return {
+        # n sends span n − 1 gaps: over (n − 1) / span, a steady rate reads as itself
+        "offered_per_second": (len(sent) - 1) / span if span > 0 else math.nan,
+        "goodput_per_second": stall_free / wall if wall > 0 else math.nan,
+        "refused": len(refused),
+        "refusal_seconds": {"p50": quantile(waits, 50), "p95": quantile(waits, 95), "max": max(waits, default=math.nan)},
+        "refusals_with_hint": sum(r.retry_after is not None for r in refused),
     }
 
 
@@ -111,6 +130,19 @@ def _format(rows: list[list[str]], markdown: bool) -> str:
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows[1:]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(r, widths)) for r in rows)
+
+
+def goodput_table(levels: dict, markdown: bool = False) -> str:
+    """Per level: offered load and goodput (a second), the stall-free share, refusals with their time to answer and
+    how many carried a retry hint."""
+    rows = [["streams", "offered/s", "goodput/s", "stall-free", "refused", "refusal p95", "with hint"]]
+    for c, lv in levels.items():
+        p95 = lv["refusal_seconds"]["p95"]
+        rows.append([str(c), f"{lv['offered_per_second']:.1f}", f"{lv['goodput_per_second']:.1f}",
+                     f"{lv['stall_free_share'] * 100:.1f}%", str(lv["refused"]),
+                     f"{p95 * 1e3:.1f} ms" if lv["refused"] else "-",
+                     f"{lv['refusals_with_hint']}/{lv['refused']}" if lv["refused"] else "-"])
+    return _format(rows, markdown)
 
 
 def turn_table(levels: dict, markdown: bool = False) -> str:

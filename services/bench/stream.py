@@ -26,10 +26,16 @@ class StreamRecord:
     chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, samples) of each audio chunk
     stages: dict[str, float] = field(default_factory=dict)         # the gateway's SynthesisSummary fields
     done: float = 0.0                                # the call ended (status received)
+    retry_after: float | None = None                 # a refusal's retry hint, seconds (None: none came)
 
     @property
     def ok(self) -> bool:
         return self.code == "OK" and bool(self.chunks)
+
+    @property
+    def refused(self) -> bool:
+        """Turned away by admission (RESOURCE_EXHAUSTED): the service's answer to overload."""
+        return self.code == "RESOURCE_EXHAUSTED"
 
     @property
     def ttfa(self) -> float:
@@ -61,4 +67,5 @@ class StreamRecord:
         return {"sent_s": self.sent - (base if level_start is None else level_start),
                 "prompt": self.prompt, "turn": self.turn, "code": self.code, "error": self.error, "sample_rate": self.sample_rate,
                 "chunk_arrivals_s": [t - base for t, _ in self.chunks], "chunk_samples": [n for _, n in self.chunks],
-                "stages": self.stages, "done_s": self.done - base if self.done else None}
+                "stages": self.stages, "done_s": self.done - base if self.done else None,
+                "retry_after_s": self.retry_after}

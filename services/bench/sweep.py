@@ -15,14 +15,16 @@ from services.bench.load import LoadSpec, run_load
 from services.bench.stream import JITTER_SECONDS
 
 
-async def sweep(spec: LoadSpec, concurrencies: list[int], warmup: int, checkpoint=None) -> dict:
-    """→ {"levels": {label: {"summary", "streams"}}, "capacity"}. Level labels are concurrencies, or "rate R/s".
-    checkpoint(levels) is called after each level (a long sweep cut short keeps what it measured)."""
+async def sweep(spec: LoadSpec, concurrencies: list[int], warmup: int, checkpoint=None,
+                rates: list[float] | None = None) -> dict:
+    """→ {"levels": {label: {"summary", "streams"}}, "capacity"}. Level labels are concurrencies, or "rate R/s" (one
+    level of Poisson arrivals per rate, with `rates`). checkpoint(levels) is called after each level (a long sweep cut
+    short keeps what it measured)."""
     if warmup:
         await run_load(dataclasses.replace(spec, requests=warmup, concurrency=1, rate=None, progress=False))
     levels = {}
-    if spec.rate is not None:
-        plan = [(f"rate {spec.rate:g}/s", spec)]
+    if rates:
+        plan = [(f"rate {rate:g}/s", dataclasses.replace(spec, rate=rate)) for rate in rates]
     else:
         plan = [(c, dataclasses.replace(spec, concurrency=c)) for c in concurrencies]
     for label, level_spec in plan:
@@ -47,7 +49,9 @@ def write(result: dict, out: Path) -> list[Path]:
     paths[1].write_text(
         f"# moss-serve bench, {result['date']}\n\n`{result['command']}`\n\n"
         f"{report.table(summaries, markdown=True)}\n\nMean stage times from the gateway's summaries (ms):\n\n"
-        f"{report.stage_table(summaries, markdown=True)}\n\n{turns_md(summaries)}Capacity (≥ {report.CAPACITY_STALL_FREE:.0%} stall-free, "
+        f"{report.stage_table(summaries, markdown=True)}\n\nOffered load and goodput (stall-free streams a second; "
+        f"refusals: RESOURCE_EXHAUSTED):\n\n{report.goodput_table(summaries, markdown=True)}\n\n"
+        f"{turns_md(summaries)}Capacity (≥ {report.CAPACITY_STALL_FREE:.0%} stall-free, "
         f"TTFA p95 ≤ {report.CAPACITY_TTFA_P95 * 1e3:.0f} ms): **{result['capacity']} streams**\n")
     try:
         from services.bench import plots
@@ -63,13 +67,14 @@ def turns_md(summaries: dict) -> str:
     return f"Converse sessions, by turn (later turns carry the history):\n\n{table}\n\n" if table else ""
 
 
-def run(spec: LoadSpec, concurrencies: list[int], warmup: int, out: str | None, command: str) -> int:
+def run(spec: LoadSpec, concurrencies: list[int], warmup: int, out: str | None, command: str,
+        rates: list[float] | None = None) -> int:
     def checkpoint(levels: dict) -> None:
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
             (Path(out) / "bench.partial.json").write_text(json.dumps({"levels": levels}) + "\n")
 
-    result = asyncio.run(sweep(spec, concurrencies, warmup, checkpoint))
+    result = asyncio.run(sweep(spec, concurrencies, warmup, checkpoint, rates))
     result.update(date=datetime.datetime.now().isoformat(timespec="seconds"), command=command, target=spec.target,
                   max_new_tokens=spec.max_new_tokens, jitter_seconds=JITTER_SECONDS,
                   prompts=len(spec.prompts), turns=spec.turns, turn_gap=spec.turn_gap)
@@ -77,15 +82,18 @@ def run(spec: LoadSpec, concurrencies: list[int], warmup: int, out: str | None, 
     print(report.table(summaries))
     print()
     print(report.stage_table(summaries))
+    print()
+    print(report.goodput_table(summaries))
     if turns := report.turn_table(summaries):
         print()
         print(turns)
-    if spec.rate is None:
+    if not rates:
         print(f"\ncapacity (>= {report.CAPACITY_STALL_FREE:.0%} stall-free, TTFA p95 <= "
               f"{report.CAPACITY_TTFA_P95 * 1e3:.0f} ms): {result['capacity']} streams")
     if out:
         for path in write(result, Path(out)):
             print(f"wrote {path}")
         (Path(out) / "bench.partial.json").unlink(missing_ok=True)
-    failed = sum(s["requests"] - s["ok"] for s in summaries.values())
+    # Refusals are the service's answer under overload, not a failure of the bench; anything else is
+    failed = sum(s["requests"] - s["ok"] - s["refused"] for s in summaries.values())
     return 0 if failed == 0 else 1
