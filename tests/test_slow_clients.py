@@ -22,6 +22,7 @@ KEYS = ("alpha", "beta")
 # unread when the client's window never grows (BDP probing off), so a client that never reads blocks the gateway's
 # writes within the first chunks.
 LONG = common_pb2.SamplingParams(max_new_tokens=120, min_new_tokens=120)
+SHORT = common_pb2.SamplingParams(max_new_tokens=8)  # the other clients' turns: quick
 STALL_SECONDS = 1.0
 
 
@@ -52,7 +53,7 @@ def gateway_metric(stack, name, labels=""):
     return metric_value(scrape(stack.ports.metrics["gateway"]), name, labels)
 
 
-async def synthesize(stub, key, sampling=None):
+async def synthesize(stub, key, sampling=SHORT):
     request = gateway_pb2.SynthesizeRequest(text="hi", sampling=sampling)
     return [m async for m in stub.Synthesize(request, timeout=60, metadata=bearer(key))]
 
