@@ -18,10 +18,10 @@ from services.gateway.admission import RETRY_MAX, RETRY_MIN, Admission, client_o
 from services.stack import NO_SPEECH, Ports, Stack
 
 KEYS = ("alpha", "beta")
-# A reply of 120 tokens is ~9.6 s of PCM16 at 24 kHz (~460 kB): far over the 64 kB that HTTP/2 lets a stream hold
+# A reply of 400 tokens is 32 s of PCM16 at 24 kHz (~1.5 MB): far over the 64 kB that HTTP/2 lets a stream hold
 # unread when the client's window never grows (BDP probing off), so a client that never reads blocks the gateway's
-# writes within the first chunks.
-LONG = common_pb2.SamplingParams(max_new_tokens=120, min_new_tokens=120)
+# writes within the first chunks, while the llm is still making the reply.
+LONG = common_pb2.SamplingParams(max_new_tokens=400, min_new_tokens=400)
 SHORT = common_pb2.SamplingParams(max_new_tokens=8)  # the other clients' turns: quick
 STALL_SECONDS = 1.0
 
@@ -62,6 +62,7 @@ def test_silent_clients_are_ended_and_free_their_places(stack):
     async def scenario():
         target = stack.target("gateway")
         stalled_before = gateway_metric(stack, "gateway_stalled_calls_total", '{method="Synthesize"}')
+        holds_before = gateway_metric(stack, "gateway_client_holds_total")
         # A client that never reads: its window stays at 64 kB
         silent = grpc.aio.insecure_channel(target, options=[("grpc.http2.bdp_probe", 0)])
         calls = [gateway_pb2_grpc.GatewayStub(silent).Synthesize(
@@ -87,6 +88,8 @@ def test_silent_clients_are_ended_and_free_their_places(stack):
                 wait_for, lambda: gateway_metric(stack, "gateway_stalled_calls_total", '{method="Synthesize"}')
                 >= stalled_before + 2, 30, "the silent calls were not ended")
             await asyncio.to_thread(wait_for, lambda: not any(held(stack).values()), 10, "a stage still holds them")
+            # meanwhile their turns had stopped feeding the vocoder
+            assert gateway_metric(stack, "gateway_client_holds_total") > holds_before
             assert (await synthesize(stub, "alpha"))[-1].summary.audio_tokens > 0
         # When the silent client reads at last: what had been sent, then CANCELLED saying why
         for call in calls:
@@ -114,6 +117,28 @@ def test_a_silent_converse_client_is_ended_too(stack):
         await asyncio.to_thread(wait_for, lambda: not any(held(stack).values()), 10, "a stage still holds it")
         call.cancel()
         await silent.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_turn_feeds_the_vocoder_only_while_its_client_takes_its_audio():
+    """Turn._client_reading: no wait while the client takes each message; once it has held one for
+    CLIENT_HOLD_SECONDS, the pump waits until it takes it."""
+    from services.gateway.pipeline import CLIENT_HOLD_SECONDS, Turn
+
+    async def scenario():
+        turn = SimpleNamespace(writing_since=None, client_took=asyncio.Event())
+        turn.client_took.set()
+        await asyncio.wait_for(Turn._client_reading(turn), 0.1)  # nothing waits for the client
+        turn.writing_since, _ = time.perf_counter(), turn.client_took.clear()
+        await asyncio.wait_for(Turn._client_reading(turn), 0.1)  # a message just handed over: not held yet
+        turn.writing_since = time.perf_counter() - CLIENT_HOLD_SECONDS - 0.01
+        held_pump = asyncio.create_task(Turn._client_reading(turn))
+        await asyncio.sleep(0.1)
+        assert not held_pump.done()  # the client has not taken it for too long: the vocoder gets nothing more
+        turn.writing_since = None
+        turn.client_took.set()  # it takes the message
+        await asyncio.wait_for(held_pump, 1.0)
 
     asyncio.run(scenario())
 

@@ -47,6 +47,8 @@ STALLED_CALLS = Counter("gateway_stalled_calls_total", "Calls ended (CANCELLED) 
                         "for --client-stall-seconds: it stopped reading", ["method"])
 for _method in ("Synthesize", "Converse"):  # exported from the start, at 0
     STALLED_CALLS.labels(_method)
+CLIENT_HOLDS = Counter("gateway_client_holds_total", "Times a turn stopped feeding its vocoder because its client had "
+                       "not taken its last audio for 0.5 s (it resumes when the client does)")
 QUEUED_TURNS = Gauge("gateway_queued_turns", "Turns waiting for a place (admission control)")
 ADMISSION_WAIT = Histogram("gateway_admission_wait_seconds", "How long turns waited for a place (turns admitted at "
                            "once are not counted)", buckets=LATENCY_BUCKETS)

@@ -31,6 +31,10 @@ from services.gateway.voices import resolve_voice
 
 VOCODER_CLOSE_SECONDS = 1.0  # after the last PCM: how long the vocoder may take to end its call
 STATUS_SECONDS = 1.0         # after a failed write: how long the call's own status may take to arrive
+# A client that has not taken the turn's last audio for this long has stopped reading (a reading client takes each
+# message at once: the transport's window holds seconds of audio): the turn stops feeding the vocoder until it does
+# (Turn._client_reading). --client-stall-seconds ends the call later (services/common/interceptor.py).
+CLIENT_HOLD_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,9 @@ class Turn:
         self.gen_req = llm_pb2.GenerateRequest()
         self.llm, self.vocoder = Leg(backends.llm), Leg(backends.vocoder)
         self.voice = ""
+        self.writing_since: float | None = None  # an audio message waits for the client to take it, since then
+        self.client_took = asyncio.Event()       # set while none waits
+        self.client_took.set()
 
     def _left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -276,6 +283,7 @@ class Turn:
                 async for chunk in chunks:
                     self._take(chunk)
                     if chunk.audio_tokens:
+                        await self._client_reading()
                         self.first_tokens_sent = self.first_tokens_sent or time.perf_counter()
                         self.summary.audio_tokens += len(chunk.audio_tokens)
                         await self._vocoder_io(voc_call, voc_call.write(vocoder_pb2.VocodeRequest(
@@ -285,6 +293,13 @@ class Turn:
         except BaseException:
             voc_call.cancel()
             raise
+
+    async def _client_reading(self) -> None:
+        """Wait while the client has not taken the last audio for CLIENT_HOLD_SECONDS: its stream is paused at the
+        vocoder, the stage whose device time every other stream needs (the llm paces itself to playback on CUDA)."""
+        if self.writing_since is not None and time.perf_counter() - self.writing_since > CLIENT_HOLD_SECONDS:
+            metrics.CLIENT_HOLDS.inc()
+            await self.client_took.wait()
 
     def _take(self, chunk: llm_pb2.GenerateResponse) -> None:
         """What the gateway keeps of an llm chunk: timings, text, and on the final one its stats."""
@@ -333,8 +348,12 @@ class Turn:
                 if (late := clock.arrive(now, msg.num_samples)) > JITTER_SECONDS:
                     self.stalls += 1
                     metrics.STALL.observe(late)
+                self.writing_since = time.perf_counter()  # until the client takes it (or its call ends)
+                self.client_took.clear()
                 yield gateway_pb2.SynthesizeResponse(audio=gateway_pb2.AudioChunk(
                     pcm=msg.pcm, sample_offset=msg.sample_offset, num_samples=msg.num_samples))
+                self.writing_since = None
+                self.client_took.set()
             if msg.final:
                 self.summary.vocoder_compute_seconds = msg.stats.compute_seconds
                 self.summary.vocoder_first_chunk_seconds = msg.stats.first_chunk_compute_seconds
