@@ -18,6 +18,7 @@ import time
 
 from services.common.errors import DeadlineExceeded, ResourceExhausted
 from services.gateway import metrics
+from services.gateway.headroom import Headroom
 
 RETRY_MIN, RETRY_MAX = 0.1, 30.0
 RECENT_TURNS = 32
@@ -37,9 +38,12 @@ def client_of(context) -> str:
 
 
 class Admission:
-    def __init__(self, max_turns: int, max_queued: int, max_per_client: int = 0):
-        """max_per_client: turns one client may have running or waiting (0: no limit of its own)."""
+    def __init__(self, max_turns: int, max_queued: int, max_per_client: int = 0, headroom: Headroom | None = None):
+        """max_per_client: turns one client may have running or waiting (0: no limit of its own). headroom: also
+        refuse, at once, a turn the stages have no room for (headroom.py); the turns feed it their signals."""
         self.max_turns, self.max_queued, self.max_per_client = max_turns, max_queued, max_per_client
+        self.headroom = headroom
+        metrics.HEADROOM_LIMIT.set(headroom.limit if headroom else max_turns)
         self.running = 0
         self.waiting: collections.deque[asyncio.Future] = collections.deque()
         self.recent = collections.deque(maxlen=RECENT_TURNS)  # seconds each recent turn held its place
@@ -75,6 +79,14 @@ class Admission:
 
     @contextlib.asynccontextmanager
     async def _place(self, deadline: float | None):
+        if self.headroom is not None:
+            admitted = self.headroom.admits(time.perf_counter(), self.running)
+            metrics.HEADROOM_LIMIT.set(self.headroom.limit)
+            if not admitted:
+                metrics.HEADROOM_REFUSED.inc()
+                raise ResourceExhausted(f"no headroom: {self.running} turns running, as many as the stages serve in "
+                                        f"time now ({self.headroom.last_reason}; --admission headroom)",
+                                        retry_after=self.retry_after(ahead=1 / max(self.running, 1)))
         if self.running >= self.max_turns or self.waiting:
             if len(self.waiting) >= self.max_queued:
                 metrics.ADMISSIONS_REFUSED.inc()

@@ -258,7 +258,7 @@ class Conversation:
                 try:
                     turn = Turn(req, self.backends, self.limits, self.context.time_remaining(), self.session,
                                 on_text=lambda piece: put(gateway_pb2.ConverseResponse(turn=n, text=gateway_pb2.TextPiece(text=piece))),
-                                spoken=spoken, text_reply=text_reply)
+                                spoken=spoken, text_reply=text_reply, headroom=self.admission.headroom)
                     async for msg in turn.run():
                         kind = msg.WhichOneof("kind")
                         if kind == "summary":  # the turn is the client's now: it joins the history

@@ -49,6 +49,10 @@ for _method in ("Synthesize", "Converse"):  # exported from the start, at 0
     STALLED_CALLS.labels(_method)
 CLIENT_HOLDS = Counter("gateway_client_holds_total", "Times a turn stopped feeding its vocoder because its client had "
                        "not taken its last audio for 0.5 s (it resumes when the client does)")
+HEADROOM_LIMIT = Gauge("gateway_admission_limit", "Turns the stages serve in time at once, as --admission headroom has "
+                       "learned it (with --admission count: --max-turns)")
+HEADROOM_REFUSED = Counter("gateway_headroom_refusals_total", "Turns refused RESOURCE_EXHAUSTED by --admission "
+                           "headroom: as many turns ran as the stages serve in time")
 QUEUED_TURNS = Gauge("gateway_queued_turns", "Turns waiting for a place (admission control)")
 ADMISSION_WAIT = Histogram("gateway_admission_wait_seconds", "How long turns waited for a place (turns admitted at "
                            "once are not counted)", buckets=LATENCY_BUCKETS)

@@ -26,6 +26,7 @@ from services.common.playback import JITTER_SECONDS, PlaybackClock
 from services.common.sampling import resolve_chunking, resolve_sampling, sampling_to_fields
 from services.gateway import metrics
 from services.gateway.backends import Backends, Pool, Replica
+from services.gateway.headroom import Headroom
 from services.gateway.session import Session
 from services.gateway.voices import resolve_voice
 
@@ -135,10 +136,12 @@ class Turn:
 
     def __init__(self, req, backends: Backends, limits: TurnLimits, timeout: float | None,
                  session: Session | None = None, on_text: Callable[[str], None] | None = None,
-                 spoken: Spoken | None = None, text_reply: bool = False):
-        """spoken: a spoken turn (its clock starts when the speech ended); text_reply: the reply is text alone."""
+                 spoken: Spoken | None = None, text_reply: bool = False, headroom: Headroom | None = None):
+        """spoken: a spoken turn (its clock starts when the speech ended); text_reply: the reply is text alone;
+        headroom: told each chunk's slack and the turn's TTFA (admission by headroom)."""
         self.start = spoken.ended_at if spoken is not None else time.perf_counter()
         self.spoken, self.text_reply = spoken, text_reply
+        self.headroom = headroom
         self.req = req
         self.session, self.on_text = session, on_text
         self.backends = backends
@@ -345,9 +348,15 @@ class Turn:
                 if len(msg.pcm) != msg.num_samples * bytes_per_sample:
                     raise StageError("vocoder", "INTERNAL", f"{len(msg.pcm)} PCM bytes for {msg.num_samples} samples")
                 self.summary.num_samples += msg.num_samples
+                playing = clock.due() is not None  # (a first chunk has no deadline)
                 if (late := clock.arrive(now, msg.num_samples)) > JITTER_SECONDS:
                     self.stalls += 1
                     metrics.STALL.observe(late)
+                if self.headroom is not None:
+                    if playing:
+                        self.headroom.observe_slack(now, -late)
+                    else:
+                        self.headroom.observe_ttfa(now, self.summary.ttfa_seconds)
                 self.writing_since = time.perf_counter()  # until the client takes it (or its call ends)
                 self.client_took.clear()
                 yield gateway_pb2.SynthesizeResponse(audio=gateway_pb2.AudioChunk(

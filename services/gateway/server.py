@@ -12,6 +12,7 @@ from services.common.server import serve
 from services.gateway import metrics
 from services.gateway.admission import Admission
 from services.gateway.backends import Backends
+from services.gateway.headroom import Headroom, HeadroomRule
 from services.gateway.pipeline import TurnLimits
 from services.gateway.servicer import GatewayServicer
 from services.gateway.settings import GatewaySettings
@@ -29,7 +30,8 @@ async def run(s: GatewaySettings) -> None:
     if per_client is None:  # keys name clients; addresses may not (a proxy, a NAT): no limit of their own by default
         per_client = max(1, s.max_turns // 2) if api_keys else 0
     servicer = GatewayServicer(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
-                               Admission(s.max_turns, s.max_queued_turns, per_client), s.session_idle_seconds)
+                               Admission(s.max_turns, s.max_queued_turns, per_client, headroom(s)),
+                               s.session_idle_seconds)
     start_metrics_server(s.host, s.metrics_port)
     await serve(
         name="gateway",
@@ -47,3 +49,11 @@ async def run(s: GatewaySettings) -> None:
         write_timeout=s.client_stall_seconds or None,
         on_stalled=metrics.observe_stalled,
     )
+
+
+def headroom(s: GatewaySettings) -> Headroom | None:
+    if s.admission != "headroom":
+        return None
+    return Headroom(HeadroomRule(initial_limit=min(s.admit_initial_turns, s.max_turns), max_limit=s.max_turns,
+                                 min_limit=min(HeadroomRule.min_limit, s.max_turns), low_slack=s.admit_low_slack,
+                                 ttfa_target=s.admit_ttfa))

@@ -24,7 +24,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         async with self.admission.turn(context.time_remaining(), client_of(context)):
             metrics.ACTIVE.inc()
             try:
-                turn = Turn(request, self.backends, self.limits, context.time_remaining())
+                turn = Turn(request, self.backends, self.limits, context.time_remaining(),
+                            headroom=self.admission.headroom)
                 # closed at once when the call ends early (the client left, or stopped reading): its stages with it
                 async with contextlib.aclosing(turn.run()) as replies:
                     async for msg in replies:

@@ -1,0 +1,89 @@
+"""Admission by headroom (`--admission headroom`): how many turns the stages can serve in time, learned from what the
+gateway sees of the turns it serves, so that past the knee it refuses the excess instead of letting every listener
+stall.
+
+Two signals, both at the gateway, on the listener's clock (services/common/playback.py):
+- slack: how early each chunk of a playing stream leaves the gateway, before its listener would run out of audio
+  (the llm paces itself ~0.7 s ahead on CUDA). When the vocoder or the llm falls behind, slack shrinks before any
+  stall;
+- time to first audio of the turns that started lately.
+
+The rule, an additive-increase / multiplicative-decrease limit on the turns running at once (as TCP's window, or the
+adaptive concurrency limits of RPC servers), updated every `period` seconds from the last `window` seconds:
+- some stream's slack under `low_slack`, or TTFA p90 over `ttfa_target`: the limit falls to `decrease` × the turns
+  running (never under `min_limit`): what runs now is already more than the stages carry;
+- else, while the turns running are near the limit (the limit is what holds them back), and streams are playing and
+  every one's slack is over `high_slack`: the limit grows by `increase`;
+- a turn is admitted while fewer than the limit run; otherwise RESOURCE_EXHAUSTED, at once, with a retry hint.
+
+Pure arithmetic on recorded signals: no clock of its own (every call takes `now`), nothing of asyncio or grpc.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class HeadroomRule:
+    initial_limit: int = 64        # turns at once before any signal (--admit-initial-turns)
+    min_limit: int = 4             # the limit never falls under this
+    max_limit: int = 256           # nor grows over --max-turns
+    low_slack: float = 0.05        # seconds: a stream this close to a stall means too many turns (--admit-low-slack)
+    high_slack: float = 0.25       # seconds: every stream this far ahead means room for more
+    ttfa_target: float = 0.3       # seconds: TTFA p90 of the latest turns over this means too many (--admit-ttfa)
+    window: float = 2.0            # seconds of signals each decision reads
+    period: float = 0.5            # seconds between decisions
+    increase: int = 2              # turns added to the limit per decision with room
+    decrease: float = 0.9          # the limit after a decision without room, as a share of the turns running
+
+
+class Headroom:
+    def __init__(self, rule: HeadroomRule = HeadroomRule()):
+        self.rule = rule
+        self.limit = float(min(max(rule.initial_limit, rule.min_limit), rule.max_limit))
+        self.slack: collections.deque[tuple[float, float]] = collections.deque()  # (when, seconds early)
+        self.ttfa: collections.deque[tuple[float, float]] = collections.deque()   # (when, seconds)
+        self.decided = -math.inf
+        self.last_reason = "no signal yet"
+
+    def observe_slack(self, now: float, slack: float) -> None:
+        """A playing stream's chunk left the gateway `slack` seconds before its listener needed it (< 0: late)."""
+        self.slack.append((now, slack))
+
+    def observe_ttfa(self, now: float, seconds: float) -> None:
+        self.ttfa.append((now, seconds))
+
+    def update(self, now: float, running: int) -> None:
+        """Decide the limit again, at most every `period` seconds."""
+        if now - self.decided < self.rule.period:
+            return
+        self.decided = now
+        for signal in (self.slack, self.ttfa):
+            while signal and signal[0][0] < now - self.rule.window:
+                signal.popleft()
+        least = min((s for _, s in self.slack), default=math.inf)
+        ttfa_p90 = _quantile([t for _, t in self.ttfa], 0.9)
+        r = self.rule
+        if least < r.low_slack or ttfa_p90 > r.ttfa_target:
+            self.limit = max(r.min_limit, min(self.limit, r.decrease * running))
+            self.last_reason = (f"a stream {least:.2f} s from a stall" if least < r.low_slack
+                                else f"TTFA p90 {ttfa_p90 * 1e3:.0f} ms")
+        elif running >= self.limit - r.increase and self.slack and least > r.high_slack:  # (room seen, not assumed)
+            self.limit = min(r.max_limit, self.limit + r.increase)
+            self.last_reason = "room: every stream ahead of its listener"
+
+    def admits(self, now: float, running: int) -> bool:
+        """May one more turn start, with `running` turns running?"""
+        self.update(now, running)
+        return running < int(self.limit)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank, from above); -inf for no values (no signal: no objection)."""
+    if not values:
+        return -math.inf
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)]

@@ -1,0 +1,128 @@
+"""Admission by headroom (services/gateway/headroom.py): the limit's arithmetic on recorded signals, and a small
+simulated service whose streams fall behind past a capacity the rule does not know."""
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from services.common.errors import ResourceExhausted
+from services.gateway.admission import RETRY_MAX, RETRY_MIN, Admission
+from services.gateway.headroom import Headroom, HeadroomRule
+
+RULE = HeadroomRule(initial_limit=8, min_limit=2, max_limit=64, low_slack=0.05, high_slack=0.25, ttfa_target=0.3,
+                    window=2.0, period=0.5, increase=2, decrease=0.9)
+
+
+def test_the_limit_grows_only_while_it_holds_turns_back_and_every_stream_is_ahead():
+    h = Headroom(RULE)
+    h.observe_slack(0.0, 0.6)
+    h.update(0.0, running=8)      # at the limit, every stream 0.6 s ahead: room
+    assert h.limit == 10
+    h.update(0.2, running=10)     # within the period: no decision
+    assert h.limit == 10
+    h.update(0.5, running=3)      # far under the limit: the limit is not what holds turns back
+    assert h.limit == 10
+    h.observe_slack(0.9, 0.2)     # a stream only 0.2 s ahead: no room, no alarm
+    h.update(1.0, running=10)
+    assert h.limit == 10
+
+
+@pytest.mark.parametrize("signal", ["slack", "ttfa"])
+def test_a_stream_near_a_stall_or_slow_first_audio_brings_the_limit_under_what_runs(signal):
+    h = Headroom(RULE)
+    h.limit = 40
+    if signal == "slack":
+        h.observe_slack(0.0, 0.03)                     # 30 ms from a stall
+    else:
+        for i in range(10):
+            h.observe_ttfa(0.0, 0.25 if i < 8 else 0.5)  # p90 500 ms
+    h.update(0.1, running=30)
+    assert h.limit == pytest.approx(27)                # 0.9 x the 30 running
+    assert ("from a stall" if signal == "slack" else "TTFA p90 500 ms") in h.last_reason
+    h.update(0.6, running=1)                           # the alarm is still in the window: down to the floor
+    assert h.limit == RULE.min_limit
+
+
+def test_old_signals_leave_the_window():
+    h = Headroom(RULE)
+    h.observe_slack(0.0, -0.2)   # a stall, 3 s ago
+    h.observe_slack(2.9, 0.5)
+    h.update(3.0, running=8)
+    assert h.limit == 10         # the stall is out of the 2 s window: room again
+
+
+def test_the_limit_finds_a_capacity_it_is_not_told():
+    """A service that keeps its streams 0.5 s ahead up to 40 turns, and falls behind in proportion past them;
+    turns arrive faster than it can serve, and the limit starts far over the capacity. It comes down, and settles
+    around 40."""
+    capacity, h, running, limits = 40, Headroom(dataclasses.replace(RULE, initial_limit=64)), 0, []
+    for step in range(600):  # 60 s in steps of 0.1 s
+        now = step * 0.1
+        for _ in range(5):   # 50 turns a second offered; each runs 6 s (60 steps)
+            if h.admits(now, running):
+                running += 1
+        running = max(0, running - running // 60)  # turns end at their pace
+        slack = 0.5 if running <= capacity else 0.5 - 0.1 * (running - capacity)
+        h.observe_slack(now, slack)
+        if step >= 300:
+            limits.append(h.limit)
+    assert 0.75 * capacity <= min(limits) and max(limits) <= capacity + 3 * RULE.increase
+
+
+def test_admission_refuses_at_once_past_the_limit_with_a_hint():
+    async def scenario():
+        adm = Admission(max_turns=16, max_queued=16, headroom=Headroom(HeadroomRule(initial_limit=2, min_limit=1)))
+        hold = asyncio.Event()
+
+        async def turn():
+            async with adm.turn(None):
+                await hold.wait()
+
+        held = [asyncio.create_task(turn()) for _ in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(ResourceExhausted, match=r"no headroom: 2 turns running") as info:
+            await turn()  # refused, not queued, though --max-turns has room
+        assert RETRY_MIN <= info.value.retry_after <= RETRY_MAX and not adm.waiting
+        hold.set()
+        await asyncio.gather(*held)
+        assert adm.running == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def small_capacity(tmp_path_factory):
+    """A gateway admitting by headroom, from 2 turns at once (it learns more only from streams playing ahead)."""
+    from services.stack import NO_SPEECH, Ports, Stack
+
+    extra = {"gateway": ["--admission", "headroom", "--admit-initial-turns", "2", "--admit-ttfa", "5", "--max-turns", "8"]}
+    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra) as stack:
+        yield stack
+
+
+def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on_time(small_capacity, tmp_path):
+    """More streams offered than the limit: the admitted play on time, the rest are refused at once with a hint,
+    and nothing is left held."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import metric_value, scrape
+    from test_converse import held
+
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "--no-progress", "--target",
+                           small_capacity.target("gateway"), "--concurrency", "6", "--requests", "12",
+                           "--max-new-tokens", "20", "--warmup", "0", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    level = json.loads((tmp_path / "bench.json").read_text())["levels"]["6"]
+    s, streams = level["summary"], level["streams"]
+    assert s["refused"] >= 1 and s["ok"] >= 2 and s["ok"] + s["refused"] == 12
+    assert s["refusals_with_hint"] == s["refused"] and s["refusal_seconds"]["max"] < 1.0
+    assert all("no headroom" in x["error"] for x in streams if x["code"] == "RESOURCE_EXHAUSTED")
+    assert s["stall_free_share"] == 1.0  # every admitted stream played on time
+    text = scrape(small_capacity.ports.metrics["gateway"])
+    assert metric_value(text, "gateway_headroom_refusals_total") == s["refused"]
+    assert 2 <= metric_value(text, "gateway_admission_limit") <= 8
+    assert not any(held(small_capacity).values())
