@@ -3,9 +3,14 @@ as real processes on free loopback ports."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import subprocess
+import sys
+import time
 import urllib.request
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +19,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from services.stack import Ports, Stack
+from services.stack import Ports, Stack, free_port, is_serving
 
 
 def _interpreter_loop_bounds() -> None:
@@ -66,6 +71,37 @@ def stack(tmp_path_factory):
     """llm + vocoder + gateway on the tiny presets, shared by the tests that only send requests."""
     with Stack(Ports.free(), log_dir=tmp_path_factory.mktemp("stack-logs")) as s:
         yield s
+
+
+@contextlib.contextmanager
+def own_gateway(stack: Stack, log_dir, *flags: str):
+    """A gateway process of its own, with `flags`, in front of `stack`'s llm and vocoder → (target, metrics port,
+    proc). A gateway starts in about a second (it imports no torch), a whole stack in several."""
+    grpc_port, metrics_port = free_port(), free_port()
+    target = f"127.0.0.1:{grpc_port}"
+    with open(log_dir / "gateway.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "gateway", "--port", str(grpc_port),
+                                 "--metrics-port", str(metrics_port), "--llm-target", stack.target("llm"),
+                                 "--vocoder-target", stack.target("vocoder"), *flags], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 60
+            while not is_serving(target):
+                assert proc.poll() is None and time.monotonic() < deadline, f"the gateway did not start: {log.name}"
+                time.sleep(0.1)
+            yield SimpleNamespace(target=target, metrics=metrics_port, proc=proc)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+def left_held(gateway, stack: Stack) -> dict[str, float]:
+    """What `gateway` and the stack's stages still hold for turns (all zero when idle)."""
+    text, llm = scrape(gateway.metrics), scrape(stack.ports.metrics["llm"])
+    return {"gateway turns": metric_value(text, "gateway_active_requests"),
+            "gateway sessions": metric_value(text, "gateway_active_sessions"),
+            "llm running": metric_value(llm, "llm_requests_running"),
+            "llm waiting": metric_value(llm, "llm_requests_waiting"),
+            "vocoder streams": metric_value(scrape(stack.ports.metrics["vocoder"]), "vocoder_active_streams")}
 
 
 def scrape(port: int) -> str:

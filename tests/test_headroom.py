@@ -91,30 +91,24 @@ def test_admission_refuses_at_once_past_the_limit_with_a_hint():
     asyncio.run(scenario())
 
 
-@pytest.fixture(scope="module")
-def small_capacity(tmp_path_factory):
-    """A gateway admitting by headroom, from 2 turns at once (it learns more only from streams playing ahead)."""
-    from services.stack import NO_SPEECH, Ports, Stack
-
-    extra = {"gateway": ["--admission", "headroom", "--admit-initial-turns", "2", "--admit-ttfa", "5", "--max-turns", "8"]}
-    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra) as stack:
-        yield stack
-
-
-def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on_time(small_capacity, tmp_path):
+def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on_time(stack, tmp_path):
     """More streams offered than the limit: the admitted play on time, the rest are refused at once with a hint,
     and nothing is left held."""
     import json
     import subprocess
     import sys
 
-    from conftest import metric_value, scrape
-    from test_converse import held
+    from conftest import left_held, metric_value, own_gateway, scrape
 
-    proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "--no-progress", "--target",
-                           small_capacity.target("gateway"), "--concurrency", "6", "--requests", "12",
-                           "--max-new-tokens", "20", "--warmup", "0", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=240)
+    # a gateway of its own in front of the shared stack, admitting by headroom from 2 turns at once (it learns more
+    # only from streams playing ahead)
+    with own_gateway(stack, tmp_path, "--admission", "headroom", "--admit-initial-turns", "2", "--admit-ttfa", "5",
+                     "--max-turns", "8") as gateway:
+        proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "--no-progress", "--target",
+                               gateway.target, "--concurrency", "6", "--requests", "12", "--max-new-tokens", "20",
+                               "--warmup", "0", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240)
+        text = scrape(gateway.metrics)
+        held = left_held(gateway, stack)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     level = json.loads((tmp_path / "bench.json").read_text())["levels"]["6"]
     s, streams = level["summary"], level["streams"]
@@ -122,7 +116,6 @@ def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on
     assert s["refusals_with_hint"] == s["refused"] and s["refusal_seconds"]["max"] < 1.0
     assert all("no headroom" in x["error"] for x in streams if x["code"] == "RESOURCE_EXHAUSTED")
     assert s["stall_free_share"] == 1.0  # every admitted stream played on time
-    text = scrape(small_capacity.ports.metrics["gateway"])
     assert metric_value(text, "gateway_headroom_refusals_total") == s["refused"]
     assert 2 <= metric_value(text, "gateway_admission_limit") <= 8
-    assert not any(held(small_capacity).values())
+    assert not any(held.values())

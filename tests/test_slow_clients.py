@@ -9,13 +9,11 @@ from types import SimpleNamespace
 
 import grpc
 import pytest
-from conftest import metric_value, scrape
+from conftest import left_held, metric_value, own_gateway, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from test_converse import held
 
 from services.common.errors import ResourceExhausted
 from services.gateway.admission import RETRY_MAX, RETRY_MIN, Admission, client_of
-from services.stack import NO_SPEECH, Ports, Stack
 
 KEYS = ("alpha", "beta")
 # A reply of 400 tokens is 32 s of PCM16 at 24 kHz (~1.5 MB): far over the 64 kB that HTTP/2 lets a stream hold
@@ -31,14 +29,15 @@ def bearer(key):
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    """Three places, no queue, two per client, and a second without a message taken ends a call."""
+def gateway(stack, tmp_path_factory):
+    """A gateway of its own in front of the shared stack: three places, no queue, two per client, and a second
+    without a message taken ends a call."""
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text("\n".join(KEYS) + "\n")
-    extra = {"gateway": ["--api-keys-file", str(keys), "--max-turns", "3", "--max-queued-turns", "0",
-                         "--max-turns-per-client", "2", "--client-stall-seconds", str(STALL_SECONDS)]}
-    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra) as stack:
-        yield stack
+    with own_gateway(stack, tmp_path_factory.mktemp("logs"), "--api-keys-file", str(keys), "--max-turns", "3",
+                     "--max-queued-turns", "0", "--max-turns-per-client", "2",
+                     "--client-stall-seconds", str(STALL_SECONDS)) as gw:
+        yield gw
 
 
 def wait_for(check, timeout: float, what: str):
@@ -49,8 +48,8 @@ def wait_for(check, timeout: float, what: str):
     return value
 
 
-def gateway_metric(stack, name, labels=""):
-    return metric_value(scrape(stack.ports.metrics["gateway"]), name, labels)
+def gateway_metric(gateway, name, labels=""):
+    return metric_value(scrape(gateway.metrics), name, labels)
 
 
 async def synthesize(stub, key, sampling=SHORT):
@@ -58,11 +57,11 @@ async def synthesize(stub, key, sampling=SHORT):
     return [m async for m in stub.Synthesize(request, timeout=60, metadata=bearer(key))]
 
 
-def test_silent_clients_are_ended_and_free_their_places(stack):
+def test_silent_clients_are_ended_and_free_their_places(gateway, stack):
     async def scenario():
-        target = stack.target("gateway")
-        stalled_before = gateway_metric(stack, "gateway_stalled_calls_total", '{method="Synthesize"}')
-        holds_before = gateway_metric(stack, "gateway_client_holds_total")
+        target = gateway.target
+        stalled_before = gateway_metric(gateway, "gateway_stalled_calls_total", '{method="Synthesize"}')
+        holds_before = gateway_metric(gateway, "gateway_client_holds_total")
         # A client that never reads: its window stays at 64 kB
         silent = grpc.aio.insecure_channel(target, options=[("grpc.http2.bdp_probe", 0)])
         calls = [gateway_pb2_grpc.GatewayStub(silent).Synthesize(
@@ -70,7 +69,7 @@ def test_silent_clients_are_ended_and_free_their_places(stack):
             for i in range(2)]
         async with grpc.aio.insecure_channel(target) as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
-            await asyncio.to_thread(wait_for, lambda: gateway_metric(stack, "gateway_active_requests") == 2, 30,
+            await asyncio.to_thread(wait_for, lambda: gateway_metric(gateway, "gateway_active_requests") == 2, 30,
                                     "the silent client's turns never started")
             # alpha is at its own limit: refused at once, with a hint, while beta still gets the third place
             t0 = time.perf_counter()
@@ -85,11 +84,11 @@ def test_silent_clients_are_ended_and_free_their_places(stack):
             # The silent calls end within the stall bound (plus the time to fill their windows), everything they held
             # is given back, and alpha may call again
             await asyncio.to_thread(
-                wait_for, lambda: gateway_metric(stack, "gateway_stalled_calls_total", '{method="Synthesize"}')
+                wait_for, lambda: gateway_metric(gateway, "gateway_stalled_calls_total", '{method="Synthesize"}')
                 >= stalled_before + 2, 30, "the silent calls were not ended")
-            await asyncio.to_thread(wait_for, lambda: not any(held(stack).values()), 10, "a stage still holds them")
+            await asyncio.to_thread(wait_for, lambda: not any(left_held(gateway, stack).values()), 10, "a stage still holds them")
             # meanwhile their turns had stopped feeding the vocoder
-            assert gateway_metric(stack, "gateway_client_holds_total") > holds_before
+            assert gateway_metric(gateway, "gateway_client_holds_total") > holds_before
             assert (await synthesize(stub, "alpha"))[-1].summary.audio_tokens > 0
         # When the silent client reads at last: what had been sent, then CANCELLED saying why
         for call in calls:
@@ -101,20 +100,20 @@ def test_silent_clients_are_ended_and_free_their_places(stack):
         await silent.close()
 
     asyncio.run(scenario())
-    assert gateway_metric(stack, "gateway_client_admissions_refused_total") >= 1
+    assert gateway_metric(gateway, "gateway_client_admissions_refused_total") >= 1
 
 
-def test_a_silent_converse_client_is_ended_too(stack):
+def test_a_silent_converse_client_is_ended_too(gateway, stack):
     async def scenario():
-        silent = grpc.aio.insecure_channel(stack.target("gateway"), options=[("grpc.http2.bdp_probe", 0)])
+        silent = grpc.aio.insecure_channel(gateway.target, options=[("grpc.http2.bdp_probe", 0)])
         call = gateway_pb2_grpc.GatewayStub(silent).Converse(timeout=60, metadata=bearer("beta"))
         await call.write(gateway_pb2.ConverseRequest(config=gateway_pb2.SessionConfig(sampling=LONG)))
         await call.write(gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text="a long reply, never read")))
         stalled = '{method="Converse"}'
-        before = gateway_metric(stack, "gateway_stalled_calls_total", stalled)
-        await asyncio.to_thread(wait_for, lambda: gateway_metric(stack, "gateway_stalled_calls_total", stalled) > before,
+        before = gateway_metric(gateway, "gateway_stalled_calls_total", stalled)
+        await asyncio.to_thread(wait_for, lambda: gateway_metric(gateway, "gateway_stalled_calls_total", stalled) > before,
                                 30, "the silent session was not ended")
-        await asyncio.to_thread(wait_for, lambda: not any(held(stack).values()), 10, "a stage still holds it")
+        await asyncio.to_thread(wait_for, lambda: not any(left_held(gateway, stack).values()), 10, "a stage still holds it")
         call.cancel()
         await silent.close()
 
