@@ -170,6 +170,7 @@ def test_a_client_over_its_own_limit_is_refused_and_holds_nothing():
 
 @pytest.mark.parametrize("metadata, peer, client", [
     ((("authorization", "Bearer s3cret"),), "ipv4:127.0.0.1:5555", "key:"),
+    ((("authorization", "bearer  s3cret"),), "ipv4:127.0.0.1:5555", "key:"),  # as auth takes it: any case, spaces
     ((), "ipv4:10.0.0.7:51234", "ipv4:10.0.0.7"),
     ((), "ipv6:[::1]:40000", "ipv6:[::1]"),
     ((("user-agent", "x"),), "unix:/tmp/sock", "unix:/tmp/sock"),

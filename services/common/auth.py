@@ -35,6 +35,13 @@ def load_keys(path: str | None, env: str = KEYS_ENV) -> list[bytes]:
     return [k.encode() for k in keys]
 
 
+def api_key(metadata) -> str | None:
+    """The key a call's metadata carries (`authorization: Bearer <key>`, the scheme in any case), or None."""
+    values = [v for k, v in (metadata or ()) if k == "authorization"]
+    scheme, _, key = values[0].partition(" ") if values else ("", "", "")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+
+
 def bearer(key: str | None) -> tuple[tuple[str, str], ...]:
     """Call metadata carrying `key` (none for no key)."""
     return (("authorization", f"Bearer {key}"),) if key else ()
@@ -64,13 +71,11 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
 
     def _allowed(self, metadata) -> str | None:
         """→ None if allowed, else why not."""
-        values = [v for k, v in (metadata or ()) if k == "authorization"]
-        if not values:
+        if not any(k == "authorization" for k, _ in (metadata or ())):
             return "missing authorization metadata (authorization: Bearer <API key>)"
-        scheme, _, key = values[0].partition(" ")
-        if scheme.lower() != "bearer" or not key:
+        if (key := api_key(metadata)) is None:
             return "authorization metadata must be 'Bearer <API key>'"
-        given = key.strip().encode()
+        given = key.encode()
         match = False
         for known in self.keys:  # every key, always: no early exit that timing could reveal
             match |= hmac.compare_digest(given, known)

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import time
 
+from services.common.auth import api_key
 from services.common.errors import DeadlineExceeded, ResourceExhausted
 from services.gateway import metrics
 from services.gateway.headroom import Headroom
@@ -27,9 +28,8 @@ RECENT_TURNS = 32
 def client_of(context) -> str:
     """Who a call is from, for --max-turns-per-client: its API key (a digest: keys are not kept or logged), else its
     address without the port (gRPC's peer, e.g. "ipv4:10.0.0.7:51234" → "ipv4:10.0.0.7")."""
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization" and value.startswith("Bearer "):
-            return "key:" + hashlib.sha256(value[len("Bearer "):].encode()).hexdigest()[:16]
+    if (key := api_key(context.invocation_metadata())) is not None:
+        return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
     peer = context.peer() or ""
     kind, _, address = peer.partition(":")
     if kind in ("ipv4", "ipv6"):
