@@ -30,6 +30,7 @@ from services.settings import (
     positive,
     rates,
     seconds,
+    span,
     targets,
 )
 from services.vocoder.settings import VocoderSettings
@@ -182,12 +183,17 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--ramp", type=seconds, default=0.0,
                        help="seconds over which a level's streams start, evenly spaced (default 0: all at once)")
     bench.add_argument("--requests", type=positive(int), default=None,
-                       help="requests per level (default: 4 x the concurrency, at least 8; with --rate: 30 s of arrivals)")
+                       help="requests per level (default: 4 x the concurrency, at least 8; with --rate: --seconds of arrivals)")
+    bench.add_argument("--seconds", type=positive(float), default=30.0,
+                       help="with --rate and no --requests: seconds of arrivals per rate (default 30)")
     bench.add_argument("--prompts", help="a UTF-8 file, one prompt per line (default: built-in prompts)")
     bench.add_argument("--warmup", type=count, default=2, help="requests sent first and not counted")
     bench.add_argument("--max-new-tokens", type=positive(int), default=75, help="audio tokens per request (80 ms each)")
     bench.add_argument("--min-new-tokens", type=count, default=None,
                        help="end of speech suppressed before this many (default: --max-new-tokens: fixed-length audio)")
+    bench.add_argument("--reply-seconds", type=span, metavar="LO-HI",
+                       help="each reply's length drawn uniformly from LO to HI seconds, exact (e.g. 2-20: a voice "
+                            "assistant's mix); instead of --max-new-tokens and --min-new-tokens")
     bench.add_argument("--first-chunk-tokens", type=positive(int),
                        help="the requests' first (and second) chunk, in tokens (default: the service's, 8)")
     bench.add_argument("--turns", type=count, default=0,
@@ -343,7 +349,8 @@ def run_bench(args, argv: list[str]) -> int:
                     max_new_tokens=args.max_new_tokens,
                     min_new_tokens=args.max_new_tokens if args.min_new_tokens is None else args.min_new_tokens,
                     timeout=args.timeout, first_chunk_tokens=args.first_chunk_tokens, api_key=args.api_key, tls=tls, seed=args.seed,
-                    progress=not args.no_progress, turns=args.turns, turn_gap=args.turn_gap, speech=_speech(args.speech))
+                    progress=not args.no_progress, turns=args.turns, turn_gap=args.turn_gap, speech=_speech(args.speech),
+                    reply_seconds=args.reply_seconds, arrival_seconds=args.seconds)
     return run(spec, args.concurrency, args.warmup, args.out, "moss-serve bench " + " ".join(argv), rates=args.rate)
 
 

@@ -96,6 +96,15 @@ def rates(text: str) -> list[float]:
     return [positive(float)(part.strip()) for part in text.split(",")]
 
 
+def span(text: str) -> tuple[float, float]:
+    """An argparse type: LO-HI, two positive numbers, LO <= HI (one number: LO = HI)."""
+    lo, _, hi = text.partition("-")
+    lo, hi = positive(float)(lo.strip()), positive(float)((hi or lo).strip())
+    if lo > hi:
+        raise argparse.ArgumentTypeError(f"not LO-HI with LO <= HI: {text!r}")
+    return lo, hi
+
+
 # ---- declarations ------------------------------------------------------------------------------------------
 def option(default, help: str, type=None, choices=None, scope: str = FORWARDED, metavar: str | None = None,
            show_default: bool = True):

@@ -7,6 +7,7 @@ several processes each ("llm", "llm-2", ...; "vocoder", "vocoder-2", ...), all b
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -47,8 +48,37 @@ def replica_number(name: str) -> int:
     return int(name.split("-", 1)[1]) if "-" in name else 1
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections (Linux; its default elsewhere)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_GIVEN: set[int] = set()  # ports this process has handed out
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+    """A port free now, for a service to bind a moment later: below the ephemeral range, where the kernel picks
+    neither a port to bind(0) nor the source port of a connection (a port from bind(0) could be taken by any client
+    connection before the service bound it), never one this process gave before, and chosen at random, so that
+    processes choosing at once (test workers) rarely choose alike."""
+    low = _ephemeral_ports()[0]
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    with socket.socket() as s:  # that range full: the kernel's choice
         s.bind((host, 0))
         return s.getsockname()[1]
 

@@ -3,6 +3,7 @@ tiny CPU stack, its numbers checked for consistency with the chunk arrival times
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import subprocess
@@ -14,6 +15,7 @@ from conftest import metric_value, scrape
 from services.bench import report
 from services.bench.stream import StreamRecord
 from services.bench.workload import load_prompts, poisson_arrivals
+from services.settings import span
 
 RATE = 24000
 SAMPLES_PER_TOKEN = 1920
@@ -86,6 +88,10 @@ def test_poisson_arrivals_and_prompt_files(tmp_path):
     with pytest.raises(ValueError, match="no prompts"):
         load_prompts(str(tmp_path / "empty.txt"))
     assert len(load_prompts(None)) >= 8
+    assert span("2-20") == (2.0, 20.0) and span("6") == (6.0, 6.0)
+    for bad in ("20-2", "0-3", "a-b"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            span(bad)
 
 
 def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -143,12 +149,17 @@ def test_a_ramp_spreads_the_starts_of_a_levels_streams(stack, tmp_path):
 
 
 def test_bench_on_poisson_arrivals_and_against_a_dead_target(stack, tmp_path):
-    proc = bench("--target", stack.target("gateway"), "--rate", "8", "--requests", "5", "--max-new-tokens", "4",
+    # --seconds of arrivals (at least 8 requests); --reply-seconds: each reply its own length, 2 to 10 tokens
+    proc = bench("--target", stack.target("gateway"), "--rate", "16", "--seconds", "0.6", "--reply-seconds", "0.16-0.8",
                  "--warmup", "0", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "bench.json").read_text())
     (label, level), = result["levels"].items()
-    assert label == "rate 8/s" and level["summary"]["ok"] == 5
+    assert label == "rate 16/s" and level["summary"]["ok"] == 10
+    tokens = [sum(s["chunk_samples"]) // SAMPLES_PER_TOKEN for s in level["streams"]]
+    assert all(sum(s["chunk_samples"]) % SAMPLES_PER_TOKEN == 0 for s in level["streams"])
+    assert min(tokens) >= 2 and max(tokens) <= 10 and len(set(tokens)) >= 3, tokens
+    assert result["reply_seconds"] == [0.16, 0.8]
     # Nothing listens on port 1: every request fails UNAVAILABLE, counted by code, and the exit status says so.
     proc = bench("--target", "127.0.0.1:1", "--requests", "3", "--warmup", "0", "--timeout", "5")
     assert proc.returncode == 1

@@ -118,4 +118,7 @@ def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on
     assert s["stall_free_share"] == 1.0  # every admitted stream played on time
     assert metric_value(text, "gateway_headroom_refusals_total") == s["refused"]
     assert 2 <= metric_value(text, "gateway_admission_limit") <= 8
+    # every chunk after a stream's first went into the slack histogram
+    chunks = sum(len(x["chunk_samples"]) - 1 for x in streams if x["code"] == "OK")
+    assert chunks > 0 and metric_value(text, "gateway_playback_slack_seconds_count") == chunks
     assert not any(held.values())

@@ -8,6 +8,7 @@ Nothing here blocks the event loop; the progress bar writes to stderr."""
 from __future__ import annotations
 
 import asyncio
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from services.common.auth import bearer
 from services.common.tls import ChannelTls, channel
 from services.gateway.client import Conversation
 
+TOKEN_SECONDS = 0.08       # audio per token (12.5 tokens a second)
 STREAMS_PER_CHANNEL = 64  # HTTP/2 connections to spread the streams over (servers cap streams per connection)
 
 
@@ -44,16 +46,24 @@ class LoadSpec:
     turns: int = 0                         # > 0: each request is a Converse session of this many turns
     turn_gap: float = 0.5                  # seconds between a reply played out and the next turn
     speech: tuple[np.ndarray, int] | None = None  # (samples, rate): every turn spoken, as a Converse session's
+    reply_seconds: tuple[float, float] | None = None  # each reply's length uniform in [lo, hi] s, exact (not max/min)
+    arrival_seconds: float = 30.0          # with rate and no requests: seconds of arrivals
 
     def requests_for(self) -> int:
-        """The level's request count: as given, or 4 per concurrent stream (at least 8), or 30 s of arrivals."""
+        """The level's request count: as given, or 4 per concurrent stream (at least 8), or arrival_seconds of
+        arrivals."""
         if self.requests:
             return self.requests
-        return max(8, round(30 * self.rate)) if self.rate else max(8, 4 * self.concurrency)
+        return max(8, round(self.arrival_seconds * self.rate)) if self.rate else max(8, 4 * self.concurrency)
 
     def sampling(self, i: int) -> common_pb2.SamplingParams:
-        return common_pb2.SamplingParams(max_new_tokens=self.max_new_tokens, seed=self.seed + i,
-                                         min_new_tokens=min(self.min_new_tokens, self.max_new_tokens))
+        """Request i's sampling: a fixed length, or with reply_seconds its own, drawn from (seed, i) alone, so
+        that a rerun, or another rate of a sweep, asks for the same lengths."""
+        low, high = self.min_new_tokens, self.max_new_tokens
+        if self.reply_seconds is not None:
+            seconds = random.Random(self.seed * 1_000_003 + i).uniform(*self.reply_seconds)
+            low = high = max(1, round(seconds / TOKEN_SECONDS))
+        return common_pb2.SamplingParams(max_new_tokens=high, seed=self.seed + i, min_new_tokens=min(low, high))
 
 
     def chunking(self) -> common_pb2.ChunkPolicy | None:

@@ -76,7 +76,7 @@ def run(spec: LoadSpec, concurrencies: list[int], warmup: int, out: str | None, 
 
     result = asyncio.run(sweep(spec, concurrencies, warmup, checkpoint, rates))
     result.update(date=datetime.datetime.now().isoformat(timespec="seconds"), command=command, target=spec.target,
-                  max_new_tokens=spec.max_new_tokens, jitter_seconds=JITTER_SECONDS,
+                  max_new_tokens=spec.max_new_tokens, reply_seconds=spec.reply_seconds, jitter_seconds=JITTER_SECONDS,
                   prompts=len(spec.prompts), turns=spec.turns, turn_gap=spec.turn_gap)
     summaries = {label: lv["summary"] for label, lv in result["levels"].items()}
     print(report.table(summaries))

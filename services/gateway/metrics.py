@@ -24,6 +24,11 @@ RTF = Histogram("gateway_real_time_factor", "Turn wall time over the duration of
 # Stalls (docs/architecture.md §5) on the playback clock of a listener who starts at the first PCM the gateway sends.
 STALL = Histogram("gateway_stall_seconds", "How late each stalled chunk was sent (past the listener's playback clock, "
                   "beyond 20 ms of jitter)", buckets=LATENCY_BUCKETS)
+# Slack: how early a playing stream's chunk was sent before its listener would have run out (< 0: late). Headroom
+# shrinks here before any stall; --admission headroom reads the same figure (headroom.py).
+SLACK_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0)
+SLACK = Histogram("gateway_playback_slack_seconds", "How early each chunk of a playing stream was sent before its "
+                  "listener would have run out of audio (le=0: late)", buckets=SLACK_BUCKETS)
 STALLED_TURNS = Counter("gateway_stalled_turns_total", "Turns with at least one stall")
 AUDIO_TURNS = Counter("gateway_audio_turns_total", "Turns that sent audio (the base of the stall-free share)")
 ACTIVE = Gauge("gateway_active_requests", "Turns in progress (Synthesize calls and Converse turns)")

@@ -352,6 +352,8 @@ class Turn:
                 if (late := clock.arrive(now, msg.num_samples)) > JITTER_SECONDS:
                     self.stalls += 1
                     metrics.STALL.observe(late)
+                if playing:
+                    metrics.SLACK.observe(-late)
                 if self.headroom is not None:
                     if playing:
                         self.headroom.observe_slack(now, -late)

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Overload at the real size on one GPU (issue 23): the stack as capacity.sh starts it, plus a second gateway in front
+# of the same llm and vocoder, so that two admission rules meet the same loads on one stack. Each gets the outside
+# client's loads, replies of 2 to 20 s (REPLY, default 2-20):
+#   Poisson arrivals at RATES per second (default 20,30,40), ARRIVAL_SECONDS of arrivals each (default 20);
+#   LEVELS streams started over 6 s, one request each (default 192,256; none: "");
+#   BURST streams started at the same instant (default 128; 0: none).
+# RATES_A, LEVELS_A, BURST_A (and _B) set them for one gateway only.
+#   bash bench/overload.sh [moss-serve up flags...]
+# STACK_FLAGS (default "--kv-cache-gb 32 --max-num-seqs 256") go to moss-serve up before the arguments. GATEWAY_A (default: the stack's own gateway, as `moss-serve up` runs it) and GATEWAY_B (default
+# "--admission headroom") are the two gateways' flags; ONLY=a or ONLY=b runs one of them. While a gateway is loaded its
+# admission limit, turns running and queued are sampled every 0.5 s into $OUT/<gateway>/timeline.tsv, and its
+# metrics are scraped before the loads and after each (metrics_<k>_<load>.txt): each rate is a load of its own. Results end up in $OUT/results.tgz, the logs beside it.
+set -uo pipefail
+source "$(dirname "$0")/stack.sh"
+RATES=${RATES:-20,30,40}
+LEVELS=${LEVELS:-192,256}
+BURST=${BURST:-128}
+REPLY=${REPLY:-2-20}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+
+# gateway_b_up: the second gateway (own process group, ports 50070 / 9170) in front of the stack's llm and vocoder
+gateway_b_up() {
+  setsid python3 -c "$SERVE_PY" gateway --port 50070 --metrics-port 9170 ${GATEWAY_B:---admission headroom} \
+    > "$OUT/gateway_b.log" 2>&1 &
+  GATEWAY_B_PID=$!
+  for _ in $(seq 1 60); do
+    serve say "warm up" -o "$WORK/b.wav" --target 127.0.0.1:50070 --max-new-tokens 8 --timeout 30 > /dev/null 2>&1 && return 0
+    sleep 1
+  done
+  echo "gateway b never answered: see $OUT/gateway_b.log"; return 1
+}
+
+# sample METRICS_PORT FILE: the admission gauges every 0.5 s, until killed
+sample() {
+  python3 - "$1" "$2" <<'EOF' &
+import re, sys, time, urllib.request
+port, path = sys.argv[1], sys.argv[2]
+names = ("gateway_admission_limit", "gateway_active_requests", "gateway_queued_turns")
+with open(path, "a") as out:
+    out.write("t\t" + "\t".join(names) + "\n")
+    while True:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read().decode()
+            vals = [re.search(rf"^{n} ([0-9.e+-]+)$", text, re.M) for n in names]
+            out.write(f"{time.time():.2f}\t" + "\t".join(m.group(1) if m else "" for m in vals) + "\n")
+            out.flush()
+        except OSError:
+            pass
+        time.sleep(0.5)
+EOF
+  SAMPLER_PID=$!
+}
+
+# scrape PORT FILE: a gateway's metrics now (cumulative: a load's own figures are the difference from the last scrape)
+scrape() {
+  python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$1/metrics').read().decode())" > "$2"
+}
+
+# run DIR BENCH_FLAGS...: one load against the gateway being loaded, into $dir/DIR; its metrics after it, numbered
+run() {
+  local run_dir=$1; shift
+  serve bench "${common[@]}" "$@" --out "$dir/$run_dir" 2>&1 | tee -a "$dir/bench.log"
+  runs=$((runs + 1))
+  scrape "$port" "$dir/metrics_$(printf %02d "$runs")_$run_dir.txt"
+}
+
+# load NAME TARGET METRICS_PORT: every load against one gateway, results in $OUT/NAME
+load() {
+  local name=$1 target=$2 port=$3 dir="$OUT/$1" up=${1^^} runs=0
+  local rates_var=RATES_$up levels_var=LEVELS_$up burst_var=BURST_$up
+  local rates=${!rates_var-$RATES} levels=${!levels_var-$LEVELS} burst=${!burst_var-$BURST}
+  local common=(--target "$target" --reply-seconds "$REPLY" --no-progress --timeout 180)
+  mkdir -p "$dir"
+  sample "$port" "$dir/timeline.tsv"
+  scrape "$port" "$dir/metrics_00_start.txt"
+  local warmup=4
+  for rate in ${rates//,/ }; do
+    run "poisson_$rate" --rate "$rate" --seconds "${ARRIVAL_SECONDS:-20}" --warmup "$warmup"
+    warmup=0
+  done
+  for level in ${levels//,/ }; do
+    run "ramp_$level" --concurrency "$level" --requests "$level" --ramp 6 --warmup 0
+  done
+  [ "${burst:-0}" -gt 0 ] && run "burst_$burst" --concurrency "$burst" --requests "$burst" --warmup 0
+  kill "$SAMPLER_PID" 2> /dev/null
+}
+
+run_a=1 run_b=1
+case ${ONLY:-} in a) run_b=0 ;; b) run_a=0 ;; esac
+if start_stack ${STACK_FLAGS:---kv-cache-gb 32 --max-num-seqs 256} ${GATEWAY_A:-} "$@"; then
+  [ "$run_a" = 1 ] && load a 127.0.0.1:50051 9091
+  if [ "$run_b" = 1 ]; then
+    gateway_b_up && load b 127.0.0.1:50070 9170
+    kill -TERM "$GATEWAY_B_PID" 2> /dev/null; wait "$GATEWAY_B_PID" 2> /dev/null
+  fi
+  scrape 9092 "$OUT/metrics_llm.txt"
+  scrape 9093 "$OUT/metrics_vocoder.txt"
+fi
+stop_stack
+python3 "$(dirname "$0")/overload_report.py" "$OUT" | tee "$OUT/overload.txt"
+pack_results

@@ -1,0 +1,75 @@
+"""The table of bench/overload.sh's results: per gateway and load, what was offered, admitted and refused, how the
+admitted played, and how close to a stall their chunks ran (the slack histogram's share under a few bounds, from the
+gateway's metrics before and after the load).
+
+    python3 bench/overload_report.py OUT_DIR        # prints the table, writes OUT_DIR/overload.json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+SLACK_BOUNDS = ("0.0", "0.1", "0.3", "0.5")  # le= buckets of gateway_playback_slack_seconds reported
+
+
+def slack_buckets(text: str) -> dict[str, float]:
+    """le → cumulative count of gateway_playback_slack_seconds, plus "+Inf"."""
+    return {m[1]: float(m[2]) for m in re.finditer(r'^gateway_playback_slack_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)}
+
+
+def slack_shares(before: str, after: str) -> dict[str, float]:
+    """The share of the load's chunks sent with at most each bound of slack."""
+    b, a = slack_buckets(before), slack_buckets(after)
+    total = a.get("+Inf", 0.0) - b.get("+Inf", 0.0)
+    return {f"slack<={le}": (a.get(le, 0.0) - b.get(le, 0.0)) / total if total else math.nan for le in SLACK_BOUNDS}
+
+
+def rows(out: Path) -> list[dict]:
+    result = []
+    for gateway in sorted(p for p in out.iterdir() if p.is_dir()):
+        scrapes = sorted(gateway.glob("metrics_*.txt"))
+        for before, after in zip(scrapes, scrapes[1:]):
+            run = gateway / after.stem.split("_", 2)[2] / "bench.json"  # metrics_<k>_<run dir>
+            if not run.exists():
+                continue
+            levels = json.loads(run.read_text())["levels"]
+            shares = slack_shares(before.read_text(), after.read_text())
+            for label, level in levels.items():
+                s = level["summary"]
+                result.append({"gateway": gateway.name, "load": f"{run.parent.name}", "requests": s["requests"],
+                               "admitted": s["ok"], "refused": s["refused"], "other_errors": s["requests"] - s["ok"] - s["refused"],
+                               "stall_free_share": s["stall_free_share"], "ttfa_p50": s["ttfa_seconds"]["p50"],
+                               "ttfa_p95": s["ttfa_seconds"]["p95"], "offered_per_second": s["offered_per_second"],
+                               "goodput_per_second": s["goodput_per_second"], "refusal_max": s["refusal_seconds"]["max"],
+                               "refusals_with_hint": s["refusals_with_hint"], **shares})
+    return result
+
+
+def table(result: list[dict]) -> str:
+    head = ["gateway", "load", "req", "admitted", "refused", "errors", "stall-free", "TTFA p50", "TTFA p95", "offered/s",
+            "goodput/s", "refusal max", *(f"slack<={b}" for b in SLACK_BOUNDS)]
+    lines = [head]
+    for r in result:
+        lines.append([r["gateway"], r["load"], str(r["requests"]), str(r["admitted"]), str(r["refused"]), str(r["other_errors"]),
+                      f"{r['stall_free_share'] * 100:.1f}%", f"{r['ttfa_p50'] * 1e3:.0f} ms", f"{r['ttfa_p95'] * 1e3:.0f} ms",
+                      f"{r['offered_per_second']:.1f}", f"{r['goodput_per_second']:.1f}",
+                      f"{r['refusal_max'] * 1e3:.0f} ms" if r["refused"] else "-",
+                      *(f"{r.get(f'slack<={b}', math.nan) * 100:.1f}%" for b in SLACK_BOUNDS)])
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in lines)
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[1]) if len(argv) > 1 else Path("/tmp/out")
+    result = rows(out)
+    print(table(result))
+    (out / "overload.json").write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
