@@ -10,8 +10,8 @@ from services.common.errors import ResourceExhausted
 from services.gateway.admission import RETRY_MAX, RETRY_MIN, Admission
 from services.gateway.headroom import Headroom, HeadroomRule
 
-RULE = HeadroomRule(initial_limit=8, min_limit=2, max_limit=64, low_slack=0.05, high_slack=0.25, ttfa_target=0.3,
-                    window=2.0, period=0.5, increase=2, decrease=0.9)
+RULE = HeadroomRule(initial_limit=8, min_limit=2, max_limit=64, low_slack=0.05, high_slack=0.25, slack_quantile=0.02,
+                    ttfa_target=0.3, window=2.0, period=0.5, increase=2, decrease=0.9)
 
 
 def test_the_limit_grows_only_while_it_holds_turns_back_and_every_stream_is_ahead():
@@ -28,6 +28,18 @@ def test_the_limit_grows_only_while_it_holds_turns_back_and_every_stream_is_ahea
     assert h.limit == 10
 
 
+def test_the_slack_read_is_a_low_quantile_of_the_chunks_not_the_least():
+    h = Headroom(RULE)
+    for i in range(100):          # one chunk in a hundred 30 ms from a stall: under the 2% read, room
+        h.observe_slack(0.0, 0.03 if i == 0 else 0.6)
+    h.update(0.0, running=8)
+    assert h.limit == 10 and "slack p2 600 ms" in h.last_reason
+    for i in range(100):          # three in a hundred more: the 2% read is 30 ms, too many turns
+        h.observe_slack(0.1, 0.03 if i < 3 else 0.6)
+    h.update(0.5, running=10)
+    assert h.limit == 9 and "slack p2 30 ms" in h.last_reason
+
+
 @pytest.mark.parametrize("signal", ["slack", "ttfa"])
 def test_a_stream_near_a_stall_or_slow_first_audio_brings_the_limit_under_what_runs(signal):
     h = Headroom(RULE)
@@ -39,7 +51,7 @@ def test_a_stream_near_a_stall_or_slow_first_audio_brings_the_limit_under_what_r
             h.observe_ttfa(0.0, 0.25 if i < 8 else 0.5)  # p90 500 ms
     h.update(0.1, running=30)
     assert h.limit == pytest.approx(27)                # 0.9 x the 30 running
-    assert ("from a stall" if signal == "slack" else "TTFA p90 500 ms") in h.last_reason
+    assert ("slack p2 30 ms" if signal == "slack" else "TTFA p90 500 ms") in h.last_reason
     h.update(0.6, running=1)                           # the alarm is still in the window: down to the floor
     assert h.limit == RULE.min_limit
 

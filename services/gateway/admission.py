@@ -14,6 +14,8 @@ import asyncio
 import collections
 import contextlib
 import hashlib
+import logging
+import math
 import time
 
 from services.common.auth import api_key
@@ -23,6 +25,9 @@ from services.gateway.headroom import Headroom
 
 RETRY_MIN, RETRY_MAX = 0.1, 30.0
 RECENT_TURNS = 32
+LOG_EVERY = 5.0  # seconds between log lines of the headroom limit falling
+
+log = logging.getLogger(__name__)
 
 
 def client_of(context) -> str:
@@ -48,6 +53,7 @@ class Admission:
         self.waiting: collections.deque[asyncio.Future] = collections.deque()
         self.recent = collections.deque(maxlen=RECENT_TURNS)  # seconds each recent turn held its place
         self.by_client: collections.Counter[str] = collections.Counter()  # turns running or waiting, per client
+        self.logged = (-math.inf, headroom.limit if headroom else 0.0)  # (when, limit) of the last log line
 
     def retry_after(self, ahead: float | None = None) -> float:
         """ahead: turns to finish before a place frees, per place (default: the queue's, over every place)."""
@@ -80,8 +86,10 @@ class Admission:
     @contextlib.asynccontextmanager
     async def _place(self, deadline: float | None):
         if self.headroom is not None:
-            admitted = self.headroom.admits(time.perf_counter(), self.running)
+            now = time.perf_counter()
+            admitted = self.headroom.admits(now, self.running)
             metrics.HEADROOM_LIMIT.set(self.headroom.limit)
+            self._log_limit(now)
             if not admitted:
                 metrics.HEADROOM_REFUSED.inc()
                 raise ResourceExhausted(f"no headroom: {self.running} turns running, as many as the stages serve in "
@@ -102,6 +110,15 @@ class Admission:
         finally:
             self.recent.append(time.perf_counter() - start)
             self._release()
+
+    def _log_limit(self, now: float) -> None:
+        """The headroom limit, once it has fallen since the last line (at most every LOG_EVERY seconds)."""
+        when, limit = self.logged
+        if self.headroom.limit < limit and now - when >= LOG_EVERY:
+            log.info("admission limit %d -> %d turns (%s)", limit, self.headroom.limit, self.headroom.last_reason)
+            self.logged = (now, self.headroom.limit)
+        elif self.headroom.limit > limit:  # risen: a fall from here is news
+            self.logged = (when, self.headroom.limit)
 
     async def _wait(self, deadline: float | None) -> None:
         place = asyncio.get_running_loop().create_future()

@@ -10,12 +10,17 @@ Two signals, both at the gateway, on the listener's clock (services/common/playb
 
 The rule, an additive-increase / multiplicative-decrease limit on the turns running at once (as TCP's window, or the
 adaptive concurrency limits of RPC servers), updated every `period` seconds from the last `window` seconds:
-- some stream's slack under `low_slack`, or TTFA p90 over `ttfa_target`: the limit falls to `decrease` × the turns
-  running (never under `min_limit`): what runs now is already more than the stages carry;
-- else, while the turns running are near the limit (the limit is what holds them back), and streams are playing and
-  every one's slack is over `high_slack`: the limit grows by `increase`;
+- the `slack_quantile` of the chunks' slack under `low_slack`, or TTFA p90 over `ttfa_target`: the limit falls to
+  `decrease` x the turns running (never under `min_limit`): what runs now is already more than the stages carry;
+- else, while the turns running are near the limit (the limit is what holds them back), and streams are playing with
+  that quantile of slack over `high_slack`: the limit grows by `increase`;
 - a turn is admitted while fewer than the limit run; otherwise RESOURCE_EXHAUSTED, at once, with a retry hint.
 
+A low quantile, not the least slack: a stream's chunks grow (4, 5, 10, then 20 tokens), and the chunk that completes a
+large one leaves the gateway only ~0.1-0.2 s before it is due even on an idle H100 (docs/benchmarks.md, issue 23), so
+the least of a few hundred chunks says little. A stall-free stream needs every chunk on time, so the quantile is low.
+TTFA's target sits above what a loaded but healthy stack gives (~0.3 s p95 on an H100 at 128 streams), so that it
+marks a queue building, not the usual spread.
 Pure arithmetic on recorded signals: no clock of its own (every call takes `now`), nothing of asyncio or grpc.
 """
 
@@ -28,12 +33,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class HeadroomRule:
-    initial_limit: int = 64        # turns at once before any signal (--admit-initial-turns)
+    initial_limit: int = 128       # turns at once before any signal (--admit-initial-turns): an H100's measured capacity
     min_limit: int = 4             # the limit never falls under this
     max_limit: int = 256           # nor grows over --max-turns
-    low_slack: float = 0.05        # seconds: a stream this close to a stall means too many turns (--admit-low-slack)
-    high_slack: float = 0.25       # seconds: every stream this far ahead means room for more
-    ttfa_target: float = 0.3       # seconds: TTFA p90 of the latest turns over this means too many (--admit-ttfa)
+    low_slack: float = 0.05        # seconds: the quantile this close to a stall means too many turns (--admit-low-slack)
+    high_slack: float = 0.1        # seconds: the quantile this far ahead means room for more
+    slack_quantile: float = 0.02   # of the window's chunks (a stall-free stream needs every chunk on time)
+    ttfa_target: float = 0.4       # seconds: TTFA p90 of the latest turns over this means too many (--admit-ttfa)
     window: float = 2.0            # seconds of signals each decision reads
     period: float = 0.5            # seconds between decisions
     increase: int = 2              # turns added to the limit per decision with room
@@ -64,16 +70,16 @@ class Headroom:
         for signal in (self.slack, self.ttfa):
             while signal and signal[0][0] < now - self.rule.window:
                 signal.popleft()
-        least = min((s for _, s in self.slack), default=math.inf)
-        ttfa_p90 = _quantile([t for _, t in self.ttfa], 0.9)
+        slack = _quantile([s for _, s in self.slack], self.rule.slack_quantile, empty=math.inf)
+        ttfa_p90 = _quantile([t for _, t in self.ttfa], 0.9, empty=-math.inf)
         r = self.rule
-        if least < r.low_slack or ttfa_p90 > r.ttfa_target:
+        if slack < r.low_slack or ttfa_p90 > r.ttfa_target:
             self.limit = max(r.min_limit, min(self.limit, r.decrease * running))
-            self.last_reason = (f"a stream {least:.2f} s from a stall" if least < r.low_slack
+            self.last_reason = (f"slack p{r.slack_quantile * 100:g} {slack * 1e3:.0f} ms" if slack < r.low_slack
                                 else f"TTFA p90 {ttfa_p90 * 1e3:.0f} ms")
-        elif running >= self.limit - r.increase and self.slack and least > r.high_slack:  # (room seen, not assumed)
+        elif running >= self.limit - r.increase and self.slack and slack > r.high_slack:  # (room seen, not assumed)
             self.limit = min(r.max_limit, self.limit + r.increase)
-            self.last_reason = "room: every stream ahead of its listener"
+            self.last_reason = f"room: slack p{r.slack_quantile * 100:g} {slack * 1e3:.0f} ms"
 
     def admits(self, now: float, running: int) -> bool:
         """May one more turn start, with `running` turns running?"""
@@ -81,9 +87,9 @@ class Headroom:
         return running < int(self.limit)
 
 
-def _quantile(values: list[float], q: float) -> float:
-    """The q-quantile (nearest rank, from above); -inf for no values (no signal: no objection)."""
+def _quantile(values: list[float], q: float, empty: float) -> float:
+    """The q-quantile (nearest rank, from above); `empty` for no values (no signal: no objection)."""
     if not values:
-        return -math.inf
+        return empty
     xs = sorted(values)
-    return xs[min(len(xs) - 1, math.ceil(q * len(xs)) - 1)]
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]

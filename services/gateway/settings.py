@@ -42,11 +42,11 @@ class GatewaySettings:
     admission: str = option("count", "count: --max-turns turns at once, more queue; headroom: as many as the stages "
                                      "serve in time, learned from playback slack and TTFA, the rest refused at once "
                                      "(services/gateway/headroom.py; not yet tuned on a GPU)", choices=["count", "headroom"])
-    admit_initial_turns: int = option(64, "--admission headroom: turns at once before the signals say more or fewer",
+    admit_initial_turns: int = option(128, "--admission headroom: turns at once before the signals say more or fewer",
                                       type=positive(int))
-    admit_low_slack: float = option(0.05, "--admission headroom: seconds before its listener runs out below which a "
-                                          "stream's chunk means too many turns", type=seconds)
-    admit_ttfa: float = option(0.3, "--admission headroom: TTFA p90 of the latest turns above which there are too "
+    admit_low_slack: float = option(0.05, "--admission headroom: seconds before their listeners run out below which "
+                                          "the lowest 2 percent of the chunks mean too many turns", type=seconds)
+    admit_ttfa: float = option(0.4, "--admission headroom: TTFA p90 of the latest turns above which there are too "
                                     "many turns", type=positive(float))
     max_turns_per_client: int | None = option(
         None, "turns one client may have running or waiting at once, each API key its own (without API keys: each "
