@@ -41,6 +41,41 @@ def test_places_queue_and_refusal():
     asyncio.run(scenario())
 
 
+def test_turns_start_a_few_at_a_time_and_each_frees_its_start_slot_at_first_audio_or_its_end():
+    """--max-starting-turns 2: four turns admitted at once; two start, the others wait until one has its first audio
+    out, or ends without any; a waiter whose deadline passes leaves no slot taken."""
+    async def scenario():
+        adm = Admission(max_turns=8, max_queued=8, max_starting=2)
+        started, first_audio, end = [], {n: asyncio.Event() for n in "abcd"}, asyncio.Event()
+
+        async def turn(name):
+            async with adm.turn(None) as place:
+                started.append(name)
+                if name == "b":
+                    return  # ends (fails) before any audio: its slot frees all the same
+                await first_audio[name].wait()
+                place.started()
+                place.started()  # (twice: still one slot)
+                await end.wait()
+
+        tasks = [asyncio.create_task(turn(n)) for n in "abcd"]
+        await asyncio.sleep(0.01)
+        assert started == ["a", "b", "c"] and adm.running == 3  # b ended at once: c took its slot; d waits, placed
+        with pytest.raises(DeadlineExceeded, match="waiting to start"):
+            async with adm.turn(0.05):
+                pass
+        first_audio["a"].set()
+        await asyncio.sleep(0.01)
+        assert started == ["a", "b", "c", "d"]
+        for e in first_audio.values():
+            e.set()
+        end.set()
+        await asyncio.gather(*tasks)
+        assert adm.running == 0 and adm.starting._value == 2
+
+    asyncio.run(scenario())
+
+
 def test_a_waiter_that_gives_up_takes_no_place():
     async def scenario():
         adm = Admission(max_turns=1, max_queued=4)

@@ -44,16 +44,26 @@ def test_the_slack_read_is_a_low_quantile_of_the_chunks_not_the_least():
 def test_a_stream_near_a_stall_or_slow_first_audio_brings_the_limit_under_what_runs(signal):
     h = Headroom(RULE)
     h.limit = 40
-    if signal == "slack":
-        h.observe_slack(0.0, 0.03)                     # 30 ms from a stall
-    else:
-        for i in range(10):
-            h.observe_ttfa(0.0, 0.25 if i < 8 else 0.5)  # p90 500 ms
+
+    def alarm(now: float) -> None:
+        if signal == "slack":
+            h.observe_slack(now, 0.03)                    # 30 ms from a stall
+        else:
+            for i in range(10):
+                h.observe_ttfa(now, 0.25 if i < 8 else 0.5)  # p90 500 ms
+
+    alarm(0.0)
     h.update(0.1, running=30)
     assert h.limit == pytest.approx(27)                # 0.9 x the 30 running
     assert ("slack p2 30 ms" if signal == "slack" else "TTFA p90 500 ms") in h.last_reason
-    h.update(0.6, running=1)                           # the alarm is still in the window: down to the floor
-    assert h.limit == RULE.min_limit
+    h.update(0.6, running=1)                           # the alarm acted once: nothing new, the limit stays
+    assert h.limit == pytest.approx(27)
+    alarm(0.7)                                         # the same alarm with one turn running:
+    h.update(1.1, running=1)
+    if signal == "slack":                              # a stream near a stall: down, at most by half at once
+        assert h.limit == pytest.approx(13.5)
+    else:                                              # slow first audio with one turn: a cold stack, not a full one
+        assert h.limit == pytest.approx(27)
 
 
 def test_old_signals_leave_the_window():

@@ -42,12 +42,30 @@ def client_of(context) -> str:
     return peer
 
 
+class Place:
+    """A turn's hold on its admission, handed to the turn: `started()` once its first audio is out, which frees its
+    start slot (--max-starting-turns) for the next turn to start."""
+
+    def __init__(self, starting: asyncio.Semaphore | None):
+        self.starting = starting
+
+    def started(self) -> None:
+        if self.starting is not None:
+            self.starting.release()
+            self.starting = None
+
+
 class Admission:
-    def __init__(self, max_turns: int, max_queued: int, max_per_client: int = 0, headroom: Headroom | None = None):
+    def __init__(self, max_turns: int, max_queued: int, max_per_client: int = 0, headroom: Headroom | None = None,
+                 max_starting: int = 0):
         """max_per_client: turns one client may have running or waiting (0: no limit of its own). headroom: also
-        refuse, at once, a turn the stages have no room for (headroom.py); the turns feed it their signals."""
+        refuse, at once, a turn the stages have no room for (headroom.py); the turns feed it their signals.
+        max_starting: turns admitted but without first audio yet (prefill, first chunks), at most; more wait, in
+        order, within their deadlines (0: no limit). A burst then starts as a quick ramp: every stage's start-up work
+        (the llm's prefills, the vocoder's first chunks) comes in batches it serves in time, not all at once."""
         self.max_turns, self.max_queued, self.max_per_client = max_turns, max_queued, max_per_client
         self.headroom = headroom
+        self.starting = asyncio.Semaphore(max_starting) if max_starting else None
         metrics.HEADROOM_LIMIT.set(headroom.limit if headroom else max_turns)
         self.running = 0
         self.waiting: collections.deque[asyncio.Future] = collections.deque()
@@ -66,8 +84,8 @@ class Admission:
         """Hold a running place for the body; wait for one (until `deadline` seconds from now) if needed.
         client: who asks (client_of), counted against max_per_client."""
         if client is None or not self.max_per_client:
-            async with self._place(deadline):
-                yield
+            async with self._place(deadline) as place:
+                yield place
             return
         if self.by_client[client] >= self.max_per_client:
             metrics.ADMISSIONS_REFUSED_CLIENT.inc()
@@ -76,8 +94,8 @@ class Admission:
                                     retry_after=self.retry_after(ahead=1 / self.by_client[client]))
         self.by_client[client] += 1
         try:
-            async with self._place(deadline):
-                yield
+            async with self._place(deadline) as place:
+                yield place
         finally:
             self.by_client[client] -= 1
             if not self.by_client[client]:
@@ -106,10 +124,28 @@ class Admission:
             self.running += 1
         start = time.perf_counter()
         try:
-            yield
+            place = Place(await self._start_slot(deadline))
+            try:
+                yield place
+            finally:
+                place.started()  # (a turn that failed or ended before its first audio)
         finally:
             self.recent.append(time.perf_counter() - start)
             self._release()
+
+    async def _start_slot(self, deadline: float | None) -> asyncio.Semaphore | None:
+        """Wait for a start slot (--max-starting-turns) → the semaphore to release once started, or None."""
+        if self.starting is None:
+            return None
+        start = time.perf_counter()
+        try:
+            await asyncio.wait_for(self.starting.acquire(), deadline)
+        except TimeoutError:
+            raise DeadlineExceeded(f"deadline exceeded after {time.perf_counter() - start:.2f} s waiting to start "
+                                   f"(--max-starting-turns: as many turns are starting)") from None
+        finally:
+            metrics.START_WAIT.observe(time.perf_counter() - start)
+        return self.starting
 
     def _log_limit(self, now: float) -> None:
         """The headroom limit, once it has fallen since the last line (at most every LOG_EVERY seconds)."""

@@ -253,12 +253,13 @@ class Conversation:
                         text_reply: bool = False) -> None:
         put = self.outbox.put_nowait
         try:
-            async with self.admission.turn(self.context.time_remaining(), self.client):
+            async with self.admission.turn(self.context.time_remaining(), self.client) as place:
                 metrics.ACTIVE.inc()
                 try:
                     turn = Turn(req, self.backends, self.limits, self.context.time_remaining(), self.session,
                                 on_text=lambda piece: put(gateway_pb2.ConverseResponse(turn=n, text=gateway_pb2.TextPiece(text=piece))),
-                                spoken=spoken, text_reply=text_reply, headroom=self.admission.headroom)
+                                spoken=spoken, text_reply=text_reply, headroom=self.admission.headroom,
+                                place=place)
                     async for msg in turn.run():
                         kind = msg.WhichOneof("kind")
                         if kind == "summary":  # the turn is the client's now: it joins the history

@@ -10,8 +10,10 @@ Two signals, both at the gateway, on the listener's clock (services/common/playb
 
 The rule, an additive-increase / multiplicative-decrease limit on the turns running at once (as TCP's window, or the
 adaptive concurrency limits of RPC servers), updated every `period` seconds from the last `window` seconds:
-- the `slack_quantile` of the chunks' slack under `low_slack`, or TTFA p90 over `ttfa_target`: the limit falls to
-  `decrease` x the turns running (never under `min_limit`): what runs now is already more than the stages carry;
+- the `slack_quantile` of the chunks' slack under `low_slack`, or TTFA p90 over `ttfa_target` with at least half the
+  limit running: the limit falls to `decrease` x the turns running (never under `min_limit`, nor under `max_fall` x
+  the limit in one decision): what runs now is already more than the stages carry. The signals read are then
+  dropped, so that each acts once. (A cold stack's first turns are slow with one turn running: the limit stays.);
 - else, while the turns running are near the limit (the limit is what holds them back), and streams are playing with
   that quantile of slack over `high_slack`: the limit grows by `increase`;
 - a turn is admitted while fewer than the limit run; otherwise RESOURCE_EXHAUSTED, at once, with a retry hint.
@@ -43,7 +45,8 @@ class HeadroomRule:
     window: float = 2.0            # seconds of signals each decision reads
     period: float = 0.5            # seconds between decisions
     increase: int = 2              # turns added to the limit per decision with room
-    decrease: float = 0.9          # the limit after a decision without room, as a share of the turns running
+    decrease: float = 0.9          # the limit after a decision without room, as a share of the turns running...
+    max_fall: float = 0.5          # ... but never under this share of the limit before it
 
 
 class Headroom:
@@ -73,10 +76,13 @@ class Headroom:
         slack = _quantile([s for _, s in self.slack], self.rule.slack_quantile, empty=math.inf)
         ttfa_p90 = _quantile([t for _, t in self.ttfa], 0.9, empty=-math.inf)
         r = self.rule
-        if slack < r.low_slack or ttfa_p90 > r.ttfa_target:
-            self.limit = max(r.min_limit, min(self.limit, r.decrease * running))
+        slow_starts = ttfa_p90 > r.ttfa_target and running >= self.limit / 2  # (with few running: a cold stack)
+        if slack < r.low_slack or slow_starts:
+            self.limit = max(r.min_limit, min(self.limit, r.decrease * running), r.max_fall * self.limit)
             self.last_reason = (f"slack p{r.slack_quantile * 100:g} {slack * 1e3:.0f} ms" if slack < r.low_slack
                                 else f"TTFA p90 {ttfa_p90 * 1e3:.0f} ms")
+            self.slack.clear()  # each signal acts once: what follows shows whether the fall was enough
+            self.ttfa.clear()
         elif running >= self.limit - r.increase and self.slack and slack > r.high_slack:  # (room seen, not assumed)
             self.limit = min(r.max_limit, self.limit + r.increase)
             self.last_reason = f"room: slack p{r.slack_quantile * 100:g} {slack * 1e3:.0f} ms"

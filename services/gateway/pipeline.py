@@ -25,6 +25,7 @@ from services.common.errors import DeadlineExceeded, InvalidArgument, ServiceErr
 from services.common.playback import JITTER_SECONDS, PlaybackClock
 from services.common.sampling import resolve_chunking, resolve_sampling, sampling_to_fields
 from services.gateway import metrics
+from services.gateway.admission import Place
 from services.gateway.backends import Backends, Pool, Replica
 from services.gateway.headroom import Headroom
 from services.gateway.session import Session
@@ -136,12 +137,14 @@ class Turn:
 
     def __init__(self, req, backends: Backends, limits: TurnLimits, timeout: float | None,
                  session: Session | None = None, on_text: Callable[[str], None] | None = None,
-                 spoken: Spoken | None = None, text_reply: bool = False, headroom: Headroom | None = None):
+                 spoken: Spoken | None = None, text_reply: bool = False, headroom: Headroom | None = None,
+                 place: Place | None = None):
         """spoken: a spoken turn (its clock starts when the speech ended); text_reply: the reply is text alone;
-        headroom: told each chunk's slack and the turn's TTFA (admission by headroom)."""
+        headroom: told each chunk's slack and the turn's TTFA (admission by headroom); place: told when the first
+        audio is out (the turn's start slot frees)."""
         self.start = spoken.ended_at if spoken is not None else time.perf_counter()
         self.spoken, self.text_reply = spoken, text_reply
-        self.headroom = headroom
+        self.headroom, self.place = headroom, place
         self.req = req
         self.session, self.on_text = session, on_text
         self.backends = backends
@@ -340,6 +343,8 @@ class Turn:
                 if not self.summary.num_samples:
                     self.summary.ttfa_seconds = now - self.start
                     metrics.TTFA.observe(self.summary.ttfa_seconds)
+                    if self.place is not None:
+                        self.place.started()
                     if self.spoken is not None:
                         self.summary.speech_end_to_first_audio_seconds = self.summary.ttfa_seconds
                         metrics.SPEECH_END_TO_FIRST_AUDIO.observe(self.summary.ttfa_seconds)

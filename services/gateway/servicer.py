@@ -21,11 +21,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def Synthesize(self, request, context):
         # waits for a place, or RESOURCE_EXHAUSTED
-        async with self.admission.turn(context.time_remaining(), client_of(context)):
+        async with self.admission.turn(context.time_remaining(), client_of(context)) as place:
             metrics.ACTIVE.inc()
             try:
                 turn = Turn(request, self.backends, self.limits, context.time_remaining(),
-                            headroom=self.admission.headroom)
+                            headroom=self.admission.headroom, place=place)
                 # closed at once when the call ends early (the client left, or stopped reading): its stages with it
                 async with contextlib.aclosing(turn.run()) as replies:
                     async for msg in replies:

@@ -39,6 +39,9 @@ class GatewaySettings:
     max_turns: int = option(256, "turns running at once", type=positive(int))
     max_queued_turns: int = option(256, "turns waiting for a place, each within its deadline; beyond: "
                                         "RESOURCE_EXHAUSTED with a retry hint", type=count)
+    max_starting_turns: int = option(0, "turns admitted but without first audio yet (the llm's prefill, the vocoder's "
+                                        "first chunk), at most; more wait their turn, in order, within their deadlines: "
+                                        "a burst starts as a quick ramp (0: no limit)", type=count)
     admission: str = option("count", "count: --max-turns turns at once, more queue; headroom: as many as the stages "
                                      "serve in time, learned from playback slack and TTFA, the rest refused at once "
                                      "(services/gateway/headroom.py; not yet tuned on a GPU)", choices=["count", "headroom"])
