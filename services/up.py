@@ -16,6 +16,7 @@ from services.settings import forward
 from services.vocoder.settings import VocoderSettings
 
 SERVICES_ON_GPU = ("llm", "vocoder", "encoder")
+GPU_STARTING_TURNS = 16  # --max-starting-turns on a GPU: a burst of 128 at once on an H100 played 100% stall-free
 
 
 def up_service_args(args) -> dict[str, list[str]]:
@@ -24,6 +25,9 @@ def up_service_args(args) -> dict[str, list[str]]:
     vocoder = ["--device", args.device, "--preset", vocoder_preset(args), *forward(args, VocoderSettings)]
     encoder = ["--device", args.device, "--preset", encoder_preset(args), *forward(args, EncoderSettings)]
     gateway = forward(args, GatewaySettings)
+    if args.device == "cuda":  # admission measured on an H100 (docs/benchmarks.md, issue 23); a bare gateway: count
+        gateway += [*(["--admission", "headroom"] if args.admission is None else []),
+                    *(["--max-starting-turns", str(GPU_STARTING_TURNS)] if args.max_starting_turns is None else [])]
     if args.model_dir:
         llm += ["--model-dir", args.model_dir]
     if args.vocoder_dir:

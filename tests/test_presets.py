@@ -20,7 +20,7 @@ from services.llm.model.tokenizer import preset_tokenizer, tiny_tokenizer
 from services.llm.server import build_engine, resolve_dtype
 from services.llm.settings import CUDA_AUDIO_LEAD, CUDA_FIRST_AUDIO_HOLD, LlmSettings, audio_lead, first_audio_hold
 from services.stack import Ports, is_serving
-from services.up import up_service_args
+from services.up import GPU_STARTING_TURNS, up_service_args
 
 REAL = preset("moss-speech")
 TEXTS = ["Hello, how are you?", "héllo wörld — ünïcödé", "日本語のテキスト", "emoji 😀🎉 and \t tabs\nnewlines",
@@ -212,3 +212,13 @@ def test_moss_serve_up_runs_the_engine_it_was_given():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_up_admits_by_headroom_and_starts_turns_a_few_at_a_time_on_a_gpu_only():
+    def gateway(*argv):
+        return parser().parse_args(["gateway", *up_service_args(parser().parse_args(["up", *argv]))["gateway"]])
+    cuda, cpu = gateway("--device", "cuda"), gateway()
+    assert (cuda.admission, cuda.max_starting_turns) == ("headroom", GPU_STARTING_TURNS)
+    assert (cpu.admission, cpu.max_starting_turns) == (None, None)  # the gateway's own: count, no start limit
+    given = gateway("--device", "cuda", "--admission", "count", "--max-starting-turns", "0")
+    assert (given.admission, given.max_starting_turns) == ("count", 0)

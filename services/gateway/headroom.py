@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class HeadroomRule:
-    initial_limit: int = 128       # turns at once before any signal (--admit-initial-turns): an H100's measured capacity
+    initial_limit: int = 48        # turns at once before any signal (--admit-initial-turns): an H100's, measured
     min_limit: int = 4             # the limit never falls under this
     max_limit: int = 256           # nor grows over --max-turns
     low_slack: float = 0.05        # seconds: the quantile this close to a stall means too many turns (--admit-low-slack)

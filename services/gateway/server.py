@@ -31,7 +31,7 @@ async def run(s: GatewaySettings) -> None:
         per_client = max(1, s.max_turns // 2) if api_keys else 0
     servicer = GatewayServicer(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
                                Admission(s.max_turns, s.max_queued_turns, per_client, headroom(s),
-                                         s.max_starting_turns),
+                                         s.max_starting_turns or 0),
                                s.session_idle_seconds)
     start_metrics_server(s.host, s.metrics_port)
     await serve(

@@ -39,13 +39,15 @@ class GatewaySettings:
     max_turns: int = option(256, "turns running at once", type=positive(int))
     max_queued_turns: int = option(256, "turns waiting for a place, each within its deadline; beyond: "
                                         "RESOURCE_EXHAUSTED with a retry hint", type=count)
-    max_starting_turns: int = option(0, "turns admitted but without first audio yet (the llm's prefill, the vocoder's "
-                                        "first chunk), at most; more wait their turn, in order, within their deadlines: "
-                                        "a burst starts as a quick ramp (0: no limit)", type=count)
-    admission: str = option("count", "count: --max-turns turns at once, more queue; headroom: as many as the stages "
-                                     "serve in time, learned from playback slack and TTFA, the rest refused at once "
-                                     "(services/gateway/headroom.py; not yet tuned on a GPU)", choices=["count", "headroom"])
-    admit_initial_turns: int = option(128, "--admission headroom: turns at once before the signals say more or fewer",
+    max_starting_turns: int | None = option(
+        None, "turns admitted but without first audio yet (the llm's prefill, the vocoder's first chunk), at most; more "
+              "wait their turn, in order, within their deadlines: a burst starts as a quick ramp (default: 16 where "
+              "moss-serve up runs the stack on a GPU, else none; 0: none)", type=count, show_default=False)
+    admission: str | None = option(
+        None, "count: --max-turns turns at once, more queue; headroom: as many as the stages serve in time, learned "
+              "from playback slack and TTFA, the rest refused at once (services/gateway/headroom.py) (default: headroom "
+              "where moss-serve up runs the stack on a GPU, else count)", choices=["count", "headroom"], show_default=False)
+    admit_initial_turns: int = option(48, "--admission headroom: turns at once before the signals say more or fewer",
                                       type=positive(int))
     admit_low_slack: float = option(0.05, "--admission headroom: seconds before their listeners run out below which "
                                           "the lowest 2 percent of the chunks mean too many turns", type=seconds)
