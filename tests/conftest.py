@@ -74,15 +74,18 @@ def stack(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def own_gateway(stack: Stack, log_dir, *flags: str):
-    """A gateway process of its own, with `flags`, in front of `stack`'s llm and vocoder → (target, metrics port,
-    proc). A gateway starts in about a second (it imports no torch), a whole stack in several."""
+def own_gateway(stack: Stack, log_dir, *flags: str, env: dict[str, str] | None = None):
+    """A gateway process of its own, with `flags` (and `env` added to its environment), in front of `stack`'s llm and
+    vocoder → (target, metrics port, proc). A gateway starts in about a second (it imports no torch), a whole stack
+    in several."""
     grpc_port, metrics_port = free_port(), free_port()
     target = f"127.0.0.1:{grpc_port}"
     with open(log_dir / "gateway.log", "w") as log:
+        backends = [arg for s in ("llm", "vocoder") if f"--{s}-target" not in flags  # (flags may name replicas)
+                    for arg in (f"--{s}-target", stack.target(s))]
         proc = subprocess.Popen([sys.executable, "-m", "services.cli", "gateway", "--port", str(grpc_port),
-                                 "--metrics-port", str(metrics_port), "--llm-target", stack.target("llm"),
-                                 "--vocoder-target", stack.target("vocoder"), *flags], stdout=log, stderr=subprocess.STDOUT)
+                                 "--metrics-port", str(metrics_port), *backends, *flags], stdout=log,
+                                stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         try:
             deadline = time.monotonic() + 60
             while not is_serving(target):
@@ -92,6 +95,15 @@ def own_gateway(stack: Stack, log_dir, *flags: str):
         finally:
             proc.terminate()
             proc.wait(10)
+
+
+@contextlib.contextmanager
+def gateway_stack(stack: Stack, log_dir, *flags: str, env: dict[str, str] | None = None):
+    """`stack` behind a gateway of its own with `flags`: .target(name) and .ports.metrics[name] as a Stack has them,
+    the gateway's for "gateway". For tests of gateway options: the shared stack's llm and vocoder, not a stack each."""
+    with own_gateway(stack, log_dir, *flags, env=env) as gateway:
+        yield SimpleNamespace(target=lambda name: gateway.target if name == "gateway" else stack.target(name),
+                              ports=SimpleNamespace(metrics={**stack.ports.metrics, "gateway": gateway.metrics}))
 
 
 def left_held(gateway, stack: Stack) -> dict[str, float]:

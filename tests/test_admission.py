@@ -5,14 +5,13 @@ import asyncio
 
 import grpc
 import pytest
-from conftest import metric_value, scrape
+from conftest import gateway_stack, metric_value, scrape
 from google.rpc import error_details_pb2, status_pb2
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from services.common.errors import DeadlineExceeded, ResourceExhausted
 from services.gateway.admission import RETRY_MAX, RETRY_MIN, Admission
 from services.gateway.client import converse
-from services.stack import NO_SPEECH, Ports, Stack
 
 
 def test_places_queue_and_refusal():
@@ -105,11 +104,10 @@ def test_a_waiter_that_gives_up_takes_no_place():
 
 
 @pytest.fixture(scope="module")
-def one_place(tmp_path_factory):
+def one_place(stack, tmp_path_factory):
     """A gateway with one place for a turn and no queue."""
-    extra = {"gateway": ["--max-turns", "1", "--max-queued-turns", "0"]}
-    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra) as stack:
-        yield stack
+    with gateway_stack(stack, tmp_path_factory.mktemp("logs"), "--max-turns", "1", "--max-queued-turns", "0") as s:
+        yield s
 
 
 def test_gateway_refuses_beyond_its_bounds_with_a_retry_hint(one_place):

@@ -9,24 +9,23 @@ import sys
 
 import grpc
 import pytest
-from conftest import metric_value, scrape
+from conftest import gateway_stack, metric_value, scrape
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from services.common.auth import load_keys
 from services.gateway.client import converse, synthesize
-from services.stack import NO_SPEECH, Ports, Stack
 
 SAMPLING = common_pb2.SamplingParams(max_new_tokens=4, seed=1)
 
 
 @pytest.fixture(scope="module")
-def keyed_stack(tmp_path_factory):
+def keyed_stack(stack, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text("# the gateway's keys\nfile-key-1\n\nfile-key-2\n")
-    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), env={"gateway": {"MOSS_API_KEYS": "env-key"}},
-               extra_args={"gateway": ["--api-keys-file", str(keys)]}) as stack:
-        yield stack
+    with gateway_stack(stack, tmp_path_factory.mktemp("logs"), "--api-keys-file", str(keys),
+                       env={"MOSS_API_KEYS": "env-key"}) as keyed:
+        yield keyed
 
 
 def call(target: str, metadata=()) -> grpc.aio.AioRpcError | list:

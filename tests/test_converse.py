@@ -12,7 +12,7 @@ import wave
 
 import grpc
 import pytest
-from conftest import metric_value, scrape
+from conftest import gateway_stack, metric_value, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, vocoder_pb2, vocoder_pb2_grpc
 from sessions import Sessions
 
@@ -22,7 +22,6 @@ from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngin
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import preset
 from services.llm.model.tokenizer import preset_tokenizer
-from services.stack import NO_SPEECH, Ports, Stack
 
 GREEDY = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=24, min_new_tokens=24)
 LONG = common_pb2.SamplingParams(max_new_tokens=400, min_new_tokens=400, seed=1)  # many seconds on CPU
@@ -30,9 +29,9 @@ IDLE_SECONDS = 3.0  # long enough for every test here to pause between turns
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"),
-               extra_args={"gateway": ["--session-idle-seconds", str(IDLE_SECONDS)]}) as s:
+def stack(stack, tmp_path_factory):
+    """The shared stack behind a gateway whose sessions end after IDLE_SECONDS idle."""
+    with gateway_stack(stack, tmp_path_factory.mktemp("logs"), "--session-idle-seconds", str(IDLE_SECONDS)) as s:
         yield s
 
 

@@ -68,11 +68,12 @@ def test_llm_refuses_bad_token_prompts(stack):
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in info.value.details()
 
 
-@pytest.fixture
-def own_stack(tmp_path):
-    """A stack of its own: these tests stop and restart stages."""
+@pytest.fixture(scope="module")
+def own_stack(tmp_path_factory):
+    """A stack of its own: these tests stop and restart stages (each test leaves it whole again)."""
     # --ready-wait 1: a request waits at most 1 s for a stopped stage before UNAVAILABLE
-    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path / "logs", extra_args={"gateway": ["--ready-wait", "1"]}) as s:
+    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"),
+               extra_args={"gateway": ["--ready-wait", "1"]}) as s:
         yield s
 
 

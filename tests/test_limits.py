@@ -7,18 +7,17 @@ import time
 
 import grpc
 import pytest
+from conftest import gateway_stack
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-
-from services.stack import NO_SPEECH, Ports, Stack
 
 LONG = common_pb2.SamplingParams(max_new_tokens=150, min_new_tokens=150, seed=1)  # ~1 s or more on CPU
 
 
 @pytest.fixture(scope="module")
-def limited(tmp_path_factory):
-    extra = {"gateway": ["--max-message-bytes", "3000", "--max-streams-per-connection", "2"]}
-    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra) as stack:
-        yield stack.target("gateway")
+def limited(stack, tmp_path_factory):
+    with gateway_stack(stack, tmp_path_factory.mktemp("logs"), "--max-message-bytes", "3000",
+                       "--max-streams-per-connection", "2") as limited:
+        yield limited.target("gateway")
 
 
 async def timed_call(stub) -> tuple[float, float]:

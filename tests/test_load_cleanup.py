@@ -13,10 +13,8 @@ import time
 
 import grpc
 import pytest
-from conftest import metric_value, scrape
+from conftest import gateway_stack, metric_value, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-
-from services.stack import NO_SPEECH, Ports, Stack
 
 KINDS = ("complete", "cancel", "disconnect", "deadline", "session", "session_drop")
 EXPECTED = {  # how each kind of call may end once it got in (a refused call is retried after its hint)
@@ -30,10 +28,9 @@ EXPECTED = {  # how each kind of call may end once it got in (a refused call is 
 
 
 @pytest.fixture(scope="module")
-def bounded(tmp_path_factory):
-    extra = {"gateway": ["--max-turns", "8", "--max-queued-turns", "4"]}
-    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra) as stack:
-        yield stack
+def bounded(stack, tmp_path_factory):
+    with gateway_stack(stack, tmp_path_factory.mktemp("logs"), "--max-turns", "8", "--max-queued-turns", "4") as s:
+        yield s
 
 
 REFUSED = collections.Counter()

@@ -9,10 +9,11 @@ import asyncio
 import os
 import signal
 import time
+from types import SimpleNamespace
 
 import grpc
 import pytest
-from conftest import metric_value, scrape
+from conftest import metric_value, own_gateway, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, llm_pb2, llm_pb2_grpc
 
 from services.gateway.client import converse
@@ -220,19 +221,21 @@ def test_a_dead_vocoder_replica_is_skipped(stack):
 
 
 @pytest.mark.parametrize("service", ["llm", "vocoder"])
-def test_a_call_its_replica_never_answered_starts_again_on_another(tmp_path, service):
+def test_a_call_its_replica_never_answered_starts_again_on_another(stack, tmp_path, service):
     """Health checks far apart, so that only a call can find the replica gone: the calls placed on it before the
-    first of them failed are started again on the other replica, and every turn succeeds."""
-    replicas = {service: 2}
-    stack = Stack(Ports.free(replicas), without=NO_SPEECH, log_dir=tmp_path / "logs", replicas=replicas,
-                  extra_args={"gateway": ["--health-check-seconds", "60"]})
-    with stack:
-        wait_for(lambda: all(replica_ready(stack, r) for r in stack.replicas(service)), 10, "replicas")
+    first of them failed are started again on the other replica, and every turn succeeds. (A gateway of its own,
+    with --health-check-seconds 60, in front of the module's replicas.)"""
+    targets = [f"--{s}-target" for s in ("llm", "vocoder")]
+    replicas = [",".join(map(stack.target, stack.replicas(s))) for s in ("llm", "vocoder")]
+    with own_gateway(stack, tmp_path, "--health-check-seconds", "60", targets[0], replicas[0], targets[1], replicas[1]) as gw:
+        view = SimpleNamespace(target=stack.target, ports=SimpleNamespace(metrics={**stack.ports.metrics, "gateway": gw.metrics}))
+        wait_for(lambda: all(replica_ready(view, r) for r in stack.replicas(service)), 10, "replicas")
         victim = stack.replicas(service)[1]
         os.kill(stack.procs[victim].pid, signal.SIGKILL)
-        stack.procs.pop(victim).wait()
-        replies = asyncio.run(synthesize_many(stack.target("gateway"), 6))
+        stack.procs[victim].wait()
+        replies = asyncio.run(synthesize_many(gw.target, 6))
         assert all(r[-1].summary.audio_tokens == 6 for r in replies)
-        retries = metric(stack, "gateway_replica_retries_total", "gateway", f'{{backend="{service}"}}')
+        retries = metric(view, "gateway_replica_retries_total", "gateway", f'{{backend="{service}"}}')
         assert 1 <= retries <= 3, retries  # (6 calls in turn over two replicas: up to 3 were placed on it)
-        assert not replica_ready(stack, victim)
+        assert not replica_ready(view, victim)
+    restart(stack, victim)  # for the module's gateway, which saw it go too
