@@ -2,6 +2,7 @@
 never a hang; a waiter that gives up (deadline, client gone) takes no place with it."""
 
 import asyncio
+import time
 
 import grpc
 import pytest
@@ -12,6 +13,7 @@ from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.common.errors import DeadlineExceeded, ResourceExhausted
 from services.gateway.admission import RETRY_MAX, RETRY_MIN, Admission
 from services.gateway.client import converse
+from services.gateway.headroom import Headroom, HeadroomRule
 
 
 def test_places_queue_and_refusal():
@@ -71,6 +73,44 @@ def test_turns_start_a_few_at_a_time_and_each_frees_its_start_slot_at_first_audi
         end.set()
         await asyncio.gather(*tasks)
         assert adm.running == 0 and adm.starting._value == 2
+
+    asyncio.run(scenario())
+
+
+def test_ongoing_sessions_turns_wait_ahead_of_new_ones_and_may_use_the_headroom_reserve():
+    async def scenario():
+        adm = Admission(max_turns=1, max_queued=8)
+        hold, order = asyncio.Event(), []
+
+        async def turn(name, ongoing=False):
+            async with adm.turn(None, ongoing=ongoing):
+                order.append(name)
+                if name == "holder":
+                    await hold.wait()
+
+        tasks = [asyncio.create_task(turn("holder"))]
+        for name, ongoing in (("new 1", False), ("later turn 1", True), ("new 2", False), ("later turn 2", True)):
+            tasks.append(asyncio.create_task(turn(name, ongoing)))
+            await asyncio.sleep(0)
+        assert len(adm.waiting) == 4 and len(adm.ongoing_waiting) == 2
+        hold.set()
+        await asyncio.gather(*tasks)
+        assert order == ["holder", "later turn 1", "later turn 2", "new 1", "new 2"]
+        assert not adm.waiting and not adm.ongoing_waiting and adm.running == 0
+
+        # by headroom: at the limit a new session is refused, an ongoing one's turn still runs (the reserve)
+        headroom = Headroom(HeadroomRule(initial_limit=10, min_limit=1))
+        adm = Admission(max_turns=64, max_queued=0, headroom=headroom)
+        adm.running = 10
+        with pytest.raises(ResourceExhausted, match="no headroom"):
+            async with adm.turn(None):
+                pass
+        async with adm.turn(None, ongoing=True):
+            assert adm.running == 11
+        adm.running = 11
+        with pytest.raises(ResourceExhausted, match="no headroom"):  # the reserve is 10% of the limit: one turn here
+            async with adm.turn(None, ongoing=True):
+                pass
 
     asyncio.run(scenario())
 
@@ -200,3 +240,43 @@ def test_the_bench_counts_refusals_as_the_services_answer(one_place, tmp_path):
         assert all(RETRY_MIN <= h <= RETRY_MAX for h in hints)
     assert "offered/s" in proc.stdout and (tmp_path / "goodput.png").read_bytes()[:4] == b"\x89PNG"
 
+
+
+def test_a_turn_of_an_ongoing_session_goes_ahead_of_a_new_call(stack, tmp_path):
+    """One place: while a long reply holds it, a new Synthesize call queues, then the next turn of a session answered
+    before; when the place frees, the session's turn runs first, and the new call only after it."""
+    with gateway_stack(stack, tmp_path, "--max-turns", "1", "--max-queued-turns", "4") as gw:
+        target, metrics_port = gw.target("gateway"), gw.ports.metrics["gateway"]
+
+        async def queued(n: int) -> None:
+            while metric_value(await asyncio.to_thread(scrape, metrics_port), "gateway_queued_turns") != n:
+                await asyncio.sleep(0.02)
+
+        async def first_audio_at(call) -> float:
+            async for msg in call:
+                if msg.WhichOneof("kind") == "audio":
+                    return time.perf_counter()
+            raise AssertionError("no audio")
+
+        async def scenario():
+            short = common_pb2.SamplingParams(max_new_tokens=6, seed=1)
+            async with converse(target, sampling=short) as conv, grpc.aio.insecure_channel(target) as channel:
+                assert (await conv.say("hello")).summary is not None  # answered: the session is ongoing
+                stub = gateway_pb2_grpc.GatewayStub(channel)
+                long = stub.Synthesize(gateway_pb2.SynthesizeRequest(text="a long reply", sampling=common_pb2.SamplingParams(
+                    max_new_tokens=150, min_new_tokens=150, seed=1)), timeout=60)
+                await long.read()  # it holds the one place now
+                new = asyncio.create_task(first_audio_at(stub.Synthesize(
+                    gateway_pb2.SynthesizeRequest(text="a new call", sampling=short), timeout=60)))
+                await asyncio.wait_for(queued(1), 10)
+                later = asyncio.create_task(conv.say("and then?"))
+                await asyncio.wait_for(queued(2), 10)
+                while await long.read() is not grpc.aio.EOF:  # the place frees
+                    pass
+                turn = await later
+                later_done = time.perf_counter()
+                return turn, later_done, await new
+
+        turn, later_done, new_audio = asyncio.run(scenario())
+        assert turn.summary is not None and turn.summary.audio_tokens == 6
+        assert new_audio > later_done  # the new call started only once the session's turn had its place back

@@ -3,6 +3,10 @@
 RESOURCE_EXHAUSTED and a retry hint, never left hanging. One client (an API key, or an address: `client_of`) may
 have at most `max_per_client` turns running or waiting, so that it cannot take every place.
 
+Ongoing sessions first: a turn of a Converse session that has been answered before (`ongoing`) waits ahead of every
+new one (a Synthesize call, a session's first turn), and under admission by headroom it may run up to `ONGOING_RESERVE`
+over the limit: past the knee, new sessions are refused before a conversation is cut off mid-way.
+
 The hint is how long the queue ahead would take to drain at the recent pace: the mean duration of the last
 turns, times the turns ahead of a newcomer per running place (a client at its own limit: its own turns, one place
 each); at least RETRY_MIN and at most RETRY_MAX.
@@ -25,6 +29,7 @@ from services.gateway.headroom import Headroom
 
 RETRY_MIN, RETRY_MAX = 0.1, 30.0
 RECENT_TURNS = 32
+ONGOING_RESERVE = 0.1  # share of the headroom limit that only turns of ongoing sessions may take
 LOG_EVERY = 5.0  # seconds between log lines of the headroom limit falling
 
 log = logging.getLogger(__name__)
@@ -68,7 +73,8 @@ class Admission:
         self.starting = asyncio.Semaphore(max_starting) if max_starting else None
         metrics.HEADROOM_LIMIT.set(headroom.limit if headroom else max_turns)
         self.running = 0
-        self.waiting: collections.deque[asyncio.Future] = collections.deque()
+        self.waiting: collections.deque[asyncio.Future] = collections.deque()  # ongoing sessions' turns first
+        self.ongoing_waiting: set[asyncio.Future] = set()
         self.recent = collections.deque(maxlen=RECENT_TURNS)  # seconds each recent turn held its place
         self.by_client: collections.Counter[str] = collections.Counter()  # turns running or waiting, per client
         self.logged = (-math.inf, headroom.limit if headroom else 0.0)  # (when, limit) of the last log line
@@ -80,11 +86,11 @@ class Admission:
         return min(max(mean * ahead, RETRY_MIN), RETRY_MAX)
 
     @contextlib.asynccontextmanager
-    async def turn(self, deadline: float | None, client: str | None = None):
+    async def turn(self, deadline: float | None, client: str | None = None, ongoing: bool = False):
         """Hold a running place for the body; wait for one (until `deadline` seconds from now) if needed.
-        client: who asks (client_of), counted against max_per_client."""
+        client: who asks (client_of), counted against max_per_client; ongoing: a turn of a session answered before."""
         if client is None or not self.max_per_client:
-            async with self._place(deadline) as place:
+            async with self._place(deadline, ongoing) as place:
                 yield place
             return
         if self.by_client[client] >= self.max_per_client:
@@ -94,7 +100,7 @@ class Admission:
                                     retry_after=self.retry_after(ahead=1 / self.by_client[client]))
         self.by_client[client] += 1
         try:
-            async with self._place(deadline) as place:
+            async with self._place(deadline, ongoing) as place:
                 yield place
         finally:
             self.by_client[client] -= 1
@@ -102,10 +108,10 @@ class Admission:
                 del self.by_client[client]
 
     @contextlib.asynccontextmanager
-    async def _place(self, deadline: float | None):
+    async def _place(self, deadline: float | None, ongoing: bool = False):
         if self.headroom is not None:
             now = time.perf_counter()
-            admitted = self.headroom.admits(now, self.running)
+            admitted = self.headroom.admits(now, self.running, reserve=ONGOING_RESERVE if ongoing else 0.0)
             metrics.HEADROOM_LIMIT.set(self.headroom.limit)
             self._log_limit(now)
             if not admitted:
@@ -119,7 +125,7 @@ class Admission:
                 raise ResourceExhausted(f"gateway busy: {self.running} turns running and {len(self.waiting)} waiting "
                                         f"(--max-turns {self.max_turns}, --max-queued-turns {self.max_queued})",
                                         retry_after=self.retry_after())
-            await self._wait(deadline)
+            await self._wait(deadline, ongoing)
         else:
             self.running += 1
         start = time.perf_counter()
@@ -156,9 +162,13 @@ class Admission:
         elif self.headroom.limit > limit:  # risen: a fall from here is news
             self.logged = (when, self.headroom.limit)
 
-    async def _wait(self, deadline: float | None) -> None:
+    async def _wait(self, deadline: float | None, ongoing: bool) -> None:
         place = asyncio.get_running_loop().create_future()
-        self.waiting.append(place)
+        if ongoing:  # behind the ongoing sessions' turns already waiting, ahead of every new one
+            self.waiting.insert(sum(1 for w in self.waiting if w in self.ongoing_waiting), place)
+            self.ongoing_waiting.add(place)
+        else:
+            self.waiting.append(place)
         metrics.QUEUED_TURNS.set(len(self.waiting))
         start = time.perf_counter()
         try:
@@ -175,6 +185,7 @@ class Admission:
                                        f"place ({self.running} turns running)") from None
             raise
         finally:
+            self.ongoing_waiting.discard(place)
             metrics.QUEUED_TURNS.set(len(self.waiting))
             metrics.ADMISSION_WAIT.observe(time.perf_counter() - start)
 

@@ -253,7 +253,8 @@ class Conversation:
                         text_reply: bool = False) -> None:
         put = self.outbox.put_nowait
         try:
-            async with self.admission.turn(self.context.time_remaining(), self.client) as place:
+            # a session answered before goes ahead of new ones (admission.py)
+            async with self.admission.turn(self.context.time_remaining(), self.client, ongoing=bool(self.answered)) as place:
                 metrics.ACTIVE.inc()
                 try:
                     turn = Turn(req, self.backends, self.limits, self.context.time_remaining(), self.session,

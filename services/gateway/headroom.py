@@ -87,10 +87,11 @@ class Headroom:
             self.limit = min(r.max_limit, self.limit + r.increase)
             self.last_reason = f"room: slack p{r.slack_quantile * 100:g} {slack * 1e3:.0f} ms"
 
-    def admits(self, now: float, running: int) -> bool:
-        """May one more turn start, with `running` turns running?"""
+    def admits(self, now: float, running: int, reserve: float = 0.0) -> bool:
+        """May one more turn start, with `running` turns running? reserve: a share of the limit this turn may go
+        over (ongoing sessions' turns: admission.py)."""
         self.update(now, running)
-        return running < int(self.limit)
+        return running < int(self.limit * (1 + reserve))
 
 
 def _quantile(values: list[float], q: float, empty: float) -> float:
