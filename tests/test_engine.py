@@ -62,6 +62,28 @@ def test_concurrent_requests_give_the_tokens_each_gives_alone(model):
         assert a.audio_ids == b.audio_ids and a.text_ids == b.text_ids
 
 
+def test_a_held_request_gets_no_steps_keeps_its_blocks_and_says_the_same_once_released(model):
+    texts = ["hi", "a longer request about the weather today"]
+    alone = [run(make_engine(model), [GenerationRequest(str(i), GREEDY, ChunkSettings(), text=t)])[0][0] for i, t in enumerate(texts)]
+    engine = make_engine(model)
+    seqs = [engine.make_sequence(GenerationRequest(str(i), GREEDY, ChunkSettings(), text=t)) for i, t in enumerate(texts)]
+    for seq in seqs:
+        engine.add(seq)
+    for _ in range(5):
+        engine.step()
+    assert engine.hold("0", True) and not engine.hold("nobody", True)
+    engine.step()  # (a step launched ahead before the hold may still land)
+    steps, blocks = seqs[0].num_steps, list(seqs[0].block_table)
+    while not seqs[1].finished:
+        engine.step()
+    assert seqs[0].num_steps == steps and seqs[0].block_table == blocks  # held: no steps, its blocks kept
+    assert not engine.has_work() and engine.load().held == 1 and engine.hold_seconds() == 0.0
+    assert engine.hold("0", False) and engine.has_work()
+    while engine.has_work():
+        engine.step()
+    assert [s.audio_ids for s in seqs] == [a.audio_ids for a in alone] and engine.load().held == 0
+
+
 def test_blocks_return_after_finish_and_abort(model):
     engine = make_engine(model)
     seqs, _ = run(engine, [GenerationRequest("a", GREEDY, ChunkSettings(), text="hello")])

@@ -185,3 +185,44 @@ def test_engine_metrics_are_exported(llm):
     for name in ("llm_preemptions_total", "llm_step_seconds_count", "llm_batch_size_count", "llm_prefill_seconds_count",
                  "llm_time_to_first_audio_token_seconds_count", "llm_requests_waiting", "llm_sessions"):
         assert f"\n{name} " in text, name
+
+
+def test_a_held_turn_gets_no_tokens_until_released_then_all_of_them(llm):
+    """Llm.Hold: the gateway holds a turn whose client stopped taking audio. While held, no chunk comes and the
+    gauge counts it; released, the turn goes on to its end, the same tokens as never held."""
+    target, metrics_port = llm
+    sampling = common_pb2.SamplingParams(temperature=0.0, max_new_tokens=200, min_new_tokens=200, repetition_penalty=1.0)
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = llm_pb2_grpc.LlmStub(channel)
+            call = stub.Generate(llm_pb2.GenerateRequest(request_id="held-1", text="Hello there", sampling=sampling),
+                                 timeout=60)
+            chunks = [await call.read()]
+            found = (await stub.Hold(llm_pb2.HoldRequest(request_id="held-1", held=True))).found
+            held_gauge = metric_value(await asyncio.to_thread(scrape, metrics_port), "llm_requests_held")
+
+            async def read_all():  # (a read cancelled would cancel the call: one reader to the end)
+                while (msg := await call.read()) is not grpc.aio.EOF:
+                    chunks.append(msg)
+
+            reader = asyncio.create_task(read_all())
+            await asyncio.sleep(0.3)  # what was sent before the hold took effect...
+            during = len(chunks)
+            await asyncio.sleep(0.7)  # ... then nothing
+            still = len(chunks)
+            unknown = (await stub.Hold(llm_pb2.HoldRequest(request_id="nobody", held=True))).found
+            with pytest.raises(grpc.aio.AioRpcError) as empty:
+                await stub.Hold(llm_pb2.HoldRequest(held=True))
+            assert (await stub.Hold(llm_pb2.HoldRequest(request_id="held-1", held=False))).found
+            await reader
+            return found, held_gauge, (during, still), unknown, empty.value, chunks
+
+    found, held_gauge, during, unknown, empty, chunks = asyncio.run(scenario())
+    assert found and held_gauge == 1 and not unknown
+    assert empty.code() == grpc.StatusCode.INVALID_ARGUMENT and "request_id" in empty.details()
+    assert during[0] == during[1] < len(chunks) and not chunks[during[0] - 1].final  # held: nothing came for 0.7 s
+    assert chunks[-1].final and chunks[-1].stats.audio_tokens == 200
+    alone = asyncio.run(generate(target, text="Hello there", sampling=sampling))
+    assert tokens(chunks) == tokens(alone)
+    assert metric_value(wait_idle(metrics_port), "llm_requests_held") == 0

@@ -111,8 +111,11 @@ def test_a_silent_converse_client_is_ended_too(gateway, stack):
         await call.write(gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text="a long reply, never read")))
         stalled = '{method="Converse"}'
         before = gateway_metric(gateway, "gateway_stalled_calls_total", stalled)
+        holds_before = gateway_metric(gateway, "gateway_client_holds_total")
         await asyncio.to_thread(wait_for, lambda: gateway_metric(gateway, "gateway_stalled_calls_total", stalled) > before,
                                 30, "the silent session was not ended")
+        # before it ended, its turn had stopped feeding the vocoder and had the llm hold it
+        assert gateway_metric(gateway, "gateway_client_holds_total") > holds_before
         await asyncio.to_thread(wait_for, lambda: not any(left_held(gateway, stack).values()), 10, "a stage still holds it")
         call.cancel()
         await silent.close()
@@ -122,22 +125,29 @@ def test_a_silent_converse_client_is_ended_too(gateway, stack):
 
 def test_a_turn_feeds_the_vocoder_only_while_its_client_takes_its_audio():
     """Turn._client_reading: no wait while the client takes each message; once it has held one for
-    CLIENT_HOLD_SECONDS, the pump waits until it takes it."""
-    from services.gateway.pipeline import CLIENT_HOLD_SECONDS, Turn
+    CLIENT_HOLD_SECONDS, the llm holds the turn and the pump waits until the client takes it."""
+    from services.gateway.pipeline import CLIENT_HOLD_SECONDS, ClientWrites, Turn
 
     async def scenario():
-        turn = SimpleNamespace(writing_since=None, client_took=asyncio.Event())
-        turn.client_took.set()
+        holds = []
+
+        async def hold_llm(replica, held):  # Llm.Hold, as the turn asks it of its replica
+            holds.append((replica, held))
+
+        client = ClientWrites()
+        turn = SimpleNamespace(client=client, llm=SimpleNamespace(replica="llm-1"), _hold_llm=hold_llm)
         await asyncio.wait_for(Turn._client_reading(turn), 0.1)  # nothing waits for the client
-        turn.writing_since, _ = time.perf_counter(), turn.client_took.clear()
+        writing = client.writing()
+        writing.__enter__()
         await asyncio.wait_for(Turn._client_reading(turn), 0.1)  # a message just handed over: not held yet
-        turn.writing_since = time.perf_counter() - CLIENT_HOLD_SECONDS - 0.01
+        client.writing_since = time.perf_counter() - CLIENT_HOLD_SECONDS - 0.01
         held_pump = asyncio.create_task(Turn._client_reading(turn))
         await asyncio.sleep(0.1)
-        assert not held_pump.done()  # the client has not taken it for too long: the vocoder gets nothing more
-        turn.writing_since = None
-        turn.client_took.set()  # it takes the message
+        assert not held_pump.done()  # the client has not taken it for too long: the vocoder gets nothing more...
+        assert holds == [("llm-1", True)]  # ... nor the llm steps
+        writing.__exit__(None, None, None)  # it takes the message
         await asyncio.wait_for(held_pump, 1.0)
+        assert holds == [("llm-1", True), ("llm-1", False)]  # released before the pump goes on
 
     asyncio.run(scenario())
 

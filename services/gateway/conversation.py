@@ -37,7 +37,7 @@ from services.gateway import metrics
 from services.gateway.admission import Admission, client_of
 from services.gateway.backends import Backends
 from services.gateway.listener import Callbacks, Listener
-from services.gateway.pipeline import Spoken, Turn, TurnLimits, validate_text
+from services.gateway.pipeline import ClientWrites, Spoken, Turn, TurnLimits, validate_text
 from services.gateway.session import Session
 from services.gateway.voices import resolve_voice
 
@@ -73,6 +73,7 @@ class Conversation:
         self.session = Session(uuid.uuid4().hex)
         self.config = gateway_pb2.SessionConfig()
         self.outbox: asyncio.Queue = asyncio.Queue()
+        self.writes = ClientWrites()  # whether the client takes what the outbox sends it
         self.turn_no = 0
         self.turn: asyncio.Task | None = None
         self.answered: set[int] = set()        # turns whose summary is out: nothing left to cancel
@@ -104,7 +105,8 @@ class Conversation:
                     continue  # a cancelled turn's leftovers
                 if kind == "ended":
                     reason = msg.ended.reason
-                yield msg
+                with self.writes.writing():  # a turn whose audio waits here too long stops (pipeline.py)
+                    yield msg
         finally:
             # Bookkeeping first, with no await before it: the call's task may be cancelled again while it
             # waits below (the client gone), and that must not skip it.
@@ -260,7 +262,7 @@ class Conversation:
                     turn = Turn(req, self.backends, self.limits, self.context.time_remaining(), self.session,
                                 on_text=lambda piece: put(gateway_pb2.ConverseResponse(turn=n, text=gateway_pb2.TextPiece(text=piece))),
                                 spoken=spoken, text_reply=text_reply, headroom=self.admission.headroom,
-                                place=place)
+                                place=place, client=self.writes)
                     async for msg in turn.run():
                         kind = msg.WhichOneof("kind")
                         if kind == "summary":  # the turn is the client's now: it joins the history

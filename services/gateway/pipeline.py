@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -31,12 +32,15 @@ from services.gateway.headroom import Headroom
 from services.gateway.session import Session
 from services.gateway.voices import resolve_voice
 
+log = logging.getLogger(__name__)
+
 VOCODER_CLOSE_SECONDS = 1.0  # after the last PCM: how long the vocoder may take to end its call
 STATUS_SECONDS = 1.0         # after a failed write: how long the call's own status may take to arrive
 # A client that has not taken the turn's last audio for this long has stopped reading (a reading client takes each
 # message at once: the transport's window holds seconds of audio): the turn stops feeding the vocoder until it does
 # (Turn._client_reading). --client-stall-seconds ends the call later (services/common/interceptor.py).
 CLIENT_HOLD_SECONDS = 0.5
+HOLD_CALL_SECONDS = 2.0  # for the llm to answer a Hold
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,30 @@ class Spoken:
     ended_at: float
     encoder_finish_seconds: float = 0.0
     audio_seconds: float = 0.0
+
+
+class ClientWrites:
+    """Whether a client is taking what the gateway writes to it: `writing_since` while a message waits for it."""
+
+    def __init__(self):
+        self.writing_since: float | None = None
+        self.took = asyncio.Event()  # set while no message waits
+        self.took.set()
+
+    @contextlib.contextmanager
+    def writing(self):
+        """Around one write to the client (a yield that returns once it is sent, or the call ends)."""
+        self.writing_since = time.perf_counter()
+        self.took.clear()
+        try:
+            yield
+        finally:
+            self.writing_since = None
+            self.took.set()
+
+    def waiting_for(self, seconds: float) -> bool:
+        """Has a message waited for the client longer than `seconds`?"""
+        return self.writing_since is not None and time.perf_counter() - self.writing_since > seconds
 
 
 @dataclass(frozen=True)
@@ -138,10 +166,11 @@ class Turn:
     def __init__(self, req, backends: Backends, limits: TurnLimits, timeout: float | None,
                  session: Session | None = None, on_text: Callable[[str], None] | None = None,
                  spoken: Spoken | None = None, text_reply: bool = False, headroom: Headroom | None = None,
-                 place: Place | None = None):
+                 place: Place | None = None, client: ClientWrites | None = None):
         """spoken: a spoken turn (its clock starts when the speech ended); text_reply: the reply is text alone;
         headroom: told each chunk's slack and the turn's TTFA (admission by headroom); place: told when the first
-        audio is out (the turn's start slot frees)."""
+        audio is out (the turn's start slot frees); client: whether the client takes what is written to it (a
+        Converse session's; default: the turn's own writes)."""
         self.start = spoken.ended_at if spoken is not None else time.perf_counter()
         self.spoken, self.text_reply = spoken, text_reply
         self.headroom, self.place = headroom, place
@@ -157,9 +186,9 @@ class Turn:
         self.gen_req = llm_pb2.GenerateRequest()
         self.llm, self.vocoder = Leg(backends.llm), Leg(backends.vocoder)
         self.voice = ""
-        self.writing_since: float | None = None  # an audio message waits for the client to take it, since then
-        self.client_took = asyncio.Event()       # set while none waits
-        self.client_took.set()
+        # whether the client takes its audio: a Synthesize turn writes to it itself (and marks it); a Converse turn's
+        # messages go through its conversation's outbox, whose writer marks the conversation's
+        self.client, self.marks_writes = (client, False) if client is not None else (ClientWrites(), True)
 
     def _left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -302,10 +331,26 @@ class Turn:
 
     async def _client_reading(self) -> None:
         """Wait while the client has not taken the last audio for CLIENT_HOLD_SECONDS: its stream is paused at the
-        vocoder, the stage whose device time every other stream needs (the llm paces itself to playback on CUDA)."""
-        if self.writing_since is not None and time.perf_counter() - self.writing_since > CLIENT_HOLD_SECONDS:
+        vocoder, which gets nothing more, and at the llm, which steps it no more (Llm.Hold), until the client takes
+        it (or its call ends: --client-stall-seconds)."""
+        if self.client.waiting_for(CLIENT_HOLD_SECONDS):
             metrics.CLIENT_HOLDS.inc()
-            await self.client_took.wait()
+            replica = self.llm.replica
+            await self._hold_llm(replica, True)
+            await self.client.took.wait()
+            await self._hold_llm(replica, False)
+
+    async def _hold_llm(self, replica: Replica | None, held: bool) -> None:
+        """Hold (or release) this turn at its llm replica. Best effort: where it fails, the llm goes on at its pace
+        (~0.7 s ahead of playback on CUDA), as it would without the hold."""
+        if replica is None:
+            return
+        try:
+            await replica.stub.Hold(llm_pb2.HoldRequest(request_id=self.gen_req.request_id, held=held),
+                                    timeout=HOLD_CALL_SECONDS)
+        except grpc.aio.AioRpcError as err:
+            log.info("gateway: turn %s: Llm.Hold(%s) failed (%s): the llm goes on", self.gen_req.request_id, held,
+                     err.code().name)
 
     def _take(self, chunk: llm_pb2.GenerateResponse) -> None:
         """What the gateway keeps of an llm chunk: timings, text, and on the final one its stats."""
@@ -364,12 +409,9 @@ class Turn:
                         self.headroom.observe_slack(now, -late)
                     else:
                         self.headroom.observe_ttfa(now, self.summary.ttfa_seconds)
-                self.writing_since = time.perf_counter()  # until the client takes it (or its call ends)
-                self.client_took.clear()
-                yield gateway_pb2.SynthesizeResponse(audio=gateway_pb2.AudioChunk(
-                    pcm=msg.pcm, sample_offset=msg.sample_offset, num_samples=msg.num_samples))
-                self.writing_since = None
-                self.client_took.set()
+                with self.client.writing() if self.marks_writes else contextlib.nullcontext():
+                    yield gateway_pb2.SynthesizeResponse(audio=gateway_pb2.AudioChunk(
+                        pcm=msg.pcm, sample_offset=msg.sample_offset, num_samples=msg.num_samples))
             if msg.final:
                 self.summary.vocoder_compute_seconds = msg.stats.compute_seconds
                 self.summary.vocoder_first_chunk_seconds = msg.stats.first_chunk_compute_seconds

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 _ABORT = object()
 _RELEASE = object()
+_HOLD = object()
 SLOW_SECONDS = 0.1
 
 
@@ -100,6 +101,15 @@ class AsyncEngine:
         self._inbox.put((_RELEASE, session_id, loop, done))
         return await done
 
+    async def hold(self, request_id: str, held: bool) -> bool:
+        """Hold a request, or release it (LLMEngine.hold), on the engine thread → whether it was found."""
+        if self.fatal is not None:
+            return False
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        self._inbox.put((_HOLD, request_id, held, loop, done))
+        return await done
+
     # ---- engine thread ---------------------------------------------------------------------------
     def _deliver(self, seq_id: int, item) -> None:
         target = self._outputs.get(seq_id)
@@ -120,6 +130,10 @@ class AsyncEngine:
                     _, session_id, loop, done = item
                     released = self.engine.release_session(session_id)
                     loop.call_soon_threadsafe(lambda: done.done() or done.set_result(released))
+                elif isinstance(item, tuple) and item[0] is _HOLD:
+                    _, request_id, held, loop, done = item
+                    found = self.engine.hold(request_id, held)
+                    loop.call_soon_threadsafe(lambda: done.done() or done.set_result(found))
                 elif item is not None:
                     self._add(item)
                 item = self._inbox.get_nowait()

@@ -21,6 +21,7 @@ RUNNING = Gauge("llm_requests_running", "Requests in the running batch")
 WAITING = Gauge("llm_requests_waiting", "Requests waiting to be scheduled")
 KV_USED = Gauge("llm_kv_blocks_used", "KV-cache blocks in use")
 KV_FREE = Gauge("llm_kv_blocks_free", "KV-cache blocks free")
+HELD = Gauge("llm_requests_held", "Running requests held: their listeners stopped taking audio (Llm.Hold)")
 SESSIONS = Gauge("llm_sessions", "Sessions whose last finished turn's KV blocks are pinned for their next turn")
 PREFILL_TOKENS = Counter("llm_prefill_tokens_total", "Prompt (or recomputed) positions computed")
 PREFIX_HIT_TOKENS = Counter("llm_prefix_cache_hit_tokens_total", "Prompt positions served from cached KV blocks")
@@ -54,6 +55,7 @@ def observe_load(load: EngineLoad) -> None:
     KV_USED.set(load.blocks_used)
     KV_FREE.set(load.blocks_free)
     SESSIONS.set(load.sessions)
+    HELD.set(load.held)
 
 
 def observe_chunk(chunk: Chunk) -> None:

@@ -87,3 +87,8 @@ class LlmServicer(llm_pb2_grpc.LlmServicer):
         if not request.session_id:
             raise InvalidArgument("session_id", "must not be empty")
         return llm_pb2.ReleaseSessionResponse(released=await self.engine.release_session(request.session_id))
+
+    async def Hold(self, request, context):
+        if not request.request_id:
+            raise InvalidArgument("request_id", "must not be empty")
+        return llm_pb2.HoldResponse(found=await self.engine.hold(request.request_id, request.held))

@@ -58,6 +58,7 @@ class EngineLoad:
     blocks_used: int
     blocks_free: int
     sessions: int
+    held: int = 0  # running requests held (their listeners stopped taking audio)
 
 
 @dataclass
@@ -243,11 +244,24 @@ class LLMEngine:
 
     def _hold_for(self, seqs: list[Sequence], now: float) -> float:
         c = self.config
-        return hold_for(seqs, now, c.max_audio_lead, c.audio_token_seconds, c.first_audio_hold)
+        if not (stepping := [seq for seq in seqs if not seq.held]):
+            return 0.0
+        return hold_for(stepping, now, c.max_audio_lead, c.audio_token_seconds, c.first_audio_hold)
 
     def load(self) -> EngineLoad:
         bm = self.block_manager
-        return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting), bm.num_used, bm.num_free, len(self.pins))
+        return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting), bm.num_used, bm.num_free, len(self.pins),
+                          sum(seq.held for seq in self.scheduler.running))
+
+    def hold(self, request_id: str, held: bool) -> bool:
+        """Hold a request (no steps for it, its blocks kept), or release it, while its listener is not taking audio
+        (the gateway asks: a client that stopped reading). Greedy or seeded, it says the same once released.
+        False if no such request runs or waits."""
+        for seq in self.sequences.values():
+            if seq.request_id == request_id:
+                seq.held = held
+                return True
+        return False
 
     # ---- the loop --------------------------------------------------------------------------------
     def step(self) -> list[Chunk]:
@@ -294,7 +308,8 @@ class LLMEngine:
         samples land, which can only add lead: at worst one step more runs before a hold)."""
         seqs, bm = current.batch.seqs, self.block_manager
         if (not self.config.overlap or self.on_logits is not None or current.void or self.scheduler.waiting
-                or len(current.seqs) != len(seqs) or self._hold_for(seqs, time.perf_counter()) > 0):
+                or len(current.seqs) != len(seqs) or any(seq.held for seq in seqs)
+                or self._hold_for(seqs, time.perf_counter()) > 0):
             return None
         for seq in seqs:
             if self.sequences.get(seq.seq_id) is not seq or seq.num_steps + 1 >= seq.sampling.max_new_tokens:

@@ -42,14 +42,15 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Anything to step: a request waiting, or a running one not held."""
+        return bool(self.waiting) or any(not seq.held for seq in self.running)
 
     def schedule(self, now: float) -> ScheduledBatch:
         batch = ScheduledBatch([], [])
         budget = self.max_num_batched_tokens
         for seq in list(self.running):
-            if seq not in self.running or budget == 0:
-                continue  # preempted while making room for an older one, or no budget left
+            if seq not in self.running or budget == 0 or seq.held:
+                continue  # preempted while making room for an older one, no budget left, or held (LLMEngine.hold)
             if seq.num_cached == len(seq) - 1 and not self._make_room(seq):
                 continue  # seq itself was preempted
             n = min(len(seq) - seq.num_cached, budget)

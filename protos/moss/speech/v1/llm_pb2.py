@@ -25,31 +25,35 @@ _sym_db = _symbol_database.Default()
 from moss.speech.v1 import common_pb2 as moss_dot_speech_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18moss/speech/v1/llm.proto\x12\x0emoss.speech.v1\x1a\x1bmoss/speech/v1/common.proto\"+\n\x15ReleaseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"*\n\x16ReleaseSessionResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"+\n\x0cPromptTokens\x12\x0c\n\x04text\x18\x01 \x03(\x05\x12\r\n\x05\x61udio\x18\x02 \x03(\x05\"\x1b\n\nSpokenTurn\x12\r\n\x05\x63odes\x18\x01 \x03(\x05\"\x86\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12+\n\x05\x61udio\x18\n \x01(\x0b\x32\x1a.moss.speech.v1.SpokenTurnH\x00\x12.\n\x06tokens\x18\x04 \x01(\x0b\x32\x1c.moss.speech.v1.PromptTokensH\x00\x12\x15\n\rsystem_prompt\x18\x05 \x01(\t\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.moss.speech.v1.SamplingParams\x12-\n\x08\x63hunking\x18\x07 \x01(\x0b\x32\x1b.moss.speech.v1.ChunkPolicy\x12/\n\x0boutput_mode\x18\x08 \x01(\x0e\x32\x1a.moss.speech.v1.OutputMode\x12-\n\x07history\x18\t \x01(\x0b\x32\x1c.moss.speech.v1.PromptTokensB\x06\n\x04turn\"\x8d\x02\n\x0fGenerationStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x14\n\x0c\x61udio_tokens\x18\x03 \x01(\r\x12\x13\n\x0btext_tokens\x18\x04 \x01(\r\x12\x15\n\rqueue_seconds\x18\x05 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x06 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_seconds\x18\x07 \x01(\x01\x12!\n\x19\x66irst_audio_token_seconds\x18\x08 \x01(\x01\x12\x33\n\rfinish_reason\x18\t \x01(\x0e\x32\x1c.moss.speech.v1.FinishReason\"\xdb\x01\n\x10GenerateResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05\x66irst\x18\x02 \x01(\x08\x12\r\n\x05\x66inal\x18\x03 \x01(\x08\x12\x14\n\x0c\x61udio_tokens\x18\x04 \x03(\x05\x12\x13\n\x0btext_tokens\x18\x05 \x03(\x05\x12.\n\x05stats\x18\x06 \x01(\x0b\x32\x1f.moss.speech.v1.GenerationStats\x12\x0c\n\x04text\x18\x07 \x01(\t\x12\x31\n\x0bturn_tokens\x18\x08 \x01(\x0b\x32\x1c.moss.speech.v1.PromptTokens*V\n\nOutputMode\x12\x1b\n\x17OUTPUT_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11OUTPUT_MODE_AUDIO\x10\x01\x12\x14\n\x10OUTPUT_MODE_TEXT\x10\x02*\x80\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1f\n\x1b\x46INISH_REASON_END_OF_SPEECH\x10\x03\x32\xb7\x01\n\x03Llm\x12O\n\x08Generate\x12\x1f.moss.speech.v1.GenerateRequest\x1a .moss.speech.v1.GenerateResponse0\x01\x12_\n\x0eReleaseSession\x12%.moss.speech.v1.ReleaseSessionRequest\x1a&.moss.speech.v1.ReleaseSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18moss/speech/v1/llm.proto\x12\x0emoss.speech.v1\x1a\x1bmoss/speech/v1/common.proto\"/\n\x0bHoldRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x08\"\x1d\n\x0cHoldResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"+\n\x15ReleaseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"*\n\x16ReleaseSessionResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"+\n\x0cPromptTokens\x12\x0c\n\x04text\x18\x01 \x03(\x05\x12\r\n\x05\x61udio\x18\x02 \x03(\x05\"\x1b\n\nSpokenTurn\x12\r\n\x05\x63odes\x18\x01 \x03(\x05\"\x86\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12+\n\x05\x61udio\x18\n \x01(\x0b\x32\x1a.moss.speech.v1.SpokenTurnH\x00\x12.\n\x06tokens\x18\x04 \x01(\x0b\x32\x1c.moss.speech.v1.PromptTokensH\x00\x12\x15\n\rsystem_prompt\x18\x05 \x01(\t\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.moss.speech.v1.SamplingParams\x12-\n\x08\x63hunking\x18\x07 \x01(\x0b\x32\x1b.moss.speech.v1.ChunkPolicy\x12/\n\x0boutput_mode\x18\x08 \x01(\x0e\x32\x1a.moss.speech.v1.OutputMode\x12-\n\x07history\x18\t \x01(\x0b\x32\x1c.moss.speech.v1.PromptTokensB\x06\n\x04turn\"\x8d\x02\n\x0fGenerationStats\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x14\n\x0c\x61udio_tokens\x18\x03 \x01(\r\x12\x13\n\x0btext_tokens\x18\x04 \x01(\r\x12\x15\n\rqueue_seconds\x18\x05 \x01(\x01\x12\x17\n\x0fprefill_seconds\x18\x06 \x01(\x01\x12\x16\n\x0e\x64\x65\x63ode_seconds\x18\x07 \x01(\x01\x12!\n\x19\x66irst_audio_token_seconds\x18\x08 \x01(\x01\x12\x33\n\rfinish_reason\x18\t \x01(\x0e\x32\x1c.moss.speech.v1.FinishReason\"\xdb\x01\n\x10GenerateResponse\x12\r\n\x05index\x18\x01 \x01(\r\x12\r\n\x05\x66irst\x18\x02 \x01(\x08\x12\r\n\x05\x66inal\x18\x03 \x01(\x08\x12\x14\n\x0c\x61udio_tokens\x18\x04 \x03(\x05\x12\x13\n\x0btext_tokens\x18\x05 \x03(\x05\x12.\n\x05stats\x18\x06 \x01(\x0b\x32\x1f.moss.speech.v1.GenerationStats\x12\x0c\n\x04text\x18\x07 \x01(\t\x12\x31\n\x0bturn_tokens\x18\x08 \x01(\x0b\x32\x1c.moss.speech.v1.PromptTokens*V\n\nOutputMode\x12\x1b\n\x17OUTPUT_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11OUTPUT_MODE_AUDIO\x10\x01\x12\x14\n\x10OUTPUT_MODE_TEXT\x10\x02*\x80\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1f\n\x1b\x46INISH_REASON_END_OF_SPEECH\x10\x03\x32\xfa\x01\n\x03Llm\x12O\n\x08Generate\x12\x1f.moss.speech.v1.GenerateRequest\x1a .moss.speech.v1.GenerateResponse0\x01\x12_\n\x0eReleaseSession\x12%.moss.speech.v1.ReleaseSessionRequest\x1a&.moss.speech.v1.ReleaseSessionResponse\x12\x41\n\x04Hold\x12\x1b.moss.speech.v1.HoldRequest\x1a\x1c.moss.speech.v1.HoldResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'moss.speech.v1.llm_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OUTPUTMODE']._serialized_start=1123
-  _globals['_OUTPUTMODE']._serialized_end=1209
-  _globals['_FINISHREASON']._serialized_start=1212
-  _globals['_FINISHREASON']._serialized_end=1340
-  _globals['_RELEASESESSIONREQUEST']._serialized_start=73
-  _globals['_RELEASESESSIONREQUEST']._serialized_end=116
-  _globals['_RELEASESESSIONRESPONSE']._serialized_start=118
-  _globals['_RELEASESESSIONRESPONSE']._serialized_end=160
-  _globals['_PROMPTTOKENS']._serialized_start=162
-  _globals['_PROMPTTOKENS']._serialized_end=205
-  _globals['_SPOKENTURN']._serialized_start=207
-  _globals['_SPOKENTURN']._serialized_end=234
-  _globals['_GENERATEREQUEST']._serialized_start=237
-  _globals['_GENERATEREQUEST']._serialized_end=627
-  _globals['_GENERATIONSTATS']._serialized_start=630
-  _globals['_GENERATIONSTATS']._serialized_end=899
-  _globals['_GENERATERESPONSE']._serialized_start=902
-  _globals['_GENERATERESPONSE']._serialized_end=1121
-  _globals['_LLM']._serialized_start=1343
-  _globals['_LLM']._serialized_end=1526
+  _globals['_OUTPUTMODE']._serialized_start=1203
+  _globals['_OUTPUTMODE']._serialized_end=1289
+  _globals['_FINISHREASON']._serialized_start=1292
+  _globals['_FINISHREASON']._serialized_end=1420
+  _globals['_HOLDREQUEST']._serialized_start=73
+  _globals['_HOLDREQUEST']._serialized_end=120
+  _globals['_HOLDRESPONSE']._serialized_start=122
+  _globals['_HOLDRESPONSE']._serialized_end=151
+  _globals['_RELEASESESSIONREQUEST']._serialized_start=153
+  _globals['_RELEASESESSIONREQUEST']._serialized_end=196
+  _globals['_RELEASESESSIONRESPONSE']._serialized_start=198
+  _globals['_RELEASESESSIONRESPONSE']._serialized_end=240
+  _globals['_PROMPTTOKENS']._serialized_start=242
+  _globals['_PROMPTTOKENS']._serialized_end=285
+  _globals['_SPOKENTURN']._serialized_start=287
+  _globals['_SPOKENTURN']._serialized_end=314
+  _globals['_GENERATEREQUEST']._serialized_start=317
+  _globals['_GENERATEREQUEST']._serialized_end=707
+  _globals['_GENERATIONSTATS']._serialized_start=710
+  _globals['_GENERATIONSTATS']._serialized_end=979
+  _globals['_GENERATERESPONSE']._serialized_start=982
+  _globals['_GENERATERESPONSE']._serialized_end=1201
+  _globals['_LLM']._serialized_start=1423
+  _globals['_LLM']._serialized_end=1673
 # @@protoc_insertion_point(module_scope)

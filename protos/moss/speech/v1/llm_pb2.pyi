@@ -28,6 +28,20 @@ FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_END_OF_SPEECH: FinishReason
 
+class HoldRequest(_message.Message):
+    __slots__ = ("request_id", "held")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    held: bool
+    def __init__(self, request_id: _Optional[str] = ..., held: _Optional[bool] = ...) -> None: ...
+
+class HoldResponse(_message.Message):
+    __slots__ = ("found",)
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    def __init__(self, found: _Optional[bool] = ...) -> None: ...
+
 class ReleaseSessionRequest(_message.Message):
     __slots__ = ("session_id",)
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

@@ -44,6 +44,11 @@ class LlmStub:
                 request_serializer=moss_dot_speech_dot_v1_dot_llm__pb2.ReleaseSessionRequest.SerializeToString,
                 response_deserializer=moss_dot_speech_dot_v1_dot_llm__pb2.ReleaseSessionResponse.FromString,
                 _registered_method=True)
+        self.Hold = channel.unary_unary(
+                '/moss.speech.v1.Llm/Hold',
+                request_serializer=moss_dot_speech_dot_v1_dot_llm__pb2.HoldRequest.SerializeToString,
+                response_deserializer=moss_dot_speech_dot_v1_dot_llm__pb2.HoldResponse.FromString,
+                _registered_method=True)
 
 
 class LlmServicer:
@@ -65,6 +70,14 @@ class LlmServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Hold(self, request, context):
+        """Hold a running turn (held: true): it gets no more steps, its KV blocks kept, until released (held: false) or
+        cancelled. The gateway holds a turn whose client stopped taking audio. found: false if no such turn runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LlmServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +90,11 @@ def add_LlmServicer_to_server(servicer, server):
                     servicer.ReleaseSession,
                     request_deserializer=moss_dot_speech_dot_v1_dot_llm__pb2.ReleaseSessionRequest.FromString,
                     response_serializer=moss_dot_speech_dot_v1_dot_llm__pb2.ReleaseSessionResponse.SerializeToString,
+            ),
+            'Hold': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hold,
+                    request_deserializer=moss_dot_speech_dot_v1_dot_llm__pb2.HoldRequest.FromString,
+                    response_serializer=moss_dot_speech_dot_v1_dot_llm__pb2.HoldResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +151,33 @@ class Llm:
             '/moss.speech.v1.Llm/ReleaseSession',
             moss_dot_speech_dot_v1_dot_llm__pb2.ReleaseSessionRequest.SerializeToString,
             moss_dot_speech_dot_v1_dot_llm__pb2.ReleaseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Hold(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/moss.speech.v1.Llm/Hold',
+            moss_dot_speech_dot_v1_dot_llm__pb2.HoldRequest.SerializeToString,
+            moss_dot_speech_dot_v1_dot_llm__pb2.HoldResponse.FromString,
             options,
             channel_credentials,
             insecure,
