@@ -51,6 +51,10 @@ class GatewaySettings:
                                       type=positive(int))
     admit_low_slack: float = option(0.05, "--admission headroom: seconds before their listeners run out below which "
                                           "the lowest 2 percent of the chunks mean too many turns", type=seconds)
+    admit_high_slack: float | None = option(
+        None, "--admission headroom: seconds before their listeners run out above which the lowest 2 percent of the "
+              "chunks mean room for more turns (default: 0.1, or twice --admit-low-slack if more)", type=seconds,
+        show_default=False)
     admit_ttfa: float = option(0.4, "--admission headroom: TTFA p90 of the latest turns above which there are too "
                                     "many turns", type=positive(float))
     max_turns_per_client: int | None = option(
