@@ -126,7 +126,8 @@ def test_a_silent_converse_client_is_ended_too(gateway, stack):
 def test_a_turn_feeds_the_vocoder_only_while_its_client_takes_its_audio():
     """Turn._client_reading: no wait while the client takes each message; once it has held one for
     CLIENT_HOLD_SECONDS, the llm holds the turn and the pump waits until the client takes it."""
-    from services.gateway.pipeline import CLIENT_HOLD_SECONDS, ClientWrites, Turn
+    from services.gateway.client_writes import ClientWrites
+    from services.gateway.pipeline import CLIENT_HOLD_SECONDS, Turn
 
     async def scenario():
         holds = []

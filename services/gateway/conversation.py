@@ -36,8 +36,9 @@ from services.common.sampling import resolve_chunking, resolve_sampling
 from services.gateway import metrics
 from services.gateway.admission import Admission, client_of
 from services.gateway.backends import Backends
+from services.gateway.client_writes import ClientWrites
 from services.gateway.listener import Callbacks, Listener
-from services.gateway.pipeline import ClientWrites, Spoken, Turn, TurnLimits, validate_text
+from services.gateway.pipeline import Spoken, Turn, TurnLimits, validate_text
 from services.gateway.session import Session
 from services.gateway.voices import resolve_voice
 

@@ -28,6 +28,7 @@ from services.common.sampling import resolve_chunking, resolve_sampling, samplin
 from services.gateway import metrics
 from services.gateway.admission import Place
 from services.gateway.backends import Backends, Pool, Replica
+from services.gateway.client_writes import ClientWrites
 from services.gateway.headroom import Headroom
 from services.gateway.session import Session
 from services.gateway.voices import resolve_voice
@@ -52,30 +53,6 @@ class Spoken:
     ended_at: float
     encoder_finish_seconds: float = 0.0
     audio_seconds: float = 0.0
-
-
-class ClientWrites:
-    """Whether a client is taking what the gateway writes to it: `writing_since` while a message waits for it."""
-
-    def __init__(self):
-        self.writing_since: float | None = None
-        self.took = asyncio.Event()  # set while no message waits
-        self.took.set()
-
-    @contextlib.contextmanager
-    def writing(self):
-        """Around one write to the client (a yield that returns once it is sent, or the call ends)."""
-        self.writing_since = time.perf_counter()
-        self.took.clear()
-        try:
-            yield
-        finally:
-            self.writing_since = None
-            self.took.set()
-
-    def waiting_for(self, seconds: float) -> bool:
-        """Has a message waited for the client longer than `seconds`?"""
-        return self.writing_since is not None and time.perf_counter() - self.writing_since > seconds
 
 
 @dataclass(frozen=True)
