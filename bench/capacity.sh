@@ -34,8 +34,7 @@ if start_stack --kv-cache-gb 32 --max-num-seqs 256 "$@"; then
   done
   mkdir -p "$OUT/capacity"
   for s in gateway:9091 llm:9092 vocoder:9093; do  # each service's own view of the sweep
-    python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:${s#*:}/metrics').read().decode())" \
-      > "$OUT/capacity/metrics_${s%%:*}.txt"
+    scrape "${s#*:}" "$OUT/capacity/metrics_${s%%:*}.txt"
   done
 fi
 stop_stack

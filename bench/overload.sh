@@ -52,11 +52,6 @@ EOF
   SAMPLER_PID=$!
 }
 
-# scrape PORT FILE: a gateway's metrics now (cumulative: a load's own figures are the difference from the last scrape)
-scrape() {
-  python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$1/metrics').read().decode())" > "$2"
-}
-
 # run DIR BENCH_FLAGS...: one load against the gateway being loaded, into $dir/DIR; its metrics after it, numbered
 run() {
   local run_dir=$1; shift

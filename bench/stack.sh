@@ -3,6 +3,7 @@
 #                                         returns non-zero if it never did
 #   stop_stack                            stop it (SIGTERM), then whatever of its process group is left, and
 #                                         show any error it logged
+#   scrape PORT FILE                      a service's /metrics into FILE
 # The stack runs as `moss-serve up` does by default on CUDA: llm and vocoder share the GPU through a CUDA
 # MPS daemon of their own; MPS=0 in the environment runs it with --no-mps (they time-slice the GPU).
 # DEVICE and PRESET (default cuda, moss-speech) choose another; WHEELS=0 skips installing the wheels of
@@ -51,6 +52,11 @@ stop_stack() {
     echo "stop_stack: processes of this stack still running after moss-serve up stopped; killed them"
   fi
   STACK_PID=
+}
+
+# scrape PORT FILE: a service's Prometheus metrics now (cumulative counters: a load's own are the difference of two)
+scrape() {
+  python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$1/metrics').read().decode())" > "$2"
 }
 
 # Pack $OUT's results into $OUT/results.tgz (the device tool brings back few files) and remove what was packed.
