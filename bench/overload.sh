@@ -4,7 +4,8 @@
 # client's loads, replies of 2 to 20 s (REPLY, default 2-20):
 #   Poisson arrivals at RATES per second (default 20,30,40), ARRIVAL_SECONDS of arrivals each (default 20);
 #   LEVELS streams started over 6 s, one request each (default 192,256; none: "");
-#   BURST streams started at the same instant (default 128; 0: none).
+#   BURST streams started at the same instant (default 128; 0: none);
+#   REFUSALS (default 0: none): after the loads, a burst of that many at a full gateway (bench/refusal_floor.py).
 # RATES_A, LEVELS_A, BURST_A (and _B) set them for one gateway only.
 #   bash bench/overload.sh [moss-serve up flags...]
 # STACK_FLAGS (default "--kv-cache-gb 32 --max-num-seqs 256") go to moss-serve up before the arguments. GATEWAY_A (default: the stack's own gateway, as `moss-serve up` runs it) and GATEWAY_B (default
@@ -57,7 +58,11 @@ run() {
   local run_dir=$1; shift
   serve bench "${common[@]}" "$@" --out "$dir/$run_dir" 2>&1 | tee -a "$dir/bench.log"
   runs=$((runs + 1))
-  scrape "$port" "$dir/metrics_$(printf %02d "$runs")_$run_dir.txt"
+  local n
+  n=$(printf %02d "$runs")
+  scrape "$port" "$dir/metrics_${n}_$run_dir.txt"
+  scrape 9092 "$dir/metrics_llm_${n}_$run_dir.txt"  # the stages' own counts over the load: the difference of two
+  scrape 9093 "$dir/metrics_vocoder_${n}_$run_dir.txt"
 }
 
 # load NAME TARGET METRICS_PORT: every load against one gateway, results in $OUT/NAME
@@ -69,6 +74,8 @@ load() {
   mkdir -p "$dir"
   sample "$port" "$dir/timeline.tsv"
   scrape "$port" "$dir/metrics_00_start.txt"
+  scrape 9092 "$dir/metrics_llm_00_start.txt"
+  scrape 9093 "$dir/metrics_vocoder_00_start.txt"
   local warmup=4
   for rate in ${rates//,/ }; do
     run "poisson_$rate" --rate "$rate" --seconds "${ARRIVAL_SECONDS:-20}" --warmup "$warmup"
@@ -91,6 +98,15 @@ if start_stack ${STACK_FLAGS:---kv-cache-gb 32 --max-num-seqs 256} ${GATEWAY_A:-
   fi
   scrape 9092 "$OUT/metrics_llm.txt"
   scrape 9093 "$OUT/metrics_vocoder.txt"
+  if [ "${REFUSALS:-0}" -gt 0 ]; then  # a full gateway's refusals against gRPC's own floor (bench/refusal_floor.py)
+    setsid python3 -c "$SERVE_PY" gateway --port 50071 --metrics-port 9171 --max-turns 4 --max-queued-turns 0 \
+      > "$OUT/gateway_full.log" 2>&1 &
+    full_pid=$!
+    sleep 5
+    python3 "$(dirname "$0")/refusal_floor.py" --burst "$REFUSALS" --target 127.0.0.1:50071 --hold 4 \
+      --json "$OUT/refusal_floor.json" | tee "$OUT/refusal_floor.txt"
+    kill -TERM "$full_pid" 2> /dev/null; wait "$full_pid" 2> /dev/null
+  fi
 fi
 stop_stack
 python3 "$(dirname "$0")/overload_report.py" "$OUT" | tee "$OUT/overload.txt"

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import os
+import signal
 import sys
 
 from services.encoder.settings import EncoderSettings
@@ -104,8 +106,9 @@ def parser() -> argparse.ArgumentParser:
                          "--device cuda where the daemon is installed, with a warning where it is not")
     up.add_argument("--mps-llm-threads", type=int, default=25, metavar="PERCENT",
                     help="with --mps: the share of the GPU's multiprocessors the llm's kernels may occupy at once "
-                         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), leaving the rest to the vocoder (default 25; on an H100 35 and 45 hung "
-                         "the stack's first request, not yet understood: docs/benchmarks.md)")
+                         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), leaving the rest to the vocoder (default 25; on an H100 "
+                         "cuBLAS's products were wrong at 35-45, 55-75: a service refuses to start on such a share, "
+                         "services/common/matmul_check.py)")
     up.add_argument("--mps-vocoder-threads", type=int, default=100, metavar="PERCENT",
                     help="with --mps: the share the vocoder's kernels may occupy at once; with --mps-llm-threads "
                          "summing to 100 or less, neither takes the other's multiprocessors (default 100: no cap)")
@@ -220,6 +223,9 @@ def run_service(args) -> int:
     from services.common.server import configure_logging
 
     die_with_parent()  # started by `moss-serve up` (or a test's stack): end with it, even if it is SIGKILLed
+    # `kill -USR1 PID` writes every thread's Python stack to the service's stderr (its log), and it goes on: what a
+    # service that stopped answering is waiting for, where no debugger can attach.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     from services.common.tls import channel_tls, server_tls
 
     if args.command == "gateway":
@@ -257,6 +263,10 @@ def run_service(args) -> int:
     from services.common.errors import DeviceLost
 
     try:
+        if args.command in ("llm", "vocoder", "encoder") and settings.device.startswith("cuda"):
+            from services.common.matmul_check import check_matmul
+
+            check_matmul(settings.device)  # wrong products under some MPS shares: refuse to serve (matmul_check.py)
         asyncio.run(run(settings))
     except OSError as e:  # a port in use, most often: one line, not a traceback
         print(f"moss-serve {args.command}: {e}", file=sys.stderr)
@@ -264,7 +274,8 @@ def run_service(args) -> int:
     except DeviceLost as e:  # its GPU context is gone: exit, to be started again on a fresh one (device.py)
         print(f"moss-serve {args.command}: {e}", file=sys.stderr)
         return DeviceLost.EXIT_CODE
-    except ValueError as e:  # a model, voice or setting refused at start (a checkpoint's wrong tensors, a bad voice)
+    except ValueError as e:  # a model, voice or setting refused at start (a checkpoint's wrong tensors, a bad voice,
+        # a GPU share whose matrix products are wrong)
         print(f"moss-serve {args.command}: cannot start: {e}", file=sys.stderr)
         return 2
     return 0

@@ -83,6 +83,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+class ServiceExited(RuntimeError):
+    """A service of the stack exited before it served (it said why on its stderr: a setting, a checkpoint, its GPU)."""
+
+
 @dataclass
 class Ports:
     grpc: dict[str, int] = field(default_factory=lambda: dict(GRPC_PORTS))
@@ -178,7 +182,7 @@ class Stack:
             while not is_serving(self.target(service), tls=(self._settings(self.health_tls, service) or [None])[-1]):
                 proc = self.procs.get(service)
                 if proc is not None and proc.poll() is not None:
-                    raise RuntimeError(f"{service} exited with code {proc.returncode} before serving{self._log_hint(service)}")
+                    raise ServiceExited(f"{service} exited with code {proc.returncode} before serving{self._log_hint(service)}")
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{service} not serving on {self.target(service)} after {timeout:.0f} s{self._log_hint(service)}")
                 time.sleep(0.2)

@@ -88,18 +88,20 @@ def test_a_bad_voices_directory_stops_the_vocoder_at_start_naming_the_file(tmp_p
     assert "cannot start" in proc.stderr and "broken.safetensors: not a readable safetensors file" in proc.stderr
 
 
-@pytest.mark.parametrize("solve", ["off", "on"])
-def test_cancelled_streams_give_their_history_slots_back(tmp_path, solve):
+@pytest.mark.parametrize(("solve", "lane"), [("off", "off"), ("on", "off"), ("off", "on")], ids=["calls", "solve", "lane"])
+def test_cancelled_streams_give_their_history_slots_back(tmp_path, solve, lane):
     """A vocoder alone on the tiny-codec preset with a voice that has a prompt prefix (its streams keep their solved
     frames), 3 slots for 4 streams: all 3 are held once the streams' first chunks are decoded, and every one comes
     back, whether its stream ended, was cancelled mid-way, or broke off without an end, as its /metrics shows; with
-    flow calls, and with the solve batched at the Euler step (--flow-solve on: the fourth stream is decoded over its
-    window beside it)."""
+    flow calls, with the solve batched at the Euler step (--flow-solve on: the fourth stream is decoded over its
+    window beside it), and with first chunks on a lane of their own (--first-chunk-lane on, as moss-serve up runs a
+    GPU: a stream's first chunk on one worker, the rest on the other)."""
     from conftest import metric_value, scrape
 
     save_voice(random_voice(tiny().flow, "default", prompt_tokens=10, seed=1), tmp_path)
     stack = Stack(Ports.free(), without=NO_SPEECH, extra_args={"vocoder": ["--preset", "tiny-codec", "--voices-dir", str(tmp_path),
-                                                        "--flow-history-streams", "3", "--flow-solve", solve]},
+                                                        "--flow-history-streams", "3", "--flow-solve", solve,
+                                                        "--first-chunk-lane", lane]},
                   log_dir=tmp_path / "logs")
 
     def held() -> float:

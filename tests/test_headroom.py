@@ -50,12 +50,12 @@ def test_a_stream_near_a_stall_or_slow_first_audio_brings_the_limit_under_what_r
             h.observe_slack(now, 0.03)                    # 30 ms from a stall
         else:
             for i in range(10):
-                h.observe_ttfa(now, 0.25 if i < 8 else 0.5)  # p90 500 ms
+                h.observe_ttfa(now, 0.25 if i < 9 else 0.5)  # p95 500 ms
 
     alarm(0.0)
     h.update(0.1, running=30)
     assert h.limit == pytest.approx(27)                # 0.9 x the 30 running
-    assert ("slack p2 30 ms" if signal == "slack" else "TTFA p90 500 ms") in h.last_reason
+    assert ("slack p2 30 ms" if signal == "slack" else "TTFA p95 500 ms") in h.last_reason
     h.update(0.6, running=1)                           # the alarm acted once: nothing new, the limit stays
     assert h.limit == pytest.approx(27)
     alarm(0.7)                                         # the same alarm with one turn running:
@@ -64,6 +64,22 @@ def test_a_stream_near_a_stall_or_slow_first_audio_brings_the_limit_under_what_r
         assert h.limit == pytest.approx(13.5)
     else:                                              # slow first audio with one turn: a cold stack, not a full one
         assert h.limit == pytest.approx(27)
+
+
+def test_first_audio_past_its_promise_at_p95_brings_the_limit_down():
+    h = Headroom(RULE)
+    h.observe_slack(0.0, 0.6)
+    for _ in range(20):
+        h.observe_ttfa(0.0, 0.28)  # p95 280 ms, within the 300 ms target: room
+    h.update(0.0, running=8)
+    assert h.limit == 10
+    h.observe_slack(0.1, 0.6)
+    for i in range(20):
+        h.observe_ttfa(0.1, 0.28 if i < 16 else 0.32)  # of 40 turns, 4 at 320 ms: p95 320 ms with 4 running (under
+    h.update(0.5, running=4)                            # half the limit): no room, nor a fall (a cold stack's first turns)
+    assert h.limit == 10
+    h.update(1.0, running=10)                           # the same window with the limit running: too many
+    assert h.limit == pytest.approx(9) and "TTFA p95 320 ms" in h.last_reason == h.fall_reason
 
 
 def test_old_signals_leave_the_window():

@@ -35,3 +35,32 @@ def test_a_port_in_use_is_an_error_at_start(stack):
     with grpc.insecure_channel(stack.target("gateway")) as channel:  # the running one is untouched
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_sigusr1_writes_every_threads_stack_and_the_service_goes_on(stack, tmp_path):
+    """`kill -USR1` on a service that stopped answering shows what each of its threads waits for (its log), and does
+    not stop it: a gateway of its own on the shared stack."""
+    import signal
+    import time
+
+    cmd = stack.command("gateway")
+    port = free_port()
+    cmd[cmd.index("--port") + 1], cmd[cmd.index("--metrics-port") + 1] = str(port), str(free_port())
+    log = tmp_path / "gateway.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=60)
+            proc.send_signal(signal.SIGUSR1)
+            for _ in range(50):
+                if "Current thread" in log.read_text():
+                    break
+                time.sleep(0.1)
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        text = log.read_text()
+        assert "Current thread" in text and 'File "' in text, text[-2000:]
+        assert proc.poll() is None and reply.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -222,3 +222,12 @@ def test_up_admits_by_headroom_and_starts_turns_a_few_at_a_time_on_a_gpu_only():
     assert (cpu.admission, cpu.max_starting_turns) == (None, None)  # the gateway's own: count, no start limit
     given = gateway("--device", "cuda", "--admission", "count", "--max-starting-turns", "0")
     assert (given.admission, given.max_starting_turns) == ("count", 0)
+
+
+def test_up_runs_the_vocoders_first_chunk_lane_on_a_gpu_unless_told_otherwise():
+    def vocoder(*argv):
+        return parser().parse_args(["vocoder", *up_service_args(parser().parse_args(["up", *argv]))["vocoder"]])
+    assert vocoder("--device", "cuda").first_chunk_lane == "on"
+    assert vocoder().first_chunk_lane is None  # the vocoder's own: off
+    assert vocoder("--device", "cuda", "--first-chunk-lane", "off").first_chunk_lane == "off"
+    assert vocoder("--device", "cuda", "--flow-solve", "on").first_chunk_lane is None  # the two do not go together

@@ -277,3 +277,18 @@ def test_a_supervisor_told_of_a_start_does_not_start_it_again():
     supervisor.started("llm", now=0.5)  # ... but someone else did it first
     supervisor.poll(now=2.0)
     assert stack.started == []
+
+
+def test_up_stops_with_one_line_when_a_service_cannot_start(tmp_path):
+    """A service that exits before serving (here an llm given an empty model directory) stops the stack: `moss-serve
+    up` says which service and why in a line each, exits 1, and leaves no traceback and nothing running."""
+    ports = spaced_free_ports()
+    flags = ["--model-dir", str(tmp_path)]
+    for service in ("gateway", "llm", "vocoder", "encoder"):
+        flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "up", *flags], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "moss-serve up: llm exited with code" in proc.stderr and "before serving" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert not is_serving(f"127.0.0.1:{ports.grpc['gateway']}")

@@ -157,7 +157,8 @@ class Admission:
         """The headroom limit, once it has fallen since the last line (at most every LOG_EVERY seconds)."""
         when, limit = self.logged
         if self.headroom.limit < limit and now - when >= LOG_EVERY:
-            log.info("admission limit %d -> %d turns (%s)", limit, self.headroom.limit, self.headroom.last_reason)
+            log.info("admission limit %d -> %d turns (the latest fall: %s)", limit, self.headroom.limit,
+                     self.headroom.fall_reason)
             self.logged = (now, self.headroom.limit)
         elif self.headroom.limit > limit:  # risen: a fall from here is news
             self.logged = (when, self.headroom.limit)

@@ -55,8 +55,9 @@ class GatewaySettings:
         None, "--admission headroom: seconds before their listeners run out above which the lowest 2 percent of the "
               "chunks mean room for more turns (default: 0.1, or twice --admit-low-slack if more)", type=seconds,
         show_default=False)
-    admit_ttfa: float = option(0.4, "--admission headroom: TTFA p90 of the latest turns above which there are too "
-                                    "many turns", type=positive(float))
+    admit_ttfa: float = option(0.28, "--admission headroom: TTFA p95 of the latest turns above which there are too "
+                                     "many turns (a margin under a 300 ms promise: a 2 s window holds a few dozen "
+                                     "turns)", type=positive(float))
     max_turns_per_client: int | None = option(
         None, "turns one client may have running or waiting at once, each API key its own (without API keys: each "
               "client address, though behind a proxy all clients share one); beyond: RESOURCE_EXHAUSTED with a retry "

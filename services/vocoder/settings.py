@@ -49,10 +49,11 @@ class VocoderSettings:
                                                         "--max-batch-frames alone; default: the codec's flow "
                                                         f"{FLOW_LIMITS.first_chunk_batch_frames}, the stand-in "
                                                         f"{STAND_IN_LIMITS.first_chunk_batch_frames})", type=count)
-    first_chunk_lane: str = option("off", "vocode streams' first chunks on a second worker thread, in small calls on "
-                                          "a CUDA stream of high priority beside the playing streams' calls (on: "
-                                          "sooner first audio under load, but more stalls; docs/benchmarks.md)",
-                                   choices=["on", "off"])
+    first_chunk_lane: str | None = option(
+        None, "vocode streams' first chunks on a second worker thread, in small calls on a CUDA stream of high priority "
+              "beside the playing streams' calls: sooner first audio under load, and under headroom admission more "
+              "turns admitted; under count admission past the knee, more stalls (docs/benchmarks.md) (default: on where "
+              "moss-serve up runs the stack on a GPU, else off)", choices=["on", "off"], show_default=False)
     # The codec decoder's options (docs/codec.md): `up` hands them on.
     voices_dir: str | None = option(None, "the flow decoder's voices, <name>.safetensors each (default: the codec "
                                           "directory's voices/; a preset without it: one random 'default' voice)")

@@ -25,9 +25,12 @@ docs/benchmarks.md, fifth sweep).
 vocoder of their own (`TokenVocoder.lane`: the same models and stream history, its own graphs and a CUDA stream of
 high priority), which runs their small calls while the first worker runs a large call of the playing streams. A
 first chunk then waits for neither, and the playing streams' calls need no cap for its sake. A stream's jobs still
-run one at a time, its first on one lane and the rest on the other. Off by default: on an H100 with the codec's
-decoder it took TTFA p95 at 128 streams from ~460 to ~400-450 ms, but the playing streams' early chunks, now in
-larger calls and beside the lane's, stalled more (48 streams 97% → 60% stall-free; docs/benchmarks.md, issue 20).
+run one at a time, its first on one lane and the rest on the other. Off in the vocoder, on where `moss-serve up` runs
+the stack on a GPU (it admits by headroom there). Under count admission on an H100 with the codec's decoder it took
+TTFA p95 at 128 streams from ~460 to ~400-450 ms, but the playing streams' early chunks, now in larger calls and
+beside the lane's, stalled more (48 streams 97% → 60% stall-free; docs/benchmarks.md, issue 20). Under headroom
+admission, which stops admitting before streams stall, first chunks waited 63 ms for a call instead of 79 and the
+limit admitted 14-27% more turns, all stall-free (issue 23).
 
 No asyncio here: `submit` returns a concurrent future; the servicer wraps it (asyncio.wrap_future), so
 the gRPC event loop never blocks on the model.
