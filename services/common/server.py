@@ -48,7 +48,8 @@ async def serve(
     api_keys: if any, the API's methods need one of them as `authorization: Bearer <key>` (auth.py).
     max_message_bytes: the largest request message taken (larger: RESOURCE_EXHAUSTED from gRPC itself).
     max_streams_per_connection: calls one client connection may have open at once (HTTP/2's
-    SETTINGS_MAX_CONCURRENT_STREAMS; more wait on the client's side); None: no limit (llm and vocoder,
+    SETTINGS_MAX_CONCURRENT_STREAMS; more wait on the client's side, but in a burst gRPC's client sends a few
+    early, and they are refused UNAVAILABLE, never started); None: no limit (llm and vocoder,
     whose one client, the gateway, carries every turn on one connection).
     tls: serve TLS (mutual, with a client CA) instead of plaintext (tls.py).
     fatal: completes with an exception when the service can no longer work (its device lost: device.py):
