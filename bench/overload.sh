@@ -2,7 +2,7 @@
 # Overload at the real size on one GPU (issue 23): the stack as capacity.sh starts it, plus a second gateway in front
 # of the same llm and vocoder, so that two admission rules meet the same loads on one stack. Each gets the outside
 # client's loads, replies of 2 to 20 s (REPLY, default 2-20):
-#   Poisson arrivals at RATES per second (default 20,30,40), ARRIVAL_SECONDS of arrivals each (default 20);
+#   Poisson arrivals at RATES per second (default 20,30,40; none: ""), ARRIVAL_SECONDS of arrivals each (default 20);
 #   LEVELS streams started over 6 s, one request each (default 192,256; none: "");
 #   BURST streams started at the same instant (default 128; 0: none);
 #   REFUSALS (default 0: none): after the loads, a burst of that many at a full gateway (bench/refusal_floor.py).
@@ -14,8 +14,8 @@
 # metrics are scraped before the loads and after each (metrics_<k>_<load>.txt): each rate is a load of its own. Results end up in $OUT/results.tgz, the logs beside it.
 set -uo pipefail
 source "$(dirname "$0")/stack.sh"
-RATES=${RATES:-20,30,40}
-LEVELS=${LEVELS:-192,256}
+RATES=${RATES-20,30,40}  # (no colon: RATES="" means none)
+LEVELS=${LEVELS-192,256}
 BURST=${BURST:-128}
 REPLY=${REPLY:-2-20}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
