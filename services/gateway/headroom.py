@@ -4,8 +4,8 @@ stall.
 
 Two signals, both at the gateway, on the listener's clock (services/common/playback.py):
 - slack: how early each chunk of a playing stream leaves the gateway, before its listener would run out of audio
-  (the llm paces itself ~0.7 s ahead on CUDA). When the vocoder or the llm falls behind, slack shrinks before any
-  stall;
+  (the llm paces itself to 1.5 s of audio ahead on CUDA). When the vocoder or the llm falls behind, slack shrinks
+  before any stall;
 - time to first audio of the turns that started lately: the other half of what an admitted stream is promised.
 
 The rule, an additive-increase / multiplicative-decrease limit on the turns running at once (as TCP's window, or the

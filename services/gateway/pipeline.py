@@ -319,7 +319,7 @@ class Turn:
 
     async def _hold_llm(self, replica: Replica | None, held: bool) -> None:
         """Hold (or release) this turn at its llm replica. Best effort: where it fails, the llm goes on at its pace
-        (~0.7 s ahead of playback on CUDA), as it would without the hold."""
+        (up to 1.5 s of audio ahead of playback on CUDA), as it would without the hold."""
         if replica is None:
             return
         try:
