@@ -84,11 +84,12 @@ def test_an_llm_whose_device_is_lost_fails_everything_and_says_so(engine):
         with pytest.raises(DeviceLost):  # nothing more is taken: at once, not after a wait
             await asyncio.wait_for(anext(driver.generate(request(engine, "b"))), 1)
         closed = await asyncio.wait_for(driver.release_session("s"), 1)
-        return err, closed
+        held = await asyncio.wait_for(driver.hold("a", True), 1)  # answered, not left waiting
+        return err, closed, held
 
-    err, closed = asyncio.run(scenario())
+    err, closed, held = asyncio.run(scenario())
     assert isinstance(err, DeviceLost) and err.code == "UNAVAILABLE" and "illegal memory access" in str(err)
-    assert told == [err] and driver.fatal is err and not closed
+    assert told == [err] and driver.fatal is err and not closed and not held
     driver._thread.join(5)
     assert not driver._thread.is_alive()  # the engine thread has ended
 

@@ -31,8 +31,7 @@ from services.llm.sequence import Chunk, Sequence
 log = logging.getLogger(__name__)
 
 _ABORT = object()
-_RELEASE = object()
-_HOLD = object()
+_CALL = object()  # (_CALL, fn, loop, future): fn() on the engine thread, its result into the caller's future
 SLOW_SECONDS = 0.1
 
 
@@ -94,20 +93,20 @@ class AsyncEngine:
 
     async def release_session(self, session_id: str) -> bool:
         """Let a session's pinned blocks go, on the engine thread (after any abort sent before it)."""
-        if self.fatal is not None:  # its blocks went with the device
-            return False
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
-        self._inbox.put((_RELEASE, session_id, loop, done))
-        return await done
+        return await self._on_engine_thread(lambda: self.engine.release_session(session_id))
 
     async def hold(self, request_id: str, held: bool) -> bool:
         """Hold a request, or release it (LLMEngine.hold), on the engine thread → whether it was found."""
+        return await self._on_engine_thread(lambda: self.engine.hold(request_id, held))
+
+    async def _on_engine_thread(self, fn: Callable[[], bool]) -> bool:
+        """fn() on the engine thread, in order with what was sent before → its result (False once the device is
+        lost: what it would act on went with it)."""
         if self.fatal is not None:
             return False
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
-        self._inbox.put((_HOLD, request_id, held, loop, done))
+        self._inbox.put((_CALL, fn, loop, done))
         return await done
 
     # ---- engine thread ---------------------------------------------------------------------------
@@ -118,7 +117,7 @@ class AsyncEngine:
             loop.call_soon_threadsafe(out.put_nowait, item)
 
     def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
-        """Take what callers sent (requests, aborts, releases) → whether anything came."""
+        """Take what callers sent (requests, aborts, calls) → whether anything came."""
         came = False
         try:
             item = self._inbox.get(block=block, timeout=timeout)
@@ -126,14 +125,9 @@ class AsyncEngine:
             while True:
                 if isinstance(item, tuple) and item[0] is _ABORT:
                     self.engine.abort(item[1])
-                elif isinstance(item, tuple) and item[0] is _RELEASE:
-                    _, session_id, loop, done = item
-                    released = self.engine.release_session(session_id)
-                    loop.call_soon_threadsafe(lambda: done.done() or done.set_result(released))
-                elif isinstance(item, tuple) and item[0] is _HOLD:
-                    _, request_id, held, loop, done = item
-                    found = self.engine.hold(request_id, held)
-                    loop.call_soon_threadsafe(lambda: done.done() or done.set_result(found))
+                elif isinstance(item, tuple) and item[0] is _CALL:
+                    _, fn, loop, done = item
+                    _answer(loop, done, fn())
                 elif item is not None:
                     self._add(item)
                 item = self._inbox.get_nowait()
@@ -194,8 +188,8 @@ class AsyncEngine:
                     s.prefill_tokens, s.decode_tokens, between * 1e3, load.running, load.waiting)
 
     def _die(self, err: DeviceLost) -> None:
-        """The device is lost: fail every request (running, queued, registered), answer every release, and tell
-        the server. The thread ends after this."""
+        """The device is lost: fail every request (running, queued, registered), answer every call (False), and
+        tell the server. The thread ends after this."""
         log.critical("llm: %s: failing every request and stopping", err)
         self.fatal = err
         # The server first: a client that sees the error finds it already going down (and a test that awaits the
@@ -206,9 +200,9 @@ class AsyncEngine:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(item, tuple) and item[0] is _RELEASE:
+            if isinstance(item, tuple) and item[0] is _CALL:
                 _, _, loop, done = item
-                loop.call_soon_threadsafe(lambda done=done: done.done() or done.set_result(False))
+                _answer(loop, done, False)
         for seq_id in list(self._outputs):
             self._deliver(seq_id, err)
 
@@ -217,3 +211,8 @@ class AsyncEngine:
         for seq_id in list(self.engine.sequences):
             self.engine.abort(seq_id)
             self._deliver(seq_id, err)
+
+
+def _answer(loop: asyncio.AbstractEventLoop, done: asyncio.Future, result: bool) -> None:
+    """Set a caller's future from the engine thread (unless the caller gave up on it)."""
+    loop.call_soon_threadsafe(lambda: done.done() or done.set_result(result))
