@@ -14,6 +14,7 @@ from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from services.common.errors import ResourceExhausted
 from services.gateway.admission import RETRY_MAX, RETRY_MIN, Admission, client_of
+from services.stack import Ports, Stack
 
 KEYS = ("alpha", "beta")
 # A reply of 400 tokens is 32 s of PCM16 at 24 kHz (~1.5 MB): far over the 64 kB that HTTP/2 lets a stream hold
@@ -21,7 +22,10 @@ KEYS = ("alpha", "beta")
 # writes within the first chunks, while the llm is still making the reply.
 LONG = common_pb2.SamplingParams(max_new_tokens=400, min_new_tokens=400)
 SHORT = common_pb2.SamplingParams(max_new_tokens=8)  # the other clients' turns: quick
-STALL_SECONDS = 1.0
+# A turn is held at the first llm chunk after its client has left a message for CLIENT_HOLD_SECONDS (0.5 s); paced,
+# the llm sends a chunk (up to 20 tokens: 1.6 s of audio) every 1.6 s or so, so the call must outlast that to be held
+# before it is ended.
+STALL_SECONDS = 2.5
 
 
 def bearer(key):
@@ -29,12 +33,23 @@ def bearer(key):
 
 
 @pytest.fixture(scope="module")
-def gateway(stack, tmp_path_factory):
+def paced(tmp_path_factory):
+    """llm + vocoder with the llm paced as on CUDA (--max-audio-lead: 1.5 s of audio ahead of the listener). Unpaced,
+    as on CPU by default, the llm may make a whole 400-token reply before a silent client's window fills, leaving
+    the turn nothing to hold (CI saw it); paced, it is still making the reply when its client stops reading, which
+    is the case the hold is for."""
+    with Stack(Ports.free(), log_dir=tmp_path_factory.mktemp("paced-logs"), without=("encoder",),
+               extra_args={"llm": ["--max-audio-lead", "1.5"]}) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def gateway(paced, tmp_path_factory):
     """A gateway of its own in front of the shared stack: three places, no queue, two per client, and a second
     without a message taken ends a call."""
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text("\n".join(KEYS) + "\n")
-    with own_gateway(stack, tmp_path_factory.mktemp("logs"), "--api-keys-file", str(keys), "--max-turns", "3",
+    with own_gateway(paced, tmp_path_factory.mktemp("logs"), "--api-keys-file", str(keys), "--max-turns", "3",
                      "--max-queued-turns", "0", "--max-turns-per-client", "2",
                      "--client-stall-seconds", str(STALL_SECONDS)) as gw:
         yield gw
@@ -57,7 +72,7 @@ async def synthesize(stub, key, sampling=SHORT):
     return [m async for m in stub.Synthesize(request, timeout=60, metadata=bearer(key))]
 
 
-def test_silent_clients_are_ended_and_free_their_places(gateway, stack):
+def test_silent_clients_are_ended_and_free_their_places(gateway, paced):
     async def scenario():
         target = gateway.target
         stalled_before = gateway_metric(gateway, "gateway_stalled_calls_total", '{method="Synthesize"}')
@@ -86,7 +101,7 @@ def test_silent_clients_are_ended_and_free_their_places(gateway, stack):
             await asyncio.to_thread(
                 wait_for, lambda: gateway_metric(gateway, "gateway_stalled_calls_total", '{method="Synthesize"}')
                 >= stalled_before + 2, 30, "the silent calls were not ended")
-            await asyncio.to_thread(wait_for, lambda: not any(left_held(gateway, stack).values()), 10, "a stage still holds them")
+            await asyncio.to_thread(wait_for, lambda: not any(left_held(gateway, paced).values()), 10, "a stage still holds them")
             # meanwhile their turns had stopped feeding the vocoder
             assert gateway_metric(gateway, "gateway_client_holds_total") > holds_before
             assert (await synthesize(stub, "alpha"))[-1].summary.audio_tokens > 0
@@ -103,7 +118,7 @@ def test_silent_clients_are_ended_and_free_their_places(gateway, stack):
     assert gateway_metric(gateway, "gateway_client_admissions_refused_total") >= 1
 
 
-def test_a_silent_converse_client_is_ended_too(gateway, stack):
+def test_a_silent_converse_client_is_ended_too(gateway, paced):
     async def scenario():
         silent = grpc.aio.insecure_channel(gateway.target, options=[("grpc.http2.bdp_probe", 0)])
         call = gateway_pb2_grpc.GatewayStub(silent).Converse(timeout=60, metadata=bearer("beta"))
@@ -116,7 +131,7 @@ def test_a_silent_converse_client_is_ended_too(gateway, stack):
                                 30, "the silent session was not ended")
         # before it ended, its turn had stopped feeding the vocoder and had the llm hold it
         assert gateway_metric(gateway, "gateway_client_holds_total") > holds_before
-        await asyncio.to_thread(wait_for, lambda: not any(left_held(gateway, stack).values()), 10, "a stage still holds it")
+        await asyncio.to_thread(wait_for, lambda: not any(left_held(gateway, paced).values()), 10, "a stage still holds it")
         call.cancel()
         await silent.close()
 
