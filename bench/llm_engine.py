@@ -261,6 +261,8 @@ def main() -> None:
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--skip-check", action="store_true", help="skip the paged-vs-dense check")
     p.add_argument("--check-only", action="store_true", help="only compare paged with dense logits")
+    p.add_argument("--quantization", choices=["none", "fp8"], default="none",
+                   help="the engine's layer GEMMs (and the floor's): fp8 checks against a second, unquantized copy")
     p.add_argument("--json")
     args = p.parse_args()
 
@@ -279,7 +281,7 @@ def main() -> None:
     result = {
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]), "argv": sys.argv,
         "date": datetime.datetime.now().isoformat(timespec="seconds"), "preset": args.preset,
-        "device": device_name(device), "dtype": str(dtype), "torch": torch.__version__,
+        "device": device_name(device), "dtype": str(dtype), "quantization": args.quantization, "torch": torch.__version__,
         "transformers": transformers_version(), "cuda": torch.version.cuda, "args": vars(args),
         "batches": batches, "contexts": contexts, "prefill_lengths": prefills, "peer_contexts": peer_contexts,
         "ours": {"prefill": {}, "decode": {}}, "gemm_floor_ms": {}, "skipped": {}, "errors": {}, "phases": {},
@@ -297,7 +299,8 @@ def main() -> None:
 
     if device.type == "cuda":
         result["device_memory_gib"] = torch.cuda.get_device_properties(device).total_memory / 2**30
-    log(f"{result['device']}, torch {torch.__version__}, transformers {result['transformers']}, {args.preset} {dtype}")
+    log(f"{result['device']}, torch {torch.__version__}, transformers {result['transformers']}, {args.preset} {dtype}, "
+        f"quantization {args.quantization}")
     log(f"command: {result['command']}")
 
     # ---- model
@@ -306,7 +309,9 @@ def main() -> None:
     sync(device)
     result["phases"]["build_model_s"] = time.perf_counter() - t
     result["parameters"] = sum(x.numel() for x in model.parameters())
-    result["audio_path_weight_bytes"] = sum(w.numel() * w.element_size() for w in audio_path_weights(model))
+    path = audio_path_weights(model)  # the layers' then the head: FP8 holds the layers in a byte an element
+    layer_bytes = 1 if args.quantization == "fp8" else path[0].element_size()
+    result["audio_path_weight_bytes"] = sum(w.numel() * layer_bytes for w in path[:-1]) + path[-1].numel() * path[-1].element_size()
     log(f"model built: {result['parameters'] / 1e9:.2f}B parameters in {result['phases']['build_model_s']:.1f}s")
 
     kvpp = audio_kv_bytes_per_position(cfg, dtype)
@@ -318,7 +323,8 @@ def main() -> None:
         result["copy_bandwidth_bytes_per_s"] = bw
         log(f"copy bandwidth: {bw / 1e12:.3f} TB/s (read + write)")
         for rows_ in sorted(set(batches) | set(prefills)):
-            result["gemm_floor_ms"][str(rows_)] = gemm_floor(model, rows_, device, reps=20 if rows_ <= 256 else 10) * 1e3
+            result["gemm_floor_ms"][str(rows_)] = gemm_floor(model, rows_, device, reps=20 if rows_ <= 256 else 10,
+                                                             quantization=args.quantization) * 1e3
             log(f"GEMM floor at {rows_} rows: {result['gemm_floor_ms'][str(rows_)]:.3f} ms")
         free_device(device)
         result["phases"]["floors_s"] = time.perf_counter() - t
@@ -337,7 +343,8 @@ def main() -> None:
     need = max([positions_for(b, c) for b in batches for c in contexts] + [max(prefills, default=0) + 2 * block, 512])
     if args.check_only:
         need = 4096
-    per_position = bytes_per_position(cfg, EngineConfig(), device)  # K/V (+ the kept trunk output), in cfg's dtype
+    # K/V (+ the kept trunk output), in cfg's dtype
+    per_position = bytes_per_position(cfg, EngineConfig(quantization=args.quantization), device)
     if args.kv_cache_gb:
         pool_bytes = int(args.kv_cache_gb * (1 << 30))
     else:
@@ -353,7 +360,7 @@ def main() -> None:
                 pool_bytes = cap_tokens * per_position
     max_len = max([c + new_tokens_for(b, c) + block for b in batches for c in contexts] + [4096])
     config = EngineConfig(kv_cache_bytes=pool_bytes, max_num_seqs=max(batches + [16]),
-                          max_num_batched_tokens=budget, max_model_len=max_len)
+                          max_num_batched_tokens=budget, max_model_len=max_len, quantization=args.quantization)
     tokenizer = tiny_tokenizer(preset("tiny")) if args.preset != "tiny" else tiny_tokenizer(cfg)  # prompts are token ids
     t = time.perf_counter()
     engine = LLMEngine(model, tokenizer, config)
@@ -372,7 +379,10 @@ def main() -> None:
     if not args.skip_check or args.check_only:
         t = time.perf_counter()
         try:
-            rel_err = check_paged_against_dense(model, engine, min(200, max(contexts + prefills + [16])), 4, device)
+            # FP8 layers empty the model's own (forward.py): the dense forward runs on a second copy, unquantized
+            dense = model if args.quantization == "none" else random_model(cfg, device=device, dtype=dtype)
+            rel_err = check_paged_against_dense(dense, engine, min(200, max(contexts + prefills + [16])), 4, device)
+            dense = None
             result["paged_vs_dense_max_rel_err"] = rel_err
             log(f"paged vs dense logits: max rel err {rel_err:.2e} ({time.perf_counter() - t:.1f}s)")
         except Exception as e:  # noqa: BLE001 — report and go on to the timings

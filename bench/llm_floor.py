@@ -6,7 +6,6 @@ from __future__ import annotations
 import statistics
 
 import torch
-import torch.nn.functional as F
 
 try:
     from bench.measure import times
@@ -26,14 +25,21 @@ def audio_path_weights(model):
     return ws + [model.audio_lm_head.weight]
 
 
-def gemm_floor(model, tokens: int, device, reps: int = 20) -> float:
-    """Seconds for the audio path's GEMMs alone at `tokens` rows (CUDA graph on GPU)."""
+def gemm_floor(model, tokens: int, device, reps: int = 20, quantization: str = "none") -> float:
+    """Seconds for the audio path's GEMMs alone at `tokens` rows (CUDA graph on GPU). quantization "fp8": the
+    layers' weights as the FP8 runner holds them (the head stays), each product with its input's quantization
+    (runner/fp8.py), so the floor is the chosen arithmetic's own."""
+    from services.llm.runner import fp8
+
     ws = audio_path_weights(model)
-    inputs = {w.shape[1]: torch.randn(tokens, w.shape[1], device=device, dtype=w.dtype) for w in ws}
+    if quantization == "fp8":
+        ws = [fp8.Fp8Weight.of(w) for w in ws[:-1]] + ws[-1:]
+    dtype = ws[-1].dtype
+    inputs = {w.shape[1]: torch.randn(tokens, w.shape[1], device=device, dtype=dtype) for w in ws}
 
     def run():
         for w in ws:
-            F.linear(inputs[w.shape[1]], w)
+            fp8.linear(inputs[w.shape[1]], w)
 
     with torch.inference_mode():
         run()
@@ -46,7 +52,7 @@ def gemm_floor(model, tokens: int, device, reps: int = 20) -> float:
             for _ in range(3):
                 run()
         seconds = statistics.median(times(run, reps, device))
-    graph = inputs = None
+    graph = inputs = ws = None
     return seconds
 
 

@@ -267,6 +267,10 @@ def run_service(args) -> int:
             from services.common.matmul_check import check_matmul
 
             check_matmul(settings.device)  # wrong products under some MPS shares: refuse to serve (matmul_check.py)
+            if getattr(settings, "quantization", "none") == "fp8":  # the llm's FP8 GEMMs: cuBLASLt's own kernels
+                from services.llm.runner.fp8 import check_fp8
+
+                check_fp8(settings.device)
         asyncio.run(run(settings))
     except OSError as e:  # a port in use, most often: one line, not a traceback
         print(f"moss-serve {args.command}: {e}", file=sys.stderr)

@@ -25,9 +25,11 @@ class MatmulFault(ValueError):
     """Matrix products on the device are wrong in this process: the service must not start."""
 
 
-def check_matmul(device, shapes=SHAPES, rows=ROWS, linear: Callable | None = None, dtype=None) -> int:
-    """Multiply random matrices in `dtype` (default bf16) with `linear` (default F.linear) on `device` and compare
-    with float32. → the number of products checked; raises MatmulFault naming the first wrong one."""
+def check_matmul(device, shapes=SHAPES, rows=ROWS, linear: Callable | None = None, dtype=None,
+                 tolerance: float = TOLERANCE, what: str = "bf16") -> int:
+    """Multiply random matrices in `dtype` (default bf16) with `linear` (default F.linear; `what` names its
+    products) on `device` and compare with float32 within `tolerance`. → the number of products checked; raises
+    MatmulFault naming the first wrong one."""
     import torch
 
     linear = linear or torch.nn.functional.linear
@@ -43,7 +45,7 @@ def check_matmul(device, shapes=SHAPES, rows=ROWS, linear: Callable | None = Non
             got = linear(x, w).float()
             err = float((got - ref).norm() / ref.norm()) if bool(torch.isfinite(got).all()) else float("inf")
             total += 1
-            if not err <= TOLERANCE:
+            if not err <= tolerance:
                 wrong += 1
                 first = first or f"[{m} x {k}] @ [{k} x {n}] came out {err:.3g} off float32"
     if wrong:
@@ -52,7 +54,7 @@ def check_matmul(device, shapes=SHAPES, rows=ROWS, linear: Callable | None = Non
             f" (CUDA MPS: {share}% of the multiprocessors, {torch.cuda.get_device_properties(device).multi_processor_count}"
             f" visible)" if share else f" ({torch.cuda.get_device_name(device)})")
         raise MatmulFault(
-            f"matrix products on {device} are wrong in this process{where}: {wrong} of {total} bf16 products checked, "
+            f"matrix products on {device} are wrong in this process{where}: {wrong} of {total} {what} products checked, "
             f"e.g. {first}. Under MPS, cuBLAS has done this on H100s at some shares of the GPU: give this service "
             f"another (--mps-llm-threads / --mps-vocoder-threads: 25, 50 or 100 measured right) (docs/benchmarks.md)")
     return total

@@ -54,7 +54,7 @@ def build_engine(s: LlmSettings) -> LLMEngine:
     config = EngineConfig(
         kv_cache_bytes=int(s.kv_cache_gb * (1 << 30)), block_size=s.block_size, max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, max_audio_lead=audio_lead(s),
-        first_audio_window=s.first_audio_window, first_audio_hold=first_audio_hold(s),
+        first_audio_window=s.first_audio_window, first_audio_hold=first_audio_hold(s), quantization=s.quantization,
     )
     return LLMEngine(model, tokenizer, config)
 

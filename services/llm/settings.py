@@ -38,6 +38,9 @@ class LlmSettings:
                          choices=list(PRESETS))
     dtype: str = option("auto", "weights and KV cache; auto: the checkpoint's, or bfloat16 on CUDA and float32 on CPU",
                         choices=["auto", "bfloat16", "float16", "float32"], show_default=False)
+    quantization: str = option(ENGINE.quantization, "the layers' GEMM weights and inputs: none (in --dtype) or fp8 "
+                               "(e4m3, scaled per channel and per row: half the bytes a decode step reads; H100 or "
+                               "newer on CUDA; the heads, attention and K/V stay in --dtype)", choices=["none", "fp8"])
     kv_cache_gb: float = option(ENGINE.kv_cache_bytes / (1 << 30), "memory budget of the KV-cache pool, GiB", type=positive(float))
     block_size: int = option(ENGINE.block_size, "positions per KV-cache block", type=power_of_two)
     max_num_seqs: int = option(ENGINE.max_num_seqs, "requests in the running batch", type=positive(int))

@@ -101,23 +101,34 @@ class InFlight:
     void: set[int] = field(default_factory=set)  # seq_ids whose samples here are thrown away
 
 
+def runner_kind(config: EngineConfig, device: torch.device) -> str:
+    """auto: the kernel runner on CUDA, or wherever the weights are quantized (only it runs FP8 layers); else the
+    reference runner."""
+    if config.runner != "auto":
+        return config.runner
+    return "kernels" if device.type == "cuda" or config.quantization != "none" else "reference"
+
+
 def bytes_per_position(cfg: MossSpeechConfig, config: EngineConfig, device: torch.device) -> int:
     """What the KV budget pays per position: K/V of every layer, and for a text branch skipped while
     speaking the kept trunk output (hidden_size values: ~5% more at the real size)."""
-    kind = config.runner if config.runner != "auto" else ("kernels" if device.type == "cuda" else "reference")
+    kind = runner_kind(config, device)
     itemsize = cfg.kv_bytes_per_token // (cfg.num_layers * 2 * cfg.num_key_value_heads * cfg.head_dim)
     return cfg.kv_bytes_per_token + (cfg.hidden_size * itemsize if kind == "kernels" and config.text_skip else 0)
 
 
 def make_runner(model: MossSpeechForCausalLM, num_blocks: int, device: torch.device, config: EngineConfig,
                 upload: Uploader | None = None):
-    kind = config.runner if config.runner != "auto" else ("kernels" if device.type == "cuda" else "reference")
+    kind = runner_kind(config, device)
     if kind == "reference":
+        if config.quantization != "none":
+            raise ValueError(f"--quantization {config.quantization} needs the kernel runner, not the reference runner")
         return ModelRunner(model, num_blocks, config.block_size, device)
     if kind == "kernels":
         return KernelRunner(model, num_blocks, config.block_size, device, config.max_num_seqs, config.max_model_len,
                             kernels=config.kernels, cuda_graphs=config.cuda_graphs, upload=upload,
-                            max_num_batched_tokens=config.max_num_batched_tokens, text_skip=config.text_skip)
+                            max_num_batched_tokens=config.max_num_batched_tokens, text_skip=config.text_skip,
+                            quantization=config.quantization)
     raise ValueError(f"unknown runner {config.runner!r}: kernels, reference or auto")
 
 

@@ -5,6 +5,9 @@ Per layer: 3 GEMMs' worth of launches less than the reference: q, k and v are on
 and the model's own q/k/v/gate/up parameters become views into them, so nothing is held twice and the
 reference model (the test oracle) still reads the same numbers.
 
+With `quantization="fp8"` the four GEMM weights of every layer are kept in FP8 instead (runner/fp8.py), and the
+modules' own weights are emptied: a model served in FP8 holds its layers once, and only this runner can run them.
+
 The residual stream is carried as (x, residual) and added inside the next RMSNorm (one kernel for
 add + norm). The shared trunk's output feeds both branches: the text branch gets a copy of the residual,
 because the fused norm updates it in place.
@@ -15,9 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from services.llm.model.model import DecoderLayer, MossSpeechForCausalLM
+from services.llm.runner.fp8 import Fp8Weight, linear
+
+QUANTIZATIONS = ("none", "fp8")
 
 
 def pack_weights(layer: DecoderLayer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,10 +31,10 @@ def pack_weights(layer: DecoderLayer) -> tuple[torch.Tensor, torch.Tensor]:
     qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
     gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()
     rows = [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]
-    for linear, view in zip((a.q_proj, a.k_proj, a.v_proj), qkv.split(rows)):
-        linear.weight = torch.nn.Parameter(view, requires_grad=False)
-    for linear, view in zip((m.gate_proj, m.up_proj), gate_up.chunk(2)):
-        linear.weight = torch.nn.Parameter(view, requires_grad=False)
+    for module, view in zip((a.q_proj, a.k_proj, a.v_proj), qkv.split(rows)):
+        module.weight = torch.nn.Parameter(view, requires_grad=False)
+    for module, view in zip((m.gate_proj, m.up_proj), gate_up.chunk(2)):
+        module.weight = torch.nn.Parameter(view, requires_grad=False)
     return qkv, gate_up
 
 
@@ -37,20 +42,26 @@ def pack_weights(layer: DecoderLayer) -> tuple[torch.Tensor, torch.Tensor]:
 class LayerWeights:
     layer_id: int          # its index in the KV pool's layer axis
     input_norm: torch.Tensor
-    qkv: torch.Tensor      # [(H + 2·KH)·D, hidden]
+    qkv: torch.Tensor | Fp8Weight      # [(H + 2·KH)·D, hidden]
     q_norm: torch.Tensor
     k_norm: torch.Tensor
-    o: torch.Tensor
+    o: torch.Tensor | Fp8Weight        # [hidden, H·D]
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2·I, hidden]
-    down: torch.Tensor
+    gate_up: torch.Tensor | Fp8Weight  # [2·I, hidden]
+    down: torch.Tensor | Fp8Weight     # [hidden, I]
 
     @classmethod
-    def of(cls, layer: DecoderLayer, layer_id: int) -> "LayerWeights":
+    def of(cls, layer: DecoderLayer, layer_id: int, quantization: str = "none") -> "LayerWeights":
         qkv, gate_up = pack_weights(layer)
-        a = layer.self_attn
-        return cls(layer_id, layer.input_layernorm.weight, qkv, a.q_norm.weight, a.k_norm.weight, a.o_proj.weight,
-                   layer.post_attention_layernorm.weight, gate_up, layer.mlp.down_proj.weight)
+        a, m = layer.self_attn, layer.mlp
+        o, down = a.o_proj.weight, m.down_proj.weight
+        if quantization == "fp8":
+            qkv, o, gate_up, down = (Fp8Weight.of(w) for w in (qkv, o, gate_up, down))
+            empty = a.q_norm.weight.new_empty(0)  # the model's dtype and device: parameters still say what it is
+            for module in (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj):
+                module.weight = torch.nn.Parameter(empty, requires_grad=False)
+        return cls(layer_id, layer.input_layernorm.weight, qkv, a.q_norm.weight, a.k_norm.weight, o,
+                   layer.post_attention_layernorm.weight, gate_up, down)
 
 
 @dataclass
@@ -67,15 +78,19 @@ class StepTensors:
 
 
 class PackedForward:
-    def __init__(self, model: MossSpeechForCausalLM, kv_cache: torch.Tensor, ops, trunk: torch.Tensor | None = None):
+    def __init__(self, model: MossSpeechForCausalLM, kv_cache: torch.Tensor, ops, trunk: torch.Tensor | None = None,
+                 quantization: str = "none"):
         """trunk: [pool slots + 1, hidden], or None: where each computed position's shared-trunk output
         (the text branch's input) is kept, by KV slot (the last row takes padding rows' writes), so that
-        a text branch skipped while speaking can be computed later from it (`text_branch`)."""
+        a text branch skipped while speaking can be computed later from it (`text_branch`).
+        quantization: "none" (the model's dtype) or "fp8" (the layers' GEMMs: see the module)."""
         self.model, self.kv_cache, self.ops, self.trunk = model, kv_cache, ops, trunk
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {quantization!r}: {', '.join(QUANTIZATIONS)}")
         m = model.model
-        self.shared = [LayerWeights.of(layer, m.shared_block.first_layer + i) for i, layer in enumerate(m.shared_block.layers)]
-        self.text = [LayerWeights.of(layer, m.text_block.first_layer + i) for i, layer in enumerate(m.text_block.layers)]
-        self.audio = [LayerWeights.of(layer, m.audio_block.first_layer + i) for i, layer in enumerate(m.audio_block.layers)]
+        self.shared, self.text, self.audio = (
+            [LayerWeights.of(layer, block.first_layer + i, quantization) for i, layer in enumerate(block.layers)]
+            for block in (m.shared_block, m.text_block, m.audio_block))
         self.cfg = model.cfg
 
     def _attend(self, q: torch.Tensor, layer_id: int, t: StepTensors) -> torch.Tensor:
@@ -87,11 +102,11 @@ class PackedForward:
         """(x, residual) [N, hidden] each, the stream being x + residual → the same after this layer."""
         ops, n = self.ops, x.shape[0]
         h, residual = ops.rms_norm(x, w.input_norm, residual=residual)
-        q = ops.qk_norm_rope_store(F.linear(h, w.qkv), w.q_norm, w.k_norm, t.positions, self.kv_cache, w.layer_id,
+        q = ops.qk_norm_rope_store(linear(h, w.qkv), w.q_norm, w.k_norm, t.positions, self.kv_cache, w.layer_id,
                                    t.slot_mapping)
-        x = F.linear(self._attend(q, w.layer_id, t).reshape(n, -1), w.o)
+        x = linear(self._attend(q, w.layer_id, t).reshape(n, -1), w.o)
         h, residual = ops.rms_norm(x, w.post_norm, residual=residual)
-        return F.linear(ops.silu_mul(F.linear(h, w.gate_up)), w.down), residual
+        return linear(ops.silu_mul(linear(h, w.gate_up)), w.down), residual
 
     def _branch(self, layers, x, residual, t):
         for w in layers:

@@ -69,7 +69,8 @@ class BlockTableMirror:
 class KernelRunner:
     def __init__(self, model: MossSpeechForCausalLM, num_blocks: int, block_size: int, device: torch.device,
                  max_num_seqs: int, max_model_len: int, kernels: str = "auto", cuda_graphs: bool = True,
-                 upload: Uploader | None = None, max_num_batched_tokens: int = 512, text_skip: bool = True):
+                 upload: Uploader | None = None, max_num_batched_tokens: int = 512, text_skip: bool = True,
+                 quantization: str = "none"):
         cfg = model.cfg
         self.upload = upload or Uploader(device)
         self.cfg, self.model, self.device, self.block_size = cfg, model, device, block_size
@@ -80,7 +81,8 @@ class KernelRunner:
             kernels = "triton" if device.type == "cuda" else "torch"
         self.text_skip = text_skip
         trunk = torch.zeros(num_blocks * block_size + 1, cfg.hidden_size, dtype=dtype, device=device) if text_skip else None
-        self.forward = PackedForward(model, self.kv_cache, make_ops(kernels, cfg, max_model_len, device), trunk)
+        self.forward = PackedForward(model, self.kv_cache, make_ops(kernels, cfg, max_model_len, device), trunk,
+                                     quantization)
         self.skipped_steps = 0      # decode steps that left the text branch out
         self.filled_positions = 0   # text-branch positions computed later, in fills
         self.max_blocks = -(-max_model_len // block_size)
