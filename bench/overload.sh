@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 
 # gateway_b_up: the second gateway (own process group, ports 50070 / 9170) in front of the stack's llm and vocoder
 gateway_b_up() {
-  setsid python3 -c "$SERVE_PY" gateway --port 50070 --metrics-port 9170 ${GATEWAY_B:---admission headroom} \
+  setsid python3 -c "$SERVE_PY" gateway --port 50070 --metrics-port 9170 --http-port 0 ${GATEWAY_B:---admission headroom} \
     > "$OUT/gateway_b.log" 2>&1 &
   GATEWAY_B_PID=$!
   for _ in $(seq 1 60); do
@@ -99,7 +99,7 @@ if start_stack ${STACK_FLAGS:---kv-cache-gb 32 --max-num-seqs 256} ${GATEWAY_A:-
   scrape 9092 "$OUT/metrics_llm.txt"
   scrape 9093 "$OUT/metrics_vocoder.txt"
   if [ "${REFUSALS:-0}" -gt 0 ]; then  # a full gateway's refusals against gRPC's own floor (bench/refusal_floor.py)
-    setsid python3 -c "$SERVE_PY" gateway --port 50071 --metrics-port 9171 --max-turns 4 --max-queued-turns 0 \
+    setsid python3 -c "$SERVE_PY" gateway --port 50071 --metrics-port 9171 --http-port 0 --max-turns 4 --max-queued-turns 0 \
       > "$OUT/gateway_full.log" 2>&1 &
     full_pid=$!
     sleep 5

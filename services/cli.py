@@ -23,6 +23,7 @@ from services.llm.settings import LlmSettings
 from services.settings import (
     FORWARDED,
     GRPC_PORTS,
+    HTTP_PORT,
     METRICS_PORTS,
     add_flags,
     concurrencies,
@@ -93,6 +94,8 @@ def parser() -> argparse.ArgumentParser:
     for service in ("gateway", "llm", "vocoder", "encoder"):
         up.add_argument(f"--{service}-port", type=int, default=GRPC_PORTS[service])
         up.add_argument(f"--{service}-metrics-port", type=int, default=METRICS_PORTS[service])
+    up.add_argument("--http-port", type=int, default=HTTP_PORT,
+                    help="the gateway's HTTP door: OpenAI's /v1/audio/speech, /healthz, /readyz (0: off)")
     up.add_argument("--model-dir", help="the llm's checkpoint; without it: the --preset with random weights")
     up.add_argument("--vocoder-dir", help="the vocoder's BigVGAN-v2 directory; without it: the vocoder preset matching "
                                           "the llm (--preset, or moss-speech with --model-dir) with random weights")

@@ -30,8 +30,10 @@ def main() -> int:
           "the timings are real) ...")
     device = ["--device", args.device]
     vocoder = [*device, "--preset", "tiny-codec"]
-    with Stack(Ports.free(), log_dir=logs, extra_args={"llm": device, "vocoder": vocoder}) as stack:
-        print(f"gateway on {stack.target('gateway')}; service logs in {logs}")
+    ports = Ports.free()
+    with Stack(ports, log_dir=logs, extra_args={"llm": device, "vocoder": vocoder}) as stack:
+        print(f"gateway on {stack.target('gateway')} (gRPC) and http://127.0.0.1:{ports.http} (OpenAI's "
+              f"/v1/audio/speech); service logs in {logs}")
         sampling = common_pb2.SamplingParams(max_new_tokens=args.max_new_tokens, seed=0)
         asyncio.run(synthesize(stack.target("gateway"), "Warm up.", sampling=common_pb2.SamplingParams(max_new_tokens=4)))
         result = asyncio.run(synthesize(stack.target("gateway"), args.text, sampling=sampling))

@@ -23,6 +23,7 @@ OWN = "own"
 # gateway's default targets read them; tests/test_settings.py checks the compose file and the docs against them).
 GRPC_PORTS = {"gateway": 50051, "llm": 50052, "vocoder": 50053, "encoder": 50054}
 METRICS_PORTS = {"gateway": 9091, "llm": 9092, "vocoder": 9093, "encoder": 9094}
+HTTP_PORT = 8000  # the gateway's HTTP door (OpenAI's /v1/audio/speech)
 
 
 # ---- the options' types (argparse turns a type's error into a usage message) ----------------------------------
@@ -121,6 +122,11 @@ def host_option():
 
 def port_option(service: str):
     return option(GRPC_PORTS[service], "gRPC port", type=int, scope=OWN)
+
+
+def http_port_option():
+    return option(HTTP_PORT, "HTTP port: OpenAI's POST /v1/audio/speech, GET /v1/models, /healthz, /readyz (0: off)",
+                  type=int, scope=OWN)
 
 
 def metrics_port_option(service: str):

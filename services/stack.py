@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.lifetime import PARENT_ENV
 from services.common.tls import ChannelTls
-from services.settings import GRPC_PORTS, METRICS_PORTS
+from services.settings import GRPC_PORTS, HTTP_PORT, METRICS_PORTS
 
 SERVICES = ("llm", "vocoder", "encoder", "gateway")
 NO_SPEECH = ("encoder",)  # Stack(without=...): a stack that takes no spoken turns (tests)
@@ -91,20 +91,21 @@ class ServiceExited(RuntimeError):
 class Ports:
     grpc: dict[str, int] = field(default_factory=lambda: dict(GRPC_PORTS))
     metrics: dict[str, int] = field(default_factory=lambda: dict(METRICS_PORTS))
+    http: int = HTTP_PORT  # the gateway's HTTP door (0: off)
 
     @classmethod
     def spaced(cls, grpc: dict[str, int], metrics: dict[str, int], replicas: dict[str, int] | None = None,
-               step: int = 10) -> "Ports":
+               step: int = 10, http: int = HTTP_PORT) -> "Ports":
         """Each service's ports as given; replica k of it on those plus step x (k - 1)."""
         names = instances(replicas)
         offset = {name: step * (replica_number(name) - 1) for name in names}
         return cls({n: grpc[service_of(n)] + offset[n] for n in names},
-                   {n: metrics[service_of(n)] and metrics[service_of(n)] + offset[n] for n in names})  # 0: off
+                   {n: metrics[service_of(n)] and metrics[service_of(n)] + offset[n] for n in names}, http)  # 0: off
 
     @classmethod
     def free(cls, replicas: dict[str, int] | None = None) -> "Ports":
         names = instances(replicas)
-        return cls({s: free_port() for s in names}, {s: free_port() for s in names})
+        return cls({s: free_port() for s in names}, {s: free_port() for s in names}, free_port())
 
 
 def is_serving(target: str, timeout: float = 1.0, tls: ChannelTls | None = None) -> bool:
@@ -153,7 +154,8 @@ class Stack:
         cmd = [sys.executable, "-m", "services.cli", service_of(name), "--host", self.host,
                "--port", str(self.ports.grpc[name]), "--metrics-port", str(self.ports.metrics[name])]
         if name == "gateway":
-            cmd += ["--llm-target", ",".join(map(self.target, self.replicas("llm"))),
+            cmd += ["--http-port", str(self.ports.http),
+                    "--llm-target", ",".join(map(self.target, self.replicas("llm"))),
                     "--vocoder-target", ",".join(map(self.target, self.replicas("vocoder")))]
             if self.replicas("encoder"):
                 cmd += ["--encoder-target", ",".join(map(self.target, self.replicas("encoder")))]

@@ -46,6 +46,12 @@ def up_service_args(args) -> dict[str, list[str]]:
     return {"llm": llm, "vocoder": vocoder, "encoder": encoder, "gateway": gateway}
 
 
+def http_url(args) -> str:
+    """Where the gateway's HTTP door answers (its OpenAI-compatible base URL is this + /v1)."""
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    return f"{'https' if args.tls_dir else 'http'}://{host}:{args.http_port}"
+
+
 def stack_tls(args):
     from services.common.tls import StackTls
 
@@ -105,7 +111,7 @@ def run_up(args) -> int:
               file=sys.stderr)
     counts = {service: n for service in ("llm", "vocoder")}
     ports = Ports.spaced({s: getattr(args, f"{s}_port") for s in SERVICES},
-                         {s: getattr(args, f"{s}_metrics_port") for s in SERVICES}, counts)
+                         {s: getattr(args, f"{s}_metrics_port") for s in SERVICES}, counts, http=args.http_port)
     from services.mps import MpsUnavailable
 
     try:
@@ -127,7 +133,8 @@ def run_up(args) -> int:
     try:
         stack.start_all()
         where = ", ".join(f"{name} on {stack.target(name)}" for name in ["gateway", *stack.names[:-1]])
-        print(f"moss-serve up: {where}; Ctrl-C stops", file=sys.stderr)
+        http = f"; HTTP on {http_url(args)}" if args.http_port else ""
+        print(f"moss-serve up: {where}{http}; Ctrl-C stops", file=sys.stderr)
         keep_running(stack, mps, stopping, gpu_groups(args, stack.names))
     except KeyboardInterrupt:
         pass

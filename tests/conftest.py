@@ -79,19 +79,21 @@ def own_gateway(stack: Stack, log_dir, *flags: str, env: dict[str, str] | None =
     vocoder → (target, metrics port, proc). A gateway starts in about a second (it imports no torch), a whole stack
     in several."""
     grpc_port, metrics_port = free_port(), free_port()
+    http_port = int(flags[flags.index("--http-port") + 1]) if "--http-port" in flags else free_port()
     target = f"127.0.0.1:{grpc_port}"
     with open(log_dir / "gateway.log", "w") as log:
         backends = [arg for s in ("llm", "vocoder") if f"--{s}-target" not in flags  # (flags may name replicas)
                     for arg in (f"--{s}-target", stack.target(s))]
+        http = [] if "--http-port" in flags else ["--http-port", str(http_port)]
         proc = subprocess.Popen([sys.executable, "-m", "services.cli", "gateway", "--port", str(grpc_port),
-                                 "--metrics-port", str(metrics_port), *backends, *flags], stdout=log,
+                                 "--metrics-port", str(metrics_port), *http, *backends, *flags], stdout=log,
                                 stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         try:
             deadline = time.monotonic() + 60
             while not is_serving(target):
                 assert proc.poll() is None and time.monotonic() < deadline, f"the gateway did not start: {log.name}"
                 time.sleep(0.1)
-            yield SimpleNamespace(target=target, metrics=metrics_port, proc=proc)
+            yield SimpleNamespace(target=target, metrics=metrics_port, proc=proc, http=http_port)
         finally:
             proc.terminate()
             proc.wait(10)

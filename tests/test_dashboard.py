@@ -164,5 +164,5 @@ def test_dashboard_ttfa_quantiles_are_the_recording_rules(dashboard):
     rules = load_yaml("prometheus/rules.yml")
     recorded = {m.group(1): r["expr"] for g in rules["groups"] for r in g["rules"]
                 if (m := re.fullmatch(r"gateway:ttfa_seconds:(p\d+)_1m", r.get("record", "")))}
-    (panel,) = [p for p in panels_of(dashboard) if "gateway_ttfa_seconds_bucket" in str(p.get("targets"))]
+    (panel,) = [p for p in panels_of(dashboard) if "sum by (le) (rate(gateway_ttfa_seconds_bucket" in str(p.get("targets"))]
     assert {t["legendFormat"]: t["expr"] for t in panel["targets"]} == recorded

@@ -186,9 +186,11 @@ def test_llm_and_vocoder_share_the_gpu_through_the_mps_service(compose):
     assert "mps-pipe" in compose["volumes"]
 
 
-def test_only_the_gateway_grpc_port_is_published(compose):
+def test_only_the_gateway_grpc_and_http_ports_are_published(compose):
     services = compose["services"]
-    assert (50051, 50051) in [host_port(p) for p in services["gateway"].get("ports", [])]
+    published = [host_port(p) for p in services["gateway"].get("ports", [])]
+    assert (50051, 50051) in published and (8000, 8000) in published
+    assert "--http-port 8000" in services["gateway"]["command"]
     for name in ("llm", "vocoder", "encoder"):
         assert not services[name].get("ports"), f"{name} should stay on the compose network"
 

@@ -20,9 +20,9 @@ SAMPLES_PER_TOKEN = 1920  # 80 ms at 24 kHz
 def stage_counts(stack) -> dict[str, float]:
     gw, llm, voc = (scrape(stack.ports.metrics[s]) for s in ("gateway", "llm", "vocoder"))
     return {
-        "gateway_ttfa": metric_value(gw, "gateway_ttfa_seconds_count"),
+        "gateway_ttfa": metric_value(gw, "gateway_ttfa_seconds_count", '{protocol="grpc"}'),
         "gateway_requests_ok": metric_value(gw, "gateway_requests_total", '{code="OK"}'),
-        "gateway_audio_turns": metric_value(gw, "gateway_audio_turns_total"),  # the stall-free share's base
+        "gateway_audio_turns": metric_value(gw, "gateway_audio_turns_total", '{protocol="grpc"}'),  # the stall-free share's base
         "llm_prefill": metric_value(llm, "llm_prefill_seconds_count"),
         "llm_inter_token": metric_value(llm, "llm_inter_token_seconds_count"),
         "llm_first_audio": metric_value(llm, "llm_time_to_first_audio_token_seconds_count"),

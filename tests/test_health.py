@@ -28,7 +28,7 @@ def test_a_port_in_use_is_an_error_at_start(stack):
     """A second gateway on a port the running one holds exits at once and says so: it must not share the port
     (gRPC's default SO_REUSEPORT would let it take half of the new connections)."""
     cmd = stack.command("gateway")
-    cmd[cmd.index("--metrics-port") + 1] = str(free_port())
+    cmd[cmd.index("--metrics-port") + 1], cmd[cmd.index("--http-port") + 1] = str(free_port()), str(free_port())
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert f"cannot bind {stack.target('gateway')}" in proc.stderr, proc.stderr[-2000:]
@@ -46,6 +46,7 @@ def test_sigusr1_writes_every_threads_stack_and_the_service_goes_on(stack, tmp_p
     cmd = stack.command("gateway")
     port = free_port()
     cmd[cmd.index("--port") + 1], cmd[cmd.index("--metrics-port") + 1] = str(port), str(free_port())
+    cmd[cmd.index("--http-port") + 1] = str(free_port())
     log = tmp_path / "gateway.log"
     with open(log, "w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)

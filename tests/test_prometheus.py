@@ -168,7 +168,7 @@ def ttfa_panel_queries() -> dict[str, str]:
     """legend (p50/p95/p99) → PromQL of the dashboard's TTFA panel, as Grafana sends it."""
     dashboard = json.loads(DASHBOARD.read_text())
     (panel,) = [p for p in panels_of(dashboard)
-                if any("gateway_ttfa_seconds_bucket" in t.get("expr", "") for t in p.get("targets", []))]
+                if any("sum by (le) (rate(gateway_ttfa_seconds_bucket" in t.get("expr", "") for t in p.get("targets", []))]
     return {t["legendFormat"]: t["expr"] for t in panel["targets"]}
 
 

@@ -65,21 +65,27 @@ def _refuse(message: str, reads_first: bool = False):
     return refuse
 
 
+def refusal(keys: list[bytes], metadata) -> str | None:
+    """Why a call (its metadata: gRPC's, or an HTTP request's Authorization header as ("authorization", value))
+    may not use the API, or None when it carries one of `keys`."""
+    if not any(k == "authorization" for k, _ in (metadata or ())):
+        return "missing authorization metadata (authorization: Bearer <API key>)"
+    if (key := api_key(metadata)) is None:
+        return "authorization metadata must be 'Bearer <API key>'"
+    given = key.encode()
+    match = False
+    for known in keys:  # every key, always: no early exit that timing could reveal
+        match |= hmac.compare_digest(given, known)
+    return None if match else "invalid API key"
+
+
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, keys: list[bytes]):
         self.keys = keys
 
     def _allowed(self, metadata) -> str | None:
         """→ None if allowed, else why not."""
-        if not any(k == "authorization" for k, _ in (metadata or ())):
-            return "missing authorization metadata (authorization: Bearer <API key>)"
-        if (key := api_key(metadata)) is None:
-            return "authorization metadata must be 'Bearer <API key>'"
-        given = key.encode()
-        match = False
-        for known in self.keys:  # every key, always: no early exit that timing could reveal
-            match |= hmac.compare_digest(given, known)
-        return None if match else "invalid API key"
+        return refusal(self.keys, metadata)
     # (Every method of the API streams its responses, so a refusal is a streaming handler too.)
 
     async def intercept_service(self, continuation, details):

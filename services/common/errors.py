@@ -22,6 +22,16 @@ class InvalidArgument(ServiceError):
         return InvalidArgument(f"{parent}.{self.field}", self.problem)
 
 
+class NotFound(ServiceError):
+    """What a request names does not exist here (a model the HTTP door does not serve)."""
+
+    code = "NOT_FOUND"
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
 class Unavailable(ServiceError):
     """A stage (llm, vocoder) cannot be reached or failed in transit."""
 

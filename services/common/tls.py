@@ -29,6 +29,17 @@ class ServerTls:
         return grpc.ssl_server_credentials([(_read(self.key), _read(self.cert))], root_certificates=_read(self.client_ca),
                                            require_client_auth=self.client_ca is not None)
 
+    def ssl_context(self):
+        """The same files for an HTTP server (the gateway's HTTP door)."""
+        import ssl
+
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.cert, self.key)
+        if self.client_ca:
+            context.load_verify_locations(self.client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
 
 @dataclass(frozen=True)
 class ChannelTls:

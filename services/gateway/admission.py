@@ -36,11 +36,15 @@ log = logging.getLogger(__name__)
 
 
 def client_of(context) -> str:
-    """Who a call is from, for --max-turns-per-client: its API key (a digest: keys are not kept or logged), else its
-    address without the port (gRPC's peer, e.g. "ipv4:10.0.0.7:51234" → "ipv4:10.0.0.7")."""
-    if (key := api_key(context.invocation_metadata())) is not None:
+    """Who a gRPC call is from, for --max-turns-per-client: client_id of its key and its peer."""
+    return client_id(api_key(context.invocation_metadata()), context.peer() or "")
+
+
+def client_id(key: str | None, peer: str) -> str:
+    """A client's identity at any door: its API key (a digest: keys are not kept or logged), else its address without
+    the port (gRPC's peer form, e.g. "ipv4:10.0.0.7:51234" → "ipv4:10.0.0.7")."""
+    if key is not None:
         return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
-    peer = context.peer() or ""
     kind, _, address = peer.partition(":")
     if kind in ("ipv4", "ipv6"):
         return f"{kind}:{address.rsplit(':', 1)[0]}"

@@ -6,14 +6,18 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.common.metrics import LATENCY_BUCKETS, RATIO_BUCKETS
 
-TTFA = Histogram("gateway_ttfa_seconds", "Turn received to first PCM bytes sent", buckets=LATENCY_BUCKETS)
+# `protocol`: the door a turn came through: grpc, http (/v1/audio/speech) or websocket (a dashboard sums them, or
+# splits by it).
+PROTOCOLS = ("grpc", "http", "websocket")
+TTFA = Histogram("gateway_ttfa_seconds", "Turn received to first PCM bytes sent", ["protocol"], buckets=LATENCY_BUCKETS)
 SPEECH_END_TO_FIRST_AUDIO = Histogram(
     "gateway_speech_end_to_first_audio_seconds", "A spoken turn: the end of the user's speech (EndOfSpeech received, or "
     "the speech's end detected) to the reply's first PCM bytes sent", buckets=LATENCY_BUCKETS)
 SPOKEN_TURNS = Counter("gateway_spoken_turns_total", "Spoken user turns encoded (their replies follow)")
 VOICE_BARGE_INS = Counter("gateway_voice_barge_ins_total", "Turns cancelled because the user started to speak "
                           "(detect_speech)")
-REQUEST = Histogram("gateway_request_seconds", "Turn received to last PCM bytes sent", buckets=LATENCY_BUCKETS)
+REQUEST = Histogram("gateway_request_seconds", "Turn received to last PCM bytes sent", ["protocol"],
+                    buckets=LATENCY_BUCKETS)
 LLM_FIRST_CHUNK = Histogram(
     "gateway_llm_first_chunk_seconds", "Turn received to the llm's first token chunk at the gateway", buckets=LATENCY_BUCKETS
 )
@@ -23,14 +27,17 @@ VOCODER_FIRST_PCM = Histogram(
 RTF = Histogram("gateway_real_time_factor", "Turn wall time over the duration of the audio produced", buckets=RATIO_BUCKETS)
 # Stalls (docs/architecture.md §5) on the playback clock of a listener who starts at the first PCM the gateway sends.
 STALL = Histogram("gateway_stall_seconds", "How late each stalled chunk was sent (past the listener's playback clock, "
-                  "beyond 20 ms of jitter)", buckets=LATENCY_BUCKETS)
+                  "beyond 20 ms of jitter)", ["protocol"], buckets=LATENCY_BUCKETS)
 # Slack: how early a playing stream's chunk was sent before its listener would have run out (< 0: late). Headroom
 # shrinks here before any stall; --admission headroom reads the same figure (headroom.py).
 SLACK_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0)
 SLACK = Histogram("gateway_playback_slack_seconds", "How early each chunk of a playing stream was sent before its "
                   "listener would have run out of audio (le=0: late)", buckets=SLACK_BUCKETS)
-STALLED_TURNS = Counter("gateway_stalled_turns_total", "Turns with at least one stall")
-AUDIO_TURNS = Counter("gateway_audio_turns_total", "Turns that sent audio (the base of the stall-free share)")
+STALLED_TURNS = Counter("gateway_stalled_turns_total", "Turns with at least one stall", ["protocol"])
+AUDIO_TURNS = Counter("gateway_audio_turns_total", "Turns that sent audio (the base of the stall-free share)", ["protocol"])
+for _protocol in PROTOCOLS:  # exported from the start, at 0
+    for _metric in (TTFA, REQUEST, STALL, STALLED_TURNS, AUDIO_TURNS):
+        _metric.labels(_protocol)
 ACTIVE = Gauge("gateway_active_requests", "Turns in progress (Synthesize calls and Converse turns)")
 SESSIONS = Gauge("gateway_active_sessions", "Converse sessions open")
 SESSIONS_ENDED = Counter("gateway_sessions_ended_total", "Converse sessions ended, by how: closed, client_done (half-close), "
@@ -50,7 +57,7 @@ ADMISSIONS_REFUSED_CLIENT = Counter("gateway_client_admissions_refused_total", "
                                     "their client (API key, or address) had --max-turns-per-client running or waiting")
 STALLED_CALLS = Counter("gateway_stalled_calls_total", "Calls ended (CANCELLED) because their client took no message "
                         "for --client-stall-seconds: it stopped reading", ["method"])
-for _method in ("Synthesize", "Converse"):  # exported from the start, at 0
+for _method in ("Synthesize", "Converse", "speech"):  # exported from the start, at 0 (speech: HTTP's)
     STALLED_CALLS.labels(_method)
 CLIENT_HOLDS = Counter("gateway_client_holds_total", "Times a turn stopped feeding its vocoder because its client had "
                        "not taken its last audio for 0.5 s (it resumes when the client does)")
@@ -78,6 +85,8 @@ SESSION_MOVES = Counter("gateway_session_moves_total", "Converse sessions moved 
 READY_WAIT = Histogram("gateway_ready_wait_seconds", "How long turns waited for a backend that was not ready "
                        "(turns that found both ready are not counted)", buckets=LATENCY_BUCKETS)
 REQUESTS = Counter("gateway_requests_total", "Finished calls, by gRPC status code", ["code"])
+HTTP_REQUESTS = Counter("gateway_http_requests_total", "Finished HTTP requests, by route and HTTP status", ["route", "status"])
+HTTP_REQUESTS.labels("/v1/audio/speech", "200")  # exported from the start, at 0
 
 
 def observe_request(method: str, code: str) -> None:

@@ -143,14 +143,14 @@ class Turn:
     def __init__(self, req, backends: Backends, limits: TurnLimits, timeout: float | None,
                  session: Session | None = None, on_text: Callable[[str], None] | None = None,
                  spoken: Spoken | None = None, text_reply: bool = False, headroom: Headroom | None = None,
-                 place: Place | None = None, client: ClientWrites | None = None):
+                 place: Place | None = None, client: ClientWrites | None = None, protocol: str = "grpc"):
         """spoken: a spoken turn (its clock starts when the speech ended); text_reply: the reply is text alone;
         headroom: told each chunk's slack and the turn's TTFA (admission by headroom); place: told when the first
         audio is out (the turn's start slot frees); client: whether the client takes what is written to it (a
-        Converse session's; default: the turn's own writes)."""
+        Converse session's; default: the turn's own writes); protocol: the door it came through (its metrics' label)."""
         self.start = spoken.ended_at if spoken is not None else time.perf_counter()
         self.spoken, self.text_reply = spoken, text_reply
-        self.headroom, self.place = headroom, place
+        self.headroom, self.place, self.protocol = headroom, place, protocol
         self.req = req
         self.session, self.on_text = session, on_text
         self.backends = backends
@@ -364,7 +364,7 @@ class Turn:
                 now = time.perf_counter()
                 if not self.summary.num_samples:
                     self.summary.ttfa_seconds = now - self.start
-                    metrics.TTFA.observe(self.summary.ttfa_seconds)
+                    metrics.TTFA.labels(self.protocol).observe(self.summary.ttfa_seconds)
                     if self.place is not None:
                         self.place.started()
                     if self.spoken is not None:
@@ -378,7 +378,7 @@ class Turn:
                 playing = clock.due() is not None  # (a first chunk has no deadline)
                 if (late := clock.arrive(now, msg.num_samples)) > JITTER_SECONDS:
                     self.stalls += 1
-                    metrics.STALL.observe(late)
+                    metrics.STALL.labels(self.protocol).observe(late)
                 if playing:
                     metrics.SLACK.observe(-late)
                 if self.headroom is not None:
@@ -399,10 +399,10 @@ class Turn:
         s.total_seconds = time.perf_counter() - self.start
         s.audio_seconds = s.num_samples / sample_rate if sample_rate else 0.0
         s.real_time_factor = s.total_seconds / s.audio_seconds if s.audio_seconds else 0.0
-        metrics.REQUEST.observe(s.total_seconds)
+        metrics.REQUEST.labels(self.protocol).observe(s.total_seconds)
         if s.audio_seconds:
             metrics.RTF.observe(s.real_time_factor)
-            metrics.AUDIO_TURNS.inc()
+            metrics.AUDIO_TURNS.labels(self.protocol).inc()
             if self.stalls:
-                metrics.STALLED_TURNS.inc()
+                metrics.STALLED_TURNS.labels(self.protocol).inc()
         return s

@@ -13,9 +13,11 @@ from services.gateway import metrics
 from services.gateway.admission import Admission
 from services.gateway.backends import Backends
 from services.gateway.headroom import Headroom, HeadroomRule
+from services.gateway.http_server import HttpDoor
 from services.gateway.pipeline import TurnLimits
 from services.gateway.servicer import GatewayServicer
 from services.gateway.settings import GatewaySettings
+from services.gateway.speech import Speech
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +31,28 @@ async def run(s: GatewaySettings) -> None:
     per_client = s.max_turns_per_client
     if per_client is None:  # keys name clients; addresses may not (a proxy, a NAT): no limit of their own by default
         per_client = max(1, s.max_turns // 2) if api_keys else 0
-    servicer = GatewayServicer(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
-                               Admission(s.max_turns, s.max_queued_turns, per_client, headroom(s),
-                                         s.max_starting_turns or 0),
-                               s.session_idle_seconds)
+    speech = Speech(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
+                    Admission(s.max_turns, s.max_queued_turns, per_client, headroom(s), s.max_starting_turns or 0))
+    servicer = GatewayServicer(speech, s.session_idle_seconds)
+    ready = [False]  # as the gRPC health check says (readiness below), for the HTTP door's /readyz
+
+    async def readiness(set_serving):
+        async def both(serving: bool) -> None:
+            ready[0] = serving
+            await set_serving(serving)
+
+        await backends.watch(both)
+
+    http = None
+    if s.http_port:
+        http = HttpDoor(speech, api_keys, s.max_message_bytes, s.client_stall_seconds or None, lambda: ready[0])
+        await http.start(s.host, s.http_port, s.tls.ssl_context() if s.tls else None)
+
+    async def stop() -> None:
+        if http is not None:
+            await http.stop()
+        await backends.close()
+
     start_metrics_server(s.host, s.metrics_port)
     await serve(
         name="gateway",
@@ -41,8 +61,8 @@ async def run(s: GatewaySettings) -> None:
         port=s.port,
         add_servicer=lambda server: gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server),
         on_done=metrics.observe_request,
-        on_stop=backends.close,
-        readiness=backends.watch,
+        on_stop=stop,
+        readiness=readiness,
         api_keys=api_keys,
         max_message_bytes=s.max_message_bytes,
         max_streams_per_connection=s.max_streams_per_connection,

@@ -1,5 +1,5 @@
-"""moss.speech.v1.Gateway: the public API. A Synthesize call is one Turn (pipeline.py); a Converse call is a
-Conversation of turns (conversation.py)."""
+"""moss.speech.v1.Gateway: the public API. A Synthesize call is one turn, as every door runs it (speech.py); a
+Converse call is a Conversation of turns (conversation.py)."""
 
 from __future__ import annotations
 
@@ -7,34 +7,25 @@ import contextlib
 
 from moss.speech.v1 import gateway_pb2_grpc
 
-from services.gateway import metrics
-from services.gateway.admission import Admission, client_of
-from services.gateway.backends import Backends
+from services.gateway.admission import client_of
 from services.gateway.conversation import Conversation
-from services.gateway.pipeline import Turn, TurnLimits
+from services.gateway.speech import Speech
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, backends: Backends, limits: TurnLimits, admission: Admission, session_idle_seconds: float):
-        self.backends, self.limits, self.admission = backends, limits, admission
-        self.session_idle_seconds = session_idle_seconds
+    def __init__(self, speech: Speech, session_idle_seconds: float):
+        self.speech, self.session_idle_seconds = speech, session_idle_seconds
 
     async def Synthesize(self, request, context):
-        # waits for a place, or RESOURCE_EXHAUSTED
-        async with self.admission.turn(context.time_remaining(), client_of(context)) as place:
-            metrics.ACTIVE.inc()
-            try:
-                turn = Turn(request, self.backends, self.limits, context.time_remaining(),
-                            headroom=self.admission.headroom, place=place)
-                # closed at once when the call ends early (the client left, or stopped reading): its stages with it
-                async with contextlib.aclosing(turn.run()) as replies:
-                    async for msg in replies:
-                        yield msg
-            finally:
-                metrics.ACTIVE.dec()
+        # closed at once when the call ends early (the client left, or stopped reading): its stages with it
+        turn = self.speech.synthesize(request, client_of(context), context.time_remaining, "grpc")
+        async with contextlib.aclosing(turn) as replies:
+            async for msg in replies:
+                yield msg
 
     async def Converse(self, request_iterator, context):
-        conversation = Conversation(self.backends, self.limits, self.admission, self.session_idle_seconds, context)
+        s = self.speech
+        conversation = Conversation(s.backends, s.limits, s.admission, self.session_idle_seconds, context)
         async with contextlib.aclosing(conversation.run(request_iterator)) as replies:
             async for msg in replies:
                 yield msg

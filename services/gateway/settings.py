@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from services.settings import GRPC_PORTS, count, host_option, metrics_port_option, option, port_option, positive, seconds
+from services.settings import GRPC_PORTS, count, host_option, http_port_option, metrics_port_option, option, port_option, positive, seconds
 
 if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
     from services.common.tls import ChannelTls, ServerTls
@@ -22,6 +22,7 @@ class GatewaySettings:
     host: str = host_option()
     port: int = port_option("gateway")
     metrics_port: int = metrics_port_option("gateway")
+    http_port: int = http_port_option()
     # Replicas of each stage (backends.py; flags of their own in cli.py: repeatable, comma-separated): a session
     # stays on its llm replica, new ones go to the least loaded.
     llm_targets: list[str] = field(default_factory=lambda: [LLM_TARGET])

@@ -1,0 +1,60 @@
+"""Typed errors → HTTP statuses and OpenAI's error body, in one place for the gateway's HTTP door (the gRPC
+doors' mapping: services/common/interceptor.py).
+
+The body is OpenAI's: {"error": {"message", "type", "param", "code"}}, so that the `openai` SDK raises its own
+exception for each status (BadRequestError, AuthenticationError, RateLimitError, ...) with our message. A refusal
+that may succeed later (RESOURCE_EXHAUSTED, a stage down) carries `Retry-After` in whole seconds, rounded up.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from aiohttp import web
+
+from services.common.errors import InvalidArgument, NotFound, ServiceError
+
+# gRPC code (services/common/errors.py) → HTTP status
+STATUS = {
+    "INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "OUT_OF_RANGE": 400, "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403, "NOT_FOUND": 404, "RESOURCE_EXHAUSTED": 429, "CANCELLED": 499, "INTERNAL": 500,
+    "UNIMPLEMENTED": 501, "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504,
+}
+# HTTP status → OpenAI's (type, code)
+KINDS = {
+    400: ("invalid_request_error", None), 401: ("invalid_request_error", "invalid_api_key"),
+    403: ("invalid_request_error", None), 404: ("invalid_request_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"), 413: ("invalid_request_error", "request_too_large"),
+    429: ("rate_limit_error", "rate_limit_exceeded"), 499: ("invalid_request_error", "cancelled"),
+    500: ("server_error", None), 501: ("server_error", None), 503: ("server_error", "service_unavailable"),
+    504: ("server_error", "timeout"),
+}
+# A stage down is retried after the gateway's health checks had a chance to see it back (--ready-wait is the most a
+# request waits for it).
+UNAVAILABLE_RETRY_SECONDS = 1.0
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    kind, default_code = KINDS.get(status, ("server_error" if status >= 500 else "invalid_request_error", None))
+    return {"error": {"message": message, "type": kind, "param": param, "code": code or default_code}}
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   retry_after: float | None = None) -> web.Response:
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
+    return web.json_response(error_body(status, message, param, code), status=status, headers=headers,
+                             dumps=json.dumps)
+
+
+def status_of(exc: ServiceError) -> int:
+    return STATUS.get(exc.code, 500)
+
+
+def from_service_error(exc: ServiceError) -> web.Response:
+    status = status_of(exc)
+    param = exc.field if isinstance(exc, InvalidArgument | NotFound) else None
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is None and status == 503:
+        retry_after = UNAVAILABLE_RETRY_SECONDS
+    return error_response(status, str(exc), param=param, retry_after=retry_after)

@@ -1,0 +1,196 @@
+"""The gateway's HTTP door (--http-port, aiohttp, on the gRPC server's event loop): OpenAI's speech endpoint and
+the probes a load balancer asks. Turns go through the same admission, stages and metrics as gRPC's (speech.py).
+
+    POST /v1/audio/speech   OpenAI's request (openai_speech.py) → the audio, chunked as it is made
+    GET  /v1/models         the model served
+    GET  /healthz           200 while the process serves
+    GET  /readyz            200 when every stage is ready (as the gRPC health check says SERVING), else 503
+
+/v1/ needs `Authorization: Bearer <key>` when the gateway has API keys (the gRPC API's keys); the probes stay
+open. Errors are OpenAI's JSON shape (http_errors.py). The response's headers go out with the turn's stream
+metadata, once admission and the stages have taken it: anything refused before that gets its own status. After
+that a failure ends the stream: as an `error` event with stream_format "sse", else by closing the connection
+before the chunked body's end, which a client sees as a truncated response.
+
+A client that takes no bytes for --client-stall-seconds is ended as a gRPC client is (the turn stops in every
+stage, its place frees; gateway_stalled_calls_total{method="speech"}); one that disconnects ends its turn at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from services.common.auth import api_key, refusal
+from services.common.errors import ServiceError
+from services.gateway import metrics
+from services.gateway.admission import client_id
+from services.gateway.audio_encoding import encoder
+from services.gateway.http_errors import error_response, from_service_error
+from services.gateway.openai_speech import MODEL, SpeechRequest, parse_speech, usage
+from services.gateway.speech import Speech
+
+log = logging.getLogger(__name__)
+
+SPEECH_ROUTE = "/v1/audio/speech"
+OPEN_PATHS = ("/healthz", "/readyz")  # probes: no key
+
+
+class HttpDoor:
+    def __init__(self, speech: Speech, keys: list[bytes], max_body_bytes: int, stall_seconds: float | None,
+                 ready: Callable[[], bool]):
+        """keys: API keys (none: open); max_body_bytes: a larger body is refused 413; stall_seconds: how long a
+        write may wait for its client (None: as long as it takes); ready(): every stage ready."""
+        self.speech, self.keys, self.stall_seconds, self.ready = speech, keys, stall_seconds, ready
+        self.max_body_bytes = max_body_bytes
+        self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._errors, self._auth])
+        self.app.add_routes([web.post(SPEECH_ROUTE, self.synthesize), web.get("/v1/models", self.models),
+                             web.get("/healthz", self.healthz), web.get("/readyz", self.readyz)])
+        self.runner: web.AppRunner | None = None
+
+    async def start(self, host: str, port: int, ssl_context=None) -> None:
+        # handler_cancellation: a client that disconnects cancels its handler, and so its turn, at once
+        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await self.runner.setup()
+        try:
+            await web.TCPSite(self.runner, host, port, ssl_context=ssl_context, reuse_port=False).start()
+        except OSError as exc:
+            await self.runner.cleanup()
+            raise OSError(f"gateway: cannot bind HTTP {host}:{port} (--http-port): {exc.strerror or exc}") from None
+        log.info("gateway: HTTP on %s:%d%s", host, port, " (TLS)" if ssl_context else "")
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    # ---- middleware --------------------------------------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        """Every failure → OpenAI's error body with its status; every request counted by route and status."""
+        try:
+            response = await handler(request)
+        except ServiceError as exc:
+            response = from_service_error(exc)
+        except web.HTTPException as exc:  # aiohttp's own: no route (404), wrong method (405), body too large (413)
+            message = (f"the body is over the limit of {self.max_body_bytes} bytes (--max-message-bytes)"
+                       if exc.status == 413 else exc.reason)
+            response = error_response(exc.status, message)
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+        metrics.HTTP_REQUESTS.labels(route, str(response.status)).inc()
+        return response
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        if self.keys and request.path not in OPEN_PATHS:
+            header = request.headers.get("Authorization")
+            why = refusal(self.keys, (("authorization", header),) if header is not None else ())
+            if why is not None:
+                return error_response(401, why.replace("authorization metadata", "the Authorization header"))
+        return await handler(request)
+
+    # ---- routes ------------------------------------------------------------------------------------------------
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        if self.ready():
+            return web.json_response({"status": "ready"})
+        return web.json_response({"status": "not ready: a stage (llm, vocoder) is not serving yet"}, status=503)
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": MODEL, "object": "model", "created": 0, "owned_by": "moss-speech-serve"}]})
+
+    async def synthesize(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError) as exc:
+            return error_response(400, f"the body is not JSON: {exc}")
+        spec = parse_speech(body, self.speech.limits)
+        header = request.headers.get("Authorization")
+        client = client_id(api_key((("authorization", header),) if header else ()), peer_of(request))
+        turn = self.speech.synthesize(spec.synthesize, client, lambda: None, "http")
+        async with contextlib.aclosing(turn) as replies:
+            first = await anext(replies)  # admission and the stages took the turn: the headers can go
+            audio = encoder(spec.response_format, first.metadata.sample_rate)
+            sse = spec.stream_format == "sse"
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream" if sse else audio.content_type,
+                                                   "Cache-Control": "no-cache", "X-Request-Id": first.metadata.request_id})
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            try:
+                summary = None
+                async for msg in replies:
+                    if msg.HasField("audio"):
+                        await self._send(response, spec, audio.feed(msg.audio.pcm))
+                    elif msg.HasField("summary"):
+                        summary = msg.summary
+                await self._send(response, spec, audio.finish())
+                if sse and summary is not None:
+                    await self._write(response, event({"type": "speech.audio.done", "usage": usage(summary)}))
+                await response.write_eof()
+            except ServiceError as exc:  # after the headers: the stream ends saying why (sse), or is cut short
+                log.info("gateway: HTTP speech %s failed mid-stream: %s", first.metadata.request_id, exc)
+                if not sse:
+                    raise_cut(request)
+                with contextlib.suppress(ConnectionError, TimeoutError):
+                    await self._write(response, event({"type": "error", "error": error_body_of(exc)}))
+                    await response.write_eof()
+            except ClientStalled:
+                metrics.STALLED_CALLS.labels("speech").inc()
+                log.info("gateway: HTTP speech %s: the client took nothing for %g s: ended",
+                         first.metadata.request_id, self.stall_seconds)
+                raise_cut(request)
+            except ConnectionError:  # the client went away: the turn ends with this handler
+                pass
+            return response
+
+    async def _send(self, response: web.StreamResponse, spec: SpeechRequest, data: bytes) -> None:
+        if not data:
+            return
+        if spec.stream_format == "sse":
+            data = event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+        await self._write(response, data)
+
+    async def _write(self, response: web.StreamResponse, data: bytes) -> None:
+        """One write, waiting for the client at most --client-stall-seconds."""
+        if self.stall_seconds is None:
+            await response.write(data)
+            return
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(response.write(data), self.stall_seconds)
+        except TimeoutError:
+            raise ClientStalled(time.perf_counter() - started) from None
+
+
+class ClientStalled(Exception):
+    """An HTTP client took no bytes for --client-stall-seconds."""
+
+
+def event(payload: dict) -> bytes:
+    """One server-sent event."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def error_body_of(exc: ServiceError) -> dict:
+    return json.loads(from_service_error(exc).text)["error"]
+
+
+def raise_cut(request: web.Request) -> None:
+    """End the response without its last chunk: the client sees the body cut short, not a complete one."""
+    if request.transport is not None:
+        request.transport.close()
+
+
+def peer_of(request: web.Request) -> str:
+    """The client's address in gRPC's peer form (admission.client_id)."""
+    host = request.remote or ""
+    return f"ipv6:[{host}]:0" if ":" in host else f"ipv4:{host}:0" if host else "http"
