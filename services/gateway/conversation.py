@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from moss.speech.v1 import gateway_pb2
 
@@ -34,7 +34,7 @@ from services.common.audio import resolve_format
 from services.common.errors import Cancelled, DeadlineExceeded, InvalidArgument, ServiceError
 from services.common.sampling import resolve_chunking, resolve_sampling
 from services.gateway import metrics
-from services.gateway.admission import Admission, client_of
+from services.gateway.admission import Admission
 from services.gateway.backends import Backends
 from services.gateway.client_writes import ClientWrites
 from services.gateway.listener import Callbacks, Listener
@@ -67,10 +67,12 @@ def check_config(config: gateway_pb2.SessionConfig, limits: TurnLimits, voices: 
 
 
 class Conversation:
-    def __init__(self, backends: Backends, limits: TurnLimits, admission: Admission, idle_seconds: float, context):
+    def __init__(self, backends: Backends, limits: TurnLimits, admission: Admission, idle_seconds: float, client: str,
+                 time_left: Callable[[], float | None], protocol: str = "grpc"):
+        """client: who calls (admission.client_id: its turns count against --max-turns-per-client); time_left():
+        seconds to the call's deadline (None: none); protocol: the door (grpc, websocket), its turns' metrics label."""
         self.backends, self.limits, self.admission = backends, limits, admission
-        self.idle_seconds, self.context = idle_seconds, context
-        self.client = client_of(context)  # its turns count against --max-turns-per-client
+        self.idle_seconds, self.client, self.time_left, self.protocol = idle_seconds, client, time_left, protocol
         self.session = Session(uuid.uuid4().hex)
         self.config = gateway_pb2.SessionConfig()
         self.outbox: asyncio.Queue = asyncio.Queue()
@@ -206,7 +208,7 @@ class Conversation:
             self.listener = None
         self.speech, self.refused_audio = speech, False
         try:
-            self.listener = Listener(self.backends, speech, self.context.time_remaining,
+            self.listener = Listener(self.backends, speech, self.time_left,
                                      Callbacks(self._speech_started, self._spoken, self._speech_failed))
         except InvalidArgument as err:  # a rate or format no encoder takes: this speech fails, its audio is dropped
             self.refused_audio = True
@@ -257,13 +259,13 @@ class Conversation:
         put = self.outbox.put_nowait
         try:
             # a session answered before goes ahead of new ones (admission.py)
-            async with self.admission.turn(self.context.time_remaining(), self.client, ongoing=bool(self.answered)) as place:
+            async with self.admission.turn(self.time_left(), self.client, ongoing=bool(self.answered)) as place:
                 metrics.ACTIVE.inc()
                 try:
-                    turn = Turn(req, self.backends, self.limits, self.context.time_remaining(), self.session,
+                    turn = Turn(req, self.backends, self.limits, self.time_left(), self.session,
                                 on_text=lambda piece: put(gateway_pb2.ConverseResponse(turn=n, text=gateway_pb2.TextPiece(text=piece))),
                                 spoken=spoken, text_reply=text_reply, headroom=self.admission.headroom,
-                                place=place, client=self.writes)
+                                place=place, client=self.writes, protocol=self.protocol)
                     async for msg in turn.run():
                         kind = msg.WhichOneof("kind")
                         if kind == "summary":  # the turn is the client's now: it joins the history

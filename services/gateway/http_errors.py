@@ -58,3 +58,20 @@ def from_service_error(exc: ServiceError) -> web.Response:
     if retry_after is None and status == 503:
         retry_after = UNAVAILABLE_RETRY_SECONDS
     return error_response(status, str(exc), param=param, retry_after=retry_after)
+
+
+# WebSocket close codes (RFC 6455 §7.4) for an error that ends a /v1/converse session: the client's own fault
+# (1008, policy violation), try again later (1013), or ours (1011). Going away (the client's close): 1000.
+WS_CLOSE = {"INVALID_ARGUMENT": 1008, "NOT_FOUND": 1008, "FAILED_PRECONDITION": 1008, "OUT_OF_RANGE": 1008,
+            "UNAUTHENTICATED": 1008, "PERMISSION_DENIED": 1008, "RESOURCE_EXHAUSTED": 1013, "UNAVAILABLE": 1013,
+            "DEADLINE_EXCEEDED": 1013, "CANCELLED": 1000}
+
+
+def ws_close_code(exc: ServiceError) -> int:
+    return WS_CLOSE.get(exc.code, 1011)
+
+
+def ws_error(exc: ServiceError) -> dict:
+    """The last text frame of a session an error ends: its gRPC code, message and (for bad input) field."""
+    param = exc.field if isinstance(exc, InvalidArgument | NotFound) else None
+    return {"error": {"code": exc.code, "message": str(exc), "param": param}}

@@ -2,18 +2,21 @@
 the probes a load balancer asks. Turns go through the same admission, stages and metrics as gRPC's (speech.py).
 
     POST /v1/audio/speech   OpenAI's request (openai_speech.py) → the audio, chunked as it is made
+    GET  /v1/converse       a WebSocket: Converse's session for browsers (websocket.py)
     GET  /v1/models         the model served
     GET  /healthz           200 while the process serves
     GET  /readyz            200 when every stage is ready (as the gRPC health check says SERVING), else 503
 
-/v1/ needs `Authorization: Bearer <key>` when the gateway has API keys (the gRPC API's keys); the probes stay
-open. Errors are OpenAI's JSON shape (http_errors.py). The response's headers go out with the turn's stream
-metadata, once admission and the stages have taken it: anything refused before that gets its own status. After
-that a failure ends the stream: as an `error` event with stream_format "sse", else by closing the connection
-before the chunked body's end, which a client sees as a truncated response.
+/v1/ needs `Authorization: Bearer <key>` when the gateway has API keys (the gRPC API's keys), or on the WebSocket
+path `?api_key=<key>` (browsers cannot set a WebSocket's headers); the probes stay open. Errors are OpenAI's JSON
+shape (http_errors.py). A speech response's headers go out with the turn's stream metadata, once admission and the
+stages have taken it: anything refused before that gets its own status. After that a failure ends the stream: as an
+`error` event with stream_format "sse", else by closing the connection before the chunked body's end, which a
+client sees as a truncated response.
 
 A client that takes no bytes for --client-stall-seconds is ended as a gRPC client is (the turn stops in every
-stage, its place frees; gateway_stalled_calls_total{method="speech"}); one that disconnects ends its turn at once.
+stage, its place frees; gateway_stalled_calls_total{method="speech"}, or "websocket"); one that disconnects ends
+its turn at once.
 """
 
 from __future__ import annotations
@@ -36,22 +39,27 @@ from services.gateway.audio_encoding import encoder
 from services.gateway.http_errors import error_response, from_service_error
 from services.gateway.openai_speech import MODEL, SpeechRequest, parse_speech, usage
 from services.gateway.speech import Speech
+from services.gateway.websocket import WebSocketConverse
 
 log = logging.getLogger(__name__)
 
 SPEECH_ROUTE = "/v1/audio/speech"
+CONVERSE_ROUTE = "/v1/converse"
 OPEN_PATHS = ("/healthz", "/readyz")  # probes: no key
 
 
 class HttpDoor:
     def __init__(self, speech: Speech, keys: list[bytes], max_body_bytes: int, stall_seconds: float | None,
-                 ready: Callable[[], bool]):
-        """keys: API keys (none: open); max_body_bytes: a larger body is refused 413; stall_seconds: how long a
-        write may wait for its client (None: as long as it takes); ready(): every stage ready."""
+                 ready: Callable[[], bool], session_idle_seconds: float = 300.0):
+        """keys: API keys (none: open); max_body_bytes: a larger body (or WebSocket message) is refused; stall_seconds:
+        how long a write may wait for its client (None: as long as it takes); ready(): every stage ready;
+        session_idle_seconds: a WebSocket session with nothing from its client and no turn running ends."""
         self.speech, self.keys, self.stall_seconds, self.ready = speech, keys, stall_seconds, ready
         self.max_body_bytes = max_body_bytes
+        self.converse_door = WebSocketConverse(speech, session_idle_seconds, max_body_bytes, stall_seconds)
         self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._errors, self._auth])
-        self.app.add_routes([web.post(SPEECH_ROUTE, self.synthesize), web.get("/v1/models", self.models),
+        self.app.add_routes([web.post(SPEECH_ROUTE, self.synthesize), web.get(CONVERSE_ROUTE, self.converse),
+                             web.get("/v1/models", self.models),
                              web.get("/healthz", self.healthz), web.get("/readyz", self.readyz)])
         self.runner: web.AppRunner | None = None
 
@@ -89,8 +97,7 @@ class HttpDoor:
     @web.middleware
     async def _auth(self, request: web.Request, handler):
         if self.keys and request.path not in OPEN_PATHS:
-            header = request.headers.get("Authorization")
-            why = refusal(self.keys, (("authorization", header),) if header is not None else ())
+            why = refusal(self.keys, presented_key(request))
             if why is not None:
                 return error_response(401, why.replace("authorization metadata", "the Authorization header"))
         return await handler(request)
@@ -114,9 +121,7 @@ class HttpDoor:
         except (ValueError, UnicodeDecodeError) as exc:
             return error_response(400, f"the body is not JSON: {exc}")
         spec = parse_speech(body, self.speech.limits)
-        header = request.headers.get("Authorization")
-        client = client_id(api_key((("authorization", header),) if header else ()), peer_of(request))
-        turn = self.speech.synthesize(spec.synthesize, client, lambda: None, "http")
+        turn = self.speech.synthesize(spec.synthesize, client_of(request), lambda: None, "http")
         async with contextlib.aclosing(turn) as replies:
             first = await anext(replies)  # admission and the stages took the turn: the headers can go
             audio = encoder(spec.response_format, first.metadata.sample_rate)
@@ -151,6 +156,9 @@ class HttpDoor:
             except ConnectionError:  # the client went away: the turn ends with this handler
                 pass
             return response
+
+    async def converse(self, request: web.Request) -> web.StreamResponse:
+        return await self.converse_door.handle(request, client_of(request))
 
     async def _send(self, response: web.StreamResponse, spec: SpeechRequest, data: bytes) -> None:
         if not data:
@@ -188,6 +196,21 @@ def raise_cut(request: web.Request) -> None:
     """End the response without its last chunk: the client sees the body cut short, not a complete one."""
     if request.transport is not None:
         request.transport.close()
+
+
+def presented_key(request: web.Request) -> tuple[tuple[str, str], ...]:
+    """The key a request carries, as call metadata: its Authorization header, or on the WebSocket path (browsers set
+    no headers there) its `api_key` query parameter."""
+    if (header := request.headers.get("Authorization")) is not None:
+        return (("authorization", header),)
+    if request.path == CONVERSE_ROUTE and (key := request.query.get("api_key")):
+        return (("authorization", f"Bearer {key}"),)
+    return ()
+
+
+def client_of(request: web.Request) -> str:
+    """Who an HTTP request is from, for --max-turns-per-client (admission.client_id)."""
+    return client_id(api_key(presented_key(request)), peer_of(request))
 
 
 def peer_of(request: web.Request) -> str:

@@ -57,7 +57,7 @@ ADMISSIONS_REFUSED_CLIENT = Counter("gateway_client_admissions_refused_total", "
                                     "their client (API key, or address) had --max-turns-per-client running or waiting")
 STALLED_CALLS = Counter("gateway_stalled_calls_total", "Calls ended (CANCELLED) because their client took no message "
                         "for --client-stall-seconds: it stopped reading", ["method"])
-for _method in ("Synthesize", "Converse", "speech"):  # exported from the start, at 0 (speech: HTTP's)
+for _method in ("Synthesize", "Converse", "speech", "websocket"):  # exported from the start, at 0 (HTTP's: the last two)
     STALLED_CALLS.labels(_method)
 CLIENT_HOLDS = Counter("gateway_client_holds_total", "Times a turn stopped feeding its vocoder because its client had "
                        "not taken its last audio for 0.5 s (it resumes when the client does)")

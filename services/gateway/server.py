@@ -45,7 +45,8 @@ async def run(s: GatewaySettings) -> None:
 
     http = None
     if s.http_port:
-        http = HttpDoor(speech, api_keys, s.max_message_bytes, s.client_stall_seconds or None, lambda: ready[0])
+        http = HttpDoor(speech, api_keys, s.max_message_bytes, s.client_stall_seconds or None, lambda: ready[0],
+                        s.session_idle_seconds)
         await http.start(s.host, s.http_port, s.tls.ssl_context() if s.tls else None)
 
     async def stop() -> None:

@@ -25,7 +25,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def Converse(self, request_iterator, context):
         s = self.speech
-        conversation = Conversation(s.backends, s.limits, s.admission, self.session_idle_seconds, context)
+        conversation = Conversation(s.backends, s.limits, s.admission, self.session_idle_seconds, client_of(context),
+                                    context.time_remaining)
         async with contextlib.aclosing(conversation.run(request_iterator)) as replies:
             async for msg in replies:
                 yield msg
