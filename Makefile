@@ -41,8 +41,8 @@ test: $(STAMP) tools
 	$(BIN)/python -m pytest -q --durations=25
 
 # Debian's prometheus package (the server and promtool) for the deploy checks and the Prometheus
-# integration test; espeak-ng (test speech for spoken turns) and sox. Best effort: without root or apt the
-# tests that need them skip and say why.
+# integration test; espeak-ng (test speech for spoken turns) and sox; chromium (headless: the web page's
+# tests). Best effort: without root or apt the tests that need them skip and say why.
 tools:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -54,6 +54,11 @@ tools:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends espeak-ng sox >/dev/null 2>&1 \
 	      || echo "make tools: apt-get install espeak-ng sox failed; the tests that speak will skip"; \
 	  else echo "make tools: no root/apt to install espeak-ng; the tests that speak will skip"; fi; }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
+	      || echo "make tools: apt-get install chromium failed; the web page's browser tests will skip"; \
+	  else echo "make tools: no root/apt to install chromium; the web page's browser tests will skip"; fi; }
 
 clean:
 	rm -rf $(VENV) demo.wav

@@ -3,7 +3,9 @@ the probes a load balancer asks. Turns go through the same admission, stages and
 
     POST /v1/audio/speech   OpenAI's request (openai_speech.py) → the audio, chunked as it is made
     GET  /v1/converse       a WebSocket: Converse's session for browsers (websocket.py)
+    GET  /                  a web page to talk to the model (web/index.html: one static file)
     GET  /v1/models         the model served
+    GET  /v1/audio/voices   the voices the vocoders have
     GET  /healthz           200 while the process serves
     GET  /readyz            200 when every stage is ready (as the gRPC health check says SERVING), else 503
 
@@ -28,6 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from aiohttp import web
 
@@ -45,7 +48,8 @@ log = logging.getLogger(__name__)
 
 SPEECH_ROUTE = "/v1/audio/speech"
 CONVERSE_ROUTE = "/v1/converse"
-OPEN_PATHS = ("/healthz", "/readyz")  # probes: no key
+OPEN_PATHS = ("/", "/healthz", "/readyz")  # the page (it asks for the key) and the probes: no key
+PAGE = Path(__file__).with_name("web") / "index.html"
 
 
 class HttpDoor:
@@ -59,7 +63,8 @@ class HttpDoor:
         self.converse_door = WebSocketConverse(speech, session_idle_seconds, max_body_bytes, stall_seconds)
         self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._errors, self._auth])
         self.app.add_routes([web.post(SPEECH_ROUTE, self.synthesize), web.get(CONVERSE_ROUTE, self.converse),
-                             web.get("/v1/models", self.models),
+                             web.get("/v1/models", self.models), web.get("/v1/audio/voices", self.voices),
+                             web.get("/", self.page),
                              web.get("/healthz", self.healthz), web.get("/readyz", self.readyz)])
         self.runner: web.AppRunner | None = None
 
@@ -111,6 +116,15 @@ class HttpDoor:
             return web.json_response({"status": "ready"})
         return web.json_response({"status": "not ready: a stage (llm, vocoder) is not serving yet"}, status=503)
 
+    async def page(self, request: web.Request) -> web.Response:
+        return web.FileResponse(PAGE, headers={"Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-cache"})
+
+    async def voices(self, request: web.Request) -> web.Response:
+        voices = self.speech.backends.voices()
+        if voices is None:
+            return error_response(503, "no vocoder is ready to say which voices it has", retry_after=1.0)
+        return web.json_response({"voices": list(voices)})
+
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
             {"id": MODEL, "object": "model", "created": 0, "owned_by": "moss-speech-serve"}]})
@@ -145,7 +159,8 @@ class HttpDoor:
                 log.info("gateway: HTTP speech %s failed mid-stream: %s", first.metadata.request_id, exc)
                 if not sse:
                     raise_cut(request)
-                with contextlib.suppress(ConnectionError, TimeoutError):
+                    return response
+                with contextlib.suppress(ConnectionError, ClientStalled):
                     await self._write(response, event({"type": "error", "error": error_body_of(exc)}))
                     await response.write_eof()
             except ClientStalled:
