@@ -30,7 +30,7 @@ def main() -> int:
           "the timings are real) ...")
     device = ["--device", args.device]
     vocoder = [*device, "--preset", "tiny-codec"]
-    ports = Ports.free()
+    ports = Ports.free(http=True)
     with Stack(ports, log_dir=logs, extra_args={"llm": device, "vocoder": vocoder}) as stack:
         print(f"gateway on {stack.target('gateway')} (gRPC) and http://127.0.0.1:{ports.http} (OpenAI's "
               f"/v1/audio/speech); service logs in {logs}")

@@ -103,9 +103,10 @@ class Ports:
                    {n: metrics[service_of(n)] and metrics[service_of(n)] + offset[n] for n in names}, http)  # 0: off
 
     @classmethod
-    def free(cls, replicas: dict[str, int] | None = None) -> "Ports":
+    def free(cls, replicas: dict[str, int] | None = None, http: bool = False) -> "Ports":
+        """Free ports for every service; the gateway's HTTP door on one too with `http`, else off."""
         names = instances(replicas)
-        return cls({s: free_port() for s in names}, {s: free_port() for s in names}, free_port())
+        return cls({s: free_port() for s in names}, {s: free_port() for s in names}, free_port() if http else 0)
 
 
 def is_serving(target: str, timeout: float = 1.0, tls: ChannelTls | None = None) -> bool:

@@ -133,7 +133,7 @@ def run_up(args) -> int:
     try:
         stack.start_all()
         where = ", ".join(f"{name} on {stack.target(name)}" for name in ["gateway", *stack.names[:-1]])
-        http = f"; HTTP on {http_url(args)}" if args.http_port else ""
+        http = f"; HTTP on {http_url(args)} (the web page; OpenAI's API under /v1)" if args.http_port else ""
         print(f"moss-serve up: {where}{http}; Ctrl-C stops", file=sys.stderr)
         keep_running(stack, mps, stopping, gpu_groups(args, stack.names))
     except KeyboardInterrupt:

@@ -74,12 +74,12 @@ def stack(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def own_gateway(stack: Stack, log_dir, *flags: str, env: dict[str, str] | None = None):
+def own_gateway(stack: Stack, log_dir, *flags: str, env: dict[str, str] | None = None, http: bool = False):
     """A gateway process of its own, with `flags` (and `env` added to its environment), in front of `stack`'s llm and
-    vocoder → (target, metrics port, proc). A gateway starts in about a second (it imports no torch), a whole stack
-    in several."""
+    vocoder → (target, metrics port, proc, http port). A gateway starts in about a second (it imports no torch), a
+    whole stack in several. http: its HTTP door on a free port (else off: aiohttp's imports are half its start)."""
     grpc_port, metrics_port = free_port(), free_port()
-    http_port = int(flags[flags.index("--http-port") + 1]) if "--http-port" in flags else free_port()
+    http_port = int(flags[flags.index("--http-port") + 1]) if "--http-port" in flags else free_port() if http else 0
     target = f"127.0.0.1:{grpc_port}"
     with open(log_dir / "gateway.log", "w") as log:
         backends = [arg for s in ("llm", "vocoder") if f"--{s}-target" not in flags  # (flags may name replicas)

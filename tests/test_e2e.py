@@ -4,6 +4,7 @@ import asyncio
 import subprocess
 import sys
 import time
+import urllib.request
 import wave
 
 import grpc
@@ -118,8 +119,8 @@ def test_moss_serve_say_writes_a_wav(stack, tmp_path):
 
 
 def test_moss_serve_up_starts_and_stops_cleanly(tmp_path):
-    ports = Ports.free()
-    flags = []
+    ports = Ports.free(http=True)
+    flags = ["--http-port", str(ports.http)]
     for service in ("gateway", "llm", "vocoder"):
         flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=subprocess.PIPE, text=True)
@@ -128,9 +129,12 @@ def test_moss_serve_up_starts_and_stops_cleanly(tmp_path):
         while not is_serving(f"127.0.0.1:{ports.grpc['gateway']}"):
             assert proc.poll() is None and time.monotonic() < deadline, "moss-serve up did not come up"
             time.sleep(0.3)
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/healthz", timeout=5) as r:  # its HTTP door too
+            assert r.status == 200
         proc.send_signal(2)  # Ctrl-C
         assert proc.wait(timeout=30) == 0
-        assert "RANDOM weights" in proc.stderr.read()
+        said = proc.stderr.read()
+        assert "RANDOM weights" in said
         assert not any(is_serving(f"127.0.0.1:{ports.grpc[s]}", timeout=0.5) for s in ("gateway", "llm", "vocoder"))
     finally:
         if proc.poll() is None:

@@ -34,7 +34,7 @@ def gateway(stack, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text(KEY + "\n")
     with own_gateway(stack, tmp_path_factory.mktemp("logs"), "--api-keys-file", str(keys),
-                     "--client-stall-seconds", "2") as gw:
+                     "--client-stall-seconds", "2", http=True) as gw:
         yield gw
 
 
@@ -216,7 +216,7 @@ def test_refusals_carry_retry_after(stack, tmp_path):
     Retry-After, as gRPC's RESOURCE_EXHAUSTED; once it leaves, the place is free again."""
     with own_gateway(stack, tmp_path, "--max-turns", "1", "--max-queued-turns", "0", "--max-turns-per-client", "0",
                      "--client-stall-seconds", "10",
-                     "--api-keys-file", str(keys_file(tmp_path))) as gw:
+                     "--api-keys-file", str(keys_file(tmp_path)), http=True) as gw:
         with silent_client(gw.http, "holding the place"):
             wait_until(lambda: metric_value(scrape(gw.metrics), "gateway_active_requests") == 1, 30, "never admitted")
             with pytest.raises(openai.RateLimitError) as err:
@@ -278,3 +278,12 @@ def wait_until(check, timeout: float, what: str) -> None:
     while not check():
         assert time.monotonic() < deadline, what
         time.sleep(0.05)
+
+
+def test_up_says_where_the_http_door_is():
+    from services.cli import parser
+    from services.up import http_url
+
+    assert http_url(parser().parse_args(["up"])) == "http://127.0.0.1:8000"
+    assert http_url(parser().parse_args(["up", "--host", "0.0.0.0", "--http-port", "8080"])) == "http://127.0.0.1:8080"
+    assert http_url(parser().parse_args(["up", "--tls-dir", "/tls"])).startswith("https://")

@@ -191,6 +191,7 @@ def test_moss_serve_up_runs_the_engine_it_was_given():
     flags = []
     for service in ("gateway", "llm", "vocoder"):
         flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
+    flags += ["--http-port", "0"]
     flags += ["--preset", "tiny", "--kv-cache-gb", "0.05", "--block-size", "64", "--dtype", "bfloat16", "--max-num-seqs", "3"]
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=subprocess.PIPE, text=True)
     try:

@@ -92,6 +92,7 @@ def test_up_restarts_a_dead_service_and_its_services_die_with_it(tmp_path):
     flags = []
     for service in ("gateway", "llm", "vocoder", "encoder"):
         flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
+    flags += ["--http-port", "0"]
     # Its log (and its services', which share its stderr) to a file: a pipe nobody reads fills up and stops them all.
     up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=open(tmp_path / "up.log", "w"))
     gateway = f"127.0.0.1:{ports.grpc['gateway']}"

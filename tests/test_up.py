@@ -114,6 +114,7 @@ def test_moss_serve_up_runs_replicas_over_tls(tls_dir):
     flags = []
     for service in ("gateway", "llm", "vocoder"):
         flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
+    flags += ["--http-port", "0"]
     flags += ["--replicas", "2", "--tls-dir", str(tls_dir), "--max-turns", "5"]
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=subprocess.PIPE, text=True)
     tls = StackTls(str(tls_dir))
@@ -286,6 +287,7 @@ def test_up_stops_with_one_line_when_a_service_cannot_start(tmp_path):
     flags = ["--model-dir", str(tmp_path)]
     for service in ("gateway", "llm", "vocoder", "encoder"):
         flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
+    flags += ["--http-port", "0"]
     proc = subprocess.run([sys.executable, "-m", "services.cli", "up", *flags], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 1, proc.stderr[-3000:]

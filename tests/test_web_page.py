@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not instal
 def gateway(stack, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text(KEY + "\n")
-    with own_gateway(stack, tmp_path_factory.mktemp("logs"), "--api-keys-file", str(keys)) as gw:
+    with own_gateway(stack, tmp_path_factory.mktemp("logs"), "--api-keys-file", str(keys), http=True) as gw:
         yield gw
 
 
@@ -146,8 +146,9 @@ def test_a_person_types_hears_the_reply_and_stops_the_next(gateway, stack, chrom
             server_ms = turn["summary"]["ttfa_seconds"] * 1000
             assert server_ms <= turn["ttfa"] <= server_ms + 150, (turn["ttfa"], server_ms)  # the browser's own lag
             shown = await page.js("document.getElementById('ttfa').textContent")
-            assert shown == f"{turn['ttfa']:.0f} ms"
-            assert await page.js("document.getElementById('ttfa-server').textContent") == f"{server_ms:.0f} ms"
+            assert shown.endswith(" ms") and abs(float(shown[:-3]) - turn["ttfa"]) <= 1
+            shown_server = await page.js("document.getElementById('ttfa-server').textContent")
+            assert shown_server.endswith(" ms") and abs(float(shown_server[:-3]) - server_ms) <= 1
             print(f"\nscreenshot: {await page.screenshot(screenshot_dir(tmp_path) / 'web_page_reply.png')}")
 
             # a long reply, stopped with Escape once it plays

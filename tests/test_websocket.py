@@ -27,7 +27,7 @@ def gateway(stack, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text(KEY + "\n")
     with own_gateway(stack, tmp_path_factory.mktemp("logs"), "--api-keys-file", str(keys),
-                     "--encoder-target", stack.target("encoder")) as gw:
+                     "--encoder-target", stack.target("encoder"), http=True) as gw:
         yield gw
 
 
@@ -229,7 +229,7 @@ def raw_client(port: int, *texts: str) -> socket.socket:
 def test_a_client_that_stops_reading_is_ended(stack, tmp_path):
     """A session whose client takes no frames is ended after --client-stall-seconds (2 here), as a gRPC client is,
     and everything it held is freed."""
-    with own_gateway(stack, tmp_path, "--client-stall-seconds", "2") as gw:
+    with own_gateway(stack, tmp_path, "--client-stall-seconds", "2", http=True) as gw:
         stalled = '{method="websocket"}'
         turn = json.dumps({"turn": {"text": "Never listened to.", "sampling": LONG}})
         with raw_client(gw.http, json.dumps({"config": {}}), turn):

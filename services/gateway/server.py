@@ -13,7 +13,6 @@ from services.gateway import metrics
 from services.gateway.admission import Admission
 from services.gateway.backends import Backends
 from services.gateway.headroom import Headroom, HeadroomRule
-from services.gateway.http_server import HttpDoor
 from services.gateway.pipeline import TurnLimits
 from services.gateway.servicer import GatewayServicer
 from services.gateway.settings import GatewaySettings
@@ -45,6 +44,8 @@ async def run(s: GatewaySettings) -> None:
 
     http = None
     if s.http_port:
+        from services.gateway.http_server import HttpDoor  # (aiohttp: ~0.5 s of imports, only where HTTP is on)
+
         http = HttpDoor(speech, api_keys, s.max_message_bytes, s.client_stall_seconds or None, lambda: ready[0],
                         s.session_idle_seconds)
         await http.start(s.host, s.http_port, s.tls.ssl_context() if s.tls else None)
