@@ -36,8 +36,11 @@ up: $(STAMP)
 	$(BIN)/moss-serve up
 
 # ruff first (pyproject.toml's [tool.ruff]: pyflakes, pycodestyle, import order): a lint error fails fast.
+# compileall: the project's own modules as .pyc (this environment sets PYTHONDONTWRITEBYTECODE, so no process writes
+# them, and each of the suite's ~150 service processes would compile them again; Python still reads fresh ones).
 test: $(STAMP) tools
 	$(BIN)/ruff check .
+	$(BIN)/python -m compileall -q services protos tests > /dev/null
 	$(BIN)/python -m pytest -q --durations=25
 
 # Debian's prometheus package (the server and promtool) for the deploy checks and the Prometheus

@@ -34,7 +34,7 @@ def gateway(stack, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text(KEY + "\n")
     with own_gateway(stack, tmp_path_factory.mktemp("logs"), "--api-keys-file", str(keys),
-                     "--client-stall-seconds", "2", http=True) as gw:
+                     "--client-stall-seconds", "1", http=True) as gw:
         yield gw
 
 
@@ -201,7 +201,7 @@ def silent_client(port: int, text: str) -> socket.socket:
 
 
 def test_a_client_that_stops_reading_is_ended_and_frees_everything(gateway, stack):
-    """The gateway's writes wait for a client that never reads, and after --client-stall-seconds (2 here) the turn is
+    """The gateway's writes wait for a client that never reads, and after --client-stall-seconds (1 here) the turn is
     ended in every stage."""
     stalled = '{method="speech"}'
     before = metric_value(scrape(gateway.metrics), "gateway_stalled_calls_total", stalled)

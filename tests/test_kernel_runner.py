@@ -92,7 +92,7 @@ def test_kernel_runner_matches_the_reference_over_sessions(kernels):
     model = random_model(CFG, seed=5)
     # the interpreter is slow (a program at a time): one session of two turns, 4 tokens a reply, a short system turn
     # (the default's ~100 positions were most of its work; CUDA: every session, below)
-    turns, new_tokens, system = (TURNS, 24, "") if kernels == "torch" else (TURNS[:1], 4, "Be brief.")
+    turns, new_tokens, system = (TURNS, 24, "") if kernels == "torch" else (TURNS[:1], 2, "Be brief.")
     ref = conversation(engine_for(model, runner="reference"), turns, new_tokens=new_tokens, system_prompt=system)
     engine, sessions = engine_for(model, runner="kernels", kernels=kernels), Sessions()
     assert conversation(engine, turns, sessions, new_tokens, system) == ref

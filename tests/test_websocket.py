@@ -227,9 +227,9 @@ def raw_client(port: int, *texts: str) -> socket.socket:
 
 
 def test_a_client_that_stops_reading_is_ended(stack, tmp_path):
-    """A session whose client takes no frames is ended after --client-stall-seconds (2 here), as a gRPC client is,
+    """A session whose client takes no frames is ended after --client-stall-seconds (1 here), as a gRPC client is,
     and everything it held is freed."""
-    with own_gateway(stack, tmp_path, "--client-stall-seconds", "2", http=True) as gw:
+    with own_gateway(stack, tmp_path, "--client-stall-seconds", "1", http=True) as gw:
         stalled = '{method="websocket"}'
         turn = json.dumps({"turn": {"text": "Never listened to.", "sampling": LONG}})
         with raw_client(gw.http, json.dumps({"config": {}}), turn):
