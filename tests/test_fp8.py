@@ -1,6 +1,7 @@
 """FP8 layer GEMMs (`--quantization fp8`, services/llm/runner/fp8.py): the quantization's arithmetic, the kernel
 runner with FP8 layers against the model in float32, the settings that choose it, and on CUDA (bash
-bench/gpu_smoke.sh) the Triton quantizer and torch._scaled_mm against the CPU's arithmetic, in graphs."""
+bench/gpu_smoke.sh) the Triton quantizer, the decode kernel and torch._scaled_mm against the CPU's arithmetic, in
+graphs."""
 
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ def test_moss_serve_takes_and_hands_on_the_quantization():
     assert llm[llm.index("--quantization") + 1] == "fp8"
 
 
-# ---- CUDA: the Triton quantizer, cuBLASLt's FP8 products, graphs --------------------------------------------------
+# ---- CUDA: the Triton quantizer and decode kernel, cuBLASLt's FP8 products, graphs --------------------------------------------------
 @needs_cuda
 def test_the_triton_quantizer_gives_the_reference_numbers():
     from services.llm.runner.kernels.fp8 import quantize_rows
@@ -122,8 +123,10 @@ def test_the_triton_quantizer_gives_the_reference_numbers():
 
 
 @needs_cuda
-@pytest.mark.parametrize("rows", [1, 3, 16, 64, 256])
-def test_scaled_mm_multiplies_what_the_cpu_multiplies(rows):
+@pytest.mark.parametrize("rows", [1, 3, 16, 33, 64, 65, 256])
+def test_fp8_products_on_cuda_multiply_what_the_cpu_multiplies(rows):
+    """Up to DECODE_ROWS rows the Triton kernel, above it cuBLASLt's _scaled_mm: each against the CPU's arithmetic
+    of the same quantized numbers."""
     torch.manual_seed(rows)
     w = torch.randn(12288, 4096, device="cuda", dtype=torch.bfloat16) / 64
     x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
@@ -133,6 +136,23 @@ def test_scaled_mm_multiplies_what_the_cpu_multiplies(rows):
     want = (q.float() * scale) @ weight.dequantized().t()
     assert got.dtype == torch.bfloat16 and relative_error(got, want) < 0.01  # bf16 output, float32 accumulation
     assert relative_error(got, x.float() @ w.float().t()) < 0.06
+
+
+@needs_cuda
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 12288), (1000, 3000), (24, 40)])
+def test_the_decode_kernel_covers_every_shape_and_stride(n, k):
+    """Sizes that are not multiples of a tile, and rows read through a stride (a view of a wider tensor)."""
+    from services.llm.runner.kernels.fp8 import decode_matmul
+
+    torch.manual_seed(n)
+    weight = Fp8Weight.of(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
+    for rows in (1, 5, 17, 64):
+        q, scale = quantize_rows_reference(torch.randn(rows, k, device="cuda", dtype=torch.bfloat16))
+        wide = torch.zeros(rows, k + 16, device="cuda", dtype=FP8)
+        wide[:, 16:] = q
+        got = decode_matmul(wide[:, 16:], scale, weight.data, weight.scale, torch.bfloat16)
+        want = (q.float() * scale) @ weight.dequantized().t()
+        assert got.shape == (rows, n) and relative_error(got, want) < 0.01
 
 
 @needs_cuda

@@ -22,7 +22,8 @@ from collections.abc import Callable
 
 import grpc
 
-from services.common.errors import Cancelled, ServiceError
+from services.common.errors import ServiceError
+from services.common.stall import ClientStalled, write_within
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +51,6 @@ def trailing_metadata(exc: ServiceError) -> tuple[tuple[str, str | bytes], ...]:
     detail.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
     status = status_pb2.Status(code=status_code(exc).value[0], message=str(exc), details=[detail])
     return (("grpc-status-details-bin", status.SerializeToString()), ("retry-after-ms", str(round(retry_after * 1000))))
-
-
-class ClientStalled(Cancelled):
-    """The client took no message for the write timeout: the call ends, freeing what it held."""
-
-    def __init__(self, seconds: float):
-        super().__init__(f"the client took no message for {seconds:g} s (it stopped reading): the call was ended to "
-                         f"free its place")
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):
@@ -138,11 +131,10 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 async with contextlib.aclosing(behavior(request, context)) as inner:  # closed, and its cleanup run,
                     async for response in inner:                                     # before the error goes out
                         try:
-                            async with asyncio.timeout(self.write_timeout):
-                                await context.write(response)
-                        except TimeoutError:
+                            await write_within(context.write(response), self.write_timeout)
+                        except ClientStalled:
                             self.on_stalled(method)
-                            raise ClientStalled(self.write_timeout) from None
+                            raise
                         yield  # (nothing: written above)
 
             async for _ in self._wrap_stream(method, lambda r, c: responses())(request, context):

@@ -23,12 +23,10 @@ its turn at once.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +34,7 @@ from aiohttp import web
 
 from services.common.auth import api_key, refusal
 from services.common.errors import ServiceError
+from services.common.stall import ClientStalled, bound_send_buffer, write_within
 from services.gateway import metrics
 from services.gateway.admission import client_id
 from services.gateway.audio_encoding import encoder
@@ -144,6 +143,7 @@ class HttpDoor:
                                                    "Cache-Control": "no-cache", "X-Request-Id": first.metadata.request_id})
             response.enable_chunked_encoding()
             await response.prepare(request)
+            bound_send_buffer(request.transport and request.transport.get_extra_info("socket"))
             try:
                 summary = None
                 async for msg in replies:
@@ -155,6 +155,11 @@ class HttpDoor:
                 if sse and summary is not None:
                     await self._write(response, event({"type": "speech.audio.done", "usage": usage(summary)}))
                 await response.write_eof()
+            except ClientStalled:  # (a Cancelled: before ServiceError)
+                metrics.STALLED_CALLS.labels("speech").inc()
+                log.info("gateway: HTTP speech %s: the client took nothing for %g s: ended",
+                         first.metadata.request_id, self.stall_seconds)
+                raise_cut(request)
             except ServiceError as exc:  # after the headers: the stream ends saying why (sse), or is cut short
                 log.info("gateway: HTTP speech %s failed mid-stream: %s", first.metadata.request_id, exc)
                 if not sse:
@@ -163,11 +168,6 @@ class HttpDoor:
                 with contextlib.suppress(ConnectionError, ClientStalled):
                     await self._write(response, event({"type": "error", "error": error_body_of(exc)}))
                     await response.write_eof()
-            except ClientStalled:
-                metrics.STALLED_CALLS.labels("speech").inc()
-                log.info("gateway: HTTP speech %s: the client took nothing for %g s: ended",
-                         first.metadata.request_id, self.stall_seconds)
-                raise_cut(request)
             except ConnectionError:  # the client went away: the turn ends with this handler
                 pass
             return response
@@ -184,18 +184,7 @@ class HttpDoor:
 
     async def _write(self, response: web.StreamResponse, data: bytes) -> None:
         """One write, waiting for the client at most --client-stall-seconds."""
-        if self.stall_seconds is None:
-            await response.write(data)
-            return
-        started = time.perf_counter()
-        try:
-            await asyncio.wait_for(response.write(data), self.stall_seconds)
-        except TimeoutError:
-            raise ClientStalled(time.perf_counter() - started) from None
-
-
-class ClientStalled(Exception):
-    """An HTTP client took no bytes for --client-stall-seconds."""
+        await write_within(response.write(data), self.stall_seconds)
 
 
 def event(payload: dict) -> bytes:

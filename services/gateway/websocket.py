@@ -32,16 +32,13 @@ from google.protobuf import json_format
 from moss.speech.v1 import gateway_pb2
 
 from services.common.errors import Cancelled, InvalidArgument, ServiceError
+from services.common.stall import ClientStalled, bound_send_buffer, write_within
 from services.gateway import metrics
 from services.gateway.conversation import Conversation
 from services.gateway.http_errors import ws_close_code, ws_error
 from services.gateway.speech import Speech
 
 log = logging.getLogger(__name__)
-
-
-class ClientStalled(Exception):
-    """A WebSocket client took nothing for --client-stall-seconds."""
 
 
 class WebSocketConverse:
@@ -52,6 +49,7 @@ class WebSocketConverse:
     async def handle(self, request: web.Request, client: str) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(max_msg_size=self.max_message_bytes, compress=False)
         await ws.prepare(request)
+        bound_send_buffer(request.transport and request.transport.get_extra_info("socket"))
         s = self.speech
         conversation = Conversation(s.backends, s.limits, s.admission, self.idle_seconds, client, lambda: None,
                                     "websocket")
@@ -60,16 +58,16 @@ class WebSocketConverse:
                 async for msg in replies:
                     await self._send(ws, msg)
             await ws.close()
+        except ClientStalled:  # (a Cancelled: before ServiceError)
+            metrics.STALLED_CALLS.labels("websocket").inc()
+            log.info("gateway: WebSocket session: the client took nothing for %g s: ended", self.stall_seconds)
+            if request.transport is not None:
+                request.transport.close()
         except ServiceError as exc:
             if not isinstance(exc, Cancelled) or not ws.closed:
                 with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
                     await asyncio.wait_for(ws.send_str(json.dumps(ws_error(exc))), 1.0)
             await ws.close(code=ws_close_code(exc), message=str(exc)[:120].encode())
-        except ClientStalled:
-            metrics.STALLED_CALLS.labels("websocket").inc()
-            log.info("gateway: WebSocket session: the client took nothing for %g s: ended", self.stall_seconds)
-            if request.transport is not None:
-                request.transport.close()
         except ConnectionError:  # the client went away mid-write: the session ended with the loop above
             pass
         return ws
@@ -93,10 +91,4 @@ class WebSocketConverse:
             send = ws.send_bytes(msg.audio.pcm)
         else:
             send = ws.send_str(json.dumps(json_format.MessageToDict(msg, preserving_proto_field_name=True)))
-        if self.stall_seconds is None:
-            await send
-            return
-        try:
-            await asyncio.wait_for(send, self.stall_seconds)
-        except TimeoutError:
-            raise ClientStalled() from None
+        await write_within(send, self.stall_seconds)

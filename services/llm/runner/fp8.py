@@ -7,9 +7,10 @@ alike. In e4m3 both halve. The embeddings, norms, attention, K/V and the two hea
 heads make the logits that are sampled, and they are a small part of a step (the text head runs only for rows that
 sample text).
 
-Shapes: x [M, K] in the model's dtype, weight [N, K] → [M, N] in x's dtype. On CUDA the product is
-torch._scaled_mm (cuBLASLt, row-wise scales: H100 and newer); elsewhere the same quantized numbers are multiplied in
-float32, so CPU tests hold the arithmetic to the reference (tests/test_fp8.py).
+Shapes: x [M, K] in the model's dtype, weight [N, K] → [M, N] in x's dtype. On CUDA the product is a Triton kernel up
+to DECODE_ROWS rows (kernels/fp8.py) and torch._scaled_mm above (cuBLASLt, row-wise scales: H100 and newer);
+elsewhere the same quantized numbers are multiplied in float32, so CPU tests hold the arithmetic to the reference
+(tests/test_fp8.py).
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ class Fp8Weight:
 
 
 def quantize_rows_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] → (q [M, K] FP8, scale [M, 1] float32) with x ≈ q · scale, each row scaled to its largest value."""
-    v = x.float()
+    """x [M, K] → (q [M, K] FP8, scale [M, 1] float32) with x ≈ q · scale, each row scaled to its largest value.
+    Detached: a Parameter's autograd graph would keep a float32 copy of every weight alive."""
+    v = x.detach().float()
     scale = v.abs().amax(dim=1, keepdim=True).clamp(min=TINY) / FP8_MAX
     return (v / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).contiguous(), scale
 
@@ -59,12 +61,21 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_rows_reference(x)
 
 
+# Up to this many rows (decode steps) a product is bound by reading its weight, and cuBLASLt's FP8 kernels read it
+# slowly: kernels/fp8.py's decode kernel takes them. More rows (prefill) go to torch._scaled_mm. The same arithmetic.
+DECODE_ROWS = 64
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     """F.linear(x, weight) for either kind of weight: x [M, K], weight [N, K] → [M, N] in x's dtype."""
     if not isinstance(weight, Fp8Weight):
         return F.linear(x, weight)
     q, scale = quantize_rows(x)
     if x.is_cuda:
+        if x.shape[0] <= DECODE_ROWS:
+            from services.llm.runner.kernels.fp8 import decode_matmul
+
+            return decode_matmul(q, scale, weight.data, weight.scale, x.dtype)
         return torch._scaled_mm(q, weight.data.t(), scale_a=scale, scale_b=weight.scale, out_dtype=x.dtype)
     return ((q.float() * scale) @ weight.dequantized().t()).to(x.dtype)
 

@@ -87,56 +87,65 @@ def rope_cache(head_dim: int, max_position: int, theta: float, device) -> torch.
 # q/k per-head RMSNorm + RoPE, K/V scattered into the paged pool
 
 
+@triton.jit
+def _norm_rope(x1, x2, w_ptr, offs, mask, cos, sin, D: tl.constexpr, eps, dtype):
+    """Heads [HEADS, D/2] twice (each head's two halves, fp32) → RMSNorm over D (rounded to the model dtype as the
+    reference's RMSNorm output is), then NeoX RoPE: out = x * cos + cat(-x2, x1) * sin."""
+    rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)[:, None]
+    w1 = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)[None, :]
+    w2 = tl.load(w_ptr + D // 2 + offs, mask=mask, other=0.0).to(tl.float32)[None, :]
+    x1 = (x1 * rstd * w1).to(dtype).to(tl.float32)
+    x2 = (x2 * rstd * w2).to(dtype).to(tl.float32)
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
 @triton.jit(do_not_specialize=["layer"])  # one compiled variant for all 40 layers
 def _qk_norm_rope_store_kernel(qkv_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, kv_ptr, slot_ptr, q_ptr,
                                qkv_stride, q_stride_n, q_stride_h,
                                kv_s0, kv_s1, kv_s2, kv_s3, kv_s4,
                                layer, block_size, eps,
-                               H: tl.constexpr, KH: tl.constexpr, D: tl.constexpr, HALF_BLOCK: tl.constexpr):
-    # Grid (N, H + KH): program (n, j) handles q head j when j < H, else k head j - H together with
-    # v head j - H. Each head is loaded as two halves so that NeoX's rotate (cat(-x2, x1)) needs no shuffle.
+                               H: tl.constexpr, KH: tl.constexpr, D: tl.constexpr, HALF_BLOCK: tl.constexpr,
+                               H_BLOCK: tl.constexpr, KH_BLOCK: tl.constexpr):
+    # Grid (N,): program n handles row n's H q heads, then its KH k heads with their v heads, each as [heads, D/2]
+    # tiles. Each head is loaded as two halves so that NeoX's rotate (cat(-x2, x1)) needs no shuffle.
     n = tl.program_id(0).to(tl.int64)
-    j = tl.program_id(1)
     half: tl.constexpr = D // 2
     offs = tl.arange(0, HALF_BLOCK)
-    mask = offs < half
-    is_q = j < H
-    col = j * D  # q heads, then k heads: contiguous in qkv
-    row = qkv_ptr + n * qkv_stride + col
-    x1 = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(row + half + offs, mask=mask, other=0.0).to(tl.float32)
-
-    # Per-head RMSNorm over D, rounded to the model dtype as the reference's RMSNorm output is.
-    rstd = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / D + eps)
-    w_ptr = qw_ptr if is_q else kw_ptr
+    dmask = offs < half
+    row = qkv_ptr + n * qkv_stride  # q heads, then k heads, then v heads: contiguous in qkv
     dtype = qkv_ptr.dtype.element_ty
-    x1 = (x1 * rstd * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
-    x2 = (x2 * rstd * tl.load(w_ptr + half + offs, mask=mask, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
-
-    # NeoX RoPE: out = x * cos + cat(-x2, x1) * sin; table [max_position, D/2, 2] holds (cos, sin) pairs.
+    # table [max_position, D/2, 2] holds (cos, sin) pairs
     cs = cs_ptr + tl.load(pos_ptr + n) * D + offs * 2
-    cos = tl.load(cs, mask=mask, other=0.0)
-    sin = tl.load(cs + 1, mask=mask, other=0.0)
-    o1 = x1 * cos - x2 * sin
-    o2 = x2 * cos + x1 * sin
+    cos = tl.load(cs, mask=dmask, other=0.0)[None, :]
+    sin = tl.load(cs + 1, mask=dmask, other=0.0)[None, :]
 
-    if is_q:
-        q = q_ptr + n * q_stride_n + j * q_stride_h
-        tl.store(q + offs, o1, mask=mask)
-        tl.store(q + half + offs, o2, mask=mask)
-    else:
-        # Slot -1 marks a padding row of a CUDA-graph bucket: compute, store nothing.
-        slot = tl.load(slot_ptr + n)
-        keep = mask & (slot >= 0)
-        slot = tl.maximum(slot, 0)
-        kh = j - H
-        k = kv_ptr + (slot // block_size) * kv_s0 + layer * kv_s1 + kh * kv_s3 + (slot % block_size) * kv_s4
-        tl.store(k + offs, o1.to(dtype), mask=keep)  # round to model dtype as the reference's RoPE output
-        tl.store(k + half + offs, o2.to(dtype), mask=keep)
-        v_src = row + KH * D  # v head kh sits KH heads after k head kh
-        v = k + kv_s2
-        tl.store(v + offs, tl.load(v_src + offs, mask=mask, other=0.0), mask=keep)
-        tl.store(v + half + offs, tl.load(v_src + half + offs, mask=mask, other=0.0), mask=keep)
+    heads = tl.arange(0, H_BLOCK)[:, None]
+    m = (heads < H) & dmask[None, :]
+    cols = heads * D + offs[None, :]
+    x1 = tl.load(row + cols, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(row + half + cols, mask=m, other=0.0).to(tl.float32)
+    o1, o2 = _norm_rope(x1, x2, qw_ptr, offs, dmask, cos, sin, D, eps, dtype)
+    q = q_ptr + n * q_stride_n + heads * q_stride_h + offs[None, :]
+    tl.store(q, o1, mask=m)
+    tl.store(q + half, o2, mask=m)
+
+    # Slot -1 marks a padding row of a CUDA-graph bucket: compute, store nothing.
+    slot = tl.load(slot_ptr + n)
+    kheads = tl.arange(0, KH_BLOCK)[:, None]
+    km = (kheads < KH) & dmask[None, :]
+    keep = km & (slot >= 0)
+    slot = tl.maximum(slot, 0)
+    kcols = (H + kheads) * D + offs[None, :]
+    x1 = tl.load(row + kcols, mask=km, other=0.0).to(tl.float32)
+    x2 = tl.load(row + half + kcols, mask=km, other=0.0).to(tl.float32)
+    o1, o2 = _norm_rope(x1, x2, kw_ptr, offs, dmask, cos, sin, D, eps, dtype)
+    k = kv_ptr + (slot // block_size) * kv_s0 + layer * kv_s1 + kheads * kv_s3 + (slot % block_size) * kv_s4 + offs[None, :]
+    tl.store(k, o1.to(dtype), mask=keep)  # round to model dtype as the reference's RoPE output
+    tl.store(k + half, o2.to(dtype), mask=keep)
+    v_src = row + KH * D + kcols  # v head kh sits KH heads after k head kh
+    v = k + kv_s2
+    tl.store(v, tl.load(v_src, mask=km, other=0.0), mask=keep)
+    tl.store(v + half, tl.load(v_src + half, mask=km, other=0.0), mask=keep)
 
 
 def qk_norm_rope_store(qkv: torch.Tensor, q_norm_weight: torch.Tensor, k_norm_weight: torch.Tensor, eps: float,
@@ -161,12 +170,12 @@ def qk_norm_rope_store(qkv: torch.Tensor, q_norm_weight: torch.Tensor, k_norm_we
         q_out = torch.empty(n, h, d, dtype=qkv.dtype, device=qkv.device)
     assert q_out.shape == (n, h, d) and q_out.stride(-1) == 1
     if n > 0:
-        half_block = triton.next_power_of_2(d // 2)
-        _qk_norm_rope_store_kernel[(n, h + kh)](
+        half_block, h_block = triton.next_power_of_2(d // 2), triton.next_power_of_2(h)
+        _qk_norm_rope_store_kernel[(n,)](
             qkv, q_norm_weight, k_norm_weight, positions, cos_sin, kv_cache, slot_mapping, q_out,
             qkv.stride(0), q_out.stride(0), q_out.stride(1), *kv_cache.stride()[:5],
-            layer, kv_cache.shape[4], eps, H=h, KH=kh, D=d, HALF_BLOCK=half_block,
-            num_warps=max(1, half_block // 64))
+            layer, kv_cache.shape[4], eps, H=h, KH=kh, D=d, HALF_BLOCK=half_block, H_BLOCK=h_block,
+            KH_BLOCK=triton.next_power_of_2(kh), num_warps=max(1, min(8, h_block * half_block // 256)))
     return q_out
 
 
