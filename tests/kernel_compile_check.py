@@ -17,7 +17,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from services.encoder import attention as encoder_attention  # noqa: E402
-from services.llm.runner.kernels import fused, paged_attention, sampling  # noqa: E402
+from services.llm.runner.kernels import fp8, fused, paged_attention, sampling  # noqa: E402
 from services.vocoder import activation  # noqa: E402
 from services.vocoder.codec import chunk_attention, frame_ops, snake  # noqa: E402
 
@@ -60,7 +60,14 @@ KERNELS = {
     "qk norm + rope + store": (fused._qk_norm_rope_store_kernel, *signature(
         fused._qk_norm_rope_store_kernel,
         {"qkv_ptr": BF16, "qw_ptr": BF16, "kw_ptr": BF16, "pos_ptr": "*i64", "cs_ptr": "*fp32", "kv_ptr": BF16,
-         "slot_ptr": "*i64", "q_ptr": BF16}, ("eps",), dict(H=32, KH=8, D=128, HALF_BLOCK=64)), 1),
+         "slot_ptr": "*i64", "q_ptr": BF16}, ("eps",), dict(H=32, KH=8, D=128, HALF_BLOCK=64, H_BLOCK=32, KH_BLOCK=8)),
+        8),
+    "fp8: a row's quantization": (fp8._quantize_rows_kernel, *signature(
+        fp8._quantize_rows_kernel, {"x_ptr": BF16, "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}, ("fp8_max", "tiny"),
+        dict(BLOCK=4096)), 8),
+    "fp8: decode products": (fp8._decode_kernel.fn, *signature(
+        fp8._decode_kernel.fn, {"x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32",
+                                "y_ptr": BF16}, (), dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256)), 4),
     "silu * mul": (fused._silu_mul_kernel, *signature(
         fused._silu_mul_kernel, {"gu_ptr": BF16, "out_ptr": BF16}, (), dict(BLOCK=2048)), 8),
     "sampling: prepare": (sampling._prepare_kernel, *signature(

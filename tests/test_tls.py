@@ -1,14 +1,16 @@
 """TLS for clients and mutual TLS between the services, with certificates made here: a client reaches the
-gateway only over TLS; llm and vocoder take only clients with a certificate of the stack's CA (the gateway's),
-and health checks go over the same TLS."""
+gateway only over TLS (gRPC and the HTTP door); llm and vocoder take only clients with a certificate of the stack's
+CA (the gateway's), and health checks go over the same TLS."""
 
 import asyncio
 import datetime
 import ipaddress
+import ssl
 import subprocess
 import sys
 
 import grpc
+import httpx2 as httpx  # the HTTP client the openai package uses (tests/test_http.py)
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -81,7 +83,8 @@ def tls_stack(pki, tmp_path_factory):
                          "--backend-ca", pki["ca"], "--backend-cert", client_cert, "--backend-key", client_key]}
     as_gateway = ChannelTls(pki["ca"], client_cert, client_key)
     health = {"llm": as_gateway, "vocoder": as_gateway, "gateway": ChannelTls(pki["ca"])}
-    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra, health_tls=health) as stack:
+    with Stack(Ports.free(http=True), without=NO_SPEECH, log_dir=tmp_path_factory.mktemp("logs"), extra_args=extra,
+               health_tls=health) as stack:
         yield stack
 
 
@@ -101,6 +104,20 @@ def test_plaintext_and_untrusted_clients_are_turned_away(tls_stack, pki):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         asyncio.run(synthesize(gateway, "hi", sampling=SAMPLING, timeout=5))
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_the_http_door_serves_https_with_the_same_files(tls_stack, pki):
+    """--http-port on a TLS gateway: HTTPS with the gateway's certificate; plain HTTP and another CA's trust fail."""
+    url = f"https://127.0.0.1:{tls_stack.ports.http}"
+    body = {"model": "moss-speech", "input": "hi", "voice": "alloy", "response_format": "pcm",
+            "sampling": {"max_new_tokens": 4, "seed": 1}}
+    reply = httpx.post(url + "/v1/audio/speech", json=body, verify=ssl.create_default_context(cafile=pki["ca"]),
+                       timeout=60)
+    assert reply.status_code == 200 and len(reply.content) > 0 and len(reply.content) % 2 == 0
+    with pytest.raises(httpx.HTTPError):  # plaintext to the TLS port: no HTTP reply
+        httpx.get(url.replace("https", "http") + "/healthz", timeout=5)
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+        httpx.get(url + "/healthz", verify=ssl.create_default_context(cafile=pki["other_ca"]), timeout=5)
 
 
 def test_moss_serve_say_over_tls(tls_stack, pki, tmp_path):
