@@ -96,6 +96,9 @@ def parser() -> argparse.ArgumentParser:
         up.add_argument(f"--{service}-metrics-port", type=int, default=METRICS_PORTS[service])
     up.add_argument("--http-port", type=int, default=HTTP_PORT,
                     help="the gateway's HTTP door: OpenAI's /v1/audio/speech, /healthz, /readyz (0: off)")
+    up.add_argument("--no-encoder", action="store_true",
+                    help="start no speech encoder: typed turns only (a spoken turn fails UNAVAILABLE), its start-up "
+                         "and GPU memory saved")
     up.add_argument("--model-dir", help="the llm's checkpoint; without it: the --preset with random weights")
     up.add_argument("--vocoder-dir", help="the vocoder's BigVGAN-v2 directory; without it: the vocoder preset matching "
                                           "the llm (--preset, or moss-speech with --model-dir) with random weights")

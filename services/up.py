@@ -106,7 +106,7 @@ def run_up(args) -> int:
     if not args.vocoder_dir:
         print(f"moss-serve up: no --vocoder-dir: the vocoder serves the {vocoder_preset(args)!r} preset with RANDOM weights",
               file=sys.stderr)
-    if not args.encoder_dir:
+    if not args.encoder_dir and not args.no_encoder:
         print(f"moss-serve up: no --encoder-dir: the encoder serves the {encoder_preset(args)!r} preset with RANDOM weights",
               file=sys.stderr)
     counts = {service: n for service in ("llm", "vocoder")}
@@ -127,7 +127,8 @@ def run_up(args) -> int:
         env[name] = {**extra_env, **env.get(name, {})}
     health = {"llm": tls.client(mutual=True), "vocoder": tls.client(mutual=True), "encoder": tls.client(mutual=True),
               "gateway": tls.client(mutual=False)} if tls else {}
-    stack = Stack(ports, host=args.host, extra_args=extra, env=env, health_tls=health, replicas=counts)
+    stack = Stack(ports, host=args.host, extra_args=extra, env=env, health_tls=health, replicas=counts,
+                  without=("encoder",) if args.no_encoder else ())
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:

@@ -192,7 +192,8 @@ def test_moss_serve_up_runs_the_engine_it_was_given():
     for service in ("gateway", "llm", "vocoder"):
         flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
     flags += ["--http-port", "0"]
-    flags += ["--preset", "tiny", "--kv-cache-gb", "0.05", "--block-size", "64", "--dtype", "bfloat16", "--max-num-seqs", "3"]
+    flags += ["--preset", "tiny", "--kv-cache-gb", "0.05", "--block-size", "64", "--dtype", "bfloat16", "--max-num-seqs", "3",
+              "--no-encoder"]
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -210,6 +211,7 @@ def test_moss_serve_up_runs_the_engine_it_was_given():
         err = proc.stderr.read()
         assert "llm serves the 'tiny' preset with RANDOM weights" in err
         assert "vocoder serves the 'tiny-codec' preset with RANDOM weights" in err
+        assert "vocoder on" in err and "encoder on" not in err  # --no-encoder: none started
     finally:
         if proc.poll() is None:
             proc.kill()
