@@ -65,13 +65,13 @@ def _refuse(message: str, reads_first: bool = False):
     return refuse
 
 
-def refusal(keys: list[bytes], metadata) -> str | None:
+def refusal(keys: list[bytes], metadata, carrier: str = "authorization metadata") -> str | None:
     """Why a call (its metadata: gRPC's, or an HTTP request's Authorization header as ("authorization", value))
-    may not use the API, or None when it carries one of `keys`."""
+    may not use the API, or None when it carries one of `keys`. carrier: what the messages call the key's place."""
     if not any(k == "authorization" for k, _ in (metadata or ())):
-        return "missing authorization metadata (authorization: Bearer <API key>)"
+        return f"missing {carrier} (authorization: Bearer <API key>)"
     if (key := api_key(metadata)) is None:
-        return "authorization metadata must be 'Bearer <API key>'"
+        return f"{carrier} must be 'Bearer <API key>'"
     given = key.encode()
     match = False
     for known in keys:  # every key, always: no early exit that timing could reveal

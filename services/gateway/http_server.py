@@ -101,9 +101,9 @@ class HttpDoor:
     @web.middleware
     async def _auth(self, request: web.Request, handler):
         if self.keys and request.path not in OPEN_PATHS:
-            why = refusal(self.keys, presented_key(request))
+            why = refusal(self.keys, presented_key(request), carrier="the Authorization header")
             if why is not None:
-                return error_response(401, why.replace("authorization metadata", "the Authorization header"))
+                return error_response(401, why)
         return await handler(request)
 
     # ---- routes ------------------------------------------------------------------------------------------------
