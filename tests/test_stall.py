@@ -37,13 +37,24 @@ def test_a_write_that_completes_returns_and_none_waits_as_long_as_it_takes():
     asyncio.run(main())
 
 
+class Transport:
+    """What bound_send_buffer reads of an asyncio transport."""
+
+    def __init__(self, sock):
+        self.sock = sock
+
+    def get_extra_info(self, name):
+        return self.sock if name == "socket" else None
+
+
 def test_the_send_buffer_is_bounded_where_linux_would_grow_it():
     with socket.socket() as sock:
-        bound_send_buffer(sock)
+        bound_send_buffer(Transport(sock))
         # Linux reports twice what was set (its bookkeeping); unset, a TCP socket would start at tcp_wmem's default and
         # grow to its maximum (megabytes)
         assert SEND_BUFFER_BYTES <= sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) <= 2 * SEND_BUFFER_BYTES
     closed = socket.socket()
     closed.close()
-    bound_send_buffer(closed)  # a socket the client already closed: nothing raised
+    bound_send_buffer(Transport(closed))  # a socket the client already closed: nothing raised
+    bound_send_buffer(Transport(None))
     bound_send_buffer(None)

@@ -43,8 +43,10 @@ async def write_within(write: Awaitable, seconds: float | None) -> None:
         raise ClientStalled(seconds) from None
 
 
-def bound_send_buffer(sock: socket.socket | None) -> None:
-    """The socket's send buffer at SEND_BUFFER_BYTES (the module's docstring); a socket already gone is left."""
+def bound_send_buffer(transport: asyncio.BaseTransport | None) -> None:
+    """The send buffer of the transport's socket at SEND_BUFFER_BYTES (the module's docstring); a connection already
+    gone is left."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
     if sock is not None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)

@@ -75,3 +75,10 @@ def ws_error(exc: ServiceError) -> dict:
     """The last text frame of a session an error ends: its gRPC code, message and (for bad input) field."""
     param = exc.field if isinstance(exc, InvalidArgument | NotFound) else None
     return {"error": {"code": exc.code, "message": str(exc), "param": param}}
+
+
+def raise_cut(request: web.Request) -> None:
+    """Close the connection under a response: an HTTP body is seen cut short, not complete; a WebSocket ends with no
+    close frame."""
+    if request.transport is not None:
+        request.transport.close()

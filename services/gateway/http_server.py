@@ -34,11 +34,12 @@ from aiohttp import web
 
 from services.common.auth import api_key, refusal
 from services.common.errors import ServiceError
+from services.common.server import GRACE_SECONDS
 from services.common.stall import ClientStalled, bound_send_buffer, write_within
 from services.gateway import metrics
 from services.gateway.admission import client_id
 from services.gateway.audio_encoding import encoder
-from services.gateway.http_errors import error_response, from_service_error
+from services.gateway.http_errors import error_response, from_service_error, raise_cut
 from services.gateway.openai_speech import MODEL, SpeechRequest, parse_speech, usage
 from services.gateway.speech import Speech
 from services.gateway.websocket import WebSocketConverse
@@ -69,7 +70,8 @@ class HttpDoor:
 
     async def start(self, host: str, port: int, ssl_context=None) -> None:
         # handler_cancellation: a client that disconnects cancels its handler, and so its turn, at once
-        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        # shutdown_timeout: at a stop, requests (an open WebSocket session) get gRPC's grace, not aiohttp's 60 s
+        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None, shutdown_timeout=GRACE_SECONDS)
         await self.runner.setup()
         try:
             await web.TCPSite(self.runner, host, port, ssl_context=ssl_context, reuse_port=False).start()
@@ -143,7 +145,7 @@ class HttpDoor:
                                                    "Cache-Control": "no-cache", "X-Request-Id": first.metadata.request_id})
             response.enable_chunked_encoding()
             await response.prepare(request)
-            bound_send_buffer(request.transport and request.transport.get_extra_info("socket"))
+            bound_send_buffer(request.transport)
             try:
                 summary = None
                 async for msg in replies:
@@ -156,7 +158,7 @@ class HttpDoor:
                     await self._write(response, event({"type": "speech.audio.done", "usage": usage(summary)}))
                 await response.write_eof()
             except ClientStalled:  # (a Cancelled: before ServiceError)
-                metrics.STALLED_CALLS.labels("speech").inc()
+                metrics.observe_stalled("speech")
                 log.info("gateway: HTTP speech %s: the client took nothing for %g s: ended",
                          first.metadata.request_id, self.stall_seconds)
                 raise_cut(request)
@@ -194,12 +196,6 @@ def event(payload: dict) -> bytes:
 
 def error_body_of(exc: ServiceError) -> dict:
     return json.loads(from_service_error(exc).text)["error"]
-
-
-def raise_cut(request: web.Request) -> None:
-    """End the response without its last chunk: the client sees the body cut short, not a complete one."""
-    if request.transport is not None:
-        request.transport.close()
 
 
 def presented_key(request: web.Request) -> tuple[tuple[str, str], ...]:

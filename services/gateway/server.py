@@ -40,7 +40,10 @@ async def run(s: GatewaySettings) -> None:
             ready[0] = serving
             await set_serving(serving)
 
-        await backends.watch(both)
+        try:
+            await backends.watch(both)
+        finally:  # stopping: /readyz says so at once, as gRPC's health does, so that balancers drain this gateway
+            ready[0] = False
 
     http = None
     if s.http_port:

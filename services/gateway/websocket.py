@@ -35,7 +35,7 @@ from services.common.errors import Cancelled, InvalidArgument, ServiceError
 from services.common.stall import ClientStalled, bound_send_buffer, write_within
 from services.gateway import metrics
 from services.gateway.conversation import Conversation
-from services.gateway.http_errors import ws_close_code, ws_error
+from services.gateway.http_errors import raise_cut, ws_close_code, ws_error
 from services.gateway.speech import Speech
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class WebSocketConverse:
     async def handle(self, request: web.Request, client: str) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(max_msg_size=self.max_message_bytes, compress=False)
         await ws.prepare(request)
-        bound_send_buffer(request.transport and request.transport.get_extra_info("socket"))
+        bound_send_buffer(request.transport)
         s = self.speech
         conversation = Conversation(s.backends, s.limits, s.admission, self.idle_seconds, client, lambda: None,
                                     "websocket")
@@ -59,10 +59,9 @@ class WebSocketConverse:
                     await self._send(ws, msg)
             await ws.close()
         except ClientStalled:  # (a Cancelled: before ServiceError)
-            metrics.STALLED_CALLS.labels("websocket").inc()
+            metrics.observe_stalled("websocket")
             log.info("gateway: WebSocket session: the client took nothing for %g s: ended", self.stall_seconds)
-            if request.transport is not None:
-                request.transport.close()
+            raise_cut(request)
         except ServiceError as exc:
             if not isinstance(exc, Cancelled) or not ws.closed:
                 with contextlib.suppress(ConnectionError, asyncio.TimeoutError):

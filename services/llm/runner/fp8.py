@@ -61,8 +61,9 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_rows_reference(x)
 
 
-# Up to this many rows (decode steps) a product is bound by reading its weight, and cuBLASLt's FP8 kernels read it
-# slowly: kernels/fp8.py's decode kernel takes them. More rows (prefill) go to torch._scaled_mm. The same arithmetic.
+# Up to this many rows (decode steps, short prefills) a product is bound by reading its weight, and cuBLASLt's FP8
+# kernels read it slowly: kernels/fp8.py's decode kernel takes them. More rows go to torch._scaled_mm. The same
+# arithmetic.
 DECODE_ROWS = 64
 
 
