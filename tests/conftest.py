@@ -74,10 +74,12 @@ def stack(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def own_gateway(stack: Stack, log_dir, *flags: str, env: dict[str, str] | None = None, http: bool = False):
+def own_gateway(stack: Stack, log_dir, *flags: str, env: dict[str, str] | None = None, http: bool = False,
+                serving: bool = True):
     """A gateway process of its own, with `flags` (and `env` added to its environment), in front of `stack`'s llm and
     vocoder → (target, metrics port, proc, http port). A gateway starts in about a second (it imports no torch), a
-    whole stack in several. http: its HTTP door on a free port (else off: aiohttp's imports are half its start)."""
+    whole stack in several. http: its HTTP door on a free port (else off: aiohttp's imports are half its start).
+    serving=False: a stage is down (its health never says SERVING); started once its HTTP door answers /healthz."""
     grpc_port, metrics_port = free_port(), free_port()
     http_port = int(flags[flags.index("--http-port") + 1]) if "--http-port" in flags else free_port() if http else 0
     target = f"127.0.0.1:{grpc_port}"
@@ -90,13 +92,21 @@ def own_gateway(stack: Stack, log_dir, *flags: str, env: dict[str, str] | None =
                                 stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         try:
             deadline = time.monotonic() + 60
-            while not is_serving(target):
+            while not (is_serving(target) if serving else door_open(http_port)):
                 assert proc.poll() is None and time.monotonic() < deadline, f"the gateway did not start: {log.name}"
                 time.sleep(0.1)
             yield SimpleNamespace(target=target, metrics=metrics_port, proc=proc, http=http_port)
         finally:
             proc.terminate()
             proc.wait(10)
+
+
+def door_open(http_port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/healthz", timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

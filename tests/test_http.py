@@ -20,6 +20,7 @@ import pytest
 import soundfile
 from conftest import left_held, metric_value, own_gateway, scrape
 
+from services.gateway.time_stretch import TimeStretch
 from services.stack import free_port
 
 KEY = "alpha"
@@ -65,6 +66,13 @@ def decode(fmt: str, data: bytes, tmp_path) -> tuple[np.ndarray, int]:
                              check=True).stdout
         rate = int(subprocess.run(["soxi", "-r", str(path)], capture_output=True, text=True, check=True).stdout)
         return np.frombuffer(raw, dtype="<i2"), rate
+    if fmt == "aac":  # FFmpeg's decoder (PyAV), reading the ADTS stream as a file would
+        import av
+
+        with av.open(io.BytesIO(data), format="adts") as f:
+            rate = f.streams.audio[0].rate
+            frames = [frame.to_ndarray().reshape(-1) for frame in f.decode(audio=0)]  # float planes, mono
+        return (np.clip(np.concatenate(frames), -1, 1) * 32767).astype("<i2"), rate
     with soundfile.SoundFile(io.BytesIO(data)) as f:
         assert f.channels == 1
         return np.concatenate(list(f.blocks(4096, dtype="int16"))), f.samplerate
@@ -78,7 +86,7 @@ def reference_pcm(gateway) -> np.ndarray:
 
 
 @pytest.mark.parametrize("fmt, content_type", [("pcm", "audio/pcm"), ("wav", "audio/wav"), ("flac", "audio/flac"),
-                                               ("mp3", "audio/mpeg"), ("opus", "audio/ogg")])
+                                               ("mp3", "audio/mpeg"), ("opus", "audio/ogg"), ("aac", "audio/aac")])
 def test_every_format_decodes_to_the_turns_audio(gateway, reference_pcm, fmt, content_type, tmp_path):
     reply = speak(gateway, fmt)
     assert reply.response.headers["content-type"] == content_type
@@ -86,12 +94,26 @@ def test_every_format_decodes_to_the_turns_audio(gateway, reference_pcm, fmt, co
     assert rate == 24000
     if fmt in ("pcm", "wav", "flac"):  # lossless: the very samples of the same seeded turn
         assert np.array_equal(samples, reference_pcm)
-    else:  # lossy: the codec's delay and padding (LAME: up to ~2 frames; Opus: its pre-skip is undone), and the sound
+    else:  # lossy: the codec's delay and padding (LAME: up to ~2 frames; Opus: its pre-skip is undone; AAC: 1,024
+        # samples of priming and its last frame filled), and the sound
         assert SAMPLES - 960 <= len(samples) <= SAMPLES + 2 * 1152, len(samples)
         lag = int(np.argmax([np.dot(samples[d:d + SAMPLES // 2].astype(float), reference_pcm[:SAMPLES // 2])
                              for d in range(0, 1800)]))
         a, b = samples[lag:lag + SAMPLES // 2].astype(float), reference_pcm[:SAMPLES // 2].astype(float)
         assert np.corrcoef(a, b)[0, 1] > 0.5, "the decoded audio is not the turn's"
+
+
+@pytest.mark.parametrize("speed, fmt", [(1.5, "pcm"), (0.75, "mp3")])
+def test_speed_time_stretches_the_turns_audio(gateway, reference_pcm, speed, fmt, tmp_path):
+    """OpenAI's `speed`: the turn's very samples, stretched (the same pitch) as time_stretch.py stretches them."""
+    samples, rate = decode(fmt, speak(gateway, fmt, speed=speed).content, tmp_path)
+    stretch = TimeStretch(speed, 24000)
+    expected = np.frombuffer(stretch.feed(reference_pcm.tobytes()) + stretch.finish(), dtype="<i2")
+    assert len(expected) == round(SAMPLES / speed)
+    if fmt == "pcm":
+        assert np.array_equal(samples, expected)
+    else:  # LAME's delay and padding, as above
+        assert len(expected) <= len(samples) <= len(expected) + 2 * 1152, len(samples)
 
 
 def test_audio_streams_in_chunks_as_it_is_made(gateway):
@@ -118,9 +140,7 @@ def test_server_sent_events_carry_the_audio_then_the_usage(gateway, reference_pc
 
 @pytest.mark.parametrize("change, status, param, says", [
     ({"voice": "nobody"}, 400, "voice", "unknown voice 'nobody'; known voices: default"),
-    ({"response_format": "aac"}, 400, "response_format", "no AAC encoder"),
-    ({"response_format": "ogg"}, 400, "response_format", "use one of pcm, wav, flac, mp3, opus"),
-    ({"speed": 1.5}, 400, "speed", "only 1.0 is supported"),
+    ({"response_format": "ogg"}, 400, "response_format", "use one of pcm, wav, flac, mp3, opus, aac"),
     ({"speed": 9}, 400, "speed", "outside 0.25-4.0"),
     ({"model": "gpt-5"}, 404, "model", "not served here"),
     ({"input": "   "}, 400, "input", "must not be empty"),

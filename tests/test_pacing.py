@@ -51,6 +51,17 @@ def test_audio_lead_counts_audio_sent_in_chunks_from_the_first_audio_token(model
     assert seq.audio_lead(10.2, 0.08) is None
 
 
+def test_a_listener_who_plays_faster_has_less_lead(model):
+    """ChunkPolicy.playback_speed (HTTP's `speed`): a token lasts 80 ms / speed for the listener."""
+    engine = make_engine(model)
+    seq = engine.make_sequence(GenerationRequest("a", SPEECH, ChunkSettings(first_chunk_tokens=2, playback_speed=2.0),
+                                                 text="Say something long."))
+    for token in (5, 6, 7, 8):
+        seq.append_sampled(token, CFG, now=10.0)
+    seq.take_chunk()
+    assert seq.audio_lead(10.1, 0.08) == pytest.approx(4 * 0.08 / 2 - 0.1)
+
+
 def paced_run(engine: LLMEngine, seq, on_step=lambda: None) -> float:
     """Drive the engine as async_engine.py does, sleeping through holds → seconds held in all."""
     engine.add(seq)

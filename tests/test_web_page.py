@@ -1,8 +1,10 @@
 """The gateway's web page (GET /, issue 24) in a real browser: Debian's chromium, headless, driven through the Chrome
 DevTools Protocol (its own WebSocket; no browser download, no Playwright). A person's steps: type the key and a
 sentence, press Enter, hear it (Web Audio: the chunks scheduled back to back), see the TTFA the gateway measured;
-press Escape mid-reply; a wrong key says so. A screenshot of the page is saved (its path is printed) for a person to
-look at. `make tools` installs chromium; without it these tests skip and say why."""
+press Escape mid-reply; talk into the microphone (chromium's fake capture device plays espeak-ng's speech) and hear
+the reply, by hand and hands-free; a wrong key, a full gateway and a stage down say so. Screenshots of the page are
+saved (their paths printed) for a person to look at. `make tools` installs chromium and espeak-ng; without them these
+tests skip and say why."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import itertools
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 import urllib.request
@@ -19,20 +22,25 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from conftest import left_held, own_gateway
+import soundfile as sf
+from conftest import left_held, metric_value, own_gateway, scrape
+from speech import spoken
 
 from services.stack import free_port
 
 KEY = "alpha"
 CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser") if shutil.which(name)), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make tools installs it as root)")
+SPEECH = "Hello, can you hear me?"
+SPEECH_SECONDS = (0.3, 1.2)  # silence before and after the sentence in the microphone's file
 
 
 @pytest.fixture(scope="module")
 def gateway(stack, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys.write_text(KEY + "\n")
-    with own_gateway(stack, tmp_path_factory.mktemp("logs"), "--api-keys-file", str(keys), http=True) as gw:
+    with own_gateway(stack, tmp_path_factory.mktemp("logs"), "--api-keys-file", str(keys),
+                     "--encoder-target", stack.target("encoder"), http=True) as gw:
         yield gw
 
 
@@ -76,9 +84,10 @@ class Page:
         await self.call("Input.insertText", text=text)
         await self.js(f"document.querySelector({json.dumps(selector)}).dispatchEvent(new Event('change'))")
 
-    async def key(self, key: str, code: int) -> None:
+    async def key(self, key: str, code: int, ctrl: bool = False) -> None:
         for kind in ("keyDown", "keyUp"):
-            await self.call("Input.dispatchKeyEvent", type=kind, key=key, code=key, windowsVirtualKeyCode=code)
+            await self.call("Input.dispatchKeyEvent", type=kind, key=key, code="Space" if key == " " else key,
+                            windowsVirtualKeyCode=code, modifiers=2 if ctrl else 0)
 
     async def screenshot(self, path: Path) -> Path:
         path.write_bytes(base64.b64decode((await self.call("Page.captureScreenshot", format="png"))["data"]))
@@ -86,12 +95,29 @@ class Page:
 
 
 @pytest.fixture(scope="module")
-def chromium(tmp_path_factory):
-    """A headless chromium with a DevTools port: → its port."""
+def microphone(tmp_path_factory) -> Path | None:
+    """What chromium's fake microphone says: espeak-ng's sentence between silences, as a WAV file (None without
+    espeak-ng: the tests that talk skip then)."""
+    try:
+        samples, rate = spoken(SPEECH, *SPEECH_SECONDS)
+    except pytest.skip.Exception:
+        return None
+    path = tmp_path_factory.mktemp("microphone") / "speech.wav"
+    sf.write(path, samples, rate, subtype="PCM_16")
+    return path
+
+
+@pytest.fixture(scope="module")
+def chromium(tmp_path_factory, microphone):
+    """A headless chromium with a DevTools port, whose microphone (allowed without asking) plays `microphone` once
+    each time a page opens it: → its port."""
     port, profile = free_port(), tmp_path_factory.mktemp("chromium-profile")
+    fake_mic = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+                f"--use-file-for-fake-audio-capture={microphone}%noloop"] if microphone else []
     proc = subprocess.Popen([CHROMIUM, "--headless=new", f"--remote-debugging-port={port}", "--remote-allow-origins=*",
                              f"--user-data-dir={profile}", "--no-sandbox", "--no-first-run", "--disable-gpu",
-                             "--autoplay-policy=no-user-gesture-required", "--window-size=1000,1100", "about:blank"],
+                             "--autoplay-policy=no-user-gesture-required", "--window-size=1000,1100", *fake_mic,
+                             "about:blank"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
@@ -189,3 +215,113 @@ def test_a_wrong_key_is_said_plainly(gateway, chromium, tmp_path):
             await page.close()
 
     asyncio.run(scenario())
+
+
+def played_gaplessly(turn: dict) -> None:
+    chunks = turn["chunks"]
+    assert chunks and sum(c["samples"] for c in chunks) == int(turn["summary"]["num_samples"]) > 0
+    assert not any(c["late"] for c in chunks), chunks
+    for before, after in zip(chunks, chunks[1:]):
+        assert abs(after["start"] - before["end"]) < 1e-6
+
+
+def test_a_person_talks_and_hears_the_reply(gateway, stack, chromium, microphone, tmp_path):
+    """Talk, say the sentence, Done talking: the gateway encodes the speech and answers it; first audio counts from
+    the end of the speech. Then hands-free: the gateway finds the end of the sentence itself (no Done)."""
+    if microphone is None:
+        pytest.skip("espeak-ng is not installed (make tools installs it as root)")
+    spoken_before = metric_value(scrape(gateway.metrics), "gateway_spoken_turns_total")
+    speech_seconds = sf.info(microphone).duration
+
+    async def scenario():
+        page = await open_page(chromium, f"http://127.0.0.1:{gateway.http}/")
+        try:
+            await page.type("#key", KEY)
+            await page.type("#max-tokens", "24")
+            await page.js("document.getElementById('talk').click()")
+            await page.until("mossPage.talking", 30, "the microphone did not open")
+            assert await page.js("document.getElementById('talk').getAttribute('aria-pressed')") == "true"
+            await asyncio.sleep(speech_seconds)  # the file, said in real time
+            await page.key(" ", 32, ctrl=True)  # Ctrl+Space: done talking
+            turn = await page.until("(() => { const t = mossPage.turns[0]; return t && t.summary && t; })()", 60,
+                                    "the spoken turn was never answered")
+            assert not await page.js("mossPage.errors.length"), await page.js("mossPage.errors")
+            assert not await page.js("mossPage.talking")
+            summary = turn["summary"]
+            # the microphone sent about the file's length (less what played before capture began), and the gateway
+            # encoded all of it
+            sent = await page.js("mossPage.spokenSeconds")
+            assert speech_seconds / 2 < sent < speech_seconds + 1, (sent, speech_seconds)
+            assert abs(turn["spoken"] - sent) < 0.05 and abs(summary["user_audio_seconds"] - sent) < 0.05
+            assert int(summary["user_codes"]) == turn["codes"] > 0
+            played_gaplessly(turn)
+            server_ms = summary["speech_end_to_first_audio_seconds"] * 1000
+            assert server_ms <= turn["ttfa"] <= server_ms + 150, (turn["ttfa"], server_ms)
+            assert "You: (spoken, " in await page.js("document.getElementById('log').textContent")
+            print(f"\nscreenshot: {await page.screenshot(screenshot_dir(tmp_path) / 'web_page_spoken.png')}")
+
+            # hands-free: the sentence and its silence make a turn with no press to end it
+            await page.js("document.getElementById('hands-free').click()")
+            await page.js("document.getElementById('talk').click()")
+            turn = await page.until("(() => { const t = mossPage.turns[1]; return t && t.summary && t; })()", 60,
+                                    "the hands-free turn was never answered")
+            assert await page.js("mossPage.talking")  # still listening for the next utterance
+            assert 0.5 < turn["spoken"] < speech_seconds, turn["spoken"]  # the sentence, found within the file
+            played_gaplessly(turn)
+            await page.key(" ", 32, ctrl=True)
+            await page.until("!mossPage.talking", 10, "the microphone stayed open")
+            assert not await page.js("mossPage.errors.length"), await page.js("mossPage.errors")
+        finally:
+            await page.close()
+
+    asyncio.run(scenario())
+    assert metric_value(scrape(gateway.metrics), "gateway_spoken_turns_total") == spoken_before + 2
+    deadline = time.monotonic() + 20
+    while any((held := left_held(gateway, stack)).values()):
+        assert time.monotonic() < deadline, held
+        time.sleep(0.05)
+
+
+def hold_the_only_place(port: int) -> socket.socket:
+    """A raw HTTP client that asks for a long reply and never reads it (a tiny receive window)."""
+    body = json.dumps({"model": "moss-speech", "voice": "alloy", "input": "hold", "response_format": "pcm",
+                       "sampling": {"max_new_tokens": 2000, "min_new_tokens": 2000}}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return sock
+
+
+def test_a_full_gateway_and_a_stage_down_are_said_plainly(stack, chromium, tmp_path):
+    """The page's two other errors: a turn refused (the only place held by another client) says the service is busy
+    and when to try again; a turn while the llm is down names the stage."""
+    async def say(port: int, shot: str) -> str:
+        page = await open_page(chromium, f"http://127.0.0.1:{port}/")
+        try:
+            await page.type("#text", "Hello?")
+            await page.key("Enter", 13)
+            await page.until("mossPage.errors.length > 0", 30, "no error shown")
+            assert await page.js("document.getElementById('status').className") == "error"
+            await page.screenshot(screenshot_dir(tmp_path) / shot)
+            return await page.js("document.getElementById('status').textContent")
+        finally:
+            await page.close()
+
+    with own_gateway(stack, tmp_path, "--max-turns", "1", "--max-queued-turns", "0", "--max-turns-per-client", "0",
+                     "--client-stall-seconds", "10", http=True) as gw:
+        with hold_the_only_place(gw.http):
+            deadline = time.monotonic() + 30
+            while metric_value(scrape(gw.metrics), "gateway_active_requests") < 1:
+                assert time.monotonic() < deadline, "the holding client was never admitted"
+                time.sleep(0.05)
+            shown = asyncio.run(say(gw.http, "web_page_busy.png"))
+    assert shown.startswith("The service is busy: the turn was refused. Try again in "), shown
+
+    down = tmp_path / "down"
+    down.mkdir()
+    with own_gateway(stack, down, "--llm-target", f"127.0.0.1:{free_port()}", "--ready-wait", "0.5", http=True,
+                     serving=False) as gw:
+        shown = asyncio.run(say(gw.http, "web_page_stage_down.png"))
+    assert shown.startswith("A stage is down: ") and "llm" in shown, shown

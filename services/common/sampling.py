@@ -12,6 +12,7 @@ from services.common.errors import InvalidArgument
 
 MAX_CHUNK_TOKENS = 256
 MAX_LOOKAHEAD_FRAMES = 64
+PLAYBACK_SPEEDS = (0.25, 4.0)  # OpenAI's range of `speed`
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class ChunkSettings:
     # 114-frame window, inside its 128-frame graph bucket (services/vocoder/runner.py).
     chunk_tokens: int = 20
     lookahead_frames: int | None = None  # the vocoder's; None: its default (ChunkPolicy in common.proto)
+    playback_speed: float = 1.0  # how much faster than made the listener plays (HTTP's `speed`): pacing's clock
 
 
 def _get(msg, name):
@@ -97,11 +99,16 @@ def resolve_chunking(msg, prefix: str = "chunking") -> ChunkSettings:
     for name, value in (("first_chunk_tokens", first), ("second_chunk_tokens", second), ("chunk_tokens", later)):
         if value is not None:
             _check(1 <= value <= MAX_CHUNK_TOKENS, f"{prefix}.{name}", f"must be in [1, {MAX_CHUNK_TOKENS}], got {value}")
+    speed = _get(msg, "playback_speed")
+    if speed is not None:
+        _check(PLAYBACK_SPEEDS[0] <= speed <= PLAYBACK_SPEEDS[1], f"{prefix}.playback_speed",
+               f"must be in [{PLAYBACK_SPEEDS[0]}, {PLAYBACK_SPEEDS[1]}], got {speed:g}")
     return ChunkSettings(
         first_chunk_tokens=d.first_chunk_tokens if first is None else first,
         second_chunk_tokens=d.second_chunk_tokens if second is None else second,
         chunk_tokens=d.chunk_tokens if later is None else later,
         lookahead_frames=resolve_lookahead(msg, prefix),
+        playback_speed=d.playback_speed if speed is None else float(speed),
     )
 
 

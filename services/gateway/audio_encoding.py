@@ -12,7 +12,9 @@ a client's first bytes leave with the turn's first audio.
 - mp3: LAME through `lameenc`, constant 64 kbit/s (mono speech at 24 kHz), frames out as they are made.
   (libsndfile's MP3 writer patches a VBR tag into its first frame at the end: sent before that, the frame is
   zeros and decoders lose most of the stream.)
-- aac: no encoder packaged here: refused by name (FORMATS lists what is).
+- aac: FFmpeg's AAC-LC encoder through `av` (PyAV's wheels carry FFmpeg), 64 kbit/s in ADTS: each frame carries
+  its own header, so a stream can be played from its first bytes; the muxer writes every packet out as it is made
+  (FFmpeg's flush_packets), not when its 32 KB buffer fills. Decoders see AAC's 1,024 samples of priming first.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from typing import Protocol
 import numpy as np
 
 from services.common.errors import InvalidArgument
+from services.gateway.time_stretch import TimeStretch
 
 CONTENT_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg",
-                 "opus": "audio/ogg"}
+                 "opus": "audio/ogg", "aac": "audio/aac"}
 FORMATS = tuple(CONTENT_TYPES)
-UNSUPPORTED = {"aac": "no AAC encoder is packaged with this server"}
 UNKNOWN_SIZE = 0xFFFFFFFF
 OGG_PAGE_MS = 20.0  # an Opus frame's worth: every chunk the vocoder sends goes out in the next page
 SFC_SET_OGG_PAGE_LATENCY_MS = 0x1302  # libsndfile's sf_command (sndfile.h); soundfile does not name it
@@ -172,20 +174,90 @@ class Mp3Encoder:
         return bytes(self.lame.flush())
 
 
+class _Packets(io.RawIOBase):
+    """Where the AAC muxer writes: its bytes since the last take."""
+
+    def __init__(self):
+        self.parts: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.parts.append(bytes(b))
+        return len(b)
+
+    def take(self) -> bytes:
+        out, self.parts = b"".join(self.parts), []
+        return out
+
+
+class AacEncoder:
+    """AAC-LC in ADTS frames, chunk by chunk (FFmpeg's encoder; it converts PCM16 to its float planes itself)."""
+
+    content_type = CONTENT_TYPES["aac"]
+    BIT_RATE = 64_000
+
+    def __init__(self, sample_rate: int):
+        import av
+
+        self.av, self.sink, self.rate, self.samples = av, _Packets(), sample_rate, 0
+        self.container = av.open(self.sink, "w", format="adts", options={"flush_packets": "1"})
+        self.stream = self.container.add_stream("aac", rate=sample_rate, layout="mono")
+        self.stream.bit_rate = self.BIT_RATE
+
+    def feed(self, pcm: bytes) -> bytes:
+        samples = np.frombuffer(pcm, dtype="<i2")
+        if len(samples):
+            frame = self.av.AudioFrame.from_ndarray(samples[None, :], format="s16", layout="mono")  # [1, samples]
+            frame.sample_rate, frame.pts = self.rate, self.samples
+            self.samples += len(samples)
+            self._mux(frame)
+        return self.sink.take()
+
+    def finish(self) -> bytes:
+        self._mux(None)  # the encoder's last frames
+        self.container.close()
+        return self.sink.take()
+
+    def _mux(self, frame) -> None:
+        for packet in self.stream.encode(frame):
+            self.container.mux(packet)
+
+
 def check_format(name: str, field: str = "response_format") -> str:
     """A format a client asked for → its name, or InvalidArgument saying which are served."""
     if name in CONTENT_TYPES:
         return name
-    why = UNSUPPORTED.get(name, "unknown format")
-    raise InvalidArgument(field, f"{name!r}: {why}; use one of {', '.join(FORMATS)}")
+    raise InvalidArgument(field, f"{name!r}: unknown format; use one of {', '.join(FORMATS)}")
 
 
-def encoder(name: str, sample_rate: int) -> AudioEncoder:
-    """An encoder for a format check_format took."""
+class Stretched:
+    """Another encoder's stream of the PCM played `speed` times faster, at the same pitch (time_stretch.py)."""
+
+    def __init__(self, inner: AudioEncoder, speed: float, sample_rate: int):
+        self.inner, self.stretch, self.content_type = inner, TimeStretch(speed, sample_rate), inner.content_type
+
+    def feed(self, pcm: bytes) -> bytes:
+        return self.inner.feed(self.stretch.feed(pcm))
+
+    def finish(self) -> bytes:
+        return self.inner.feed(self.stretch.finish()) + self.inner.finish()
+
+
+def encoder(name: str, sample_rate: int, speed: float = 1.0) -> AudioEncoder:
+    """An encoder for a format check_format took, of the PCM played `speed` times faster."""
+    inner = _encoder(name, sample_rate)
+    return inner if speed == 1.0 else Stretched(inner, speed, sample_rate)
+
+
+def _encoder(name: str, sample_rate: int) -> AudioEncoder:
     if name == "pcm":
         return PcmEncoder()
     if name == "wav":
         return WavEncoder(sample_rate)
     if name == "mp3":
         return Mp3Encoder(sample_rate)
+    if name == "aac":
+        return AacEncoder(sample_rate)
     return SoundfileEncoder(name, sample_rate)

@@ -139,7 +139,7 @@ class HttpDoor:
         turn = self.speech.synthesize(spec.synthesize, client_of(request), lambda: None, "http")
         async with contextlib.aclosing(turn) as replies:
             first = await anext(replies)  # admission and the stages took the turn: the headers can go
-            audio = encoder(spec.response_format, first.metadata.sample_rate)
+            audio = encoder(spec.response_format, first.metadata.sample_rate, spec.speed)
             sse = spec.stream_format == "sse"
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream" if sse else audio.content_type,
                                                    "Cache-Control": "no-cache", "X-Request-Id": first.metadata.request_id})

@@ -6,9 +6,9 @@ Fields (https://platform.openai.com/docs/api-reference/audio/createSpeech):
 - input: the text, 1 to --max-text-chars characters.
 - voice: a voice the vocoder has (its voice files; "default"); OpenAI's voice names speak in the default voice.
   Unknown: 400 listing the known ones.
-- response_format: pcm, wav, flac, mp3 (OpenAI's default) or opus (audio_encoding.py); aac is refused by name.
-- speed: 1.0 only (the model speaks at its own pace; a time-stretch would change how first audio streams);
-  other values in OpenAI's range 0.25-4.0 are refused, saying so.
+- response_format: pcm, wav, flac, mp3 (OpenAI's default), opus or aac (audio_encoding.py).
+- speed: 0.25-4.0, default 1.0: the reply time-stretched at the same pitch as it streams (time_stretch.py); the
+  stall clock and the llm's pacing are told (ChunkPolicy.playback_speed).
 - stream_format: "audio" (the encoded stream's bytes as they are made) or "sse" (server-sent events:
   speech.audio.delta with base64 audio, then speech.audio.done with usage).
 - instructions (OpenAI's steering of a voice): not supported; refused when given, rather than ignored.
@@ -26,6 +26,7 @@ from google.protobuf import json_format
 from moss.speech.v1 import common_pb2, gateway_pb2
 
 from services.common.errors import InvalidArgument, NotFound
+from services.common.sampling import PLAYBACK_SPEEDS
 from services.gateway.audio_encoding import check_format
 from services.gateway.pipeline import TurnLimits, validate_text
 
@@ -43,6 +44,7 @@ class SpeechRequest:
     synthesize: gateway_pb2.SynthesizeRequest
     response_format: str  # audio_encoding.FORMATS
     stream_format: str    # STREAM_FORMATS
+    speed: float          # PLAYBACK_SPEEDS
 
 
 def _string(body: dict, name: str, default: str | None = None) -> str:
@@ -72,10 +74,8 @@ def parse_speech(body: object, limits: TurnLimits) -> SpeechRequest:
     speed = body.get("speed", 1.0)
     if isinstance(speed, bool) or not isinstance(speed, int | float):
         raise InvalidArgument("speed", f"must be a number, not {type(speed).__name__}")
-    if not 0.25 <= speed <= 4.0:
-        raise InvalidArgument("speed", f"{speed} is outside 0.25-4.0")
-    if speed != 1.0:
-        raise InvalidArgument("speed", f"{speed}: only 1.0 is supported (the model speaks at its own pace)")
+    if not PLAYBACK_SPEEDS[0] <= speed <= PLAYBACK_SPEEDS[1]:
+        raise InvalidArgument("speed", f"{speed} is outside {PLAYBACK_SPEEDS[0]}-{PLAYBACK_SPEEDS[1]}")
     stream_format = _string(body, "stream_format", "audio")
     if stream_format not in STREAM_FORMATS:
         raise InvalidArgument("stream_format", f"{stream_format!r}: use one of {', '.join(STREAM_FORMATS)}")
@@ -90,7 +90,9 @@ def parse_speech(body: object, limits: TurnLimits) -> SpeechRequest:
             json_format.ParseDict(body["sampling"], request.sampling)
         except json_format.ParseError as exc:
             raise InvalidArgument("sampling", str(exc)) from None
-    return SpeechRequest(request, response_format, stream_format)
+    if speed != 1.0:
+        request.chunking.playback_speed = float(speed)
+    return SpeechRequest(request, response_format, stream_format, float(speed))
 
 
 def usage(summary: gateway_pb2.SynthesisSummary) -> dict:

@@ -106,7 +106,8 @@ def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits, session: Se
         sampling=common_pb2.SamplingParams(**sampling_to_fields(sampling)),
         chunking=common_pb2.ChunkPolicy(first_chunk_tokens=chunking.first_chunk_tokens,
                                         second_chunk_tokens=chunking.second_chunk_tokens, chunk_tokens=chunking.chunk_tokens,
-                                        lookahead_frames=chunking.lookahead_frames),
+                                        lookahead_frames=chunking.lookahead_frames,
+                                        playback_speed=chunking.playback_speed),
         output_mode=llm_pb2.OUTPUT_MODE_TEXT if text_reply else llm_pb2.OUTPUT_MODE_AUDIO,
     ), fmt
 
@@ -346,7 +347,9 @@ class Turn:
             self.summary.llm_decode_seconds = s.decode_seconds
 
     async def _pcm(self, pump: asyncio.Task, bytes_per_sample: int, sample_rate: int):
-        clock, voc_call = PlaybackClock(sample_rate), self.vocoder.call
+        # (a listener who plays faster, HTTP's `speed`, hears more samples a second: the clock counts them so)
+        clock = PlaybackClock(sample_rate * self.gen_req.chunking.playback_speed)
+        voc_call = self.vocoder.call
         while True:
             try:
                 msg = await voc_call.read()

@@ -138,7 +138,7 @@ class Sequence:
         None unless the sequence is speaking."""
         if self.mode is not Mode.AUDIO or self.first_audio is None or self.finished:
             return None
-        return self.audio_sent * token_seconds - (now - self.first_audio)
+        return self.audio_sent * token_seconds / self.chunking.playback_speed - (now - self.first_audio)
 
     def start_mode(self, cfg: MossSpeechConfig) -> None:
         """The first mode comes from the prompt's last position."""

@@ -33,13 +33,15 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class ChunkPolicy(_message.Message):
-    __slots__ = ("first_chunk_tokens", "chunk_tokens", "lookahead_frames", "second_chunk_tokens")
+    __slots__ = ("first_chunk_tokens", "chunk_tokens", "lookahead_frames", "second_chunk_tokens", "playback_speed")
     FIRST_CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOOKAHEAD_FRAMES_FIELD_NUMBER: _ClassVar[int]
     SECOND_CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PLAYBACK_SPEED_FIELD_NUMBER: _ClassVar[int]
     first_chunk_tokens: int
     chunk_tokens: int
     lookahead_frames: int
     second_chunk_tokens: int
-    def __init__(self, first_chunk_tokens: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., lookahead_frames: _Optional[int] = ..., second_chunk_tokens: _Optional[int] = ...) -> None: ...
+    playback_speed: float
+    def __init__(self, first_chunk_tokens: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., lookahead_frames: _Optional[int] = ..., second_chunk_tokens: _Optional[int] = ..., playback_speed: _Optional[float] = ...) -> None: ...
