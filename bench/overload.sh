@@ -5,7 +5,9 @@
 #   Poisson arrivals at RATES per second (default 20,30,40; none: ""), ARRIVAL_SECONDS of arrivals each (default 20);
 #   LEVELS streams started over 6 s, one request each (default 192,256; none: "");
 #   BURST streams started at the same instant (default 128; 0: none);
-#   REFUSALS (default 0: none): after the loads, a burst of that many at a full gateway (bench/refusal_floor.py).
+#   REFUSALS (default 0: none): after the loads, a burst of that many at a full gateway (bench/refusal_floor.py);
+#   HTTP_TTFB (default 0: none): after the loads, that many rounds of bench/http_ttfb.py on the idle stack (its gRPC
+#   and HTTP doors side by side).
 # RATES_A, LEVELS_A, BURST_A (and _B) set them for one gateway only.
 #   bash bench/overload.sh [moss-serve up flags...]
 # STACK_FLAGS (default "--kv-cache-gb 32 --max-num-seqs 256") go to moss-serve up before the arguments. GATEWAY_A (default: the stack's own gateway, as `moss-serve up` runs it) and GATEWAY_B (default
@@ -98,6 +100,10 @@ if start_stack ${STACK_FLAGS:---kv-cache-gb 32 --max-num-seqs 256} ${GATEWAY_A:-
   fi
   scrape 9092 "$OUT/metrics_llm.txt"
   scrape 9093 "$OUT/metrics_vocoder.txt"
+  if [ "${HTTP_TTFB:-0}" -gt 0 ]; then
+    python3 "$(dirname "$0")/http_ttfb.py" --rounds "$HTTP_TTFB" --gateway 127.0.0.1:50051 --http 127.0.0.1:8000 \
+      --json "$OUT/http_ttfb.json" | tee "$OUT/http_ttfb.txt"
+  fi
   if [ "${REFUSALS:-0}" -gt 0 ]; then  # a full gateway's refusals against gRPC's own floor (bench/refusal_floor.py)
     setsid python3 -c "$SERVE_PY" gateway --port 50071 --metrics-port 9171 --http-port 0 --max-turns 4 --max-queued-turns 0 \
       > "$OUT/gateway_full.log" 2>&1 &

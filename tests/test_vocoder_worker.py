@@ -206,37 +206,3 @@ def test_each_pass_of_the_token_decoder_and_call_of_the_generator_is_reported_on
         assert len(decodes) == len(generates) == 1
     finally:
         worker.stop()
-
-
-def test_with_batch_slack_playing_chunks_wait_for_a_fuller_call(vocoder):
-    """--batch-slack: chunks with slack to spare wait until the first of them is down to it, then go in one call
-    (not each at once); a full call goes at once; a first chunk never waits."""
-    rec = Recording(vocoder)
-    worker = VocoderWorker(rec, max_batch=3, max_wait=0.0, batch_slack=1.0)
-    try:
-        now = time.perf_counter()
-        # two playing streams, 1.3 and 1.6 s of their listeners' audio left: the first may wait ~0.3 s
-        slack = [worker.submit(Job(MelStreamer(rec), tokens(5, i), now - 1.0, s)) for i, s in ((1, 2.3), (2, 2.6))]
-        time.sleep(0.1)
-        assert not rec.calls  # waiting for company
-        for f in slack:
-            f.result(timeout=20)
-        waited = time.perf_counter() - now
-        assert rec.calls == [[20, 20]] and 0.25 < waited < 2.0, (rec.calls, waited)
-
-        # three (max_batch) go at once, however much slack they have
-        now = time.perf_counter()
-        full = [worker.submit(Job(MelStreamer(rec), tokens(5, i), now - 1.0, 10.0)) for i in range(3, 6)]
-        for f in full:
-            f.result(timeout=20)
-        assert rec.calls[-1] == [20, 20, 20] and time.perf_counter() - now < 0.25
-
-        # a first chunk goes at once, and takes a waiting chunk with it
-        now = time.perf_counter()
-        waiting = worker.submit(Job(MelStreamer(rec), tokens(5, 6), now - 1.0, 10.0))
-        time.sleep(0.05)
-        worker.submit(Job(MelStreamer(rec), tokens(5, 7), None, 0.0)).result(timeout=20)
-        waiting.result(timeout=20)
-        assert rec.calls[-1] == [20, 20] and time.perf_counter() - now < 0.5
-    finally:
-        worker.stop()

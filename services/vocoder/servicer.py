@@ -39,7 +39,7 @@ AFTER_END_GRACE_SECONDS = 1.0  # how long a stream waits, its audio all sent, fo
 
 class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
     def __init__(self, vocoder: TokenVocoder, left_context: int | None = None, lookahead: int | None = None,
-                 max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002, batch_slack: float = 0.0,
+                 max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002,
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
@@ -47,8 +47,8 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                  generate_wait: float = DEFAULT_GENERATE_WAIT):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
-        others to join it, or with batch_slack > 0 until its listener has that much audio left; a first chunk is due
-        first_chunk_budget seconds after it comes in, in a call of at most first_chunk_batch_frames (worker.py).
+        others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most
+        first_chunk_batch_frames (worker.py).
         lost / on_fatal: what the worker does when its device is lost (worker.py).
         lane: the vocoder's lane (TokenVocoder.lane) that first chunks run on, beside the other calls; None: one worker.
         solve: the flow's FlowSolve, driven by a SolveWorker (solve_worker.py; admit_every ticks between admissions of
@@ -63,7 +63,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                                       on_solve=metrics.observe_solve,
                                       first_chunk_budget=first_chunk_budget, **common)
             return
-        self.worker = VocoderWorker(vocoder, max_batch, max_batch_frames=max_batch_frames, batch_slack=batch_slack,
+        self.worker = VocoderWorker(vocoder, max_batch, max_batch_frames=max_batch_frames,
                                     first_chunk_budget=first_chunk_budget,
                                     first_chunk_batch_frames=first_chunk_batch_frames, **common)
         if lane is not None:

@@ -49,10 +49,6 @@ class VocoderSettings:
                                                         "--max-batch-frames alone; default: the codec's flow "
                                                         f"{FLOW_LIMITS.first_chunk_batch_frames}, the stand-in "
                                                         f"{STAND_IN_LIMITS.first_chunk_batch_frames})", type=count)
-    batch_slack: float = option(0.0, "seconds of its listener's audio a playing stream's chunk may wait down to, so "
-                                     "that one model call takes many streams' chunks (a full call goes at once; first "
-                                     "chunks never wait): fewer, larger calls leave the GPU to the llm more of the "
-                                     "time (0: a chunk goes at once)", type=seconds)
     first_chunk_lane: str | None = option(
         None, "vocode streams' first chunks on a second worker thread, in small calls on a CUDA stream of high priority "
               "beside the playing streams' calls: sooner first audio under load, and under headroom admission more "

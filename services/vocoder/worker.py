@@ -13,14 +13,6 @@ streams start at once, their first chunks keep the second chunks of the streams 
 of buffer) waiting behind several calls. A job waits for company at most `max_wait` seconds, and never when a
 first chunk or a chunk with less slack than that is queued.
 
-**Batching by slack** (`batch_slack`, `--batch-slack`): a playing stream's chunk may wait until only `batch_slack`
-seconds are left before its listener runs out of audio, so that one call takes the chunks of many streams. The llm
-makes a stream's tokens several times faster than they play, so its later chunks come with seconds of slack; sent on
-at once, they made back-to-back calls of ~6 windows, each costing about what a call of 16 costs beside the llm's
-steps (a call's time is mostly its kernels' latency), and the vocoder held the GPU ~95% of the time at ~100
-listeners (docs/benchmarks.md, issue 23). A call still goes when it is full, and first chunks and chunks already
-short of slack never wait.
-
 A call that carries a first chunk holds at most `first_chunk_batch_frames` mel frames: its samples are
 time to first audio, and a call's time grows with its frames. The playing streams it leaves for the next
 call have the audio sent ahead of their listeners to wait with. On an H200 at 128 streams this took the
@@ -127,7 +119,7 @@ FIRST_CHUNK_LANE_BATCH = 4
 class VocoderWorker(JobThread):
     what = "vocoder worker"
 
-    def __init__(self, vocoder, max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002, batch_slack: float = 0.0,
+    def __init__(self, vocoder, max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002,
                  on_batch: Callable[[int, float], None] = lambda size, seconds: None,
                  on_decode: Callable[[float], None] = lambda seconds: None,
                  on_generate: Callable[[float], None] = lambda seconds: None,
@@ -140,13 +132,11 @@ class VocoderWorker(JobThread):
         per call of its generator (parts of a batch's seconds: on CUDA their device time).
         A call holds at most max_batch windows and max_batch_frames mel frames (but always one window), and
         at most first_chunk_batch_frames (when > 0) if it carries a first chunk; first_chunk_budget: seconds.
-        batch_slack: seconds of its listener's audio a playing stream's chunk may wait down to for a fuller call.
         lost(): is the device gone? (asked after a failed batch, and after every probe_seconds idle) If so
         every job fails with DeviceLost, the worker stops, and on_fatal(err) tells the server (device.py). See
         the module's docstring."""
         super().__init__(name)
         self.vocoder, self.max_batch, self.max_wait, self.on_batch = vocoder, max_batch, max_wait, on_batch
-        self.batch_slack = batch_slack
         self.on_decode, self.on_generate = on_decode, on_generate
         self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
         self.first_chunk_batch_frames = first_chunk_batch_frames
@@ -162,11 +152,12 @@ class VocoderWorker(JobThread):
             if self.stopping:
                 self._fail_stopped(self.pending)
                 return None
-            while not self.stopping and not self._full():
+            deadline = self.pending[0].submitted + self.max_wait
+            while len(self.pending) < self.max_batch and not self.stopping:
                 now = time.perf_counter()
-                if now >= (go := min(self._go_at(job) for job in self.pending)):
-                    break  # a first chunk, an urgent one, or one that has waited its time: go now
-                self.cv.wait(go - now)
+                if now >= deadline or min(j.slack(now) for j in self.pending) < self.max_wait:
+                    break  # a first chunk (slack -inf) or an urgent one is waiting: go now
+                self.cv.wait(deadline - now)
             self.pending.sort(key=lambda j: j.deadline(self.first_chunk_budget))
             taken, frames, cap = 0, 0, self.max_batch_frames
             for job in self.pending[: self.max_batch]:
@@ -178,24 +169,6 @@ class VocoderWorker(JobThread):
                 taken += 1
             batch, self.pending = self.pending[:taken], self.pending[taken:]
             return batch
-
-    def _go_at(self, job: Job) -> float:
-        """When a job stops waiting for company (perf_counter seconds): a first chunk at once; another after
-        max_wait or once its slack is down to max_wait, or with batch_slack, once its slack is down to that."""
-        if job.audio_started is None:
-            return float("-inf")
-        due = job.audio_started + job.audio_sent
-        go = min(job.submitted + self.max_wait, due - self.max_wait)
-        return max(go, due - self.batch_slack) if self.batch_slack > 0 else go
-
-    def _full(self) -> bool:
-        """(Holding cv) whether the pending jobs fill a call."""
-        if len(self.pending) >= self.max_batch:
-            return True
-        if self.batch_slack <= 0:
-            return False  # (waits are short without it: no need to weigh the frames)
-        frames = sum(job.streamer.window_frames(None if job.tokens is None else len(job.tokens)) for job in self.pending)
-        return frames >= self.max_batch_frames
 
     def _await_pending(self) -> bool:
         """(Holding cv) wait for a job or the stop → False once probe_seconds have passed idle."""
