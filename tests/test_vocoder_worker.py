@@ -12,7 +12,7 @@ import pytest
 from services.common.errors import InvalidArgument
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import load_vocoder
-from services.vocoder.worker import Job, Lanes, VocoderWorker
+from services.vocoder.worker import Job, VocoderWorker
 
 
 class Recording:
@@ -206,33 +206,3 @@ def test_each_pass_of_the_token_decoder_and_call_of_the_generator_is_reported_on
         assert len(decodes) == len(generates) == 1
     finally:
         worker.stop()
-
-
-def test_playing_streams_yield_to_the_first_chunk_lane(vocoder):
-    """--yield-slack: while the lane vocodes a first chunk, a playing chunk with slack to spare waits for it; one short
-    of slack goes beside it."""
-    playing_rec, lane_rec = Recording(vocoder), Recording(vocoder)
-    lanes = Lanes(VocoderWorker(playing_rec, max_batch=8, max_wait=0.0, yield_slack=0.5),
-                  VocoderWorker(lane_rec, max_batch=4, max_wait=0.0, first_chunk_budget=0))
-    try:
-        lane_rec.gate.clear()
-        first = lanes.submit(Job(MelStreamer(lane_rec), tokens(5, 1), None, 0.0))  # held in its call
-        while not lane_rec.calls:
-            time.sleep(0.001)
-        now = time.perf_counter()
-        relaxed = lanes.submit(Job(MelStreamer(playing_rec), tokens(5, 2), now - 1.0, 3.0))  # 2 s of slack
-        time.sleep(0.2)
-        assert not playing_rec.calls and not relaxed.done()  # it yields while the lane works
-        urgent = lanes.submit(Job(MelStreamer(playing_rec), tokens(6, 3), now - 1.0, 1.3))  # 0.3 s: goes now
-        urgent.result(timeout=20)
-        assert playing_rec.calls == [[24, 20]]  # (and takes the relaxed one along)
-        lane_rec.gate.set()
-        first.result(timeout=20)
-        relaxed.result(timeout=20)
-
-        # the lane idle: nothing yields
-        now = time.perf_counter()
-        lanes.submit(Job(MelStreamer(playing_rec), tokens(5, 4), now - 1.0, 5.0)).result(timeout=20)
-        assert time.perf_counter() - now < 0.5
-    finally:
-        lanes.stop()

@@ -88,8 +88,7 @@ async def run(s: VocoderSettings) -> None:
                                max_batch_frames=limits.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
                                first_chunk_batch_frames=limits.first_chunk_batch_frames,
                                lost=lambda: device_lost(s.device), on_fatal=report, lane=lane, solve=solve,
-                               admit_every=s.flow_admit_every, generate_wait=s.flow_generate_wait,
-                               yield_slack=s.yield_slack)
+                               admit_every=s.flow_admit_every, generate_wait=s.flow_generate_wait)
     start_metrics_server(s.host, s.metrics_port)
     await serve(
         name="vocoder",

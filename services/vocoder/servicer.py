@@ -44,14 +44,13 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
                  lane: TokenVocoder | None = None, solve=None, admit_every: int = DEFAULT_ADMIT_EVERY,
-                 generate_wait: float = DEFAULT_GENERATE_WAIT, yield_slack: float = 0.0):
+                 generate_wait: float = DEFAULT_GENERATE_WAIT):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
         others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most
         first_chunk_batch_frames (worker.py).
         lost / on_fatal: what the worker does when its device is lost (worker.py).
-        lane: the vocoder's lane (TokenVocoder.lane) that first chunks run on, beside the other calls; None: one worker;
-        yield_slack: the playing streams' calls wait for the lane's unless a chunk has less slack (worker.py).
+        lane: the vocoder's lane (TokenVocoder.lane) that first chunks run on, beside the other calls; None: one worker.
         solve: the flow's FlowSolve, driven by a SolveWorker (solve_worker.py; admit_every ticks between admissions of
         chunks not yet urgent, generate_wait seconds such a chunk may wait for a generator call); None: flow calls
         (worker.py)."""
@@ -64,7 +63,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                                       on_solve=metrics.observe_solve,
                                       first_chunk_budget=first_chunk_budget, **common)
             return
-        self.worker = VocoderWorker(vocoder, max_batch, max_batch_frames=max_batch_frames, yield_slack=yield_slack,
+        self.worker = VocoderWorker(vocoder, max_batch, max_batch_frames=max_batch_frames,
                                     first_chunk_budget=first_chunk_budget,
                                     first_chunk_batch_frames=first_chunk_batch_frames, **common)
         if lane is not None:

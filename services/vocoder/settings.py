@@ -49,9 +49,6 @@ class VocoderSettings:
                                                         "--max-batch-frames alone; default: the codec's flow "
                                                         f"{FLOW_LIMITS.first_chunk_batch_frames}, the stand-in "
                                                         f"{STAND_IN_LIMITS.first_chunk_batch_frames})", type=count)
-    yield_slack: float = option(0.0, "with the first-chunk lane: while it vocodes first chunks, the playing streams' "
-                                     "calls wait unless a chunk has less than this many seconds of its listener's "
-                                     "audio left (0: they never wait)", type=seconds)
     first_chunk_lane: str | None = option(
         None, "vocode streams' first chunks on a second worker thread, in small calls on a CUDA stream of high priority "
               "beside the playing streams' calls: sooner first audio under load, and under headroom admission more "

@@ -32,12 +32,6 @@ beside the lane's, stalled more (48 streams 97% → 60% stall-free; docs/benchma
 admission, which stops admitting before streams stall, first chunks waited 63 ms for a call instead of 79 and the
 limit admitted 14-27% more turns, all stall-free (issue 23).
 
-**The playing streams yield to first chunks** (`yield_slack`, `--yield-slack`): while the lane has first chunks
-queued or in a call, the playing worker launches no call unless one of its chunks has less than `yield_slack` seconds
-of its listener's audio left. A first chunk's call then shares the GPU with at most the playing call already
-running (and the llm, which holds its steps for first audio: services/llm/settings.py), not with one launched beside
-it: on an H100 at Poisson 30/s a lane's call took 72 ms against ~25 ms alone (docs/benchmarks.md, issue 23).
-
 No asyncio here: `submit` returns a concurrent future; the servicer wraps it (asyncio.wrap_future), so
 the gRPC event loop never blocks on the model.
 """
@@ -90,9 +84,6 @@ class Done:
     batch_size: int
 
 
-YIELD_POLL_SECONDS = 0.001  # how often a yielding worker looks whether the lane is done
-
-
 # What one model call may hold: windows, mel frames in all, and mel frames when it carries a first chunk (0:
 # max_batch_frames alone: ~3 first windows with room for some urgent ones). A chunk that turns urgent during a call
 # waits for all of it, and a first chunk's call is time to first audio; larger calls vocode more per second. Each
@@ -135,25 +126,21 @@ class VocoderWorker(JobThread):
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
-                 probe_seconds: float = PROBE_SECONDS, name: str = "vocoder-worker", yield_slack: float = 0.0):
+                 probe_seconds: float = PROBE_SECONDS, name: str = "vocoder-worker"):
         """vocoder: TokenVocoder (its `launch(windows, last, conditions)` queues a batch, `samples` reads it);
         on_batch(size, seconds) per batch, on_decode(seconds) per pass of its token decoder and on_generate(seconds)
         per call of its generator (parts of a batch's seconds: on CUDA their device time).
         A call holds at most max_batch windows and max_batch_frames mel frames (but always one window), and
         at most first_chunk_batch_frames (when > 0) if it carries a first chunk; first_chunk_budget: seconds.
         lost(): is the device gone? (asked after a failed batch, and after every probe_seconds idle) If so
-        every job fails with DeviceLost, the worker stops, and on_fatal(err) tells the server (device.py).
-        yield_slack: with `yield_to` set (Lanes), seconds of its listener's audio under which a chunk does not yield.
-        See the module's docstring."""
+        every job fails with DeviceLost, the worker stops, and on_fatal(err) tells the server (device.py). See
+        the module's docstring."""
         super().__init__(name)
         self.vocoder, self.max_batch, self.max_wait, self.on_batch = vocoder, max_batch, max_wait, on_batch
         self.on_decode, self.on_generate = on_decode, on_generate
         self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
         self.first_chunk_batch_frames = first_chunk_batch_frames
         self.lost, self.on_fatal, self.probe_seconds = lost, on_fatal, probe_seconds
-        self.yield_slack = yield_slack
-        self.yield_to: Callable[[], bool] | None = None  # is another worker's work to go first? (Lanes sets it)
-        self.working = False  # a batch is being vocoded (read by other threads: a bool, set by this one)
         self.start()
 
     # ---- the thread ------------------------------------------------------------------------------
@@ -171,9 +158,6 @@ class VocoderWorker(JobThread):
                 if now >= deadline or min(j.slack(now) for j in self.pending) < self.max_wait:
                     break  # a first chunk (slack -inf) or an urgent one is waiting: go now
                 self.cv.wait(deadline - now)
-            while self.yield_slack > 0 and self.yield_to is not None and self.yield_to() and not self.stopping \
-                    and min(j.slack(time.perf_counter()) for j in self.pending) >= self.yield_slack:
-                self.cv.wait(YIELD_POLL_SECONDS)  # the lane's first chunks go first
             self.pending.sort(key=lambda j: j.deadline(self.first_chunk_budget))
             taken, frames, cap = 0, 0, self.max_batch_frames
             for job in self.pending[: self.max_batch]:
@@ -210,7 +194,6 @@ class VocoderWorker(JobThread):
                 continue
             # A stream whose caller went away (a cancelled await cancels its future) is dropped here.
             batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
-            self.working = True
             try:
                 with self.vocoder.running():  # (its CUDA stream, if it has one of its own)
                     self._run(batch)
@@ -222,8 +205,6 @@ class VocoderWorker(JobThread):
                 for job in batch:
                     if not job.future.done():
                         job.future.set_exception(exc)
-            finally:
-                self.working = False
 
     def _die(self, err: DeviceLost, batch: list[Job]) -> None:
         """The device is lost: every job fails, none is taken any more, and the server is told."""
@@ -322,7 +303,6 @@ class Lanes:
 
     def __init__(self, playing: VocoderWorker, first: VocoderWorker):
         self.playing, self.first = playing, first
-        playing.yield_to = lambda: first.working or bool(first.pending)  # (with its yield_slack)
 
     def submit(self, job: Job) -> Future:
         first = job.audio_started is None and job.tokens is not None
