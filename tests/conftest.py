@@ -4,8 +4,10 @@ as real processes on free loopback ports."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -99,6 +101,20 @@ def own_gateway(stack: Stack, log_dir, *flags: str, env: dict[str, str] | None =
         finally:
             proc.terminate()
             proc.wait(10)
+
+
+def silent_speech_client(port: int, text: str, key: str | None = None) -> socket.socket:
+    """A raw HTTP client with a tiny receive window that asks the HTTP door for a long reply (160 s of audio) and never
+    reads it: it holds its place until --client-stall-seconds end it."""
+    body = json.dumps({"model": "moss-speech", "voice": "alloy", "input": text, "response_format": "pcm",
+                       "sampling": {"max_new_tokens": 2000, "min_new_tokens": 2000}}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"{auth}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    return sock
 
 
 def door_open(http_port: int) -> bool:

@@ -18,7 +18,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile
-from conftest import left_held, metric_value, own_gateway, scrape
+from conftest import left_held, metric_value, own_gateway, scrape, silent_speech_client
 
 from services.gateway.time_stretch import TimeStretch
 from services.stack import free_port
@@ -209,23 +209,12 @@ def test_a_client_that_leaves_mid_reply_frees_everything(gateway, stack):
     wait_until(lambda: not any(left_held(gateway, stack).values()), 20, "a stage still holds the turn")
 
 
-def silent_client(port: int, text: str) -> socket.socket:
-    """A raw HTTP client with a tiny receive window that asks for a long reply and never reads it."""
-    body = json.dumps({"model": "moss-speech", "voice": "alloy", "input": text, "response_format": "pcm", **LONG}).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", port))
-    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-    return sock
-
-
 def test_a_client_that_stops_reading_is_ended_and_frees_everything(gateway, stack):
     """The gateway's writes wait for a client that never reads, and after --client-stall-seconds (1 here) the turn is
     ended in every stage."""
     stalled = '{method="speech"}'
     before = metric_value(scrape(gateway.metrics), "gateway_stalled_calls_total", stalled)
-    with silent_client(gateway.http, "never read"):
+    with silent_speech_client(gateway.http, "never read", KEY):
         wait_until(lambda: metric_value(scrape(gateway.metrics), "gateway_stalled_calls_total", stalled) > before, 60,
                    "the silent HTTP client was not ended")
         wait_until(lambda: not any(left_held(gateway, stack).values()), 20, "a stage still holds the turn")
@@ -237,7 +226,7 @@ def test_refusals_carry_retry_after(stack, tmp_path):
     with own_gateway(stack, tmp_path, "--max-turns", "1", "--max-queued-turns", "0", "--max-turns-per-client", "0",
                      "--client-stall-seconds", "10",
                      "--api-keys-file", str(keys_file(tmp_path)), http=True) as gw:
-        with silent_client(gw.http, "holding the place"):
+        with silent_speech_client(gw.http, "holding the place", KEY):
             wait_until(lambda: metric_value(scrape(gw.metrics), "gateway_active_requests") == 1, 30, "never admitted")
             with pytest.raises(openai.RateLimitError) as err:
                 client(gw).audio.speech.create(model="moss-speech", voice="alloy", input="second")

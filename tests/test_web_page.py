@@ -14,7 +14,6 @@ import itertools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -23,7 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import soundfile as sf
-from conftest import left_held, metric_value, own_gateway, scrape
+from conftest import left_held, metric_value, own_gateway, scrape, silent_speech_client
 from speech import spoken
 
 from services.stack import free_port
@@ -282,18 +281,6 @@ def test_a_person_talks_and_hears_the_reply(gateway, stack, chromium, microphone
         time.sleep(0.05)
 
 
-def hold_the_only_place(port: int) -> socket.socket:
-    """A raw HTTP client that asks for a long reply and never reads it (a tiny receive window)."""
-    body = json.dumps({"model": "moss-speech", "voice": "alloy", "input": "hold", "response_format": "pcm",
-                       "sampling": {"max_new_tokens": 2000, "min_new_tokens": 2000}}).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", port))
-    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-    return sock
-
-
 def test_a_full_gateway_and_a_stage_down_are_said_plainly(stack, chromium, tmp_path):
     """The page's two other errors: a turn refused (the only place held by another client) says the service is busy
     and when to try again; a turn while the llm is down names the stage."""
@@ -311,7 +298,7 @@ def test_a_full_gateway_and_a_stage_down_are_said_plainly(stack, chromium, tmp_p
 
     with own_gateway(stack, tmp_path, "--max-turns", "1", "--max-queued-turns", "0", "--max-turns-per-client", "0",
                      "--client-stall-seconds", "10", http=True) as gw:
-        with hold_the_only_place(gw.http):
+        with silent_speech_client(gw.http, "hold the only place"):
             deadline = time.monotonic() + 30
             while metric_value(scrape(gw.metrics), "gateway_active_requests") < 1:
                 assert time.monotonic() < deadline, "the holding client was never admitted"
