@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import logging
 import time
+from pathlib import Path
 
 import torch
 from moss.speech.v1 import llm_pb2, llm_pb2_grpc
@@ -21,7 +22,9 @@ from services.llm.engine.engine import EngineConfig, LLMEngine
 from services.llm.engine.warmup import warm_up
 from services.llm.model.checkpoint import DTYPES, load_pretrained, random_model
 from services.llm.model.config import preset
+from services.llm.model.model import MossSpeechForCausalLM
 from services.llm.model.tokenizer import load_tokenizer, preset_tokenizer
+from services.llm.model.trtllm_checkpoint import read_config
 from services.llm.servicer import LlmServicer
 from services.llm.settings import LlmSettings, audio_lead, first_audio_hold
 
@@ -39,6 +42,14 @@ def resolve_dtype(name: str, device: torch.device, model_dir: str | None) -> tor
 
 def build_engine(s: LlmSettings) -> LLMEngine:
     device = torch.device(s.device)
+    config = EngineConfig(
+        kv_cache_bytes=int(s.kv_cache_gb * (1 << 30)), block_size=s.block_size, max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, max_audio_lead=audio_lead(s),
+        first_audio_window=s.first_audio_window, first_audio_hold=first_audio_hold(s), quantization=s.quantization,
+        runner=s.runner, engine_dir=s.engine_dir,
+    )
+    if s.runner == "trt":
+        return _trt_engine(s, config, device)
     dtype = resolve_dtype(s.dtype, device, s.model_dir)
     if s.model_dir:
         model = load_pretrained(s.model_dir, device=device, dtype=dtype)
@@ -51,12 +62,29 @@ def build_engine(s: LlmSettings) -> LLMEngine:
         log.warning("no --model-dir: serving the %r preset with RANDOM weights (speech will be noise)", s.preset)
     _match_config_dtype(model)
     log.info("weights and KV cache in %s", next(model.parameters()).dtype)
-    config = EngineConfig(
-        kv_cache_bytes=int(s.kv_cache_gb * (1 << 30)), block_size=s.block_size, max_num_seqs=s.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, max_audio_lead=audio_lead(s),
-        first_audio_window=s.first_audio_window, first_audio_hold=first_audio_hold(s), quantization=s.quantization,
-    )
     return LLMEngine(model, tokenizer, config)
+
+
+def _trt_engine(s: LlmSettings, config: EngineConfig, device: torch.device) -> LLMEngine:
+    """The engine over a TensorRT-LLM engine directory: the model's config from it, no weights in torch (the engine
+    holds them); the tokenizer from the engine directory, or --model-dir's."""
+    if not s.engine_dir:
+        raise ValueError("--runner trt needs --engine-dir (docs/tensorrt.md)")
+    _, cfg = read_config(s.engine_dir)
+    source = s.model_dir or s.engine_dir
+    if not (Path(source) / "tokenizer.json").exists():
+        raise ValueError(f"{source}: no tokenizer.json (copy the checkpoint's into the engine directory, or give "
+                         "--model-dir)")
+    with torch.device("meta"):
+        model = MossSpeechForCausalLM(dataclasses.replace(cfg, torch_dtype=_engine_dtype(s.engine_dir)))
+    log.info("serving the TensorRT-LLM engine in %s on %s", s.engine_dir, device)
+    return LLMEngine(model, load_tokenizer(source), config, device=device)
+
+
+def _engine_dtype(engine_dir: str) -> str:
+    """The engine's KV dtype (its checkpoint's dtype): what the KV budget pays per position."""
+    pretrained, _ = read_config(engine_dir)
+    return pretrained.get("dtype", "bfloat16")
 
 
 def _match_config_dtype(model) -> None:

@@ -33,6 +33,12 @@ class LlmSettings:
     model_dir: str | None = option(None, "HF-format MOSS-Speech checkpoint (config.json, safetensors, tokenizer.json); "
                                          "without it: the --preset with random weights", scope=OWN)
     device: str = option("cpu", "cpu or cuda", scope=OWN)
+    runner: str = option("auto", "what runs the model's steps: kernels (Triton kernels, CUDA graphs), reference "
+                                 "(PyTorch), trt (a built TensorRT-LLM engine, --engine-dir: docs/tensorrt.md), or auto "
+                                 "(kernels on CUDA, else reference)", choices=["auto", "kernels", "reference", "trt"],
+                         scope=OWN)
+    engine_dir: str | None = option(None, "--runner trt: the engine directory (config.json, rank0.engine; its "
+                                          "tokenizer.json, or --model-dir's)", scope=OWN)
     # The engine's options (services/llm/engine/engine.py EngineConfig): `up` hands them on.
     preset: str = option("tiny", "model preset used without --model-dir: random weights at its dimensions",
                          choices=list(PRESETS))

@@ -15,7 +15,9 @@ class EngineConfig:
     max_model_len: int = 4096           # prompt (with session history) + generated positions
     max_new_tokens_limit: int = 2048
     max_sessions: int = 1024            # sessions whose blocks are pinned for their next turn, at most (pins.py)
-    runner: str = "auto"                # "kernels" (fused kernels, CUDA graphs), "reference", or auto: kernels on CUDA
+    runner: str = "auto"                # "kernels" (fused kernels, CUDA graphs), "reference", "trt" (a TensorRT-LLM
+                                        # engine: engine_dir), or auto: kernels on CUDA
+    engine_dir: str | None = None       # the TensorRT-LLM engine directory of runner "trt" (docs/tensorrt.md)
     kernels: str = "auto"               # the kernel runner's ops: "triton", "torch", or auto: triton on CUDA
     cuda_graphs: bool = True            # steps replay captured graphs (CUDA, Triton kernels)
     overlap: bool = True                # launch decode step N+1 before step N's samples reach the host

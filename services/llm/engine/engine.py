@@ -129,17 +129,29 @@ def make_runner(model: MossSpeechForCausalLM, num_blocks: int, device: torch.dev
                             kernels=config.kernels, cuda_graphs=config.cuda_graphs, upload=upload,
                             max_num_batched_tokens=config.max_num_batched_tokens, text_skip=config.text_skip,
                             quantization=config.quantization)
-    raise ValueError(f"unknown runner {config.runner!r}: kernels, reference or auto")
+    if kind == "trt":
+        from services.llm.runner import trt_runner  # (no torch kernels, no tensorrt, unless asked for)
+
+        if config.engine_dir is None:
+            raise ValueError("the trt runner needs an engine directory (--engine-dir)")
+        if config.quantization != "none":
+            raise ValueError("--quantization is the engine's build option with the trt runner (docs/tensorrt.md)")
+        return trt_runner.TrtRunner(model.cfg, config.engine_dir, num_blocks, config.block_size, device,
+                                    config.max_num_seqs, config.max_model_len, config.max_num_batched_tokens,
+                                    trt=trt_runner.load_tensorrt())
+    raise ValueError(f"unknown runner {config.runner!r}: kernels, reference, trt or auto")
 
 
 class LLMEngine:
-    def __init__(self, model: MossSpeechForCausalLM, tokenizer: Tokenizer, config: EngineConfig = EngineConfig()):
+    def __init__(self, model: MossSpeechForCausalLM, tokenizer: Tokenizer, config: EngineConfig = EngineConfig(),
+                 device: torch.device | None = None):
+        """device: where the runner and sampler work (default: the model's; the trt runner's model has no weights)."""
         self.cfg = model.cfg
         self.config = config
         self.tokenizer = tokenizer
         self.prompts = PromptBuilder(tokenizer, self.cfg)
         self.turn_end = self.prompts.turn_end()
-        device = next(model.parameters()).device
+        device = device or next(model.parameters()).device
         num_blocks = max(1, config.kv_cache_bytes // (config.block_size * bytes_per_position(self.cfg, config, device)))
         self.block_manager = BlockManager(num_blocks, config.block_size)
         self.pins = Pins(self.block_manager, config.max_sessions)
