@@ -7,8 +7,6 @@ every binding fault failing its step. No TensorRT is needed (none can be install
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import fake_tensorrt
 import pytest
@@ -19,6 +17,7 @@ from sessions import Sessions
 from services.common.errors import Internal
 from services.common.sampling import ChunkSettings, SamplingSettings
 from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
+from services.llm.model import trtllm_checkpoint
 from services.llm.model.checkpoint import CheckpointError, random_model, save_pretrained
 from services.llm.model.config import tiny_config
 from services.llm.model.tokenizer import tiny_tokenizer
@@ -27,6 +26,7 @@ from services.llm.runner import trt_runner
 from services.llm.runner.trt_io import EngineRefused
 
 CFG = tiny_config()
+REAL_LOAD_TENSORRT = trt_runner.load_tensorrt
 GREEDY = SamplingSettings(temperature=0.0, repetition_penalty=1.0, max_new_tokens=20, min_new_tokens=0)
 BLOCK = 16
 
@@ -285,25 +285,26 @@ def test_the_llm_service_builds_on_the_engine_directory(model, checkpoint, tmp_p
         build_engine(LlmSettings(runner="trt", engine_dir=str(directory)))
 
 
-def test_without_tensorrt_the_llm_says_so_in_one_line(checkpoint, tmp_path):
-    """In a process of its own (the fake runtime is this one's): the real import, and no TensorRT here."""
+def test_without_tensorrt_the_llm_refuses_to_start_saying_so(checkpoint, tmp_path, monkeypatch):
+    """The real import, and no TensorRT here: an EngineRefused (a ValueError: `moss-serve llm` prints it as its one
+    "cannot start" line, services/cli.py)."""
+    from services.llm.server import build_engine
+    from services.llm.settings import LlmSettings
+
+    monkeypatch.setattr(trt_runner, "load_tensorrt", REAL_LOAD_TENSORRT)
     directory = engine_dir(checkpoint, tmp_path)
     tiny_tokenizer(CFG).save(str(directory / "tokenizer.json"))
-    done = subprocess.run([sys.executable, "-m", "services.cli", "llm", "--runner", "trt", "--engine-dir", str(directory),
-                           "--port", "0", "--metrics-port", "0", "--block-size", str(BLOCK), "--max-model-len", "1024",
-                           "--max-num-seqs", "8", "--max-num-batched-tokens", "256"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines()[-1] == ("moss-serve llm: cannot start: the TensorRT runtime is not "
-                                                    "installed (No module named 'tensorrt'): docs/tensorrt.md")
+    with pytest.raises(EngineRefused) as err:
+        build_engine(LlmSettings(runner="trt", engine_dir=str(directory), block_size=BLOCK, max_num_seqs=8,
+                                 max_num_batched_tokens=256, max_model_len=1024))
+    assert isinstance(err.value, ValueError)
+    assert str(err.value) == "the TensorRT runtime is not installed (No module named 'tensorrt'): docs/tensorrt.md"
 
 
-def test_the_conversion_runs_from_the_command_line(checkpoint, tmp_path):
+def test_the_conversion_runs_from_the_command_line(checkpoint, tmp_path, capsys):
     out = tmp_path / "trtllm"
-    done = subprocess.run([sys.executable, "-m", "services.llm.model.trtllm_checkpoint", str(checkpoint[0]), str(out)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    assert trtllm_checkpoint.main([str(checkpoint[0]), str(out)]) == 0
     assert sorted(load_file(str(out / "rank0.safetensors"))) == sorted(trtllm_names(CFG))
-    done = subprocess.run([sys.executable, "-m", "services.llm.model.trtllm_checkpoint", str(tmp_path / "none"), str(out)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.startswith("cannot convert: ") and "config.json not found" in done.stderr
+    assert trtllm_checkpoint.main([str(tmp_path / "none"), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cannot convert: ") and "config.json not found" in err

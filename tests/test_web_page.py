@@ -30,8 +30,8 @@ from services.stack import free_port
 KEY = "alpha"
 CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser") if shutil.which(name)), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (make tools installs it as root)")
-SPEECH = "Hello, can you hear me?"
-SPEECH_SECONDS = (0.3, 1.2)  # silence before and after the sentence in the microphone's file
+SPEECH = "Hello there."
+SPEECH_SECONDS = (0.2, 0.9)  # silence before and after the sentence in the microphone's file (the gate ends at 0.5 s)
 
 
 @pytest.fixture(scope="module")
