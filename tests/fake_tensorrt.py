@@ -101,7 +101,8 @@ def build(engine_dir: Path, checkpoint_dir: Path, variant: str = "0.14", tokens_
     engine_dir.mkdir(parents=True, exist_ok=True)
     pretrained = json.loads((checkpoint_dir / "config.json").read_text())
     plugins = {"gpt_attention_plugin": pretrained["dtype"], "paged_kv_cache": True, "remove_input_padding": True,
-               "context_fmha": True, "tokens_per_block": tokens_per_block, **(plugin_changes or {})}
+               "context_fmha": True, "use_paged_context_fmha": True, "tokens_per_block": tokens_per_block,
+               **(plugin_changes or {})}
     config = {"version": {"0.13": "0.13.0", "0.14": "0.14.0", "0.15+": "0.16.0"}[variant],
               "pretrained_config": pretrained,
               "build_config": {"max_batch_size": max_batch_size, "max_num_tokens": max_num_tokens,
@@ -236,14 +237,19 @@ class Context:
         last = get["last_token_ids"].long()
         tokens = torch.diff(last, prepend=last.new_zeros(1))
         kinds = get["host_request_types"].long()
-        past = get["host_past_key_value_lengths"].long()
+        # the positions cached before this step, as TensorRT-LLM's runtime gives them: a context request's
+        # host_past_key_value_lengths is its length after the step, a generation request's the length before
+        total = get["sequence_length"].long()
+        past = total - tokens
+        host_past = get["host_past_key_value_lengths"].long()
+        expect(torch.equal(host_past, torch.where(kinds == 0, total, total - 1)),
+               "host_past_key_value_lengths: not sequence_length (context) or sequence_length - 1 (generation)")
         b, n = len(last), int(last[-1]) if len(last) else 0
         expect(get["input_ids"].shape == (n,) and get["audio_input_ids"].shape == (n,), "ids: not last_token_ids[-1]")
         expect(get["position_ids"].shape == (n,), "position_ids: not last_token_ids[-1]")
         expect(bool((tokens > 0).all()), "last_token_ids: not increasing")
         expect(bool((kinds[1:] >= kinds[:-1]).all()), "host_request_types: a context request after a generation one")
         expect(bool((tokens[kinds == 1] == 1).all()), "a generation request with more than one token")
-        expect(torch.equal(get["sequence_length"].long(), past + tokens), "sequence_length != past + tokens")
         ctx_lens = get["context_lengths"].long()
         expect(torch.equal(ctx_lens, get["host_context_lengths"].long()), "context_lengths != host_context_lengths")
         expect(torch.equal(ctx_lens[kinds == 0], tokens[kinds == 0]), "a context request's context_lengths")

@@ -156,7 +156,6 @@ I32, I64 = fake_tensorrt.DataType.INT32, fake_tensorrt.DataType.INT64
     ({"lora_ranks": (True, I32, (-1,), True)}, "unknown ['lora_ranks']"),
     ({"hidden_states": (False, fake_tensorrt.DataType.FLOAT, (-1, 64), False)}, "its outputs are"),
     ({"input_ids": (True, I64, (-1,), False)}, "input input_ids is int64"),
-    ({"host_request_types": (True, I32, (-1,), False)}, "input host_request_types is on the device"),
     ({"kv_cache_block_offsets": (True, I32, (-1, 2, -1), False)},
      "kv_cache_block_offsets is int32 of rank 3; TensorRT-LLM 0.14 has int32 of rank 4"),
 ])
@@ -170,6 +169,7 @@ def test_an_engine_whose_io_list_is_not_understood_is_refused(model, checkpoint,
 @pytest.mark.parametrize("build, says", [
     ({"plugin_changes": {"tokens_per_block": 32}}, "tokens_per_block is 32; the llm's --block-size is 16"),
     ({"plugin_changes": {"paged_kv_cache": False}}, "built with paged_kv_cache=False"),
+    ({"plugin_changes": {"use_paged_context_fmha": False}}, "built with use_paged_context_fmha=False"),
     ({"max_batch_size": 4}, "max_batch_size 4, under the llm's --max-num-seqs 8"),
     ({"max_seq_len": 512}, "max_seq_len 512, under the llm's --max-model-len 1024"),
 ])
@@ -212,6 +212,9 @@ def faulty(engine: LLMEngine, fault):
 @pytest.mark.parametrize("fault, says, refused", [
     (lambda method, step, name, value: None if name == "host_past_key_value_lengths" and method == "set_tensor_address"
      else value, "execute_async_v3 failed", "host_past_key_value_lengths: not bound"),   # an address never set
+    (lambda method, step, name, value: value + 8 if name == "host_past_key_value_lengths" and method ==
+     "set_tensor_address" else value, "execute_async_v3 failed", "host_past_key_value_lengths: not sequence_length"),
+    # an address off by two values: the step reads the wrong numbers
     (lambda method, step, name, value: None if step > 0 and name == "kv_cache_block_offsets"
      and method == "set_tensor_address" else value,
      "execute_async_v3 failed", "kv_cache_block_offsets: not bound"),                    # the first step's, kept
@@ -251,13 +254,17 @@ def test_a_stale_pool_address_is_caught_by_the_kv(model, checkpoint, tmp_path):
     assert not torch.allclose(trt.runner.kv_cache, reference.runner.kv_cache)
 
 
-def test_an_engine_that_writes_no_logits_fails_the_step(model, checkpoint, tmp_path, monkeypatch):
+def test_an_engine_that_writes_no_logits_fails_its_requests(model, checkpoint, tmp_path, monkeypatch):
+    """A step that returned True but computed nothing leaves the NaN the runner put in each row's first logit: every
+    request of it fails as not finite, the engine goes on."""
     engine = make_engine(model, "trt", engine_dir(checkpoint, tmp_path))
     monkeypatch.setattr(fake_tensorrt.Context, "_step", lambda self: None)  # returns True, computes nothing
-    with pytest.raises(Internal, match="logits all zeros: the engine did not compute this step"):
-        engine.add(engine.make_sequence(GenerationRequest("r", GREEDY, ChunkSettings(), text="Hello there.")))
-        while engine.has_work():
-            engine.step()
+    engine.add(engine.make_sequence(GenerationRequest("r", GREEDY, ChunkSettings(), text="Hello there.")))
+    chunks = []
+    while engine.has_work():
+        chunks += engine.step()
+    assert chunks[-1].final and "not finite" in chunks[-1].error
+    assert engine.block_manager.num_used == 0
 
 
 # ---- the llm service on it ------------------------------------------------------------------------

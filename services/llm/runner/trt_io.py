@@ -16,8 +16,8 @@ pool for the 40 attention layers (32 shared + 4 text + 4 audio), TP = PP = 1. It
 | host_kv_cache_pool_pointers | int64 [1, 2] (0.13: [2]) | [the pool's address, 0] |
 | host_kv_cache_pool_mapping | [L] (0.14+) | 0: every layer in the one pool |
 | sequence_length | [B] | positions after this step |
-| context_lengths, host_context_lengths | [B] | a context request's positions after this step; a generation request's 1 less |
-| host_past_key_value_lengths | [B] | positions already in the cache |
+| context_lengths, host_context_lengths | [B] | a context request's tokens in this step; a generation request's prompt |
+| host_past_key_value_lengths | [B] | a context request's positions after this step; a generation request's before |
 | host_request_types | [B] | 0 context (prefill, whole or a chunk), 1 generation (one new token) |
 | host_max_attention_window_sizes | [L] | the engine's max_seq_len |
 | host_sink_token_length | [1] | 0 |
@@ -91,7 +91,7 @@ class TensorSpec:
     is_input: bool
     dtype: str          # "int32", "int64", "float32", "float16", "bfloat16", ...
     shape: tuple[int, ...]  # -1 where the engine's profile lets it vary
-    on_host: bool
+    on_host: bool       # as the engine lists it (TensorRT-LLM declares none so: its runtime places host_* by name)
 
 
 @dataclass(frozen=True)
@@ -113,28 +113,24 @@ def understand(tensors: list[TensorSpec]) -> EngineIO:
     by_name = {t.name: t for t in tensors}
     outputs = {t.name for t in tensors if not t.is_input}
     if outputs != set(OUTPUTS):
-        raise EngineRefused(f"its outputs are {sorted(outputs)}; a dual-head engine has exactly "
-                                      f"{sorted(OUTPUTS)}")
+        raise EngineRefused(f"its outputs are {sorted(outputs)}; a dual-head engine has exactly {sorted(OUTPUTS)}")
     given = {t.name for t in tensors if t.is_input}
     candidates = [v for v in VARIANTS if set(v.inputs()) == given]
     if not candidates:  # name the closest variant's differences
         closest = min(VARIANTS, key=lambda v: len(set(v.inputs()) ^ given))
         missing, unknown = sorted(set(closest.inputs()) - given), sorted(given - set(closest.inputs()))
         raise EngineRefused("its inputs match no TensorRT-LLM release this runner knows "
-                                      f"({', '.join(v.name for v in VARIANTS)}); against {closest.name}: "
-                                      f"missing {missing or 'none'}, unknown {unknown or 'none'}")
+                            f"({', '.join(v.name for v in VARIANTS)}); against {closest.name}: "
+                            f"missing {missing or 'none'}, unknown {unknown or 'none'}")
     variant = candidates[0]
     for name, (dtype, rank) in variant.inputs().items():
         t = by_name[name]
         if t.dtype != dtype or len(t.shape) != rank:
             raise EngineRefused(f"input {name} is {t.dtype} of rank {len(t.shape)}; TensorRT-LLM "
-                                          f"{variant.name} has {dtype} of rank {rank}")
-        if t.on_host != name.startswith("host_"):
-            raise EngineRefused(f"input {name} is on the {'host' if t.on_host else 'device'}; "
-                                          "TensorRT-LLM keeps host_* inputs on the host and the rest on the device")
+                                f"{variant.name} has {dtype} of rank {rank}")
     for name, rank in OUTPUTS.items():
         t = by_name[name]
         if t.dtype not in LOGITS_DTYPES or len(t.shape) != rank:
             raise EngineRefused(f"output {name} is {t.dtype} of rank {len(t.shape)}; expected "
-                                          f"{' or '.join(LOGITS_DTYPES)} of rank {rank}")
+                                f"{' or '.join(LOGITS_DTYPES)} of rank {rank}")
     return EngineIO(variant, by_name)

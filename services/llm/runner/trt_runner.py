@@ -9,9 +9,10 @@ and a request's block offsets are `block · 2·num_layers + field` (0 K, 1 V): t
 
 Every step sets the shape and address of every input and output the engine lists (trt_io.py) from the block
 manager's tables, with context requests first, as the plugin requires (their logits are put back in the batch's
-order), checks every call's return value, and checks the outputs before sampling: their shapes, and that the
-engine wrote them (they are zeroed before each step; all zeros means a step that did not run). A request whose
-logits are not finite fails alone, in the sampler, as with the other runners.
+order), checks every call's return value and the outputs' shapes, and leaves a NaN in each row's first logit before
+the step: the engine overwrites it, and a step that did not run leaves it, so that the sampler, which fails a
+request whose logits are not finite (alone, as with the other runners), catches it without a device → host read
+that would stall the step launched ahead.
 
 No TensorRT here where this is developed: `tensorrt` is imported when the runner is built (load_tensorrt), and the
 tests give it a fake runtime that computes the model from the bound buffers (tests/fake_tensorrt.py).
@@ -109,7 +110,8 @@ class TrtRunner:
         if not build:
             raise EngineRefused(f"{engine_dir}: config.json has no build_config (not an engine directory?)")
         plugins = build.get("plugin_config", {})
-        wants = {"paged_kv_cache": True, "remove_input_padding": True}
+        # paged context FMHA: context requests after cached positions (session turns, prefix hits, chunked prefill)
+        wants = {"paged_kv_cache": True, "remove_input_padding": True, "use_paged_context_fmha": True}
         for name, value in wants.items():
             if plugins.get(name) != value:
                 raise EngineRefused(f"{engine_dir}: built with {name}={plugins.get(name)}; this runner needs {value} "
@@ -120,7 +122,7 @@ class TrtRunner:
         for name, ours, flag in (("max_batch_size", max_num_seqs, "--max-num-seqs"),
                                  ("max_num_tokens", max_num_batched_tokens, "--max-num-batched-tokens"),
                                  ("max_seq_len", max_model_len, "--max-model-len")):
-            if build.get(name, 0) < ours:
+            if (build.get(name) or 0) < ours:
                 raise EngineRefused(f"{engine_dir}: built with {name} {build.get(name)}, under the llm's {flag} "
                                     f"{ours}: lower {flag} or build with a larger {name}")
         self.kv_dtype = pretrained.get("dtype", "bfloat16")
@@ -143,7 +145,8 @@ class TrtRunner:
             shape = (1, 2) if len(spec.shape) == 2 else (2,)
         else:
             shape = sizes.get(spec.name, (self.max_batch,))
-        on_host = spec.on_host or self.device.type != "cuda"
+        # TensorRT-LLM's runtime puts host_* inputs in host memory by their name (trt_io.py)
+        on_host = spec.name.startswith("host_") or self.device.type != "cuda"
         return torch.zeros(shape, dtype=TORCH_DTYPES[spec.dtype], device="cpu" if on_host else self.device,
                            pin_memory=on_host and self.device.type == "cuda")
 
@@ -203,11 +206,12 @@ class TrtRunner:
             "last_token_ids": np.cumsum(new).astype(np.int32),
             "sequence_length": past + new,
             "context_lengths": contexts, "host_context_lengths": contexts,
-            "host_past_key_value_lengths": past,
+            # TensorRT-LLM's runtime: a context request's positions after this step (its cached ones are
+            # sequence_length - context_lengths), a generation request's before it
+            "host_past_key_value_lengths": np.where(kinds == CONTEXT, past + new, past).astype(np.int32),
             "host_request_types": kinds,
             "host_max_attention_window_sizes": np.full(L, self.window, np.int32),
             "host_sink_token_length": np.zeros(1, np.int32),
-            "cache_indirection": np.zeros((b, 1, self.window), np.int32),
             "host_runtime_perf_knobs": np.full(16, -1, np.int64),
             "host_context_progress": np.zeros(1, np.int64),
             "host_kv_cache_pool_mapping": np.zeros(L, np.int32),
@@ -224,7 +228,11 @@ class TrtRunner:
             buffer = self.buffers[name]
             if not spec.is_input:
                 views[name] = buffer[:b]
-                views[name].zero_()  # the engine must write them: all zeros after a step means it did not run
+                # A NaN where the engine writes every row's first logit: a step that did not run leaves it, and the
+                # sampler fails each request whose logits are not finite (no device → host read here).
+                views[name][:, 0] = float("nan")
+            elif name == "cache_indirection":  # zeros since allocation (beam width 1): nobody writes it
+                views[name] = _prefix(buffer, (b, 1, self.window))
             elif name in host:
                 value = torch.from_numpy(host[name])
                 views[name] = _prefix(buffer, value.shape)
@@ -255,9 +263,6 @@ class TrtRunner:
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
         if not ctx.execute_async_v3(stream):
             raise Internal("engine: execute_async_v3 failed (see TensorRT's log)")
-        for name in ("logits", "audio_logits"):
-            if b and not bool(views[name].any()):  # (a device → host read: the step has run)
-                raise Internal(f"engine: {name} all zeros: the engine did not compute this step")
 
 
 def _prefix(buffer: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
