@@ -90,21 +90,21 @@ def say(target: str) -> int:
 def test_up_restarts_a_dead_service_and_its_services_die_with_it(tmp_path):
     ports = Ports.free()
     flags = []
-    for service in ("gateway", "llm", "vocoder", "encoder"):
+    for service in ("gateway", "llm", "vocoder"):
         flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
-    flags += ["--http-port", "0"]
+    flags += ["--http-port", "0", "--no-encoder"]  # (supervision is the same for every service: three say it)
     # Its log (and its services', which share its stderr) to a file: a pipe nobody reads fills up and stops them all.
     up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=open(tmp_path / "up.log", "w"))
     gateway = f"127.0.0.1:{ports.grpc['gateway']}"
     try:
         deadline = time.monotonic() + 120
-        # Serving, and up done starting (its supervision begins then: the encoder may still be starting when the
-        # gateway already serves, and an llm killed before that waits for up's start to end).
+        # Serving, and up done starting (its supervision begins then: an llm killed before that waits for up's
+        # start to end).
         while not is_serving(gateway) or "Ctrl-C stops" not in (tmp_path / "up.log").read_text():
             assert up.poll() is None and time.monotonic() < deadline, "moss-serve up did not come up"
             time.sleep(0.3)
         first = children(up.pid)
-        assert set(first) == {"gateway", "llm", "vocoder", "encoder"}, first
+        assert set(first) == {"gateway", "llm", "vocoder"}, first
 
         os.kill(first["llm"], signal.SIGKILL)  # the llm dies: up starts it again, the others stay
         deadline = time.monotonic() + 10
