@@ -60,6 +60,16 @@ def make_engine(model, runner: str, directory=None, **kw) -> LLMEngine:
     return LLMEngine(model, tiny_tokenizer(CFG), EngineConfig(**config))
 
 
+def hello(engine: LLMEngine) -> tuple[list, list[int], list[int]]:
+    """One greedy request through the engine → (its chunks, its text ids, its audio ids)."""
+    seq = engine.make_sequence(GenerationRequest("r", GREEDY, ChunkSettings(), text="Hello there."))
+    engine.add(seq)
+    chunks = []
+    while engine.has_work():
+        chunks += engine.step()
+    return chunks, seq.text_ids, seq.audio_ids
+
+
 # ---- the checkpoint ------------------------------------------------------------------------------
 def test_the_conversion_maps_every_official_tensor_and_back(model, checkpoint):
     tensors = load_file(str(checkpoint[1] / "rank0.safetensors"))
@@ -137,13 +147,7 @@ def test_every_release_s_io_gives_the_same_tokens_and_kv(model, checkpoint, tmp_
     request through each, against the torch runner."""
     reference, trt = make_engine(model, "reference"), make_engine(model, "trt", engine_dir(checkpoint, tmp_path, variant))
     assert trt.runner.io.variant.name == variant
-    seqs = []
-    for engine in (reference, trt):
-        seqs.append(engine.make_sequence(GenerationRequest("r", GREEDY, ChunkSettings(), text="Hello there.")))
-        engine.add(seqs[-1])
-        while engine.has_work():
-            engine.step()
-    assert (seqs[1].text_ids, seqs[1].audio_ids) == (seqs[0].text_ids, seqs[0].audio_ids)
+    assert hello(trt)[1:] == hello(reference)[1:]
     assert torch.allclose(trt.runner.kv_cache, reference.runner.kv_cache, atol=1e-5)
 
 
@@ -227,9 +231,7 @@ def test_a_binding_fault_fails_the_step(model, checkpoint, tmp_path, fault, says
     engine = make_engine(model, "trt", engine_dir(checkpoint, tmp_path))
     faulty(engine, fault)
     with pytest.raises(Internal, match=says.replace("[", "\\[")):
-        engine.add(engine.make_sequence(GenerationRequest("r", GREEDY, ChunkSettings(), text="Hello there.")))
-        while engine.has_work():
-            engine.step()
+        hello(engine)
     assert refused in engine.runner.context.last_error
 
 
@@ -246,10 +248,7 @@ def test_a_stale_pool_address_is_caught_by_the_kv(model, checkpoint, tmp_path):
         return views
 
     trt.runner._fill = moved
-    for engine in (reference, trt):
-        engine.add(engine.make_sequence(GenerationRequest("r", GREEDY, ChunkSettings(), text="Hello there.")))
-        while engine.has_work():
-            engine.step()
+    hello(reference), hello(trt)
     assert elsewhere.any() and not trt.runner.kv_cache.any()
     assert not torch.allclose(trt.runner.kv_cache, reference.runner.kv_cache)
 
@@ -259,10 +258,7 @@ def test_an_engine_that_writes_no_logits_fails_its_requests(model, checkpoint, t
     request of it fails as not finite, the engine goes on."""
     engine = make_engine(model, "trt", engine_dir(checkpoint, tmp_path))
     monkeypatch.setattr(fake_tensorrt.Context, "_step", lambda self: None)  # returns True, computes nothing
-    engine.add(engine.make_sequence(GenerationRequest("r", GREEDY, ChunkSettings(), text="Hello there.")))
-    chunks = []
-    while engine.has_work():
-        chunks += engine.step()
+    chunks = hello(engine)[0]
     assert chunks[-1].final and "not finite" in chunks[-1].error
     assert engine.block_manager.num_used == 0
 
@@ -280,13 +276,7 @@ def test_the_llm_service_builds_on_the_engine_directory(model, checkpoint, tmp_p
                                    max_num_seqs=8, max_num_batched_tokens=256, max_model_len=1024))
     assert isinstance(llm.runner, trt_runner.TrtRunner)
     reference = make_engine(model, "reference")
-    seqs = []
-    for engine in (reference, llm):
-        seqs.append(engine.make_sequence(GenerationRequest("r", GREEDY, ChunkSettings(), text="Hello there.")))
-        engine.add(seqs[-1])
-        while engine.has_work():
-            engine.step()
-    assert (seqs[1].text_ids, seqs[1].audio_ids) == (seqs[0].text_ids, seqs[0].audio_ids)
+    assert hello(llm)[1:] == hello(reference)[1:]
     (directory / "tokenizer.json").unlink()
     with pytest.raises(ValueError, match="no tokenizer.json"):
         build_engine(LlmSettings(runner="trt", engine_dir=str(directory)))
