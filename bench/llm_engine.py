@@ -58,8 +58,9 @@ import traceback
 import torch
 
 from services.common.sampling import ChunkSettings, SamplingSettings
-from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine, bytes_per_position
+from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
 from services.llm.engine.reference import dense_logits, traced_generation
+from services.llm.engine.runners import bytes_per_position
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import preset
 from services.llm.model.tokenizer import tiny_tokenizer
