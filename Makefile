@@ -38,7 +38,9 @@ up: $(STAMP)
 # ruff first (pyproject.toml's [tool.ruff]: pyflakes, pycodestyle, import order): a lint error fails fast.
 # compileall: the project's own modules as .pyc (this environment sets PYTHONDONTWRITEBYTECODE, so no process writes
 # them, and each of the suite's ~150 service processes would compile them again; Python still reads fresh ones).
-test: $(STAMP) tools
+# The venv and Debian's tools install side by side (-j2): pip and apt-get wait on different things.
+test:
+	@$(MAKE) --no-print-directory -j2 install tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m compileall -q services protos tests > /dev/null
 	$(BIN)/python -m pytest -q --durations=25

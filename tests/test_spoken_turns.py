@@ -12,7 +12,7 @@ import pytest
 from moss.speech.v1 import common_pb2, gateway_pb2
 
 from services.gateway.client import converse
-from tests.conftest import metric_value, scrape
+from tests.conftest import metric_value, own_gateway, scrape
 from tests.speech import spoken
 
 SHORT = common_pb2.SamplingParams(max_new_tokens=12, min_new_tokens=12, seed=1)
@@ -235,17 +235,16 @@ def test_bench_measures_spoken_turns_from_the_end_of_the_speech(stack, question,
         assert s["chunk_arrivals_s"][0] >= st["ttfa_seconds"] - 0.05  # the client's clock starts at the speech's end too
 
 
-def test_without_an_encoder_spoken_turns_fail_and_typed_ones_go_on(question, tmp_path):
-    from services.stack import Ports, Stack, free_port, is_serving
+def test_without_an_encoder_spoken_turns_fail_and_typed_ones_go_on(stack, question, tmp_path):
+    from services.stack import free_port, is_serving
 
     samples, rate = question
-    # the gateway is given an encoder's address where none answers (none started: start-up time)
+    # the shared stack's llm and vocoder behind a gateway of its own, given an encoder's address where none answers
     nowhere = ["--encoder-target", f"127.0.0.1:{free_port()}"]
-    with Stack(Ports.free(), without=("encoder",), extra_args={"gateway": ["--ready-wait", "1", *nowhere]},
-               log_dir=tmp_path) as stack:
+    with own_gateway(stack, tmp_path, "--ready-wait", "1", *nowhere) as gateway:
 
         async def session():
-            async with converse(stack.target("gateway"), sampling=SHORT, timeout=60) as conv:
+            async with converse(gateway.target, sampling=SHORT, timeout=60) as conv:
                 spoken_reply = await conv.speak(samples[: rate // 2], rate, realtime=False)
                 typed_reply = await conv.say("Hello?")
                 return spoken_reply, typed_reply
@@ -253,4 +252,4 @@ def test_without_an_encoder_spoken_turns_fail_and_typed_ones_go_on(question, tmp
         spoken_reply, typed_reply = run(session())
         assert spoken_reply.failed.code == "UNAVAILABLE" and spoken_reply.failed.message.startswith("encoder unavailable")
         assert typed_reply.summary is not None and typed_reply.summary.num_samples > 0
-        assert is_serving(stack.target("gateway"))  # the gateway's health does not hang on the encoder
+        assert is_serving(gateway.target)  # the gateway's health does not hang on the encoder

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from services.vocoder import bigvgan_package
 from services.vocoder.token_decoder import MelFormat
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -23,6 +24,7 @@ PRESETS = {"tiny": "tiny.json", "moss-speech": "bigvgan_24khz_80band_480x.json",
 
 
 def read_config(path: str | Path):
+    bigvgan_package.model_module()  # (the package without its training utilities)
     from bigvgan.env import AttrDict
 
     return AttrDict(json.loads(Path(path).read_text()))
@@ -57,7 +59,7 @@ def _weight_norm_form(state_dict: dict) -> str:
 def build_generator(h, state_dict: dict | None = None, seed: int = 0):
     """→ BigVGAN in eval mode with weight norm folded in (inference form), on the CPU in float32.
     `state_dict` may hold weight norm in either torch form, or have it removed already."""
-    import bigvgan
+    BigVGAN = bigvgan_package.model_module().BigVGAN
 
     torch.manual_seed(seed)
     form = _weight_norm_form(state_dict) if state_dict is not None else "g_v"
@@ -67,7 +69,7 @@ def build_generator(h, state_dict: dict | None = None, seed: int = 0):
     # The package prints progress on stdout and builds with the deprecated weight_norm API.
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        model = bigvgan.BigVGAN(h, use_cuda_kernel=False)
+        model = BigVGAN(h, use_cuda_kernel=False)
         if form == "plain":
             model.remove_weight_norm()
         if state_dict is not None:
