@@ -132,7 +132,7 @@ def run_up(args) -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:
-        stack.start_all()
+        stack.start_all(args.start_timeout)
         where = ", ".join(f"{name} on {stack.target(name)}" for name in ["gateway", *stack.names[:-1]])
         http = f"; HTTP on {http_url(args)} (the web page; OpenAI's API under /v1)" if args.http_port else ""
         print(f"moss-serve up: {where}{http}; Ctrl-C stops", file=sys.stderr)
