@@ -55,8 +55,6 @@ async def run(s: VocoderSettings) -> None:
         if s.first_chunk_lane == "on":
             raise ValueError("--flow-solve on and --first-chunk-lane on do not go together: with the solve a first "
                              "chunk joins the running solve at once")
-        if s.playing_workers > 1:
-            raise ValueError("--flow-solve on drives the flow from one worker: --playing-workers must be 1")
         solve = FlowSolve(vocoder.decoder, s.flow_solve_rows)
     # A call holds at most max_batch windows (with the solve: the rows a tick finishes, and the chunks ready beside
     # them): larger batch buckets are never used.
@@ -75,16 +73,8 @@ async def run(s: VocoderSettings) -> None:
         lane.runner.warm_up([b for b in batches if b <= FIRST_CHUNK_LANE_BATCH])
         if flow:
             lane.decoder.warm_up(list(vocoder.voices.values()), FIRST_CHUNK_LANE_BATCH, first_calls=True)
-    playing = [vocoder]
-    for _ in range(s.playing_workers - 1):  # more playing workers: graphs of their own for every call they can make
-        other = vocoder.lane(priority=0)
-        other.runner.warm_up(batches, exact_frames=[left + lookahead + frames for frames in vocoder.end_frames],
-                             exact_batches=[b for b in batches if b <= LAST_WINDOW_BATCH])
-        if flow:
-            other.decoder.warm_up(list(vocoder.voices.values()), limits.max_batch)
-        playing.append(other)
     if vocoder.runner.graphs:
-        parts = playing + ([lane] if lane is not None else [])
+        parts = [vocoder] + ([lane] if lane is not None else [])
         flow_graphs = sum(len(getattr(v.decoder, "graphs", {})) for v in parts) + len(solve.graphs if solve else {})
         log.info("vocoder: %d CUDA graphs captured in %.1f s (%d of the flow%s)",
                  sum(len(v.runner.graphs) for v in parts) + flow_graphs, time.perf_counter() - started, flow_graphs,
@@ -97,8 +87,7 @@ async def run(s: VocoderSettings) -> None:
     servicer = VocoderServicer(vocoder, s.left_context, s.lookahead, max_batch=limits.max_batch,
                                max_batch_frames=limits.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
                                first_chunk_batch_frames=limits.first_chunk_batch_frames,
-                               lost=lambda: device_lost(s.device), on_fatal=report, lane=lane, more_playing=playing[1:],
-                               solve=solve,
+                               lost=lambda: device_lost(s.device), on_fatal=report, lane=lane, solve=solve,
                                admit_every=s.flow_admit_every, generate_wait=s.flow_generate_wait)
     start_metrics_server(s.host, s.metrics_port)
     await serve(

@@ -54,9 +54,6 @@ class VocoderSettings:
               "beside the playing streams' calls: sooner first audio under load, and under headroom admission more "
               "turns admitted; under count admission past the knee, more stalls (docs/benchmarks.md) (default: on where "
               "moss-serve up runs the stack on a GPU, else off)", choices=["on", "off"], show_default=False)
-    playing_workers: int = option(1, "worker threads that vocode the playing streams' chunks side by side, each with "
-                                     "its own graphs and CUDA stream; a chunk goes to the one with the least work "
-                                     "(docs/benchmarks.md)", type=positive(int))
     # The codec decoder's options (docs/codec.md): `up` hands them on.
     voices_dir: str | None = option(None, "the flow decoder's voices, <name>.safetensors each (default: the codec "
                                           "directory's voices/; a preset without it: one random 'default' voice)")

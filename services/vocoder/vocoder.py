@@ -97,15 +97,15 @@ class TokenVocoder:
         self.runner = GeneratorRunner(self.generator, self.hop_size, self.device,
                                       **(dict(fuse=False, channels_last=False) if hift else {}), **conds)
 
-    def lane(self, priority: int = -1) -> "TokenVocoder":
-        """The same vocoder for another worker thread (worker.py: the first-chunk lane, or another playing worker):
-        models, voices and the flow's stream history shared; graphs of its own, and on CUDA a stream of its own, so
-        that its calls run beside the other threads'. priority -1 (the lane's): its kernels go first; 0: as others."""
+    def lane(self) -> "TokenVocoder":
+        """The same vocoder for a second worker thread (worker.py's first-chunk lane): models, voices and the flow's
+        stream history shared; graphs of its own, and on CUDA a stream of its own of high priority, so that its
+        small calls run beside the other thread's and its kernels go first."""
         other = copy.copy(self)
         other.decoder, other.runner = self.decoder.lane(), self.runner.lane()
         other._decode_timing = 0.0
         if self.device.type == "cuda":
-            other.stream = torch.cuda.Stream(self.device, priority=priority)
+            other.stream = torch.cuda.Stream(self.device, priority=-1)
         return other
 
     def running(self):

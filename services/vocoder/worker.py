@@ -141,7 +141,6 @@ class VocoderWorker(JobThread):
         self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
         self.first_chunk_batch_frames = first_chunk_batch_frames
         self.lost, self.on_fatal, self.probe_seconds = lost, on_fatal, probe_seconds
-        self.in_call = 0  # jobs in the call running
         self.start()
 
     # ---- the thread ------------------------------------------------------------------------------
@@ -195,7 +194,6 @@ class VocoderWorker(JobThread):
                 continue
             # A stream whose caller went away (a cancelled await cancels its future) is dropped here.
             batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
-            self.in_call = len(batch)
             try:
                 with self.vocoder.running():  # (its CUDA stream, if it has one of its own)
                     self._run(batch)
@@ -207,12 +205,6 @@ class VocoderWorker(JobThread):
                 for job in batch:
                     if not job.future.done():
                         job.future.set_exception(exc)
-            finally:
-                self.in_call = 0
-
-    def load(self) -> int:
-        """Jobs waiting here or in the call running (read without the lock: a hint for Lanes)."""
-        return len(self.pending) + self.in_call
 
     def _die(self, err: DeviceLost, batch: list[Job]) -> None:
         """The device is lost: every job fails, none is taken any more, and the server is told."""
@@ -306,22 +298,16 @@ class Vocoding:
 
 
 class Lanes:
-    """Several workers, one submit: a stream's first chunk to `first` if there is one (small calls of first chunks
-    only), every other job to the playing worker with the least work, waiting or in its call (module docstring).
-    A stream hands in one job at a time, so its jobs may run on any worker in turn: each worker's vocoder is a lane
-    of the same one (TokenVocoder.lane), with the stream's state shared."""
+    """Two workers, one submit: a stream's first chunk to `first` (small calls of first chunks only), every other
+    job to `playing` (module docstring)."""
 
-    def __init__(self, playing: list[VocoderWorker], first: VocoderWorker | None = None):
+    def __init__(self, playing: VocoderWorker, first: VocoderWorker):
         self.playing, self.first = playing, first
-        self._turn = 0  # ties go round
 
     def submit(self, job: Job) -> Future:
-        if self.first is not None and job.audio_started is None and job.tokens is not None:
-            return self.first.submit(job)
-        self._turn = (self._turn + 1) % len(self.playing)
-        order = self.playing[self._turn:] + self.playing[: self._turn]
-        return min(order, key=VocoderWorker.load).submit(job)
+        first = job.audio_started is None and job.tokens is not None
+        return (self.first if first else self.playing).submit(job)
 
     def stop(self) -> None:
-        for worker in ([self.first] if self.first is not None else []) + self.playing:
-            worker.stop()
+        self.first.stop()
+        self.playing.stop()
