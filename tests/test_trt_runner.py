@@ -305,3 +305,26 @@ def test_the_conversion_runs_from_the_command_line(checkpoint, tmp_path, capsys)
     assert trtllm_checkpoint.main([str(tmp_path / "none"), str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("cannot convert: ") and "config.json not found" in err
+
+
+def test_the_engines_layers_index_the_pool_as_the_torch_model_does(model):
+    """trtllm_model.py gives each TensorRT-LLM layer stack these KV-pool layers: the torch model's Blocks' own."""
+    plan = trtllm_checkpoint.kv_layer_plan(CFG.num_shared_layers, CFG.num_modality_layers, CFG.num_modality_layers)
+    for block, stack in trtllm_checkpoint.BRANCHES:
+        torch_block = getattr(model.model, block)
+        assert plan[stack] == range(torch_block.first_layer, torch_block.first_layer + len(torch_block.layers))
+    assert sorted(i for layers in plan.values() for i in layers) == list(range(CFG.num_layers))
+
+
+def test_the_engine_build_says_what_it_lacks_before_building(checkpoint, tmp_path, capsys):
+    """python -m services.llm.model.trtllm_build: not a checkpoint, or no TensorRT-LLM (here), is one line and exit 2;
+    nothing is written."""
+    from services.llm.model import trtllm_build
+
+    out = tmp_path / "engine"
+    assert trtllm_build.main([str(tmp_path / "none"), str(out)]) == 2
+    assert trtllm_build.main([str(checkpoint[1]), str(out)]) == 2
+    first, second = capsys.readouterr().err.splitlines()
+    assert first.startswith("cannot build: ") and "config.json" in first
+    assert second.startswith("cannot build: TensorRT-LLM is not installed")
+    assert not out.exists()

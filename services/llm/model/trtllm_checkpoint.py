@@ -102,6 +102,14 @@ def trtllm_names(cfg: MossSpeechConfig) -> list[str]:
     return [*GLOBALS.values(), *(prefix + name for _, prefix in layer_prefixes(cfg) for name in layer)]
 
 
+def kv_layer_plan(shared: int, text: int, audio: int) -> dict[str, range]:
+    """Each TensorRT-LLM layer stack (transformer.<name>.N) → the KV-pool layer indices of its layers: model.py's
+    Block(first_layer=...) order, which the runners' pool [blocks, layers, 2, kv heads, block, head dim] follows and the
+    engine's attention layers must too (trtllm_model.py: each layer's local_layer_idx)."""
+    return {"layers": range(0, shared), "text_layers": range(shared, shared + text),
+            "audio_layers": range(shared + text, shared + text + audio)}
+
+
 def trtllm_config(cfg: MossSpeechConfig, dtype: str) -> dict:
     """config.json of the TensorRT-LLM checkpoint: TensorRT-LLM's PretrainedConfig fields, and the model's own."""
     return {
