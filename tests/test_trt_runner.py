@@ -263,6 +263,31 @@ def test_an_engine_that_writes_no_logits_fails_its_requests(model, checkpoint, t
     assert engine.block_manager.num_used == 0
 
 
+def test_an_engine_that_writes_zeros_for_a_request_fails_that_request_alone(model, checkpoint, tmp_path, monkeypatch):
+    """A step that ran but left one request's logits all zero (its first step, the last row): that request fails,
+    the one beside it goes on to its end, and nothing is held."""
+    engine = make_engine(model, "trt", engine_dir(checkpoint, tmp_path))
+    computed = fake_tensorrt.Context._step
+
+    def zeros_in_the_first_steps_last_row(self):
+        first = self.steps == 0
+        computed(self)
+        if first:
+            self._read("logits")[-1].zero_()
+            self._read("audio_logits")[-1].zero_()
+
+    monkeypatch.setattr(fake_tensorrt.Context, "_step", zeros_in_the_first_steps_last_row)
+    seqs = [engine.make_sequence(GenerationRequest(f"r{i}", GREEDY, ChunkSettings(), text="Hello there."))
+            for i in range(2)]
+    for seq in seqs:
+        engine.add(seq)
+    finals = {}
+    while engine.has_work():
+        finals.update({c.request_id: c for c in engine.step() if c.final})
+    assert "not finite" in (finals["r1"].error or "") and not finals["r0"].error
+    assert len(seqs[0].audio_ids) > 0 and engine.block_manager.num_used == 0
+
+
 # ---- the llm service on it ------------------------------------------------------------------------
 def test_the_llm_service_builds_on_the_engine_directory(model, checkpoint, tmp_path):
     """`moss-serve llm --runner trt --engine-dir DIR`: the model's config from the engine directory, no weights in

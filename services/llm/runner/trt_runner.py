@@ -12,7 +12,7 @@ manager's tables, with context requests first, as the plugin requires (their log
 order), checks every call's return value and the outputs' shapes, and leaves a NaN in each row's first logit before
 the step: the engine overwrites it, and a step that did not run leaves it, so that the sampler, which fails a
 request whose logits are not finite (alone, as with the other runners), catches it without a device → host read
-that would stall the step launched ahead.
+that would stall the step launched ahead. A sampled row the engine left all zero gets a NaN too.
 
 No TensorRT here where this is developed: `tensorrt` is imported when the runner is built (load_tensorrt), and the
 tests give it a fake runtime that computes the model from the bound buffers (tests/fake_tensorrt.py).
@@ -177,7 +177,7 @@ class TrtRunner:
                 (text_rows if seq.mode is Mode.TEXT else audio_rows).append(row_of[i])
             seq.record_text_kv(seq.num_cached, n, computed=True)  # both branches, always
             seq.num_cached += n
-        return sampled, text_logits[text_rows], audio_logits[audio_rows]
+        return sampled, _zero_rows_as_nan(text_logits[text_rows]), _zero_rows_as_nan(audio_logits[audio_rows])
 
     def _fill(self, batch: ScheduledBatch, order: list[int], generation: list[bool],
               feed: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, torch.Tensor]:
@@ -263,6 +263,13 @@ class TrtRunner:
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
         if not ctx.execute_async_v3(stream):
             raise Internal("engine: execute_async_v3 failed (see TensorRT's log)")
+
+
+def _zero_rows_as_nan(logits: torch.Tensor) -> torch.Tensor:
+    """Sampled rows [R, V] the engine left all zero (it ran, and wrote nothing there) get a NaN, so the sampler fails
+    those requests alone, as it does one not finite: on the device, no host read."""
+    logits[:, 0].masked_fill_(logits.eq(0).all(dim=1), float("nan"))
+    return logits
 
 
 def _prefix(buffer: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
