@@ -15,12 +15,16 @@ install: $(STAMP)
 # encoder's (transformers: the Whisper encoder the reference's WhisperVQEncoder derives from; its requirements are
 # the project's already, less typer, which the oracle never imports). The two oracles without byte-compiling (transformers:
 # 14 -> 2 s): only the test process imports a few of their modules, where pip's .pyc of torch and the rest are read by
-# every service process (this environment sets PYTHONDONTWRITEBYTECODE, so a process never writes one).
+# every service process (this environment sets PYTHONDONTWRITEBYTECODE, so a process never writes one). For the same
+# reason the dev extras install without byte-compiling (diffusers alone is 1,100 modules; only the test process imports
+# a few of them, ~17 s saved), all but triton, which every vocoder process imports (compiled after).
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q --no-compile -e '.[dev]'
+	$(BIN)/python -m compileall -q "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/triton" > /dev/null
 	$(BIN)/pip install -q --no-deps bigvgan==2.4.1
 	$(BIN)/pip install -q --no-deps --no-compile cosyvoice2-eu==0.2.8 conformer==0.3.2
 	$(BIN)/pip install -q --no-deps --no-compile transformers==5.18.0
