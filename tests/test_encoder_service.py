@@ -68,14 +68,16 @@ async def call(target: str, messages, pause: float = 0.0) -> list[encoder_pb2.En
         return [r async for r in rpc]
 
 
-async def refused(target: str, first: encoder_pb2.EncodeRequest) -> grpc.aio.AioRpcError:
-    """The status of a call that writes `first` and then nothing while it waits: the error the service ends it with.
-    (A write racing the service's refusal can end a call INTERNAL in grpc's client, its status lost: none here.)"""
+async def refused(target: str, *messages: encoder_pb2.EncodeRequest) -> grpc.aio.AioRpcError:
+    """The status of a call that writes `messages`, the last the one the service refuses, and then nothing while it
+    waits (not even its half-close): the error the service ends it with. (A write racing the service's refusal can end
+    a call INTERNAL in grpc's client, its status lost: none here.)"""
     async with grpc.aio.insecure_channel(target) as channel:
         hold = asyncio.Event()
 
         async def requests():
-            yield first
+            for message in messages:
+                yield message
             await hold.wait()
 
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -140,10 +142,9 @@ def test_silence_alone_gives_no_codes(encoder):
     ([config(16000, detect=True, end_silence=-1)], "config.end_silence_seconds: must be 0 or more seconds, got -1.0"),
 ])
 def test_bad_audio_is_refused_naming_the_field(encoder, messages, field):
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        asyncio.run(call(encoder.target("encoder"), messages))
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert err.value.details() == field
+    err = asyncio.run(refused(encoder.target("encoder"), *messages))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details() == field
 
 
 def test_every_place_is_given_back_however_a_call_ends(encoder):
