@@ -135,7 +135,7 @@ def test_gateway_targets_llm_and_vocoder(compose):
     "name, flag_name, target, env",
     [
         ("llm", "--model-dir", "/models/moss-speech", "MOSS_MODEL_DIR"),
-        ("vocoder", "--vocoder-dir", "/models/bigvgan", "BIGVGAN_DIR"),
+        ("vocoder", "--vocoder-dir", "/models/codec", "CODEC_DIR"),
         ("encoder", "--encoder-dir", "/models/speech-tokenizer", "SPEECH_TOKENIZER_DIR"),
     ],
 )

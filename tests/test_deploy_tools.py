@@ -41,7 +41,7 @@ def compose_binary() -> str:
 
 
 def compose_config(directory: Path, tmp_path: Path, *overlays: str) -> subprocess.CompletedProcess:
-    env = {"MOSS_MODEL_DIR": str(tmp_path), "BIGVGAN_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    env = {"MOSS_MODEL_DIR": str(tmp_path), "CODEC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
     files = [arg for name in ("docker-compose.yml", *overlays) for arg in ("-f", str(directory / name))]
     return run(compose_binary(), *files, "config", "--quiet", env=env)
 
