@@ -32,6 +32,16 @@ WARM_CHUNKS = (8, 5, 10, 20)   # the gateway's schedule up to the steady state
 CHUNK = 20
 
 
+def steady_rows(d: FlowTokenDecoder, voice, tokens: list[list[int]]) -> list[tuple]:
+    """Streams of `tokens` (each at least sum(WARM_CHUNKS) + CHUNK long) decoded through the gateway's schedule up
+    to the steady state → each stream's next window: [(its next CHUNK tokens, its state)]."""
+    states, at = [d.start(voice) for _ in tokens], 0
+    for c in WARM_CHUNKS:
+        states = [s for _, s in d.decode_chunks([(t[at : at + c], s) for t, s in zip(tokens, states)])]
+        at += c
+    return [(t[at : at + CHUNK], s) for t, s in zip(tokens, states)]
+
+
 def exact_feed_forward(self, x: torch.Tensor) -> torch.Tensor:
     gelu, _, out = self.net
     return out(gelu(x))
@@ -79,12 +89,8 @@ def main():
         estimator.FeedForward.forward = forward
         d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=n)
         d.set_voices([voice])
-        shapes = {"first call, 1 stream": [(tokens[0][:8], d.start(voice))]}
-        states, at = [d.start(voice) for _ in range(n)], 0
-        for c in WARM_CHUNKS:
-            states = [s for _, s in d.decode_chunks([(tokens[i][at : at + c], s) for i, s in enumerate(states)])]
-            at += c
-        shapes[f"steady call, {n} streams"] = [(tokens[i][at : at + CHUNK], s) for i, s in enumerate(states)]
+        shapes = {"first call, 1 stream": [(tokens[0][:8], d.start(voice))],
+                  f"steady call, {n} streams": steady_rows(d, voice, tokens)}
         for shape, rows in shapes.items():
             result = d.decode_chunks(rows)  # captures the shape's graph
             seconds = timed(lambda: d.decode_chunks(rows), 10)

@@ -21,14 +21,12 @@ import time
 from pathlib import Path
 
 import torch
+from codec_flow_profile import CHUNK, WARM_CHUNKS, steady_rows
 
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.voice import random_voice
-
-WARM_CHUNKS = (8, 5, 10, 20)   # the gateway's schedule up to the steady state
-CHUNK = 20                     # tokens of a steady window
 
 
 def wall(fn, reps: int) -> float:
@@ -74,11 +72,7 @@ def main():
     d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=most)
     d.set_voices([voice])
     lane = d.lane()
-    states, at = [d.start(voice) for _ in range(most)], 0
-    for c in WARM_CHUNKS:
-        states = [s for _, s in d.decode_chunks([(tokens[i][at : at + c], s) for i, s in enumerate(states)])]
-        at += c
-    rows = [(tokens[i][at : at + CHUNK], s) for i, s in enumerate(states)]
+    rows = steady_rows(d, voice, tokens)
     streams = [torch.cuda.Stream(device), torch.cuda.Stream(device)]
     out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
            "torch": torch.__version__, "reps": args.reps, "cells": {}}

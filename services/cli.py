@@ -101,8 +101,7 @@ def parser() -> argparse.ArgumentParser:
                          "and GPU memory saved")
     up.add_argument("--start-timeout", type=positive(float), default=300.0, metavar="SECONDS",
                     help="how long every service may take to say SERVING (a vocoder on a GPU captures its CUDA graphs "
-                         "first: ~90 s at the real size, more with --playing-workers); one that exits is reported at "
-                         "once (default 300)")
+                         "first: ~90 s at the real size); one that exits is reported at once (default 300)")
     up.add_argument("--model-dir", help="the llm's checkpoint; without it: the --preset with random weights")
     up.add_argument("--vocoder-dir", help="the vocoder's BigVGAN-v2 directory; without it: the vocoder preset matching "
                                           "the llm (--preset, or moss-speech with --model-dir) with random weights")
