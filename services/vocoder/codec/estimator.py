@@ -15,7 +15,8 @@ blocks. On an H100 the reference's layout spent more time transposing, normalisi
 elementwise kernels over strided tensors than in its matrix products (docs/benchmarks.md, issue 20).
 
 Kernels: what lies between two matrix products is one kernel (frame_ops.py): a resnet block's norm, Mish and time
-term; a residual with the next block's LayerNorm. The reference's masks are left out: every convolution is causal
+term; a residual with the next block's LayerNorm; the feed-forward's GELU in its first product's kernel
+(fused_linear.py). The reference's masks are left out: every convolution is causal
 and the attention reads a row's valid frames only, so a padding frame never reaches a valid one; the solver zeroes
 the velocity past them (frame_ops.euler_step). The time terms do not depend on the frames at all: they are computed
 for every Euler step at once (`time_terms`), not in each step.
@@ -32,6 +33,7 @@ from torch import nn
 from services.vocoder.codec.chunk_attention import chunk_attention
 from services.vocoder.codec.config import EstimatorConfig
 from services.vocoder.codec.frame_ops import causal_unfold, frame_norm, taps_weight
+from services.vocoder.codec.fused_linear import linear_gelu
 
 
 def laid_out(module: nn.Module, name: str, make) -> None:
@@ -98,7 +100,7 @@ class GELU(nn.Module):
         self.proj = nn.Linear(dim, dim_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.gelu(self.proj(x))
+        return linear_gelu(x, self.proj.weight, self.proj.bias)  # (one kernel on CUDA)
 
 
 class FeedForward(nn.Module):
