@@ -1,5 +1,5 @@
-"""Where the flow's time goes, by kernel, with the estimator's products fused with their per-frame work
-(codec/fused_linear.py, issue 23) and without, on one GPU in one run.
+"""Where the flow's time goes, by kernel, with the feed-forward's GELU in its product's kernel (codec/fused_linear.py,
+issue 23) and without, on one GPU in one run.
 
     python bench/codec_flow_profile.py --streams 6,12 --json out.json
 
