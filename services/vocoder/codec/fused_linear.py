@@ -5,7 +5,8 @@ A steady flow call is ~6,000 kernels of a few microseconds each (docs/benchmarks
 in every Euler step. cuBLASLt's own GELU epilogue is the tanh approximation, not the reference's. So here the
 product is Triton's, with the GELU on its float32 sum before the one rounding: on an H100 at the stack's call sizes
 (256 → 1024; 160, 960 and 1,920 frames: calls of 1, 6 and 12 streams) 0.71x, 0.81x and 0.93x the time of cuBLAS's
-product and PyTorch's GELU, ~0.7 ms of a ~30 ms flow call (bench/codec_fused_linear.py, docs/benchmarks.md).
+product and PyTorch's GELU: ~0.7 ms of a ~30 ms flow call, predicted; whole calls measured 0-2.4 ms faster, within
+their run-to-run spread (bench/codec_fused_linear.py, bench/codec_flow_profile.py; docs/benchmarks.md).
 
 Not fused, measured and left (docs/benchmarks.md, issue 23): the LayerNorms. After a product, a norm needs a
 program to own whole output frames, which then streams all of the weight alone (1.3-1.8x slower than cuBLAS and a
