@@ -1,13 +1,14 @@
-"""Where the flow's time goes, by kernel, with the feed-forward's GELU in its product's kernel (codec/fused_linear.py,
-issue 23) and without, on one GPU in one run.
+"""Where the flow's time goes, by kernel, with the defaults and with one of this stop's kernels off (issue 23), on
+one GPU in one run.
 
     python bench/codec_flow_profile.py --streams 6,12 --json out.json
 
 The flow at the real size (random weights, bf16), with each stream's history (codec/history.py), as the vocoder
 calls it: a stream's first call (8 tokens; part of time to first audio) and a steady call of N streams (20 tokens
 each). For each shape: its time in CUDA graphs, then one eager call under the profiler, by kernel (the table's
-share of each kind of kernel says what to fuse next). Variants: `unfused` (each product by cuBLAS, then its
-per-frame kernel: frame_ops.py, GELU by PyTorch) and `fused` (fused_linear.FUSED, the default): their times, kernel
+share of each kind of kernel says what to fuse next). Variants: `defaults`; `gelu-unfused` (the feed-forward's GELU
+by PyTorch after cuBLAS's product, not in the product's kernel: fused_linear.FUSED off); `attention-one-walk` (each
+attention program walks all of its keys, not in parts side by side: chunk_attention.SPLIT off). Their times, kernel
 counts, and each mel's SNR against the first variant's. (An earlier variant, the feed-forward's GELU as cuBLASLt's
 epilogue, was not kept: its GELU is the tanh approximation, the reference's is exact.)
 """
@@ -23,12 +24,13 @@ import torch
 from codec_estimator import timed
 
 from measure import snr_db
-from services.vocoder.codec import fused_linear
+from services.vocoder.codec import chunk_attention, fused_linear
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.voice import random_voice
 
+VARIANTS = {"defaults": (True, True), "gelu-unfused": (False, True), "attention-one-walk": (True, False)}  # FUSED, SPLIT
 WARM_CHUNKS = (8, 5, 10, 20)   # the gateway's schedule up to the steady state
 CHUNK = 20
 
@@ -63,8 +65,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
     p.add_argument("--streams", default="6", help="steady calls of these many streams (comma-separated)")
-    p.add_argument("--variants", default="unfused,fused", help="in this order (a second decoder's first call "
-                   "measured slower, whichever its variant: run both orders)")
+    p.add_argument("--variants", default="defaults,attention-one-walk", help=f"of {', '.join(VARIANTS)}, in this "
+                   "order (a second decoder's first call measured slower, whichever its variant: run both orders)")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (no kernels to profile)")
     args = p.parse_args()
     device, cfg = torch.device(args.device), moss_speech()
@@ -77,7 +79,7 @@ def main():
     tokens = torch.randint(0, cfg.flow.vocab_size, (max(counts), sum(WARM_CHUNKS) + CHUNK), generator=g).tolist()
     mels = {}
     for variant in args.variants.split(","):
-        fused_linear.FUSED = variant == "fused"
+        fused_linear.FUSED, chunk_attention.SPLIT = VARIANTS[variant]
         d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=sum(counts) + 1)  # (a history slot each)
         d.set_voices([voice])
         shapes = {"first call, 1 stream": [(tokens[0][:8], d.start(voice))]}
@@ -98,7 +100,7 @@ def main():
             print(f"eager: {count} kernels, {total:.2f} ms of kernel time\n{table}", flush=True)
         d = None
         torch.cuda.empty_cache()
-    fused_linear.FUSED = True
+    fused_linear.FUSED, chunk_attention.SPLIT = VARIANTS["defaults"]
     print(f"\n{out['gpu']}, torch {out['torch']}, {out['date']}")
     print(f"{'variant':14s} {'shape':24s} {'graph ms':>8s} {'kernels':>8s} {'SNR dB':>7s}")
     for key, c in out["cells"].items():

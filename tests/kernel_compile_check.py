@@ -35,6 +35,7 @@ def signature(kernel, ptrs: dict[str, str], floats=(), constexprs: dict | None =
 
 BF16 = "*bf16"
 ATTENTION_PTRS = {"Q": BF16, "K": BF16, "V": BF16, "KP": BF16, "VP": BF16, "KH": BF16, "VH": BF16, "O": BF16,
+                  "ML": "*fp32", "ACC": "*fp32",
                   "ROWS": "*i64", "HROWS": "*i64", "COUNT": "*i64", "LENGTHS": "*i32"}
 FRAME_NORM_PTRS = {"H": BF16, "W1": BF16, "B1": BF16, "ROW_TERMS": BF16, "RES": BF16, "W2": BF16, "B2": BF16,
                    "OUT": BF16, "OUT2": BF16, "K": BF16, "V": BF16, "KR": BF16, "VR": BF16, "KEEP_ROWS": "*i64",
@@ -89,13 +90,19 @@ KERNELS = {
          "out_ptr": BF16, "scratch_ptr": "*fp32"}, (), dict(BC=64, BT=16, CHANNELS_LAST=True)), 4),
     "codec: static-chunk attention with a prompt prefix": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-        dict(H=8, D=64, HISTORY=False, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32")), 4),
+        dict(H=8, D=64, HISTORY=False, PARTS=1, PREFIX_PARTS=-1, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32")), 4),
     "codec: static-chunk attention after a stream's history": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-        dict(H=8, D=64, HISTORY=True, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32")), 4),
+        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32")), 4),
+    "codec: static-chunk attention after a stream's history, its keys in 4 parts": (chunk_attention._chunk_attention,
+        *signature(chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
+                   dict(H=8, D=64, HISTORY=True, PARTS=4, PREFIX_PARTS=2, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32")), 4),
+    "codec: static-chunk attention's parts combined": (chunk_attention._combine_parts, *signature(
+        chunk_attention._combine_parts, {"ML": "*fp32", "ACC": "*fp32", "O": BF16}, (),
+        dict(H=8, D=64, PARTS=4, BLOCK_M=32)), 4),
     "codec: static-chunk attention, float32 (tests)": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, {name: "*fp32" if kind == BF16 else kind for name, kind in ATTENTION_PTRS.items()},
-        ("scale",), dict(H=2, D=16, HISTORY=True, BLOCK_M=16, BLOCK_N=16, PRECISION="ieee")), 4),
+        ("scale",), dict(H=2, D=16, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, BLOCK_M=16, BLOCK_N=16, PRECISION="ieee")), 4),
     "codec: frame norm (norm, Mish, time term, second norm)": (frame_ops._frame_norm, *signature(
         frame_ops._frame_norm, FRAME_NORM_PTRS, ("eps1", "eps2"),
         dict(NORM=True, MISH=True, ROWS=True, RESIDUAL=False, THEN=True, KEEP=False, HEADS=1, HEAD_D=1, BLOCK_M=16,

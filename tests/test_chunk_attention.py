@@ -11,6 +11,7 @@ import torch
 CUDA = torch.cuda.is_available()
 pytest.importorskip("triton", reason="triton is not importable; the codec attention kernel untested")
 
+from services.vocoder.codec import chunk_attention  # noqa: E402
 from services.vocoder.codec.chunk_attention import kernel, reference  # noqa: E402
 
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -30,8 +31,13 @@ CASES = [  # (B, H, T, d, chunk, prefix frames, prompt voices)
 ]
 
 
+# the keys in one walk (tiles()'s choice here), or in parts side by side, then combined: the prefix in one or two spans
+PARTS = [None, dict(BLOCK_M=16, BLOCK_N=16, PARTS=3), dict(BLOCK_M=16, BLOCK_N=16, PARTS=4)]
+
+
+@pytest.mark.parametrize("config", PARTS)
 @pytest.mark.parametrize("B,H,T,d,chunk,frames,voices", CASES)
-def test_kernel_is_the_pytorch_form(B, H, T, d, chunk, frames, voices):
+def test_kernel_is_the_pytorch_form(B, H, T, d, chunk, frames, voices, config):
     gen = torch.Generator(DEVICE).manual_seed(B * 1000 + T)
     for dtype in [torch.float32] + ([torch.bfloat16] if CUDA else []):
         q, k, v = qkv(gen, B, H, T, d, dtype)
@@ -42,20 +48,21 @@ def test_kernel_is_the_pytorch_form(B, H, T, d, chunk, frames, voices):
             pk, pv = (torch.randn(2 * voices, H, frames, d, generator=gen, device=DEVICE).to(dtype) for _ in range(2))
             prefix = (pk, pv, torch.randint(0, 2 * voices, (B,), generator=gen, device=DEVICE))
         want = reference(q, k, v, lengths, chunk, prefix).float()
-        got = kernel(q, k, v, lengths, chunk, prefix).float()
+        got = kernel(q, k, v, lengths, chunk, prefix, config).float()
         assert got.shape == (B, T, H * d) and torch.isfinite(got).all()
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
-def test_a_row_of_no_frames_reads_only_its_prefix():
+@pytest.mark.parametrize("config", PARTS)
+def test_a_row_of_no_frames_reads_only_its_prefix(config):
     """After the prompt prefix, a padding row may have no valid frame: it reads the prefix alone, finite."""
     gen = torch.Generator(DEVICE).manual_seed(5)
     q, k, v = qkv(gen, 2, 2, 16, 16, torch.float32)
     lengths = torch.tensor([16, 0], dtype=torch.int32, device=DEVICE)
     pk, pv = (torch.randn(2, 2, 8, 16, generator=gen, device=DEVICE) for _ in range(2))
     rows = torch.tensor([0, 1], device=DEVICE)
-    got = kernel(q, k, v, lengths, 4, (pk, pv, rows))
+    got = kernel(q, k, v, lengths, 4, (pk, pv, rows), config)
     torch.testing.assert_close(got, reference(q, k, v, lengths, 4, (pk, pv, rows)), atol=1e-5, rtol=1e-5)
     alone = torch.softmax(q[1] @ pk[1].transpose(1, 2) / 4, -1) @ pv[1]       # [H, T, d]: the prefix only
     torch.testing.assert_close(got[1].view(16, 2, 16).transpose(0, 1), alone, atol=1e-5, rtol=1e-5)
@@ -84,8 +91,9 @@ HISTORY_CASES = [  # (B, H, T, d, chunk, prefix frames, ring)
 ]
 
 
+@pytest.mark.parametrize("config", PARTS)
 @pytest.mark.parametrize("B,H,T,d,chunk,frames,ring", HISTORY_CASES)
-def test_history_kernel_is_the_pytorch_form(B, H, T, d, chunk, frames, ring):
+def test_history_kernel_is_the_pytorch_form(B, H, T, d, chunk, frames, ring, config):
     """Rows reading a prefix, then a stream's kept frames (a full ring, a part-filled one, none), then their own
     by the chunk rule; the ring is read, not written."""
     gen = torch.Generator(DEVICE).manual_seed(T + ring)
@@ -101,9 +109,22 @@ def test_history_kernel_is_the_pytorch_form(B, H, T, d, chunk, frames, ring):
                    torch.tensor([ring, 5, 0, 3][: B + 1], device=DEVICE))
         before = hk.clone()
         want = reference(q, k, v, lengths, chunk, prefix, history).float()
-        got = kernel(q, k, v, lengths, chunk, prefix, history=history).float()
+        got = kernel(q, k, v, lengths, chunk, prefix, config, history).float()
         tol = 1e-5 if dtype == torch.float32 else 2e-2
         assert torch.isfinite(got).all() and torch.equal(hk, before)
         torch.testing.assert_close(got, want, atol=tol, rtol=tol)
         without = reference(q, k, v, lengths, chunk, prefix).float()
         assert not torch.allclose(got[0], without[0], atol=1e-3)                 # the kept frames were read
+
+
+def test_few_programs_read_their_keys_in_parts(monkeypatch):
+    """tiles(): a steady call of a few streams (6 rows, 8 heads, 80 frames after 140 prefix frames and a ring of 40)
+    reads its keys in 4 parts; 12 rows and more (enough programs to fill a GPU), or no keys before the row's own, in
+    one walk."""
+    assert chunk_attention.tiles(6, 8, 80, 180)["PARTS"] == 4
+    assert chunk_attention.tiles(2, 8, 40, 140)["PARTS"] == 4          # a stream's first call
+    assert chunk_attention.tiles(12, 8, 80, 180)["PARTS"] == 1
+    assert chunk_attention.tiles(64, 8, 80, 180)["PARTS"] == 1
+    assert chunk_attention.tiles(2, 8, 192, 0)["PARTS"] == 1           # a first block alone: no prefix
+    monkeypatch.setattr(chunk_attention, "SPLIT", False)
+    assert chunk_attention.tiles(6, 8, 80, 180)["PARTS"] == 1

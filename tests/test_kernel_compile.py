@@ -17,6 +17,7 @@ def test_every_triton_kernel_compiles_for_sm90():
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     # every entry: the llm's 10 (2 of them FP8), the activation in both layouts, the codec's attention (bf16, after a
-    # stream history, float32), its 7 frame kernels (the Euler step with one step size and with a step size per row)
-    # and HiFT's snake; the encoder's attention; the feed-forward's product with its GELU
-    assert done.stdout.count("ok ") == 25, done.stdout
+    # stream history, its keys in parts and their combine, float32), its 7 frame kernels (the Euler step with one step
+    # size and with a step size per row) and HiFT's snake; the encoder's attention; the feed-forward's product with its
+    # GELU
+    assert done.stdout.count("ok ") == 27, done.stdout

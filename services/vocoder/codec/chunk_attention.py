@@ -15,6 +15,13 @@ so their order there does not matter). The row's own newest keys and values go i
 has read it, by the next per-frame kernel (frame_ops.frame_norm's `keep`): written here, a query block would
 overwrite what another is still to read.
 
+A call of a few streams has few programs (a query block of a row and head each: 32 for one stream), and each walks
+~10 blocks of keys one after another: the prefix's, the ring's, the row's own. There the keys are read in parts side
+by side (the prefix in two spans, the ring, the row's own: 4 programs where there was one), each part's running max,
+sum and output kept in float32, and a second kernel combines them as one walk would have (flash-decoding's split).
+On an H100 that is 11-21% faster at 1-3 streams and a first call, and 18% slower at 6, where the programs already
+fill the GPU (tiles(); docs/benchmarks.md, issue 23).
+
 Shapes: q, k, v [B, heads, T, d] (any strides, d contiguous); lengths [B] int; prefix keys and values
 [R, heads, F, d] with rows [B] (each row's in R); history: ring keys and values [S, heads, ring, d], rows [B]
 (each row's in S) and count [B] (its frames there, the first `count` places) → [B, T, heads·d].
@@ -34,6 +41,9 @@ except ImportError:  # pragma: no cover (CI installs triton; the PyTorch form ne
     triton = None
 
 MASKED = -1.0e10  # the reference's additive attention bias for a key a query may not read
+SPLIT = True       # few programs: each (query block, row, head) reads its keys as parts side by side, then a combine
+PREFIX_PARTS = 2   # the prompt prefix's keys in this many parts (then the ring, then the row's own: 4 parts)
+SPLIT_BELOW = 128  # programs; measured on an H100: parts 11-21% faster at 1-3 streams (≤ 96), 18% slower at 6 (192)
 
 
 def attention_bias(lengths: torch.Tensor, T: int, chunk: int, dtype: torch.dtype, prefix_frames: int = 0):
@@ -76,10 +86,14 @@ def tiles(B: int, H: int, T: int, before: int = 0) -> dict:
     """Queries and keys per step of the kernel (before: prefix and kept frames every query reads). Measured on an
     H100 (bench/codec_kernels.py, docs/benchmarks.md): 64 queries by 32 keys for a saturated call (29.3 us against
     30.8 with 64 by 64); for a first block alone, whose few programs leave most of the GPU idle, 32 by 64 (5.7
-    against 7.2 us). A few queries after many keys (a stream history's first call): 16 by 64."""
+    against 7.2 us). A few queries after many keys (a stream history's first call): 16 by 64. PARTS: the keys in
+    4 parts (module docstring) below SPLIT_BELOW programs with 64 or more keys before the row's own, else 1."""
     if T < 64:
-        return dict(BLOCK_M=16, BLOCK_N=64 if before >= 64 else 16)
-    return dict(BLOCK_M=32, BLOCK_N=64) if B * H <= 32 else dict(BLOCK_M=64, BLOCK_N=32)
+        config = dict(BLOCK_M=16, BLOCK_N=64 if before >= 64 else 16)
+    else:
+        config = dict(BLOCK_M=32, BLOCK_N=64) if B * H <= 32 else dict(BLOCK_M=64, BLOCK_N=32)
+    few = -(-T // config["BLOCK_M"]) * B * H < SPLIT_BELOW
+    return dict(config, PARTS=PREFIX_PARTS + 2 if SPLIT and few and before >= 64 else 1)
 
 
 def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None, history=None):
@@ -94,14 +108,21 @@ def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None
         pk, pv, rows = prefix
         frames = pk.shape[2]
     hk, hv, hrows, count = history if history is not None else (pk, pv, rows, lengths)  # unread without one
-    config = config or tiles(B, H, T, frames + (hk.shape[2] if history is not None else 0))
-    grid = (triton.cdiv(T, config["BLOCK_M"]), B * H)
-    _chunk_attention[grid](q, k, v, pk, pv, hk, hv, out, rows, hrows, count, lengths,
+    config = dict(config or tiles(B, H, T, frames + (hk.shape[2] if history is not None else 0)))
+    parts = config.pop("PARTS", 1)
+    # parts > 1: each part's running max and sum [parts, 2, B·H, T] and unnormalised output [parts, B·H, T, d]
+    ml = torch.empty(parts, 2, B * H, T, device=q.device, dtype=torch.float32) if parts > 1 else out
+    acc = torch.empty(parts, B * H, T, d, device=q.device, dtype=torch.float32) if parts > 1 else out
+    grid = (triton.cdiv(T, config["BLOCK_M"]), B * H, parts)
+    _chunk_attention[grid](q, k, v, pk, pv, hk, hv, out, ml, acc, rows, hrows, count, lengths,
                            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *pk.stride()[:3], *pv.stride()[:3],
                            *hk.stride()[:3], *hv.stride()[:3], *out.stride()[:3], T, frames, chunk, 1.0 / math.sqrt(d),
-                           H=H, D=d, HISTORY=history is not None, **config,
+                           H=H, D=d, HISTORY=history is not None, PARTS=parts, PREFIX_PARTS=parts - 2, **config,
                            # float32 (tests): products in full precision; a GPU's default for them is tf32 (1e-3)
                            PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+    if parts > 1:
+        _combine_parts[(triton.cdiv(T, 32), B * H)](ml, acc, out, B * H, T, *out.stride()[:3], H=H, D=d, PARTS=parts,
+                                                     BLOCK_M=32)
     return out.view(B, T, H * d)
 
 
@@ -132,13 +153,16 @@ if triton is not None:
         return m_i, l_i, acc
 
     @triton.jit
-    def _chunk_attention(Q, K, V, KP, VP, KH, VH, O, ROWS, HROWS, COUNT, LENGTHS,
+    def _chunk_attention(Q, K, V, KP, VP, KH, VH, O, ML, ACC, ROWS, HROWS, COUNT, LENGTHS,
                          sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
                          skp_r, skp_h, skp_t, svp_r, svp_h, svp_t, skh_r, skh_h, skh_t, svh_r, svh_h, svh_t,
                          so_b, so_t, so_h, T, frames, chunk, scale,
-                         H: tl.constexpr, D: tl.constexpr, HISTORY: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-        pid_m, bh = tl.program_id(0), tl.program_id(1)
+                         H: tl.constexpr, D: tl.constexpr, HISTORY: tl.constexpr, PARTS: tl.constexpr,
+                         PREFIX_PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         PRECISION: tl.constexpr):
+        """PARTS 1: every key, then the output. PARTS > 1: part program_id(2) of the keys (the prefix's in
+        PREFIX_PARTS spans, the ring, the row's own), then its running max, sum and output into ML and ACC."""
+        pid_m, bh, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         b, h = bh // H, bh % H
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
@@ -151,16 +175,25 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        if frames > 0:  # the prompt prefix: every query reads all of it
-            m_i, l_i, acc = _read_all(q, KP + tl.load(ROWS + b) * skp_r + h * skp_h, skp_t,
-                                      VP + tl.load(ROWS + b) * svp_r + h * svp_h, svp_t, frames, offs_m, offs_d,
-                                      m_i, l_i, acc, scale, BLOCK_N, PRECISION)
+        lo, n = 0, frames  # the prefix's keys this program reads
+        if PARTS > 1:
+            span = tl.cdiv(tl.cdiv(frames, PREFIX_PARTS), BLOCK_N) * BLOCK_N
+            lo = part * span
+            n = tl.where(part < PREFIX_PARTS, tl.minimum(tl.maximum(frames - lo, 0), span), 0)
+        if n > 0:  # the prompt prefix: every query reads all of it
+            m_i, l_i, acc = _read_all(q, KP + tl.load(ROWS + b) * skp_r + h * skp_h + lo * skp_t, skp_t,
+                                      VP + tl.load(ROWS + b) * svp_r + h * svp_h + lo * svp_t, svp_t, n, offs_m,
+                                      offs_d, m_i, l_i, acc, scale, BLOCK_N, PRECISION)
         if HISTORY:  # the stream's earlier frames: every query reads all of them
+            kept = tl.load(COUNT + b).to(tl.int32)
+            if PARTS > 1:
+                kept = tl.where(part == PARTS - 2, kept, 0)
             m_i, l_i, acc = _read_all(q, KH + tl.load(HROWS + b) * skh_r + h * skh_h, skh_t,
-                                      VH + tl.load(HROWS + b) * svh_r + h * svh_h, svh_t,
-                                      tl.load(COUNT + b).to(tl.int32), offs_m, offs_d, m_i, l_i, acc, scale, BLOCK_N,
-                                      PRECISION)
+                                      VH + tl.load(HROWS + b) * svh_r + h * svh_h, svh_t, kept, offs_m, offs_d, m_i,
+                                      l_i, acc, scale, BLOCK_N, PRECISION)
         hi = tl.minimum(tl.max(limit, 0), T)
+        if PARTS > 1:
+            hi = tl.where(part == PARTS - 1, hi, 0)  # (the last part reads the row's own keys)
         for start in range(0, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             key_ok = offs_n < hi
@@ -169,6 +202,36 @@ if triton is not None:
                          other=0.0)
             v_ptrs = V + b * sv_b + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :]
             m_i, l_i, acc = _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION)
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]              # a query with no key (a row of none): 0
+        if PARTS > 1:
+            at = (part * 2 * tl.num_programs(1) + bh) * T + offs_m      # ML [PARTS, 2, B·H, T]
+            tl.store(ML + at, m_i, mask=offs_m < T)
+            tl.store(ML + at + tl.num_programs(1) * T, l_i, mask=offs_m < T)
+            tl.store(ACC + ((part * tl.num_programs(1) + bh) * T + offs_m[:, None]) * D + offs_d[None, :], acc,
+                     mask=offs_m[:, None] < T)
+        else:
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]          # a query with no key (a row of none): 0
+            tl.store(O + b * so_b + offs_m[:, None] * so_t + h * so_h + offs_d[None, :], out.to(O.dtype.element_ty),
+                     mask=offs_m[:, None] < T)
+
+    @triton.jit
+    def _combine_parts(ML, ACC, O, BH, T, so_b, so_t, so_h, H: tl.constexpr, D: tl.constexpr, PARTS: tl.constexpr,
+                       BLOCK_M: tl.constexpr):
+        """The parts' running maxima, sums and outputs → each query's output, as one walk over every key gives."""
+        bh = tl.program_id(1)
+        b, h = bh // H, bh % H
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, D)
+        ok = offs_m < T
+        m = tl.full([BLOCK_M], -1.0e30, tl.float32)
+        for p in tl.static_range(PARTS):
+            m = tl.maximum(m, tl.load(ML + (p * 2 * BH + bh) * T + offs_m, mask=ok, other=-1.0e30))
+        total = tl.zeros([BLOCK_M], tl.float32)
+        out = tl.zeros([BLOCK_M, D], tl.float32)
+        for p in tl.static_range(PARTS):
+            weight = tl.exp(tl.load(ML + (p * 2 * BH + bh) * T + offs_m, mask=ok, other=-1.0e30) - m)
+            total += weight * tl.load(ML + ((p * 2 + 1) * BH + bh) * T + offs_m, mask=ok, other=0.0)
+            out += weight[:, None] * tl.load(ACC + ((p * BH + bh) * T + offs_m[:, None]) * D + offs_d[None, :],
+                                             mask=ok[:, None], other=0.0)
+        out = out / tl.where(total > 0, total, 1.0)[:, None]          # a query with no key (a row of none): 0
         tl.store(O + b * so_b + offs_m[:, None] * so_t + h * so_h + offs_d[None, :], out.to(O.dtype.element_ty),
-                 mask=offs_m[:, None] < T)
+                 mask=ok[:, None])
