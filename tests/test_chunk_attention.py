@@ -119,10 +119,11 @@ def test_history_kernel_is_the_pytorch_form(B, H, T, d, chunk, frames, ring, con
 
 def test_few_programs_read_their_keys_in_parts(monkeypatch):
     """tiles(): a steady call of a few streams (6 rows, 8 heads, 80 frames after 140 prefix frames and a ring of 40)
-    reads its keys in 4 parts; 12 rows and more (enough programs to fill a GPU), or no keys before the row's own, in
-    one walk."""
+    reads its keys in 4 parts; 12 rows and more (enough programs to fill a GPU), a first call, or no keys before the
+    row's own, in one walk."""
     assert chunk_attention.tiles(6, 8, 80, 180)["PARTS"] == 4
-    assert chunk_attention.tiles(2, 8, 40, 140)["PARTS"] == 4          # a stream's first call
+    assert chunk_attention.tiles(2, 8, 80, 180)["PARTS"] == 4          # one stream
+    assert chunk_attention.tiles(2, 8, 40, 140)["PARTS"] == 1          # a stream's first call: a few blocks of keys
     assert chunk_attention.tiles(12, 8, 80, 180)["PARTS"] == 1
     assert chunk_attention.tiles(64, 8, 80, 180)["PARTS"] == 1
     assert chunk_attention.tiles(2, 8, 192, 0)["PARTS"] == 1           # a first block alone: no prefix

@@ -19,8 +19,8 @@ A call of a few streams has few programs (a query block of a row and head each: 
 ~10 blocks of keys one after another: the prefix's, the ring's, the row's own. There the keys are read in parts side
 by side (the prefix in two spans, the ring, the row's own: 4 programs where there was one), each part's running max,
 sum and output kept in float32, and a second kernel combines them as one walk would have (flash-decoding's split).
-On an H100 that is 11-21% faster at 1-3 streams and a first call, and 18% slower at 6, where the programs already
-fill the GPU (tiles(); docs/benchmarks.md, issue 23).
+On an H100 that is 12-13% faster at 1-3 streams' steady calls, no faster for a first call (40 frames: a few blocks
+of 64 keys), and 18% slower at 6 streams, whose programs already fill the GPU (tiles(); docs/benchmarks.md, issue 23).
 
 Shapes: q, k, v [B, heads, T, d] (any strides, d contiguous); lengths [B] int; prefix keys and values
 [R, heads, F, d] with rows [B] (each row's in R); history: ring keys and values [S, heads, ring, d], rows [B]
@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover (CI installs triton; the PyTorch form ne
 MASKED = -1.0e10  # the reference's additive attention bias for a key a query may not read
 SPLIT = True       # few programs: each (query block, row, head) reads its keys as parts side by side, then a combine
 PREFIX_PARTS = 2   # the prompt prefix's keys in this many parts (then the ring, then the row's own: 4 parts)
-SPLIT_BELOW = 128  # programs; measured on an H100: parts 11-21% faster at 1-3 streams (≤ 96), 18% slower at 6 (192)
+SPLIT_BELOW = 128  # programs; measured on an H100: parts 12-13% faster at 1-3 streams (≤ 96), 18% slower at 6 (192)
 
 
 def attention_bias(lengths: torch.Tensor, T: int, chunk: int, dtype: torch.dtype, prefix_frames: int = 0):
@@ -87,11 +87,11 @@ def tiles(B: int, H: int, T: int, before: int = 0) -> dict:
     H100 (bench/codec_kernels.py, docs/benchmarks.md): 64 queries by 32 keys for a saturated call (29.3 us against
     30.8 with 64 by 64); for a first block alone, whose few programs leave most of the GPU idle, 32 by 64 (5.7
     against 7.2 us). A few queries after many keys (a stream history's first call): 16 by 64. PARTS: the keys in
-    4 parts (module docstring) below SPLIT_BELOW programs with 64 or more keys before the row's own, else 1."""
-    if T < 64:
-        config = dict(BLOCK_M=16, BLOCK_N=64 if before >= 64 else 16)
-    else:
-        config = dict(BLOCK_M=32, BLOCK_N=64) if B * H <= 32 else dict(BLOCK_M=64, BLOCK_N=32)
+    4 parts (module docstring) for a steady call below SPLIT_BELOW programs with 64 or more keys before the row's
+    own, else 1."""
+    if T < 64:  # (a first call's few blocks of 64 keys: in parts no faster, measured)
+        return dict(BLOCK_M=16, BLOCK_N=64 if before >= 64 else 16, PARTS=1)
+    config = dict(BLOCK_M=32, BLOCK_N=64) if B * H <= 32 else dict(BLOCK_M=64, BLOCK_N=32)
     few = -(-T // config["BLOCK_M"]) * B * H < SPLIT_BELOW
     return dict(config, PARTS=PREFIX_PARTS + 2 if SPLIT and few and before >= 64 else 1)
 
