@@ -11,7 +11,6 @@ Each cell is the op replayed 50 times from one CUDA graph, per op; `max err` is 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from codec_kernels import per_op
 
+from measure import gpu_record
 from services.vocoder.codec import fused_linear
 
 STREAMS = (1, 2, 6, 12, 32)
@@ -32,8 +32,7 @@ def main():
     args = p.parse_args()
     device = torch.device("cuda")
     gen = torch.Generator(device).manual_seed(0)
-    out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "cells": {}}
+    out = gpu_record()
     weight = (0.06 * torch.randn(1024, 256, generator=gen, device=device)).to(torch.bfloat16)
     bias = torch.randn(1024, generator=gen, device=device).to(torch.bfloat16)
     rows = []

@@ -15,13 +15,12 @@ chunk_attention.tiles() picks; the table says whether it is the best.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 from pathlib import Path
 
 import torch
 
-from measure import median_time
+from measure import gpu_record, median_time
 from services.vocoder.codec import chunk_attention
 
 REPS = 50
@@ -56,8 +55,7 @@ def main():
     args = p.parse_args()
     device = torch.device("cuda")
     gen = torch.Generator(device).manual_seed(0)
-    out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "cells": {}}
+    out = gpu_record()
     for shape, (B, T, frames, ring) in SHAPES.items():
         x = torch.randn(B, T, 3, 8, 64, generator=gen, device=device).to(torch.bfloat16)
         q, k, v = x.permute(2, 0, 3, 1, 4).unbind(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import statistics
 import time
 
@@ -34,3 +35,9 @@ def median_time(fn, reps: int, device: torch.device) -> float:
 def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
     ref, x = ref.float().cpu(), x.float().cpu()
     return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum().clamp(min=1e-30)))
+
+
+def gpu_record() -> dict:
+    """The head of a GPU benchmark's JSON: when, on what, with which torch; its cells to fill."""
+    return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "cells": {}}
