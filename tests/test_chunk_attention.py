@@ -129,3 +129,12 @@ def test_few_programs_read_their_keys_in_parts(monkeypatch):
     assert chunk_attention.tiles(2, 8, 192, 0)["PARTS"] == 1           # a first block alone: no prefix
     monkeypatch.setattr(chunk_attention, "SPLIT", False)
     assert chunk_attention.tiles(6, 8, 80, 180)["PARTS"] == 1
+
+
+def test_parts_it_cannot_split_into_are_refused():
+    gen = torch.Generator(DEVICE).manual_seed(1)
+    q, k, v = qkv(gen, 1, 1, 16, 16, torch.float32)
+    lengths = torch.tensor([16], dtype=torch.int32, device=DEVICE)
+    for parts in (0, 2):
+        with pytest.raises(ValueError, match="PARTS"):
+            kernel(q, k, v, lengths, 4, None, dict(BLOCK_M=16, BLOCK_N=16, PARTS=parts))

@@ -110,6 +110,9 @@ def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None
     hk, hv, hrows, count = history if history is not None else (pk, pv, rows, lengths)  # unread without one
     config = dict(config or tiles(B, H, T, frames + (hk.shape[2] if history is not None else 0)))
     parts = config.pop("PARTS", 1)
+    if parts == 2 or parts < 1:
+        raise ValueError(f"chunk attention: PARTS {parts}: 1, or 3 and more (the prefix in PARTS - 2 spans, the ring, "
+                         f"the row's own keys)")
     # parts > 1: each part's running max and sum [parts, 2, B·H, T] and unnormalised output [parts, B·H, T, d]
     ml = torch.empty(parts, 2, B * H, T, device=q.device, dtype=torch.float32) if parts > 1 else out
     acc = torch.empty(parts, B * H, T, d, device=q.device, dtype=torch.float32) if parts > 1 else out
