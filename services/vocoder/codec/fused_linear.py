@@ -1,5 +1,5 @@
 """The feed-forward's first product with its GELU in one kernel: GELU(x @ weight.T + bias), the exact (erf) GELU
-of the reference, on tiles of the product as cuBLAS's (64 frames x 64 channels per program).
+of the reference, on tiles of the product as cuBLAS's (tiles(): 32-64 frames by 64-128 channels a program).
 
 A steady flow call is ~6,000 kernels of a few microseconds each (docs/benchmarks.md, issue 23), 56 of them a GELU
 in every Euler step. cuBLASLt's own GELU epilogue is the tanh approximation, not the reference's. So here the
