@@ -21,7 +21,6 @@ variant's saturated call, by kernel.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import json
 import statistics
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from measure import snr_db
+from measure import gpu_record, snr_db
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowState, FlowTokenDecoder
@@ -100,8 +99,7 @@ def main():
     shapes.update({f"saturated ({n} streams, 80 tokens)": states for n, states in fulls.items()})
     est_params = sum(p.numel() for p in random_codec(cfg, 0)[0].decoder.estimator.parameters())
     rate = matmul_rate()
-    out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "estimator_params": est_params, "bf16_matmul_tflops": rate / 1e12, "cells": {}}
+    out = gpu_record(estimator_params=est_params, bf16_matmul_tflops=rate / 1e12)
     print(f"{out['gpu']}: bf16 matmul {rate / 1e12:.0f} TFLOP/s; estimator {est_params / 1e6:.1f}M parameters", flush=True)
 
     def frames_of(states, skipped):  # estimator frames a call computes: (prompt + window) tokens x 4, both CFG rows

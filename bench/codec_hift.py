@@ -14,7 +14,6 @@ memory traffic is smaller still: HiFT's activations are a few MB). Also the grap
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import time
 
@@ -22,7 +21,7 @@ import torch
 from codec_estimator import matmul_rate, timed
 from torch import nn
 
-from measure import median_time, snr_db
+from measure import gpu_record, median_time, snr_db
 from services.vocoder.codec import hift as hift_module
 from services.vocoder.codec import snake
 from services.vocoder.codec.config import moss_speech
@@ -78,8 +77,7 @@ def main():
     args = p.parse_args()
     device = torch.device("cuda")
     rate = matmul_rate()
-    out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "bf16_matmul_tflops": rate / 1e12, "cells": {}}
+    out = gpu_record(bf16_matmul_tflops=rate / 1e12)
     print(f"{out['gpu']}: bf16 matmul {rate / 1e12:.0f} TFLOP/s", flush=True)
     torch.manual_seed(0)
     weights = HiFTGenerator(moss_speech().hift).eval().state_dict()

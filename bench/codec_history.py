@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 from pathlib import Path
 
 import torch
 from codec_estimator import matmul_rate, timed
 
-from measure import snr_db
+from measure import gpu_record, snr_db
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder
@@ -45,8 +44,7 @@ def main():
     g = torch.Generator().manual_seed(1)
     est_params = sum(p.numel() for p in random_codec(cfg, 0)[0].decoder.estimator.parameters())
     rate = matmul_rate()
-    out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "bf16_matmul_tflops": rate / 1e12, "cells": {}}
+    out = gpu_record(bf16_matmul_tflops=rate / 1e12)
     print(f"{out['gpu']}: bf16 matmul {rate / 1e12:.0f} TFLOP/s", flush=True)
     tokens = torch.randint(0, 16384, (max(sizes), sum(WARM_CHUNKS) + CHUNK), generator=g).tolist()
     mels = {}

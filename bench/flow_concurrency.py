@@ -13,7 +13,6 @@ Prints a table (median wall ms of each, from the host, over --reps) and writes J
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 from codec_flow_profile import CHUNK, WARM_CHUNKS, steady_rows
 
+from measure import gpu_record
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder
@@ -74,8 +74,7 @@ def main():
     lane = d.lane()
     rows = steady_rows(d, voice, tokens)
     streams = [torch.cuda.Stream(device), torch.cuda.Stream(device)]
-    out = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
-           "torch": torch.__version__, "reps": args.reps, "cells": {}}
+    out = gpu_record(reps=args.reps)
     for n in counts:
         a, b = rows[:n], rows[n : 2 * n]
         lane.decode_chunks(b)  # the lane's graph for N windows

@@ -37,7 +37,7 @@ def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
     return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum().clamp(min=1e-30)))
 
 
-def gpu_record() -> dict:
-    """The head of a GPU benchmark's JSON: when, on what, with which torch; its cells to fill."""
+def gpu_record(**fields) -> dict:
+    """The head of a GPU benchmark's JSON: when, on what, with which torch, the bench's own fields; its cells to fill."""
     return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "cells": {}}
+            "torch": torch.__version__, **fields, "cells": {}}
