@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 _ABORT = object()
 _CALL = object()  # (_CALL, fn, loop, future): fn() on the engine thread, its result into the caller's future
 SLOW_SECONDS = 0.1
-ARRIVAL_POLL_SECONDS = 0.001  # how soon a step that ends before it was expected to ends the wait for arrivals
 
 
 class AsyncEngine:
@@ -136,13 +135,6 @@ class AsyncEngine:
             pass
         return came
 
-    def _wait_for_arrivals(self) -> None:
-        """Take what callers sent; with a step running on the device, wait for more until the engine launches the
-        next (`arrival_wait`), in slices of ARRIVAL_POLL_SECONDS so that a step that ends sooner ends the wait."""
-        self._drain_inbox(block=False)
-        while (wait := self.engine.arrival_wait(time.perf_counter())) > 0 and not self.engine.inflight_done():
-            self._drain_inbox(block=True, timeout=min(wait, ARRIVAL_POLL_SECONDS))  # a request ends it: it waits
-
     def _add(self, seq: Sequence) -> None:
         try:
             self.engine.add(seq)
@@ -165,7 +157,7 @@ class AsyncEngine:
                 self.on_load(self.engine.load())
                 continue  # judge the hold again
             else:
-                self._wait_for_arrivals()
+                self._drain_inbox(block=False)
             self.on_load(self.engine.load())  # admissions and aborts change it between steps
             if self._stop.is_set() or not self.engine.has_work():
                 continue

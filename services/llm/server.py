@@ -46,7 +46,7 @@ def build_engine(s: LlmSettings) -> LLMEngine:
         kv_cache_bytes=int(s.kv_cache_gb * (1 << 30)), block_size=s.block_size, max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, max_audio_lead=audio_lead(s),
         first_audio_window=s.first_audio_window, first_audio_hold=first_audio_hold(s), quantization=s.quantization,
-        runner=s.runner, engine_dir=s.engine_dir, ahead_margin=s.ahead_margin,
+        runner=s.runner, engine_dir=s.engine_dir,
     )
     if s.runner == "trt":
         return _trt_engine(s, config, device)

@@ -57,9 +57,6 @@ class LlmSettings:
         None, "pace speech: hold steps while every stream has this many seconds of audio sent ahead of its listener, "
               f"leaving the GPU to the vocoder (default: {CUDA_AUDIO_LEAD} on CUDA, where the vocoder shares the GPU; "
               "0, off, on CPU)", type=seconds)
-    ahead_margin: float = option(ENGINE.ahead_margin, "launch a decode step behind the running one this long before "
-                                 "that is expected to end, so that requests arriving meanwhile join the next step "
-                                 "(0: at once)", type=seconds)
     first_audio_window: int = option(FIRST_AUDIO_WINDOW, "audio tokens the vocoder needs before a stream's first audio "
                                                          "(the codec decoder's first block and look-ahead)", type=count)
     first_audio_hold: float | None = option(

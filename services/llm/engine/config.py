@@ -21,8 +21,6 @@ class EngineConfig:
     kernels: str = "auto"               # the kernel runner's ops: "triton", "torch", or auto: triton on CUDA
     cuda_graphs: bool = True            # steps replay captured graphs (CUDA, Triton kernels)
     overlap: bool = True                # launch decode step N+1 before step N's samples reach the host
-    ahead_margin: float = 0.002         # … this long before step N is expected to end, not at once (0): arrivals
-                                        # meanwhile join step N+1 instead of waiting behind it (engine.arrival_wait)
     text_skip: bool = True              # kernel runner: leave the text branch out of speaking steps, fill it in later
     quantization: str = "none"          # "fp8": the layers' GEMMs in FP8 (runner/fp8.py; the kernel runner)
     max_audio_lead: float = 0.0         # pacing, seconds (0: off): see LLMEngine.hold_seconds

@@ -30,8 +30,6 @@ from services.llm.sequence import Chunk, FinishReason, Mode, Sequence
 
 log = logging.getLogger(__name__)
 
-DECODE_MEAN_WEIGHT = 0.25  # of the newest decode step in `decode_seconds`: a few steps' memory
-
 
 @dataclass
 class GenerationRequest:
@@ -124,7 +122,6 @@ class LLMEngine:
         self.last_step = StepStats()
         self.inflight: InFlight | None = None  # launched, samples not applied (see `step`)
         self.last_done = time.perf_counter()
-        self.decode_seconds = 0.0  # a decode step's device time, a running mean (arrival_wait)
         self.on_logits = None  # optional observer (seqs, text logits, audio logits), for reference checks
 
     @property
@@ -224,23 +221,6 @@ class LLMEngine:
         if self.inflight is not None or self.scheduler.waiting or not self.scheduler.running:
             return 0.0
         return self._hold_for(self.scheduler.running, time.perf_counter() if now is None else now)
-
-    def arrival_wait(self, now: float) -> float:
-        """How long the driver may wait for requests before the next `step` (0: step now). With a decode step
-        running on the device, `step` launches the next one behind it, and a request that arrives after that
-        waits for both. So the next is launched only `ahead_margin` before the running one is expected to end
-        (its start, the previous step's end, plus a decode step's mean time): a request that arrives meanwhile
-        joins the step after the running one, ~one step sooner (issue 23). A step that ends sooner ends the
-        wait: the driver polls `inflight_done`."""
-        current, margin = self.inflight, self.config.ahead_margin
-        if current is None or margin <= 0 or not self.decode_seconds or self.scheduler.waiting:
-            return 0.0
-        expected_end = max(current.start, self.last_done) + self.decode_seconds
-        return max(0.0, expected_end - margin - now)
-
-    def inflight_done(self) -> bool:
-        """Has the step on the device finished (its samples are on their way to the host)?"""
-        return self.inflight is None or self.inflight.samples.done()
 
     def _hold_for(self, seqs: list[Sequence], now: float) -> float:
         c = self.config
@@ -438,9 +418,6 @@ class LLMEngine:
         """stats.duration: from the step's launch, or the previous step's end if later (steps overlap)."""
         stats.duration = now - max(start, self.last_done)
         self.last_done = now
-        if not stats.prefill_tokens:
-            last = self.decode_seconds
-            self.decode_seconds = stats.duration if not last else last + DECODE_MEAN_WEIGHT * (stats.duration - last)
         stats.batch_size = batch_size
         stats.preemptions = self.scheduler.num_preemptions - before[0]
         stats.prefix_hit_tokens = self.block_manager.hit_tokens - before[1]

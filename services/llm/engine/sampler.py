@@ -52,10 +52,6 @@ class Samples:
         else:
             self.host, self.event = both, None
 
-    def done(self) -> bool:
-        """Has the step finished on the device (without waiting)?"""
-        return self.event is None or self.event.query()
-
     def result(self) -> list[tuple[int, bool]]:
         """→ [(token, ok)] per sequence: the step's one device → host read."""
         if self.event is not None:
