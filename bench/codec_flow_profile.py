@@ -30,7 +30,9 @@ from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.voice import random_voice
 
-VARIANTS = {"defaults": (True, True), "gelu-unfused": (False, True), "attention-one-walk": (True, False)}  # FUSED, SPLIT
+VARIANTS = {"defaults": (True, True, chunk_attention.SMALL_TILES_FROM), "gelu-unfused": (False, True, chunk_attention.SMALL_TILES_FROM),
+            "attention-one-walk": (True, False, chunk_attention.SMALL_TILES_FROM),
+            "attention-large-tiles": (True, True, 0)}  # FUSED, SPLIT, SMALL_TILES_FROM
 WARM_CHUNKS = (8, 5, 10, 20)   # the gateway's schedule up to the steady state
 CHUNK = 20
 
@@ -79,7 +81,7 @@ def main():
     tokens = torch.randint(0, cfg.flow.vocab_size, (max(counts), sum(WARM_CHUNKS) + CHUNK), generator=g).tolist()
     mels = {}
     for variant in args.variants.split(","):
-        fused_linear.FUSED, chunk_attention.SPLIT = VARIANTS[variant]
+        fused_linear.FUSED, chunk_attention.SPLIT, chunk_attention.SMALL_TILES_FROM = VARIANTS[variant]
         d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=sum(counts) + 1)  # (a history slot each)
         d.set_voices([voice])
         shapes = {"first call, 1 stream": [(tokens[0][:8], d.start(voice))]}
@@ -100,7 +102,7 @@ def main():
             print(f"eager: {count} kernels, {total:.2f} ms of kernel time\n{table}", flush=True)
         d = None
         torch.cuda.empty_cache()
-    fused_linear.FUSED, chunk_attention.SPLIT = VARIANTS["defaults"]
+    fused_linear.FUSED, chunk_attention.SPLIT, chunk_attention.SMALL_TILES_FROM = VARIANTS["defaults"]
     print(f"\n{out['gpu']}, torch {out['torch']}, {out['date']}")
     print(f"{'variant':14s} {'shape':24s} {'graph ms':>8s} {'kernels':>8s} {'SNR dB':>7s}")
     for key, c in out["cells"].items():

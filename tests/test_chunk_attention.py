@@ -91,7 +91,8 @@ HISTORY_CASES = [  # (B, H, T, d, chunk, prefix frames, ring)
 ]
 
 
-@pytest.mark.parametrize("config", PARTS)
+# and the small tiles with one warp that calls of 32 streams take (tiles())
+@pytest.mark.parametrize("config", PARTS + [dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1)])
 @pytest.mark.parametrize("B,H,T,d,chunk,frames,ring", HISTORY_CASES)
 def test_history_kernel_is_the_pytorch_form(B, H, T, d, chunk, frames, ring, config):
     """Rows reading a prefix, then a stream's kept frames (a full ring, a part-filled one, none), then their own
@@ -129,6 +130,17 @@ def test_few_programs_read_their_keys_in_parts(monkeypatch):
     assert chunk_attention.tiles(2, 8, 192, 0)["PARTS"] == 1           # a first block alone: no prefix
     monkeypatch.setattr(chunk_attention, "SPLIT", False)
     assert chunk_attention.tiles(6, 8, 80, 180)["PARTS"] == 1
+
+
+def test_calls_of_32_streams_with_a_history_take_small_tiles(monkeypatch):
+    """tiles(): from 32 streams (64 rows x 8 heads) a steady call with a history takes 16 x 16 tiles with one warp;
+    16 streams, or no history, as before."""
+    small = dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1)
+    assert chunk_attention.tiles(64, 8, 80, 180, history=True) == small
+    assert chunk_attention.tiles(32, 8, 80, 180, history=True) != small
+    assert chunk_attention.tiles(64, 8, 80, 180) != small
+    monkeypatch.setattr(chunk_attention, "SMALL_TILES_FROM", 0)
+    assert chunk_attention.tiles(64, 8, 80, 180, history=True) != small
 
 
 def test_parts_it_cannot_split_into_are_refused():

@@ -44,6 +44,7 @@ MASKED = -1.0e10  # the reference's additive attention bias for a key a query ma
 SPLIT = True       # few programs: each (query block, row, head) reads its keys as parts side by side, then a combine
 PREFIX_PARTS = 2   # the prompt prefix's keys in this many parts (then the ring, then the row's own: 4 parts)
 SPLIT_BELOW = 128  # programs; measured on an H100: parts 12-13% faster at 1-3 streams (≤ 96), 18% slower at 6 (192)
+SMALL_TILES_FROM = 512  # rows x heads (32 streams) from which a call with a history takes 16 x 16 tiles (0: never)
 
 
 def attention_bias(lengths: torch.Tensor, T: int, chunk: int, dtype: torch.dtype, prefix_frames: int = 0):
@@ -82,15 +83,18 @@ def chunk_attention(q, k, v, lengths, chunk: int, prefix=None, history=None):
     return kernel(q, k, v, lengths, chunk, prefix, history=history)
 
 
-def tiles(B: int, H: int, T: int, before: int = 0) -> dict:
+def tiles(B: int, H: int, T: int, before: int = 0, history: bool = False) -> dict:
     """Queries and keys per step of the kernel (before: prefix and kept frames every query reads). Measured on an
     H100 (bench/codec_kernels.py, docs/benchmarks.md): 64 queries by 32 keys for a saturated call (29.3 us against
     30.8 with 64 by 64); for a first block alone, whose few programs leave most of the GPU idle, 32 by 64 (5.7
-    against 7.2 us). A few queries after many keys (a stream history's first call): 16 by 64. PARTS: the keys in
-    4 parts (module docstring) for a steady call below SPLIT_BELOW programs with 64 or more keys before the row's
-    own, else 1."""
+    against 7.2 us). A few queries after many keys (a stream history's first call): 16 by 64. With a history, from
+    SMALL_TILES_FROM rows x heads (32 streams), 16 by 16 with one warp: 25.8 against 33.5 us (at 16 streams the
+    same, at 3 slower). PARTS: the keys in 4 parts (module docstring) for a steady call below SPLIT_BELOW programs
+    with 64 or more keys before the row's own, else 1."""
     if T < 64:  # (a first call's few blocks of 64 keys: in parts no faster, measured)
         return dict(BLOCK_M=16, BLOCK_N=64 if before >= 64 else 16, PARTS=1)
+    if history and SMALL_TILES_FROM and B * H >= SMALL_TILES_FROM:
+        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1)
     config = dict(BLOCK_M=32, BLOCK_N=64) if B * H <= 32 else dict(BLOCK_M=64, BLOCK_N=32)
     few = -(-T // config["BLOCK_M"]) * B * H < SPLIT_BELOW
     return dict(config, PARTS=PREFIX_PARTS + 2 if SPLIT and few and before >= 64 else 1)
@@ -108,7 +112,7 @@ def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None
         pk, pv, rows = prefix
         frames = pk.shape[2]
     hk, hv, hrows, count = history if history is not None else (pk, pv, rows, lengths)  # unread without one
-    config = dict(config or tiles(B, H, T, frames + (hk.shape[2] if history is not None else 0)))
+    config = dict(config or tiles(B, H, T, frames + (hk.shape[2] if history is not None else 0), history is not None))
     parts = config.pop("PARTS", 1)
     if parts == 2 or parts < 1:
         raise ValueError(f"chunk attention: PARTS {parts}: 1, or 3 and more (the prefix in PARTS - 2 spans, the ring, "
