@@ -30,8 +30,8 @@ from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.voice import random_voice
 
-VARIANTS = {"defaults": (True, True, chunk_attention.SMALL_TILES_FROM), "gelu-unfused": (False, True, chunk_attention.SMALL_TILES_FROM),
-            "attention-one-walk": (True, False, chunk_attention.SMALL_TILES_FROM),
+SMALL = chunk_attention.SMALL_TILES_FROM
+VARIANTS = {"defaults": (True, True, SMALL), "gelu-unfused": (False, True, SMALL), "attention-one-walk": (True, False, SMALL),
             "attention-large-tiles": (True, True, 0)}  # FUSED, SPLIT, SMALL_TILES_FROM
 WARM_CHUNKS = (8, 5, 10, 20)   # the gateway's schedule up to the steady state
 CHUNK = 20
