@@ -9,6 +9,7 @@ import wave
 
 import grpc
 import numpy as np
+import pytest
 from conftest import metric_value, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -163,22 +164,24 @@ def test_a_request_sets_the_vocoders_lookahead(stack):
             raise AssertionError(f"lookahead_frames={bad} was accepted")
 
 
-def test_the_vocoder_refuses_a_bad_lookahead_itself(stack):
+@pytest.mark.parametrize("field, value", [("lookahead_frames", 99), ("playback_speed", 5.0),
+                                          ("playback_speed", float("nan"))])
+def test_the_vocoder_refuses_a_bad_config_itself(stack, field, value):
     from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
     async def run():
         async with grpc.aio.insecure_channel(stack.target("vocoder")) as channel:
             call = vocoder_pb2_grpc.VocoderStub(channel).Vocode(timeout=30)
-            await call.write(vocoder_pb2.VocodeRequest(config=vocoder_pb2.VocodeConfig(request_id="x", lookahead_frames=99)))
+            await call.write(vocoder_pb2.VocodeRequest(config=vocoder_pb2.VocodeConfig(request_id="x", **{field: value})))
             await call.done_writing()
             return [m async for m in call]
 
     try:
         asyncio.run(run())
     except grpc.aio.AioRpcError as err:
-        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "config.lookahead_frames" in err.details()
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and f"config.{field}" in err.details()
     else:
-        raise AssertionError("lookahead_frames=99 was accepted")
+        raise AssertionError(f"{field}={value} was accepted")
 
 
 def test_bad_vocoder_streams_fail_alone(stack):

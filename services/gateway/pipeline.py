@@ -238,7 +238,9 @@ class Turn:
         chunking = self.gen_req.chunking
         config = vocoder_pb2.VocodeConfig(request_id=self.gen_req.request_id, format=fmt, voice=self.voice,
                                           lookahead_frames=chunking.lookahead_frames
-                                          if chunking.HasField("lookahead_frames") else None)
+                                          if chunking.HasField("lookahead_frames") else None,
+                                          playback_speed=chunking.playback_speed
+                                          if chunking.HasField("playback_speed") else None)
         for attempt in range(len(self.vocoder.pool.replicas) + 1):
             self.vocoder.move(replica, lambda r: r.stub.Vocode(timeout=self._left()))
             try:

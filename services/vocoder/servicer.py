@@ -16,12 +16,13 @@ from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
 from services.common.audio import encode_pcm, resolve_format
 from services.common.errors import DeviceLost, InvalidArgument
-from services.common.sampling import resolve_lookahead
+from services.common.sampling import PLAYBACK_SPEEDS, resolve_lookahead
 from services.vocoder import metrics
 from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_GENERATE_WAIT, SolveWorker
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import TokenVocoder
 from services.vocoder.worker import (
+    DEFAULT_FILL_SLACK,
     DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
     DEFAULT_FIRST_CHUNK_BUDGET,
     DEFAULT_MAX_BATCH,
@@ -44,13 +45,15 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
                  lane: TokenVocoder | None = None, solve=None, admit_every: int = DEFAULT_ADMIT_EVERY,
-                 generate_wait: float = DEFAULT_GENERATE_WAIT):
+                 generate_wait: float = DEFAULT_GENERATE_WAIT, fill_wait: float = 0.0,
+                 fill_slack: float = DEFAULT_FILL_SLACK, lane_chunks: int = 1):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
         others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most
         first_chunk_batch_frames (worker.py).
         lost / on_fatal: what the worker does when its device is lost (worker.py).
-        lane: the vocoder's lane (TokenVocoder.lane) that first chunks run on, beside the other calls; None: one worker.
+        lane: the vocoder's lane (TokenVocoder.lane) that a stream's first lane_chunks chunks run on, beside the other
+        calls; None: one worker. fill_wait / fill_slack: how long the playing streams' calls may wait to fill (worker.py).
         solve: the flow's FlowSolve, driven by a SolveWorker (solve_worker.py; admit_every ticks between admissions of
         chunks not yet urgent, generate_wait seconds such a chunk may wait for a generator call); None: flow calls
         (worker.py)."""
@@ -64,12 +67,12 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                                       first_chunk_budget=first_chunk_budget, **common)
             return
         self.worker = VocoderWorker(vocoder, max_batch, max_batch_frames=max_batch_frames,
-                                    first_chunk_budget=first_chunk_budget,
+                                    first_chunk_budget=first_chunk_budget, fill_wait=fill_wait, fill_slack=fill_slack,
                                     first_chunk_batch_frames=first_chunk_batch_frames, **common)
         if lane is not None:
             first = VocoderWorker(lane, FIRST_CHUNK_LANE_BATCH, max_batch_frames=max_batch_frames, first_chunk_budget=0,
                                   first_chunk_batch_frames=0, name="vocoder-first-chunks", **common)
-            self.worker = Lanes(self.worker, first)
+            self.worker = Lanes(self.worker, first, lane_chunks)
 
     def _check_tokens(self, tokens) -> list[int]:
         if len(tokens) > MAX_TOKENS_PER_MESSAGE:
@@ -80,9 +83,10 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         return list(tokens)
 
     async def _vocode(self, streamer: MelStreamer, tokens: list[int] | None, started: float | None,
-                      sent: float) -> Done:
-        """Hand a chunk (or the end, tokens None) to the worker and await its samples."""
-        return await asyncio.wrap_future(self.worker.submit(Job(streamer, tokens, started, sent)))
+                      sent: float, index: int) -> Done:
+        """Hand a chunk (or the end, tokens None) to the worker and await its samples. sent: seconds of audio on
+        the listener's clock; index: the stream's chunks before this one."""
+        return await asyncio.wrap_future(self.worker.submit(Job(streamer, tokens, started, sent, index)))
 
     @staticmethod
     async def _expect_no_more(request_iterator) -> None:
@@ -104,6 +108,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
             raise InvalidArgument("config", "the first message of a Vocode stream must be a config")
         fmt = resolve_format(first.config.format, "config.format")
         lookahead = resolve_lookahead(first.config, "config")  # this stream's trade of latency for exactness
+        speed = resolve_speed(first.config)
         rate = self.vocoder.sample_rate
         try:
             streamer = MelStreamer(self.vocoder, self.left_context, self.lookahead if lookahead is None else lookahead,
@@ -135,7 +140,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                 if not tokens:
                     continue
                 first_tokens_at = first_tokens_at or time.perf_counter()
-                done = await self._vocode(streamer, tokens, audio_started, offset / rate)
+                done = await self._vocode(streamer, tokens, audio_started, offset / rate / speed, stats.chunks)
                 stats.chunks += 1
                 stats.tokens += len(tokens)
                 stats.compute_seconds += done.compute_seconds
@@ -147,7 +152,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                         stats.first_chunk_compute_seconds = done.compute_seconds
                         metrics.observe_first_chunk(audio_started - first_tokens_at)
                     yield message(done.samples, final=False)
-            done = await self._vocode(streamer, None, audio_started, offset / rate)
+            done = await self._vocode(streamer, None, audio_started, offset / rate / speed, stats.chunks)
             stats.compute_seconds += done.compute_seconds
             stats.queue_seconds += done.queue_seconds
             final = message(done.samples, final=True)
@@ -158,3 +163,14 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         finally:
             streamer.close()
             metrics.ACTIVE_STREAMS.dec()
+
+
+def resolve_speed(config) -> float:
+    """The config's playback_speed, checked: in PLAYBACK_SPEEDS, 1 when unset."""
+    if not config.HasField("playback_speed"):
+        return 1.0
+    speed = config.playback_speed
+    if not PLAYBACK_SPEEDS[0] <= speed <= PLAYBACK_SPEEDS[1]:
+        raise InvalidArgument("config.playback_speed", f"must be in [{PLAYBACK_SPEEDS[0]}, {PLAYBACK_SPEEDS[1]}], "
+                                                       f"got {speed}")
+    return speed

@@ -18,16 +18,18 @@ class ListVoicesResponse(_message.Message):
     def __init__(self, voices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class VocodeConfig(_message.Message):
-    __slots__ = ("request_id", "format", "lookahead_frames", "voice")
+    __slots__ = ("request_id", "format", "lookahead_frames", "voice", "playback_speed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     LOOKAHEAD_FRAMES_FIELD_NUMBER: _ClassVar[int]
     VOICE_FIELD_NUMBER: _ClassVar[int]
+    PLAYBACK_SPEED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     format: _common_pb2.AudioFormat
     lookahead_frames: int
     voice: str
-    def __init__(self, request_id: _Optional[str] = ..., format: _Optional[_Union[_common_pb2.AudioFormat, str]] = ..., lookahead_frames: _Optional[int] = ..., voice: _Optional[str] = ...) -> None: ...
+    playback_speed: float
+    def __init__(self, request_id: _Optional[str] = ..., format: _Optional[_Union[_common_pb2.AudioFormat, str]] = ..., lookahead_frames: _Optional[int] = ..., voice: _Optional[str] = ..., playback_speed: _Optional[float] = ...) -> None: ...
 
 class AudioTokens(_message.Message):
     __slots__ = ("tokens",)
