@@ -259,7 +259,7 @@ def mps_arms(args, out: dict) -> None:
     from services.mps import MpsDaemon
 
     with MpsDaemon() as mps:
-        for share in args.mps_llm_threads:
+        for share in out["mps_llm_threads"]:
             llm = Child("llm", args, {**mps.env(), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share)})
             vocoder = Child("vocoder", args, mps.env())
             try:

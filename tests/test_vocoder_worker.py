@@ -12,7 +12,7 @@ import pytest
 from services.common.errors import InvalidArgument
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import load_vocoder
-from services.vocoder.worker import Job, Lanes, VocoderWorker
+from services.vocoder.worker import Job, VocoderWorker
 
 
 class Recording:
@@ -206,69 +206,3 @@ def test_each_pass_of_the_token_decoder_and_call_of_the_generator_is_reported_on
         assert len(decodes) == len(generates) == 1
     finally:
         worker.stop()
-
-
-def playing(vocoder, seed: int, slack: float, index: int = 3) -> Job:
-    """A playing stream's chunk with `slack` seconds of audio ahead of its listener."""
-    s = MelStreamer(vocoder)
-    s.push(tokens(3, 100 + seed))
-    now = time.perf_counter()
-    return Job(s, tokens(3, seed), now - 1.0, 1.0 + slack, index)
-
-
-def test_filling_calls_wait_for_company_until_fill_wait(vocoder):
-    """fill_wait: chunks far ahead of their listeners wait for company, up to fill_wait after the oldest came in; the
-    ones that come meanwhile share its call."""
-    rec = Recording(vocoder)
-    worker = VocoderWorker(rec, max_batch=8, max_wait=0.0, fill_wait=0.4, fill_slack=0.1)
-    try:
-        t = time.perf_counter()
-        first = worker.submit(playing(vocoder, 1, slack=5.0))
-        time.sleep(0.1)
-        second = worker.submit(playing(vocoder, 2, slack=5.0))
-        first.result(timeout=20)
-        waited = time.perf_counter() - t
-        second.result(timeout=20)
-        assert 0.35 <= waited < 2.0
-        assert [len(c) for c in rec.calls] == [2]
-    finally:
-        worker.stop()
-
-
-def test_filling_calls_go_when_full_or_when_slack_runs_short(vocoder):
-    """A full call goes at once; so does one whose least slack reaches fill_slack, long before fill_wait; a first
-    chunk never waits."""
-    rec = Recording(vocoder)
-    worker = VocoderWorker(rec, max_batch=2, max_wait=0.0, fill_wait=5.0, fill_slack=0.1)
-    try:
-        t = time.perf_counter()
-        full = [worker.submit(playing(vocoder, i, slack=30.0)) for i in range(2)]
-        for f in full:
-            f.result(timeout=20)
-        assert time.perf_counter() - t < 1.0, "a full call waited"
-        t = time.perf_counter()
-        worker.submit(playing(vocoder, 3, slack=0.4)).result(timeout=20)
-        assert 0.2 <= time.perf_counter() - t < 1.5, "the call did not go when its slack fell to fill_slack"
-        t = time.perf_counter()
-        worker.submit(Job(MelStreamer(vocoder), tokens(3, 4), None, 0.0)).result(timeout=20)
-        assert time.perf_counter() - t < 1.0, "a first chunk waited to fill"
-    finally:
-        worker.stop()
-
-
-def test_lanes_take_a_streams_first_lane_chunks(vocoder):
-    """Lanes(lane_chunks=2): a stream's first two chunks (and any before its first audio) go to the lane, later ones and
-    its end to the playing streams' worker."""
-    class Worker:
-        def __init__(self):
-            self.jobs = []
-
-        def submit(self, job):
-            self.jobs.append(job.index)
-
-    lanes = Lanes(Worker(), Worker(), lane_chunks=2)
-    s = MelStreamer(vocoder)
-    for index, started in ((0, None), (1, 1.0), (2, None), (2, 1.0), (3, 1.0)):
-        lanes.submit(Job(s, [1, 2], started, 0.5, index))
-    lanes.submit(Job(s, None, 1.0, 0.5, 4))  # the end
-    assert lanes.first.jobs == [0, 1, 2] and lanes.playing.jobs == [2, 3, 4]

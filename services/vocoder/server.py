@@ -71,8 +71,8 @@ async def run(s: VocoderSettings) -> None:
     if s.first_chunk_lane == "on":
         lane = vocoder.lane()  # first chunks beside the other calls (worker.py): its graphs for first chunks only
         lane.runner.warm_up([b for b in batches if b <= FIRST_CHUNK_LANE_BATCH])
-        if flow:  # first chunks only, or (--lane-chunks > 1) the later calls' too
-            lane.decoder.warm_up(list(vocoder.voices.values()), FIRST_CHUNK_LANE_BATCH, first_calls=s.lane_chunks == 1)
+        if flow:
+            lane.decoder.warm_up(list(vocoder.voices.values()), FIRST_CHUNK_LANE_BATCH, first_calls=True)
     if vocoder.runner.graphs:
         parts = [vocoder] + ([lane] if lane is not None else [])
         flow_graphs = sum(len(getattr(v.decoder, "graphs", {})) for v in parts) + len(solve.graphs if solve else {})
@@ -88,8 +88,7 @@ async def run(s: VocoderSettings) -> None:
                                max_batch_frames=limits.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
                                first_chunk_batch_frames=limits.first_chunk_batch_frames,
                                lost=lambda: device_lost(s.device), on_fatal=report, lane=lane, solve=solve,
-                               admit_every=s.flow_admit_every, generate_wait=s.flow_generate_wait,
-                               fill_wait=s.fill_wait, fill_slack=s.fill_slack, lane_chunks=s.lane_chunks)
+                               admit_every=s.flow_admit_every, generate_wait=s.flow_generate_wait)
     start_metrics_server(s.host, s.metrics_port)
     await serve(
         name="vocoder",

@@ -22,7 +22,6 @@ from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_GENERATE_
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import TokenVocoder
 from services.vocoder.worker import (
-    DEFAULT_FILL_SLACK,
     DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
     DEFAULT_FIRST_CHUNK_BUDGET,
     DEFAULT_MAX_BATCH,
@@ -45,15 +44,13 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
                  lane: TokenVocoder | None = None, solve=None, admit_every: int = DEFAULT_ADMIT_EVERY,
-                 generate_wait: float = DEFAULT_GENERATE_WAIT, fill_wait: float = 0.0,
-                 fill_slack: float = DEFAULT_FILL_SLACK, lane_chunks: int = 1):
+                 generate_wait: float = DEFAULT_GENERATE_WAIT):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
         others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most
         first_chunk_batch_frames (worker.py).
         lost / on_fatal: what the worker does when its device is lost (worker.py).
-        lane: the vocoder's lane (TokenVocoder.lane) that a stream's first lane_chunks chunks run on, beside the other
-        calls; None: one worker. fill_wait / fill_slack: how long the playing streams' calls may wait to fill (worker.py).
+        lane: the vocoder's lane (TokenVocoder.lane) that first chunks run on, beside the other calls; None: one worker.
         solve: the flow's FlowSolve, driven by a SolveWorker (solve_worker.py; admit_every ticks between admissions of
         chunks not yet urgent, generate_wait seconds such a chunk may wait for a generator call); None: flow calls
         (worker.py)."""
@@ -67,12 +64,12 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                                       first_chunk_budget=first_chunk_budget, **common)
             return
         self.worker = VocoderWorker(vocoder, max_batch, max_batch_frames=max_batch_frames,
-                                    first_chunk_budget=first_chunk_budget, fill_wait=fill_wait, fill_slack=fill_slack,
+                                    first_chunk_budget=first_chunk_budget,
                                     first_chunk_batch_frames=first_chunk_batch_frames, **common)
         if lane is not None:
             first = VocoderWorker(lane, FIRST_CHUNK_LANE_BATCH, max_batch_frames=max_batch_frames, first_chunk_budget=0,
                                   first_chunk_batch_frames=0, name="vocoder-first-chunks", **common)
-            self.worker = Lanes(self.worker, first, lane_chunks)
+            self.worker = Lanes(self.worker, first)
 
     def _check_tokens(self, tokens) -> list[int]:
         if len(tokens) > MAX_TOKENS_PER_MESSAGE:
@@ -83,10 +80,10 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         return list(tokens)
 
     async def _vocode(self, streamer: MelStreamer, tokens: list[int] | None, started: float | None,
-                      sent: float, index: int) -> Done:
-        """Hand a chunk (or the end, tokens None) to the worker and await its samples. sent: seconds of audio on
-        the listener's clock; index: the stream's chunks before this one."""
-        return await asyncio.wrap_future(self.worker.submit(Job(streamer, tokens, started, sent, index)))
+                      sent: float) -> Done:
+        """Hand a chunk (or the end, tokens None) to the worker and await its samples. sent: seconds of audio sent,
+        on the listener's clock (its playback speed): the chunk's slack counts from it (worker.py)."""
+        return await asyncio.wrap_future(self.worker.submit(Job(streamer, tokens, started, sent)))
 
     @staticmethod
     async def _expect_no_more(request_iterator) -> None:
@@ -140,7 +137,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                 if not tokens:
                     continue
                 first_tokens_at = first_tokens_at or time.perf_counter()
-                done = await self._vocode(streamer, tokens, audio_started, offset / rate / speed, stats.chunks)
+                done = await self._vocode(streamer, tokens, audio_started, offset / rate / speed)
                 stats.chunks += 1
                 stats.tokens += len(tokens)
                 stats.compute_seconds += done.compute_seconds
@@ -152,7 +149,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                         stats.first_chunk_compute_seconds = done.compute_seconds
                         metrics.observe_first_chunk(audio_started - first_tokens_at)
                     yield message(done.samples, final=False)
-            done = await self._vocode(streamer, None, audio_started, offset / rate / speed, stats.chunks)
+            done = await self._vocode(streamer, None, audio_started, offset / rate / speed)
             stats.compute_seconds += done.compute_seconds
             stats.queue_seconds += done.queue_seconds
             final = message(done.samples, final=True)

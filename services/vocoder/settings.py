@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from services.settings import OWN, count, host_option, metrics_port_option, option, port_option, positive, seconds
 from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_GENERATE_WAIT, DEFAULT_SOLVE_ROWS
-from services.vocoder.worker import DEFAULT_FILL_SLACK, DEFAULT_FIRST_CHUNK_BUDGET, FLOW_LIMITS, STAND_IN_LIMITS, CallLimits
+from services.vocoder.worker import DEFAULT_FIRST_CHUNK_BUDGET, FLOW_LIMITS, STAND_IN_LIMITS, CallLimits
 
 if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
     from services.common.tls import ServerTls
@@ -54,14 +54,6 @@ class VocoderSettings:
               "beside the playing streams' calls: sooner first audio under load, and under headroom admission more "
               "turns admitted; under count admission past the knee, more stalls (docs/benchmarks.md) (default: on where "
               "moss-serve up runs the stack on a GPU, else off)", choices=["on", "off"], show_default=False)
-    lane_chunks: int = option(1, "with --first-chunk-lane on: a stream's chunks that run on the lane, its first and the "
-                                 "ones after it, whose slack is short (2: the second too, so that calls of the playing "
-                                 "streams can wait to fill)", type=positive(int))
-    fill_wait: float = option(0.0, "seconds a playing stream's chunk may wait for others to fill its call, while it "
-                                   "keeps --fill-slack of audio ahead of its listener (0: off; a flow call is mostly a "
-                                   "fixed cost: fewer, fuller calls leave the GPU to the llm)", type=seconds)
-    fill_slack: float = option(DEFAULT_FILL_SLACK, "seconds of audio ahead of its listener a chunk waiting to fill a call "
-                                                   "keeps (--fill-wait)", type=seconds)
     # The codec decoder's options (docs/codec.md): `up` hands them on.
     voices_dir: str | None = option(None, "the flow decoder's voices, <name>.safetensors each (default: the codec "
                                           "directory's voices/; a preset without it: one random 'default' voice)")

@@ -13,12 +13,6 @@ streams start at once, their first chunks keep the second chunks of the streams 
 of buffer) waiting behind several calls. A job waits for company at most `max_wait` seconds, and never when a
 first chunk or a chunk with less slack than that is queued.
 
-**Filling calls** (`fill_wait` > 0; `--fill-wait`): a flow call is mostly a fixed cost, so a worker of playing
-streams whose chunks are far ahead of their listeners lets them wait for company, up to `fill_wait` after the oldest
-came in, until the call is full, or until the least slack among them falls to `fill_slack`. Fewer, fuller calls
-leave the GPU to the llm and the first chunks. A chunk that comes in with less slack than that goes at once, so the
-lanes (below) take a stream's first `lane_chunks` chunks, whose slack is short.
-
 A call that carries a first chunk holds at most `first_chunk_batch_frames` mel frames: its samples are
 time to first audio, and a call's time grows with its frames. The playing streams it leaves for the next
 call have the audio sent ahead of their listeners to wait with. On an H200 at 128 streams this took the
@@ -73,7 +67,6 @@ class Job:
     tokens: list[int] | None           # None: the end of the stream
     audio_started: float | None        # when the stream's first samples went out (None: not yet)
     audio_sent: float                  # seconds of audio sent so far
-    index: int = 0                     # the stream's chunks handed in before this one
     submitted: float = field(default_factory=time.perf_counter)
     future: Future = field(default_factory=Future)
 
@@ -123,9 +116,6 @@ DEFAULT_FIRST_CHUNK_BATCH_FRAMES = STAND_IN_LIMITS.first_chunk_batch_frames
 # A first chunk's deadline, after it comes in: what the vocoder may add to time to first audio when chunks of
 # streams already playing are due sooner. 0: first chunks before any chunk that is not yet late.
 DEFAULT_FIRST_CHUNK_BUDGET = 0.1
-# Filling calls (`fill_wait` > 0): the least slack a waiting chunk keeps. A call of 32 windows beside the llm takes
-# ~150 ms on an H100, and one may be running when the wait ends.
-DEFAULT_FILL_SLACK = 0.4
 # First chunks per call of the first-chunk lane: streams start a few at a time; its graphs are captured up to this.
 FIRST_CHUNK_LANE_BATCH = 4
 
@@ -134,7 +124,6 @@ class VocoderWorker(JobThread):
     what = "vocoder worker"
 
     def __init__(self, vocoder, max_batch: int = DEFAULT_MAX_BATCH, max_wait: float = 0.002,
-                 fill_wait: float = 0.0, fill_slack: float = DEFAULT_FILL_SLACK,
                  on_batch: Callable[[int, float], None] = lambda size, seconds: None,
                  on_decode: Callable[[float], None] = lambda seconds: None,
                  on_generate: Callable[[float], None] = lambda seconds: None,
@@ -147,13 +136,11 @@ class VocoderWorker(JobThread):
         per call of its generator (parts of a batch's seconds: on CUDA their device time).
         A call holds at most max_batch windows and max_batch_frames mel frames (but always one window), and
         at most first_chunk_batch_frames (when > 0) if it carries a first chunk; first_chunk_budget: seconds.
-        fill_wait / fill_slack: how long a call may wait to fill, and the least slack it keeps (seconds; 0: no filling).
         lost(): is the device gone? (asked after a failed batch, and after every probe_seconds idle) If so
         every job fails with DeviceLost, the worker stops, and on_fatal(err) tells the server (device.py). See
         the module's docstring."""
         super().__init__(name)
         self.vocoder, self.max_batch, self.max_wait, self.on_batch = vocoder, max_batch, max_wait, on_batch
-        self.fill_wait, self.fill_slack = fill_wait, fill_slack
         self.on_decode, self.on_generate = on_decode, on_generate
         self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
         self.first_chunk_batch_frames = first_chunk_batch_frames
@@ -169,12 +156,12 @@ class VocoderWorker(JobThread):
             if self.stopping:
                 self._fail_stopped(self.pending)
                 return None
+            deadline = self.pending[0].submitted + self.max_wait
             while len(self.pending) < self.max_batch and not self.stopping:
                 now = time.perf_counter()
-                go = self._go_at(now)
-                if now >= go:
-                    break
-                self.cv.wait(go - now)
+                if now >= deadline or min(j.slack(now) for j in self.pending) < self.max_wait:
+                    break  # a first chunk (slack -inf) or an urgent one is waiting: go now
+                self.cv.wait(deadline - now)
             self.pending.sort(key=lambda j: j.deadline(self.first_chunk_budget))
             taken, frames, cap = 0, 0, self.max_batch_frames
             for job in self.pending[: self.max_batch]:
@@ -186,19 +173,6 @@ class VocoderWorker(JobThread):
                 taken += 1
             batch, self.pending = self.pending[:taken], self.pending[taken:]
             return batch
-
-    def _go_at(self, now: float) -> float:
-        """(Holding cv) when the pending jobs stop waiting for company: at once for a first chunk (slack -inf) or an
-        urgent one; else max_wait after the oldest came in, or, filling, fill_wait after it, when the least slack
-        falls to fill_slack, or as soon as the call is full."""
-        oldest = min(j.submitted for j in self.pending)
-        least = min(j.slack(now) for j in self.pending)
-        if not self.fill_wait:
-            return now if least < self.max_wait else oldest + self.max_wait
-        frames = sum(j.streamer.window_frames(None if j.tokens is None else len(j.tokens)) for j in self.pending)
-        if frames >= self.max_batch_frames:
-            return now
-        return min(oldest + self.fill_wait, now + least - self.fill_slack)
 
     def _await_pending(self) -> bool:
         """(Holding cv) wait for a job or the stop → False once probe_seconds have passed idle."""
@@ -328,15 +302,15 @@ class Vocoding:
 
 
 class Lanes:
-    """Two workers, one submit: a stream's first `lane_chunks` chunks (and any before its first audio) to `first`
-    (small calls), every other job to `playing` (module docstring)."""
+    """Two workers, one submit: a stream's first chunk to `first` (small calls of first chunks only), every other
+    job to `playing` (module docstring)."""
 
-    def __init__(self, playing: VocoderWorker, first: VocoderWorker, lane_chunks: int = 1):
-        self.playing, self.first, self.lane_chunks = playing, first, lane_chunks
+    def __init__(self, playing: VocoderWorker, first: VocoderWorker):
+        self.playing, self.first = playing, first
 
     def submit(self, job: Job) -> Future:
-        early = job.tokens is not None and (job.audio_started is None or job.index < self.lane_chunks)
-        return (self.first if early else self.playing).submit(job)
+        first = job.audio_started is None and job.tokens is not None
+        return (self.first if first else self.playing).submit(job)
 
     def stop(self) -> None:
         self.first.stop()
