@@ -11,6 +11,7 @@ slower beside the other than alone; in one context no share is fixed, and a stre
 blocks ahead of the other's as multiprocessors free up.
 
     python bench/gpu_sharing.py --json out.json                         # real size: one H100/H200, ~4 minutes
+    python bench/gpu_sharing.py --quantization fp8 --no-one-process     # the llm's products in FP8, under MPS only
     python bench/gpu_sharing.py --size tiny --device cpu --seconds 1    # a smoke run of the machinery (no MPS)
 
 The llm: --batch sequences of --context positions, all decoding, steps back to back (LLMEngine.step(), bf16, its
@@ -43,7 +44,8 @@ ARMS_ONE_PROCESS = ("same priority", "llm high", "vocoder high")
 class LlmLoop:
     """B sequences decoding, stepped back to back."""
 
-    def __init__(self, size: str, device: torch.device, batch: int, context: int, kv_gb: float):
+    def __init__(self, size: str, device: torch.device, batch: int, context: int, kv_gb: float,
+                 quantization: str = "none"):
         from services.common.sampling import ChunkSettings, SamplingSettings
         from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
         from services.llm.model.checkpoint import random_model
@@ -54,12 +56,12 @@ class LlmLoop:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model = random_model(cfg, device=device, dtype=dtype)
         config = EngineConfig(kv_cache_bytes=int(kv_gb * (1 << 30)), max_num_seqs=batch, max_num_batched_tokens=2048,
-                              max_model_len=8192)
+                              max_model_len=8192, quantization=quantization)
         self.engine = LLMEngine(model, tiny_tokenizer(preset("tiny")), config)
         self.batch, self.context, self.device = batch, context, device
         blocks = self.engine.block_manager.num_blocks
         # what the pool holds for each sequence, less its prompt and two blocks of margin
-        self.new_tokens = blocks * config.block_size // batch - context - 2 * config.block_size
+        self.new_tokens = min(blocks * config.block_size // batch, config.max_model_len) - context - 2 * config.block_size
         if self.new_tokens < 64:
             raise SystemExit(f"--kv-gb {kv_gb}: {blocks} blocks leave {self.new_tokens} tokens a sequence")
         limit = min(cfg.vocab_size, 150000, cfg.endoftext_token_id)
@@ -183,7 +185,8 @@ def child(args) -> None:
     """Build the loops this role needs, then answer commands from stdin, one JSON line each on stdout."""
     sys.setswitchinterval(0.0005)  # two Python threads launching work: hand the GIL over often
     device = torch.device(args.device)
-    llm = LlmLoop(args.size, device, args.batch, args.context, args.kv_gb) if args.role in ("llm", "both") else None
+    llm = (LlmLoop(args.size, device, args.batch, args.context, args.kv_gb, args.quantization)
+           if args.role in ("llm", "both") else None)
     vocoder = VocoderLoop(args.size, device, args.windows) if args.role in ("vocoder", "both") else None
     loops = {"llm": llm, "vocoder": vocoder}
     print(json.dumps({"ready": args.role}), flush=True)
@@ -216,7 +219,7 @@ class Child:
     def __init__(self, role: str, args, env: dict | None = None):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--size", args.size, "--device",
                args.device, "--batch", str(args.batch), "--context", str(args.context), "--windows", str(args.windows),
-               "--seconds", str(args.seconds), "--kv-gb", str(args.kv_gb)]
+               "--seconds", str(args.seconds), "--kv-gb", str(args.kv_gb), "--quantization", args.quantization]
         self.role = role
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
@@ -311,7 +314,9 @@ def main() -> None:
     p.add_argument("--kv-gb", type=float, default=24.0, help="the llm's KV pool (bounds each arm's steps)")
     p.add_argument("--windows", type=int, default=32, help="streams in each vocoder call")
     p.add_argument("--seconds", type=float, default=4.0, help="each loop's run")
+    p.add_argument("--quantization", default="none", choices=["none", "fp8"], help="the llm's layer products")
     p.add_argument("--mps-llm-threads", default="25,100", help="MPS arms: the llm's shares (empty: no MPS arm)")
+    p.add_argument("--no-one-process", action="store_true", help="leave out the one-process arms")
     p.add_argument("--json")
     p.add_argument("--role", choices=["llm", "vocoder", "both"], help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -326,11 +331,12 @@ def main() -> None:
     if args.device == "cuda":
         out["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                                     capture_output=True, text=True).stdout.strip()
-    one_process(args, out)
+    if not args.no_one_process:
+        one_process(args, out)
     if shares:
         mps_arms(args, out)
-    print(f"\n{out.get('gpu', 'cpu')}, {out['date']}: llm {args.batch} x {args.context} decoding (bf16, graphs), "
-          f"vocoder flow calls of {args.windows} windows; {args.seconds:.0f} s a loop")
+    print(f"\n{out.get('gpu', 'cpu')}, {out['date']}: llm {args.batch} x {args.context} decoding (bf16, graphs, "
+          f"quantization {args.quantization}), vocoder flow calls of {args.windows} windows; {args.seconds:.0f} s a loop")
     print(table(out))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

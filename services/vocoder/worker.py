@@ -11,7 +11,10 @@ when its listener runs out of audio (the audio it has sent, from its first sampl
 due `first_chunk_budget` seconds after it was handed in. Why not first chunks always first: when many
 streams start at once, their first chunks keep the second chunks of the streams already playing (160 ms
 of buffer) waiting behind several calls. A job waits for company at most `max_wait` seconds, and never when a
-first chunk or a chunk with less slack than that is queued.
+first chunk or a chunk with less slack than that is queued. Why not longer, to fill calls: on an H100 at Poisson 30
+turns a second, chunks held until 0.4-0.8 s of slack was left (and a stream's second chunk on the lane below, so that
+it starts no call) made the vocoder's calls 18-25% fewer (and, the second time, turns' first audio sooner on
+average), but the admission rule let in 6-20% fewer turns (docs/benchmarks.md, issue 23, twice).
 
 A call that carries a first chunk holds at most `first_chunk_batch_frames` mel frames: its samples are
 time to first audio, and a call's time grows with its frames. The playing streams it leaves for the next
