@@ -6,6 +6,7 @@
 #   LEVELS streams started over 6 s, one request each (default 192,256; none: "");
 #   BURST streams started at the same instant (default 128; 0: none);
 #   REFUSALS (default 0: none): after the loads, a burst of that many at a full gateway (bench/refusal_floor.py);
+#   REFUSAL_FLAGS: flag sets for that full gateway, separated by ";" (one run of bursts each; default: its defaults);
 #   HTTP_TTFB (default 0: none): after the loads, that many rounds of bench/http_ttfb.py on the idle stack (its gRPC
 #   and HTTP doors side by side).
 # RATES_A, LEVELS_A, BURST_A (and _B) set them for one gateway only.
@@ -105,13 +106,21 @@ if start_stack ${STACK_FLAGS:---kv-cache-gb 32 --max-num-seqs 256} ${GATEWAY_A:-
       --json "$OUT/http_ttfb.json" | tee "$OUT/http_ttfb.txt"
   fi
   if [ "${REFUSALS:-0}" -gt 0 ]; then  # a full gateway's refusals against gRPC's own floor (bench/refusal_floor.py)
-    setsid python3 -c "$SERVE_PY" gateway --port 50071 --metrics-port 9171 --http-port 0 --max-turns 4 --max-queued-turns 0 \
-      > "$OUT/gateway_full.log" 2>&1 &
-    full_pid=$!
-    sleep 5
-    python3 "$(dirname "$0")/refusal_floor.py" --burst "$REFUSALS" --target 127.0.0.1:50071 --hold 4 \
-      --json "$OUT/refusal_floor.json" | tee "$OUT/refusal_floor.txt"
-    kill -TERM "$full_pid" 2> /dev/null; wait "$full_pid" 2> /dev/null
+    IFS=';' read -ra full_flags <<< "${REFUSAL_FLAGS:-}"  # one full gateway per flag set (none: its defaults)
+    [ ${#full_flags[@]} -eq 0 ] && full_flags=("")
+    k=0
+    for flags in "${full_flags[@]}"; do
+      suffix=$([ $k -eq 0 ] && echo "" || echo "_$k")
+      echo "full gateway$suffix: ${flags:-its defaults}"
+      setsid python3 -c "$SERVE_PY" gateway --port 50071 --metrics-port 9171 --http-port 0 --max-turns 4 --max-queued-turns 0 \
+        $flags > "$OUT/gateway_full$suffix.log" 2>&1 &
+      full_pid=$!
+      sleep 5
+      python3 "$(dirname "$0")/refusal_floor.py" --burst "$REFUSALS" --target 127.0.0.1:50071 --hold 4 \
+        --json "$OUT/refusal_floor$suffix.json" | tee "$OUT/refusal_floor$suffix.txt"
+      kill -TERM "$full_pid" 2> /dev/null; wait "$full_pid" 2> /dev/null
+      k=$((k + 1))
+    done
   fi
 fi
 stop_stack
