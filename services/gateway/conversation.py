@@ -38,8 +38,9 @@ from services.gateway.admission import Admission
 from services.gateway.backends import Backends
 from services.gateway.client_writes import ClientWrites
 from services.gateway.listener import Callbacks, Listener
-from services.gateway.pipeline import Spoken, Turn, TurnLimits, validate_text
+from services.gateway.pipeline import Turn
 from services.gateway.session import Session
+from services.gateway.turn_request import Spoken, TurnLimits, validate_text
 from services.gateway.voices import resolve_voice
 
 log = logging.getLogger(__name__)

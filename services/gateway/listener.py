@@ -28,7 +28,8 @@ from services.common.audio import BYTES_PER_SAMPLE, resolve_format
 from services.common.errors import InvalidArgument, ServiceError
 from services.encoder.speech_input import check_rate
 from services.gateway.backends import Backends, Replica
-from services.gateway.pipeline import BROKEN_STREAM, STATUS_SECONDS, Spoken, stage_error
+from services.gateway.pipeline import BROKEN_STREAM, STATUS_SECONDS, stage_error
+from services.gateway.turn_request import Spoken
 
 FIELDS = {"config.": "speech."}  # the encoder's field names → the client's (SpeechInput is the Encode call's config)
 

@@ -28,7 +28,7 @@ from moss.speech.v1 import common_pb2, gateway_pb2
 from services.common.errors import InvalidArgument, NotFound
 from services.common.sampling import PLAYBACK_SPEEDS
 from services.gateway.audio_encoding import check_format
-from services.gateway.pipeline import TurnLimits, validate_text
+from services.gateway.turn_request import TurnLimits, validate_text
 
 MODEL = "moss-speech"
 OPENAI_MODELS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")

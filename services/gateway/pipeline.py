@@ -14,23 +14,21 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import grpc
-from moss.speech.v1 import common_pb2, gateway_pb2, llm_pb2, vocoder_pb2
+from moss.speech.v1 import gateway_pb2, llm_pb2, vocoder_pb2
 
-from services.common.audio import BYTES_PER_SAMPLE, resolve_format
-from services.common.errors import DeadlineExceeded, InvalidArgument, ServiceError, StageError, Unavailable
+from services.common.audio import BYTES_PER_SAMPLE
+from services.common.errors import DeadlineExceeded, ServiceError, StageError, Unavailable
 from services.common.playback import JITTER_SECONDS, PlaybackClock
-from services.common.sampling import resolve_chunking, resolve_sampling, sampling_to_fields
 from services.gateway import metrics
 from services.gateway.admission import Place
 from services.gateway.backends import Backends, Pool, Replica
 from services.gateway.client_writes import ClientWrites
 from services.gateway.headroom import Headroom
 from services.gateway.session import Session
+from services.gateway.turn_request import Spoken, TurnLimits, validate
 from services.gateway.voices import resolve_voice
 
 log = logging.getLogger(__name__)
@@ -42,24 +40,6 @@ STATUS_SECONDS = 1.0         # after a failed write: how long the call's own sta
 # (Turn._client_reading). --client-stall-seconds ends the call later (services/common/interceptor.py).
 CLIENT_HOLD_SECONDS = 0.5
 HOLD_CALL_SECONDS = 2.0  # for the llm to answer a Hold
-
-
-@dataclass(frozen=True)
-class Spoken:
-    """A spoken turn's input: the user's codes (the encoder's) and when the speech ended (time.perf_counter(): the
-    turn's clock starts there)."""
-
-    codes: list[int]
-    ended_at: float
-    encoder_finish_seconds: float = 0.0
-    audio_seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class TurnLimits:
-    max_text_chars: int = 2000
-    max_new_tokens: int = 2048
-    default_timeout: float = 120.0  # seconds, when the client sets no deadline
 
 
 # gRPC core's own status for an operation on a stream whose connection broke under it (a write racing the peer's
@@ -76,40 +56,6 @@ def stage_error(stage: str, code: grpc.StatusCode, details: str | None) -> Servi
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return DeadlineExceeded(f"{stage}: deadline exceeded")
     return StageError(stage, code.name, details or code.name)
-
-
-def validate_text(text: str, limits: TurnLimits, field: str = "text") -> None:
-    if not text.strip():
-        raise InvalidArgument(field, "must not be empty")
-    if len(text) > limits.max_text_chars:
-        raise InvalidArgument(field, f"{len(text)} characters is over the limit of {limits.max_text_chars}")
-
-
-def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits, session: Session | None = None,
-             spoken: Spoken | None = None, text_reply: bool = False) -> tuple[llm_pb2.GenerateRequest, int]:
-    """Everything a client can get wrong is refused here, before any stage is called.
-    session: the turn continues that session (its system prompt replaces the voice's). spoken: the user's turn is
-    these codes, not req.text. text_reply: the reply is text alone.
-    → (the llm request, the resolved audio format)."""
-    if spoken is None:
-        validate_text(req.text, limits)
-    user = {"audio": llm_pb2.SpokenTurn(codes=spoken.codes)} if spoken is not None else {"text": req.text}
-    fmt = resolve_format(req.format, "format")
-    sampling = resolve_sampling(req.sampling if req.HasField("sampling") else None, limits.max_new_tokens)
-    chunking = resolve_chunking(req.chunking if req.HasField("chunking") else None)
-    return llm_pb2.GenerateRequest(
-        request_id=uuid.uuid4().hex,
-        session_id=session.session_id if session else "",
-        history=session.request_history() if session else None,
-        **user,
-        system_prompt=session.system_prompt if session else "",
-        sampling=common_pb2.SamplingParams(**sampling_to_fields(sampling)),
-        chunking=common_pb2.ChunkPolicy(first_chunk_tokens=chunking.first_chunk_tokens,
-                                        second_chunk_tokens=chunking.second_chunk_tokens, chunk_tokens=chunking.chunk_tokens,
-                                        lookahead_frames=chunking.lookahead_frames,
-                                        playback_speed=chunking.playback_speed),
-        output_mode=llm_pb2.OUTPUT_MODE_TEXT if text_reply else llm_pb2.OUTPUT_MODE_AUDIO,
-    ), fmt
 
 
 class Leg:

@@ -13,10 +13,10 @@ from services.gateway import metrics
 from services.gateway.admission import Admission
 from services.gateway.backends import Backends
 from services.gateway.headroom import Headroom, HeadroomRule
-from services.gateway.pipeline import TurnLimits
 from services.gateway.servicer import GatewayServicer
 from services.gateway.settings import GatewaySettings
 from services.gateway.speech import Speech
+from services.gateway.turn_request import TurnLimits
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,8 @@ from moss.speech.v1 import gateway_pb2
 from services.gateway import metrics
 from services.gateway.admission import Admission
 from services.gateway.backends import Backends
-from services.gateway.pipeline import Turn, TurnLimits
+from services.gateway.pipeline import Turn
+from services.gateway.turn_request import TurnLimits
 
 
 class Speech:
