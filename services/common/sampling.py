@@ -99,16 +99,12 @@ def resolve_chunking(msg, prefix: str = "chunking") -> ChunkSettings:
     for name, value in (("first_chunk_tokens", first), ("second_chunk_tokens", second), ("chunk_tokens", later)):
         if value is not None:
             _check(1 <= value <= MAX_CHUNK_TOKENS, f"{prefix}.{name}", f"must be in [1, {MAX_CHUNK_TOKENS}], got {value}")
-    speed = _get(msg, "playback_speed")
-    if speed is not None:
-        _check(PLAYBACK_SPEEDS[0] <= speed <= PLAYBACK_SPEEDS[1], f"{prefix}.playback_speed",
-               f"must be in [{PLAYBACK_SPEEDS[0]}, {PLAYBACK_SPEEDS[1]}], got {speed:g}")
     return ChunkSettings(
         first_chunk_tokens=d.first_chunk_tokens if first is None else first,
         second_chunk_tokens=d.second_chunk_tokens if second is None else second,
         chunk_tokens=d.chunk_tokens if later is None else later,
         lookahead_frames=resolve_lookahead(msg, prefix),
-        playback_speed=d.playback_speed if speed is None else float(speed),
+        playback_speed=resolve_playback_speed(msg, prefix),
     )
 
 
@@ -119,6 +115,16 @@ def resolve_lookahead(msg, prefix: str) -> int | None:
         _check(0 <= value <= MAX_LOOKAHEAD_FRAMES, f"{prefix}.lookahead_frames",
                f"must be in [0, {MAX_LOOKAHEAD_FRAMES}], got {value}")
     return value
+
+
+def resolve_playback_speed(msg, prefix: str) -> float:
+    """A message's optional playback_speed, checked: in PLAYBACK_SPEEDS, or ChunkSettings' default when unset."""
+    value = _get(msg, "playback_speed")
+    if value is None:
+        return ChunkSettings.playback_speed
+    _check(PLAYBACK_SPEEDS[0] <= value <= PLAYBACK_SPEEDS[1], f"{prefix}.playback_speed",
+           f"must be in [{PLAYBACK_SPEEDS[0]}, {PLAYBACK_SPEEDS[1]}], got {value:g}")
+    return float(value)
 
 
 def sampling_to_fields(s: SamplingSettings) -> dict:

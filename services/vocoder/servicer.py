@@ -16,7 +16,7 @@ from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
 from services.common.audio import encode_pcm, resolve_format
 from services.common.errors import DeviceLost, InvalidArgument
-from services.common.sampling import PLAYBACK_SPEEDS, resolve_lookahead
+from services.common.sampling import resolve_lookahead, resolve_playback_speed
 from services.vocoder import metrics
 from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_GENERATE_WAIT, SolveWorker
 from services.vocoder.streamer import MelStreamer
@@ -105,7 +105,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
             raise InvalidArgument("config", "the first message of a Vocode stream must be a config")
         fmt = resolve_format(first.config.format, "config.format")
         lookahead = resolve_lookahead(first.config, "config")  # this stream's trade of latency for exactness
-        speed = resolve_speed(first.config)
+        speed = resolve_playback_speed(first.config, "config")  # the listener's clock, for each chunk's slack
         rate = self.vocoder.sample_rate
         try:
             streamer = MelStreamer(self.vocoder, self.left_context, self.lookahead if lookahead is None else lookahead,
@@ -161,13 +161,3 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
             streamer.close()
             metrics.ACTIVE_STREAMS.dec()
 
-
-def resolve_speed(config) -> float:
-    """The config's playback_speed, checked: in PLAYBACK_SPEEDS, 1 when unset."""
-    if not config.HasField("playback_speed"):
-        return 1.0
-    speed = config.playback_speed
-    if not PLAYBACK_SPEEDS[0] <= speed <= PLAYBACK_SPEEDS[1]:
-        raise InvalidArgument("config.playback_speed", f"must be in [{PLAYBACK_SPEEDS[0]}, {PLAYBACK_SPEEDS[1]}], "
-                                                       f"got {speed}")
-    return speed
