@@ -35,7 +35,9 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: measure.py, llm_engine.py, codec_flow_profile.py
+from measure import sync  # noqa: E402
+
 ARMS_ONE_PROCESS = ("same priority", "llm high", "vocoder high")
 
 
@@ -46,8 +48,9 @@ class LlmLoop:
 
     def __init__(self, size: str, device: torch.device, batch: int, context: int, kv_gb: float,
                  quantization: str = "none"):
-        from services.common.sampling import ChunkSettings, SamplingSettings
-        from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngine
+        from llm_engine import Prompts
+
+        from services.llm.engine.engine import EngineConfig, LLMEngine
         from services.llm.model.checkpoint import random_model
         from services.llm.model.config import preset
         from services.llm.model.tokenizer import tiny_tokenizer
@@ -64,15 +67,7 @@ class LlmLoop:
         self.new_tokens = min(blocks * config.block_size // batch, config.max_model_len) - context - 2 * config.block_size
         if self.new_tokens < 64:
             raise SystemExit(f"--kv-gb {kv_gb}: {blocks} blocks leave {self.new_tokens} tokens a sequence")
-        limit = min(cfg.vocab_size, 150000, cfg.endoftext_token_id)
-        g = torch.Generator().manual_seed(1)
-
-        def request(i: int):
-            text = torch.randint(0, limit, (context - 1,), generator=g).tolist() + [cfg.sosp_token_id]
-            s = SamplingSettings(temperature=0.6, max_new_tokens=self.new_tokens, min_new_tokens=self.new_tokens, seed=i)
-            return GenerationRequest(f"r{i}", s, ChunkSettings(), text_ids=text)
-
-        self.request, self.count = request, 0
+        self.prompts = Prompts(cfg)  # fresh random prompts: no prefix-cache hits
 
     def prepare(self) -> None:
         """Fresh sequences, stepped until all are decoding (their prefills are not timed)."""
@@ -80,8 +75,7 @@ class LlmLoop:
         for seq_id in list(e.sequences):
             e.abort(seq_id)
         for _ in range(self.batch):
-            self.count += 1
-            e.add(e.make_sequence(self.request(self.count)))
+            e.add(e.make_sequence(self.prompts.request(self.context, self.new_tokens)))
         while e.scheduler.waiting or any(s.num_steps == 0 for s in e.scheduler.running):
             e.step()
         for _ in range(3):
@@ -138,11 +132,6 @@ class VocoderLoop:
                 calls += 1
         wall = time.perf_counter() - start
         return {"loop": "vocoder", "calls": calls, "seconds": wall, "ms": wall / calls * 1e3}
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def stream_for(device: torch.device, priority: int):
@@ -321,7 +310,6 @@ def main() -> None:
     p.add_argument("--role", choices=["llm", "vocoder", "both"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role:
-        sys.path.insert(0, str(HERE))
         return child(args)
     shares = [int(s) for s in args.mps_llm_threads.split(",") if s.strip()]
     if args.device != "cuda":
