@@ -174,4 +174,9 @@ def test_mixed_load_leaves_nothing_behind(bounded):
             break
         assert time.monotonic() < deadline, f"left behind after the load: {left}"
         time.sleep(0.2)
-    assert metric_value(text["gateway"], "gateway_admissions_refused_total") == sum(REFUSED.values())
+    # A refusal can race a "deadline" client's 20-300 ms deadline: the gateway counts it, the client sees
+    # DEADLINE_EXCEEDED. So the gateway's count lies between the refusals the clients saw and those plus the calls
+    # that ended on their deadline (each such call ends once, so it hides at most one refusal).
+    refused = metric_value(text["gateway"], "gateway_admissions_refused_total")
+    seen, hidden = sum(REFUSED.values()), codes["DEADLINE_EXCEEDED"]
+    assert seen <= refused <= seen + hidden, (refused, seen, hidden)
