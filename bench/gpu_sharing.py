@@ -6,6 +6,11 @@ each alone and both at once, arranged four ways:
 - one process (one CUDA context), each loop on a thread and a CUDA stream of its own: both streams at the same
   priority, the llm's at high priority, or the vocoder's at high priority.
 
+MPS arms can also cap the vocoder (--mps-vocoder-threads), put each process on a green context of its own
+multiprocessors (--green-llm-sms: the llm on that many, the vocoder on the rest; bench/green_context.py), and put a
+stand-in in the llm's place that keeps one property of its step (--neighbors: bench/gpu_neighbors.py). Each child
+checks its bf16 products (some MPS shares make cuBLAS wrong) and each phase records the SM clock and power.
+
 Why: beside the vocoder under MPS the llm's step takes 12-16 ms against 6.4 alone, and each of the two runs 2-3x
 slower beside the other than alone; in one context no share is fixed, and a stream's priority puts its kernels'
 blocks ahead of the other's as multiprocessors free up.
@@ -13,6 +18,10 @@ blocks ahead of the other's as multiprocessors free up.
     python bench/gpu_sharing.py --json out.json                         # real size: one H100/H200, ~4 minutes
     python bench/gpu_sharing.py --quantization fp8 --no-one-process     # the llm's products in FP8, under MPS only
     python bench/gpu_sharing.py --size tiny --device cpu --seconds 1    # a smoke run of the machinery (no MPS)
+    python bench/gpu_sharing.py --no-one-process --mps-llm-threads 25 --neighbors llm,read,read-evict-first,spin
+                                                # what in the llm's step slows the vocoder (bench/gpu_neighbors.py)
+    python bench/gpu_sharing.py --no-one-process --mps-llm-threads 100 --green-llm-sms 32 --neighbors llm,spin,read
+                                                # the same with the two on separate multiprocessors
 
 The llm: --batch sequences of --context positions, all decoding, steps back to back (LLMEngine.step(), bf16, its
 CUDA graphs). The vocoder: steady flow calls of --windows streams' 20-token windows (codec FlowTokenDecoder with
@@ -36,102 +45,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: measure.py, llm_engine.py, codec_flow_profile.py
-from measure import sync  # noqa: E402
+from gpu_loops import LlmLoop, VocoderLoop, neighbor_loop  # noqa: E402
 
 ARMS_ONE_PROCESS = ("same priority", "llm high", "vocoder high")
-
-
-# ---- the two loops (run inside a child) ----------------------------------------------------------------------
-
-class LlmLoop:
-    """B sequences decoding, stepped back to back."""
-
-    def __init__(self, size: str, device: torch.device, batch: int, context: int, kv_gb: float,
-                 quantization: str = "none"):
-        from llm_engine import Prompts
-
-        from services.llm.engine.engine import EngineConfig, LLMEngine
-        from services.llm.model.checkpoint import random_model
-        from services.llm.model.config import preset
-        from services.llm.model.tokenizer import tiny_tokenizer
-
-        cfg = preset("moss-speech" if size == "real" else "tiny")
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        model = random_model(cfg, device=device, dtype=dtype)
-        config = EngineConfig(kv_cache_bytes=int(kv_gb * (1 << 30)), max_num_seqs=batch, max_num_batched_tokens=2048,
-                              max_model_len=8192, quantization=quantization)
-        self.engine = LLMEngine(model, tiny_tokenizer(preset("tiny")), config)
-        self.batch, self.context, self.device = batch, context, device
-        blocks = self.engine.block_manager.num_blocks
-        # what the pool holds for each sequence, less its prompt and two blocks of margin
-        self.new_tokens = min(blocks * config.block_size // batch, config.max_model_len) - context - 2 * config.block_size
-        if self.new_tokens < 64:
-            raise SystemExit(f"--kv-gb {kv_gb}: {blocks} blocks leave {self.new_tokens} tokens a sequence")
-        self.prompts = Prompts(cfg)  # fresh random prompts: no prefix-cache hits
-
-    def prepare(self) -> None:
-        """Fresh sequences, stepped until all are decoding (their prefills are not timed)."""
-        e = self.engine
-        for seq_id in list(e.sequences):
-            e.abort(seq_id)
-        for _ in range(self.batch):
-            e.add(e.make_sequence(self.prompts.request(self.context, self.new_tokens)))
-        while e.scheduler.waiting or any(s.num_steps == 0 for s in e.scheduler.running):
-            e.step()
-        for _ in range(3):
-            e.step()
-        sync(self.device)
-
-    def run(self, seconds: float) -> dict:
-        e, steps = self.engine, 0
-        start = time.perf_counter()
-        while time.perf_counter() - start < seconds and steps < self.new_tokens - 8:
-            e.step()
-            if e.last_step.decode_tokens != self.batch or e.last_step.prefill_tokens:
-                raise RuntimeError(f"step {steps} was not a pure decode step of {self.batch}: {e.last_step}")
-            steps += 1
-        sync(self.device)
-        wall = time.perf_counter() - start
-        return {"loop": "llm", "steps": steps, "seconds": wall, "ms": wall / steps * 1e3}
-
-
-class VocoderLoop:
-    """Steady flow calls of W streams' 20-token windows, each waited for."""
-
-    def __init__(self, size: str, device: torch.device, windows: int):
-        from codec_flow_profile import CHUNK, WARM_CHUNKS, steady_rows
-
-        from services.vocoder.codec.checkpoint import random_codec
-        from services.vocoder.codec.config import moss_speech, tiny
-        from services.vocoder.codec.decoder import FlowTokenDecoder
-        from services.vocoder.codec.voice import random_voice
-
-        cfg = moss_speech() if size == "real" else tiny()
-        voice = random_voice(cfg.flow, prompt_tokens=40, seed=3)
-        g = torch.Generator().manual_seed(1)
-        tokens = torch.randint(0, cfg.flow.vocab_size, (windows, sum(WARM_CHUNKS) + CHUNK), generator=g).tolist()
-        self.decoder = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=windows)
-        self.decoder.set_voices([voice])
-        with torch.inference_mode():
-            self.rows = steady_rows(self.decoder, voice, tokens)
-        self.windows, self.device = windows, device
-
-    def prepare(self) -> None:
-        with torch.inference_mode():
-            self.decoder.decode_chunks(self.rows)  # its graph, captured on the first call
-        sync(self.device)
-
-    def run(self, seconds: float) -> dict:
-        calls, stream = 0, torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        start = time.perf_counter()
-        with torch.inference_mode():
-            while time.perf_counter() - start < seconds:
-                self.decoder.decode_chunks(self.rows)
-                if stream is not None:
-                    stream.synchronize()  # the worker reads each call's audio back before the next
-                calls += 1
-        wall = time.perf_counter() - start
-        return {"loop": "vocoder", "calls": calls, "seconds": wall, "ms": wall / calls * 1e3}
+NEIGHBORS = ("llm", "llm-triton", "llm-triton-evict-first", "read", "read-evict-first", "spin")  # gpu_neighbors.py
 
 
 def stream_for(device: torch.device, priority: int):
@@ -170,15 +87,36 @@ def side_by_side(llm: LlmLoop, vocoder: VocoderLoop, seconds: float, llm_priorit
     return sorted(out, key=lambda r: r["loop"])
 
 
+def products_checked(device: torch.device) -> str:
+    """Whether cuBLAS's bf16 products are right in this process (under MPS some shares make them wrong:
+    services/common/matmul_check.py): "right", or the fault's message."""
+    if device.type != "cuda":
+        return "not checked (cpu)"
+    from services.common.matmul_check import MatmulFault, check_matmul
+
+    try:
+        check_matmul(device)
+        return "right"
+    except MatmulFault as fault:
+        return str(fault)
+
+
 def child(args) -> None:
     """Build the loops this role needs, then answer commands from stdin, one JSON line each on stdout."""
     sys.setswitchinterval(0.0005)  # two Python threads launching work: hand the GIL over often
     device = torch.device(args.device)
-    llm = (LlmLoop(args.size, device, args.batch, args.context, args.kv_gb, args.quantization)
-           if args.role in ("llm", "both") else None)
+    sms = None
+    if args.green:  # before PyTorch touches the GPU: this thread's context is the green one from here on
+        import gpu_neighbors
+        from green_context import make_current
+
+        part, num_sms = args.green.split(":")
+        make_current(int(num_sms), part)
+        sms = gpu_neighbors.sm_ids(device)
+    llm = neighbor_loop(args, device) if args.role in ("llm", "both") else None
     vocoder = VocoderLoop(args.size, device, args.windows) if args.role in ("vocoder", "both") else None
     loops = {"llm": llm, "vocoder": vocoder}
-    print(json.dumps({"ready": args.role}), flush=True)
+    print(json.dumps({"ready": args.role, "products": products_checked(device), "sms": sms}), flush=True)
     for line in sys.stdin:
         command = line.strip()
         if command == "quit":
@@ -205,14 +143,18 @@ def child(args) -> None:
 # ---- the parent: children, MPS, the table ---------------------------------------------------------------------
 
 class Child:
-    def __init__(self, role: str, args, env: dict | None = None):
+    def __init__(self, role: str, args, env: dict | None = None, neighbor: str = "llm", green: str = ""):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--size", args.size, "--device",
                args.device, "--batch", str(args.batch), "--context", str(args.context), "--windows", str(args.windows),
-               "--seconds", str(args.seconds), "--kv-gb", str(args.kv_gb), "--quantization", args.quantization]
+               "--seconds", str(args.seconds), "--kv-gb", str(args.kv_gb), "--quantization", args.quantization,
+               "--neighbor", neighbor] + (["--green", green] if green else [])
         self.role = role
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
-        self.read()  # {"ready": role}
+        ready = self.read()  # {"ready": role, "products": ..., "sms": the multiprocessors it runs on, if green}
+        self.products, self.sms = ready["products"], ready["sms"]
+        if self.products != "right":
+            print(f"  [{role}] PRODUCTS WRONG: {self.products}", flush=True)
 
     def send(self, line: str) -> None:
         self.proc.stdin.write(line + "\n")
@@ -237,6 +179,25 @@ class Child:
             self.proc.wait(60)
 
 
+class Clocks:
+    """The GPU's SM clock and power while a phase runs (nvidia-smi every 100 ms): is a loop slower beside the other
+    because the GPU clocks down? → mean SM MHz and watts, in `.reading`."""
+
+    QUERY = ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "100"]
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(self.QUERY, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        text = self.proc.communicate(timeout=10)[0]
+        samples = [[float(v) for v in line.split(",")] for line in text.splitlines() if line.count(",") == 1]
+        samples = samples[2:-2] or samples  # leave out the phase's edges
+        self.reading = ({"sm_mhz": round(sum(s[0] for s in samples) / len(samples)),
+                         "watts": round(sum(s[1] for s in samples) / len(samples))} if samples else {})
+
+
 def one_process(args, out: dict) -> None:
     c = Child("both", args)
     try:
@@ -251,32 +212,62 @@ def mps_arms(args, out: dict) -> None:
     from services.mps import MpsDaemon
 
     with MpsDaemon() as mps:
-        for share in out["mps_llm_threads"]:
-            llm = Child("llm", args, {**mps.env(), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share)})
-            vocoder = Child("vocoder", args, mps.env())
+        for vocoder_share in out["mps_vocoder_threads"]:
+            # one vocoder for every arm at its share; 100: uncapped, as the stack runs it
+            vocoder = Child("vocoder", args, {**mps.env(), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(vocoder_share)},
+                            green=f"rest:{args.green_llm_sms}" if args.green_llm_sms else "")
             try:
-                out["arms"][f"mps {share}%: llm"] = llm.ask("llm")
-                out["arms"][f"mps {share}%: vocoder"] = vocoder.ask("vocoder")
+                vocoder_arms(args, out, mps, vocoder, vocoder_share)
+            finally:
+                vocoder.close()
+
+
+def vocoder_arms(args, out: dict, mps, vocoder: Child, vocoder_share: int) -> None:
+    """Each llm share and neighbor beside this vocoder: each alone, then both at once."""
+    for share in out["mps_llm_threads"]:
+        for neighbor in out["neighbors"]:
+            arm = mps_arm(share, neighbor, vocoder_share)
+            llm = Child("llm", args, {**mps.env(), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(share)}, neighbor,
+                        green=f"first:{args.green_llm_sms}" if args.green_llm_sms else "")
+            out["products"][arm] = {"llm": llm.products, "vocoder": vocoder.products}
+            if args.green_llm_sms:  # (under MPS %smid counts within a context: how many, not which)
+                out["sms"][arm] = {"llm": len(llm.sms), "vocoder": len(vocoder.sms)}
+                log(f"{arm}: green contexts, the llm's kernels on {len(llm.sms)} multiprocessors, the vocoder's on "
+                    f"{len(vocoder.sms)}")
+            try:
+                clocks = out["clocks"][arm] = {}
+                for loop, c in (("llm", llm), ("vocoder", vocoder)):
+                    with Clocks() as k:
+                        out["arms"][f"{arm}: {loop}"] = c.ask(loop)
+                    clocks[loop] = k.reading
                 for c in (llm, vocoder):
                     c.send("ready")
                 for c in (llm, vocoder):
                     c.read()  # {"prepared": ...}
-                for c in (llm, vocoder):
-                    c.send("go")
-                both = [llm.read()["results"][0], vocoder.read()["results"][0]]
-                out["arms"][f"mps {share}%: both"] = both
-                log(f"mps {share}%: {out['arms'][f'mps {share}%: llm']} {out['arms'][f'mps {share}%: vocoder']} {both}")
+                with Clocks() as k:
+                    for c in (llm, vocoder):
+                        c.send("go")
+                    both = [llm.read()["results"][0], vocoder.read()["results"][0]]
+                clocks["both"] = k.reading
+                out["arms"][f"{arm}: both"] = both
+                log(f"{arm}: {out['arms'][f'{arm}: llm']} {out['arms'][f'{arm}: vocoder']} {both}; clocks {clocks}")
             finally:
                 llm.close()
-                vocoder.close()
+
+
+def mps_arm(share: int, neighbor: str, vocoder_share: int = 100) -> str:
+    """An MPS arm's name: the stack's arrangement keeps the names of the runs before --neighbors."""
+    name = f"mps {share}%" if neighbor == "llm" else f"mps {share}% {neighbor}"
+    return name if vocoder_share == 100 else f"{name}, vocoder {vocoder_share}%"
 
 
 def table(out: dict) -> str:
     arms = out["arms"]
     rows = ["| arrangement | llm step alone | vocoder call alone | llm step beside | vocoder call beside | llm speed "
             "beside / alone | vocoder's | sum |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    groups = [(f"mps, llm at {s}%", f"mps {s}%: llm", f"mps {s}%: vocoder", f"mps {s}%: both")
-              for s in out["mps_llm_threads"]]
+    groups = [(f"mps, {n} at {s}%" + ("" if v == 100 else f", vocoder at {v}%"), f"{mps_arm(s, n, v)}: llm",
+               f"{mps_arm(s, n, v)}: vocoder", f"{mps_arm(s, n, v)}: both")
+              for v in out["mps_vocoder_threads"] for s in out["mps_llm_threads"] for n in out["neighbors"]]
     groups += [(f"one process, {a}", "one process: llm", "one process: vocoder", f"one process: {a}")
                for a in ARMS_ONE_PROCESS]
     for name, a_llm, a_voc, a_both in groups:
@@ -287,6 +278,12 @@ def table(out: dict) -> str:
         s_llm, s_voc = llm_alone / both["llm"], voc_alone / both["vocoder"]
         rows.append(f"| {name} | {llm_alone:.2f} ms | {voc_alone:.1f} ms | {both['llm']:.2f} ms | "
                     f"{both['vocoder']:.1f} ms | {s_llm:.2f} | {s_voc:.2f} | {s_llm + s_voc:.2f} |")
+    if out.get("clocks"):
+        rows += ["", "| MPS arm | SM MHz, watts: llm alone | vocoder alone | both |", "| --- | --- | --- | --- |"]
+        for arm, c in out["clocks"].items():
+            cells = [f"{c[k].get('sm_mhz', '-')} MHz, {c[k].get('watts', '-')} W" if k in c else "-"
+                     for k in ("llm", "vocoder", "both")]
+            rows.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -306,6 +303,14 @@ def main() -> None:
     p.add_argument("--quantization", default="none", choices=["none", "fp8"], help="the llm's layer products")
     p.add_argument("--mps-llm-threads", default="25,100", help="MPS arms: the llm's shares (empty: no MPS arm)")
     p.add_argument("--no-one-process", action="store_true", help="leave out the one-process arms")
+    p.add_argument("--mps-vocoder-threads", default="100", help="MPS arms: the vocoder's shares (100: uncapped)")
+    p.add_argument("--neighbors", default="llm",
+                   help="MPS arms: what runs at the llm's share beside the vocoder (bench/gpu_neighbors.py)")
+    p.add_argument("--green-llm-sms", type=int, default=0,
+                   help="MPS arms: the llm on a green context of this many multiprocessors, the vocoder on one of the "
+                        "rest (bench/green_context.py; 0: none)")
+    p.add_argument("--neighbor", default="llm", help=argparse.SUPPRESS)
+    p.add_argument("--green", default="", help=argparse.SUPPRESS)
     p.add_argument("--json")
     p.add_argument("--role", choices=["llm", "vocoder", "both"], help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -314,7 +319,12 @@ def main() -> None:
     shares = [int(s) for s in args.mps_llm_threads.split(",") if s.strip()]
     if args.device != "cuda":
         shares = []
+    neighbors = [n for n in args.neighbors.split(",") if n]
+    if unknown := set(neighbors) - set(NEIGHBORS):
+        p.error(f"--neighbors: unknown {sorted(unknown)}; choose from {', '.join(NEIGHBORS)}")
     out = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "mps_llm_threads": shares,
+           "neighbors": neighbors, "products": {}, "sms": {}, "clocks": {},
+           "mps_vocoder_threads": [int(s) for s in args.mps_vocoder_threads.split(",") if s.strip()],
            "settings": {k: v for k, v in vars(args).items() if k != "role"}, "arms": {}}
     if args.device == "cuda":
         out["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
@@ -324,7 +334,9 @@ def main() -> None:
     if shares:
         mps_arms(args, out)
     print(f"\n{out.get('gpu', 'cpu')}, {out['date']}: llm {args.batch} x {args.context} decoding (bf16, graphs, "
-          f"quantization {args.quantization}), vocoder flow calls of {args.windows} windows; {args.seconds:.0f} s a loop")
+          f"quantization {args.quantization}), vocoder flow calls of {args.windows} windows; {args.seconds:.0f} s a loop"
+          + (f"; MPS arms on green contexts, the llm's of {args.green_llm_sms} multiprocessors, the vocoder's of the rest"
+             if args.green_llm_sms else ""))
     print(table(out))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

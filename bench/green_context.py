@@ -1,0 +1,56 @@
+"""A process's CUDA work on a fixed set of multiprocessors: a CUDA green context, made current before PyTorch starts
+(for `bench/gpu_sharing.py --green-llm-sms`).
+
+Under MPS a client's share (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) limits how many multiprocessors its kernels occupy at
+once, not which: the llm's kernels and the vocoder's land on the same ones and slow each other (a neighbor that only
+spins in registers at 25% slowed the vocoder's calls to 0.4 of their speed). Static MPS partitions
+(`nvidia-cuda-mps-control -S`) need a newer driver than 580. A green context is a context over a given group of
+multiprocessors. Both processes split the device the same way, by the driver's own deterministic split: the llm takes
+the first group of N, the vocoder the rest, so the two sets do not overlap.
+
+The driver API through ctypes, in the order PyTorch's own GreenContext uses it (cuDeviceGetDevResource,
+cuDevSmResourceSplitByCount, cuDevResourceGenerateDesc, cuGreenCtxCreate, cuCtxFromGreenCtx), then cuCtxSetCurrent
+on the calling thread: the runtime, and so PyTorch, uses the context current on a thread. Only this thread's work
+is confined; other threads would start on the primary context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+CU_DEV_RESOURCE_TYPE_SM = 1
+CU_GREEN_CTX_DEFAULT_STREAM = 1
+RESOURCE_BYTES = 1024  # a CUdevResource is 144 bytes in CUDA 12.4's header; room for a later, larger one
+SM_COUNT_OFFSET = 96   # its `type` (4 bytes) and 92 bytes of padding come before the SM resource's smCount
+
+
+def _check(lib, result: int, what: str) -> None:
+    if result != 0:
+        name = ctypes.c_char_p()
+        lib.cuGetErrorName(result, ctypes.byref(name))
+        raise RuntimeError(f"{what} failed: {name.value.decode() if name.value else result}")
+
+
+def make_current(num_sms: int, part: str, device_index: int = 0) -> int:
+    """Split the device's multiprocessors into a first group of `num_sms` and the rest; make a green context over
+    `part` ("first" or "rest") current on this thread. → the number of multiprocessors it holds."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    _check(lib, lib.cuInit(0), "cuInit")
+    device = ctypes.c_int()
+    _check(lib, lib.cuDeviceGet(ctypes.byref(device), device_index), "cuDeviceGet")
+    whole = ctypes.create_string_buffer(RESOURCE_BYTES)
+    _check(lib, lib.cuDeviceGetDevResource(device, whole, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource")
+    first, rest = ctypes.create_string_buffer(RESOURCE_BYTES), ctypes.create_string_buffer(RESOURCE_BYTES)
+    groups = ctypes.c_uint(1)
+    _check(lib, lib.cuDevSmResourceSplitByCount(first, ctypes.byref(groups), whole, rest, 0, num_sms),
+           "cuDevSmResourceSplitByCount")
+    chosen = first if part == "first" else rest
+    desc = ctypes.c_void_p()
+    _check(lib, lib.cuDevResourceGenerateDesc(ctypes.byref(desc), chosen, 1), "cuDevResourceGenerateDesc")
+    green = ctypes.c_void_p()
+    _check(lib, lib.cuGreenCtxCreate(ctypes.byref(green), desc, device, CU_GREEN_CTX_DEFAULT_STREAM),
+           "cuGreenCtxCreate")
+    context = ctypes.c_void_p()
+    _check(lib, lib.cuCtxFromGreenCtx(ctypes.byref(context), green), "cuCtxFromGreenCtx")
+    _check(lib, lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+    return ctypes.c_uint.from_buffer_copy(chosen.raw[SM_COUNT_OFFSET:SM_COUNT_OFFSET + 4]).value
