@@ -89,19 +89,47 @@ class Admission:
         ahead = (len(self.waiting) + 1) / self.max_turns if ahead is None else ahead
         return min(max(mean * ahead, RETRY_MIN), RETRY_MAX)
 
-    @contextlib.asynccontextmanager
-    async def turn(self, deadline: float | None, client: str | None = None, ongoing: bool = False):
-        """Hold a running place for the body; wait for one (until `deadline` seconds from now) if needed.
-        client: who asks (client_of), counted against max_per_client; ongoing: a turn of a session answered before."""
-        if client is None or not self.max_per_client:
-            async with self._place(deadline, ongoing) as place:
-                yield place
-            return
-        if self.by_client[client] >= self.max_per_client:
+    def turn(self, deadline: float | None, client: str | None = None, ongoing: bool = False):
+        """`async with admission.turn(...) as place`: hold a running place for the body; wait for one (until
+        `deadline` seconds from now) if needed. client: who asks (client_of), counted against max_per_client;
+        ongoing: a turn of a session answered before. A turn that cannot be taken is refused (ResourceExhausted)
+        by this call itself, before any context manager is made: in a burst of refusals each one's own work
+        delays the last."""
+        counted = client is not None and bool(self.max_per_client)
+        if counted and self.by_client[client] >= self.max_per_client:
             metrics.ADMISSIONS_REFUSED_CLIENT.inc()
             raise ResourceExhausted(f"this client has {self.by_client[client]} turns running or waiting "
                                     f"(--max-turns-per-client {self.max_per_client})",
                                     retry_after=self.retry_after(ahead=1 / self.by_client[client]))
+        self._refuse_if_full(ongoing)
+        # (nothing can run between these checks and the place taken: entering _turn does not suspend before it)
+        return self._turn(deadline, client if counted else None, ongoing)
+
+    def _refuse_if_full(self, ongoing: bool) -> None:
+        """ResourceExhausted when the stages have no headroom for another turn, or every place and queue slot is
+        taken."""
+        if self.headroom is not None:
+            now = time.perf_counter()
+            admitted = self.headroom.admits(now, self.running, reserve=ONGOING_RESERVE if ongoing else 0.0)
+            metrics.HEADROOM_LIMIT.set(self.headroom.limit)
+            self._log_limit(now)
+            if not admitted:
+                metrics.HEADROOM_REFUSED.inc()
+                raise ResourceExhausted(f"no headroom: {self.running} turns running, as many as the stages serve in "
+                                        f"time now ({self.headroom.last_reason}; --admission headroom)",
+                                        retry_after=self.retry_after(ahead=1 / max(self.running, 1)))
+        if (self.running >= self.max_turns or self.waiting) and len(self.waiting) >= self.max_queued:
+            metrics.ADMISSIONS_REFUSED.inc()
+            raise ResourceExhausted(f"gateway busy: {self.running} turns running and {len(self.waiting)} waiting "
+                                    f"(--max-turns {self.max_turns}, --max-queued-turns {self.max_queued})",
+                                    retry_after=self.retry_after())
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, deadline: float | None, client: str | None, ongoing: bool):
+        if client is None:
+            async with self._place(deadline, ongoing) as place:
+                yield place
+            return
         self.by_client[client] += 1
         try:
             async with self._place(deadline, ongoing) as place:
@@ -113,22 +141,7 @@ class Admission:
 
     @contextlib.asynccontextmanager
     async def _place(self, deadline: float | None, ongoing: bool = False):
-        if self.headroom is not None:
-            now = time.perf_counter()
-            admitted = self.headroom.admits(now, self.running, reserve=ONGOING_RESERVE if ongoing else 0.0)
-            metrics.HEADROOM_LIMIT.set(self.headroom.limit)
-            self._log_limit(now)
-            if not admitted:
-                metrics.HEADROOM_REFUSED.inc()
-                raise ResourceExhausted(f"no headroom: {self.running} turns running, as many as the stages serve in "
-                                        f"time now ({self.headroom.last_reason}; --admission headroom)",
-                                        retry_after=self.retry_after(ahead=1 / max(self.running, 1)))
-        if self.running >= self.max_turns or self.waiting:
-            if len(self.waiting) >= self.max_queued:
-                metrics.ADMISSIONS_REFUSED.inc()
-                raise ResourceExhausted(f"gateway busy: {self.running} turns running and {len(self.waiting)} waiting "
-                                        f"(--max-turns {self.max_turns}, --max-queued-turns {self.max_queued})",
-                                        retry_after=self.retry_after())
+        if self.running >= self.max_turns or self.waiting:  # (a queue slot is free: _refuse_if_full said so)
             await self._wait(deadline, ongoing)
         else:
             self.running += 1

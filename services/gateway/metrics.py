@@ -89,8 +89,14 @@ HTTP_REQUESTS = Counter("gateway_http_requests_total", "Finished HTTP requests, 
 HTTP_REQUESTS.labels("/v1/audio/speech", "200")  # exported from the start, at 0
 
 
+_REQUESTS_BY_CODE: dict[str, object] = {}  # REQUESTS' child per code: labels() is a lookup under a lock, per call
+
+
 def observe_request(method: str, code: str) -> None:
-    REQUESTS.labels(code).inc()
+    child = _REQUESTS_BY_CODE.get(code)
+    if child is None:
+        child = _REQUESTS_BY_CODE[code] = REQUESTS.labels(code)
+    child.inc()
 
 
 def observe_stalled(method: str) -> None:
