@@ -68,9 +68,9 @@ class GatewaySettings:
                                          type=seconds)
     max_message_bytes: int = option(1 << 20, "largest request message taken, in bytes (a request is text and a few "
                                              "fields); larger: RESOURCE_EXHAUSTED", type=positive(int))
-    max_streams_per_connection: int = option(100, "calls one client connection may have open at once; more wait on "
-                                                  "the client's side (in a burst, a few may be refused UNAVAILABLE: "
-                                                  "never started, safe to retry)", type=positive(int))
+    max_streams_per_connection: int = option(256, "calls one client connection may have open at once; more wait on "
+                                                  "the client's side (in a burst over it, a few may be refused "
+                                                  "UNAVAILABLE: never started, safe to retry)", type=positive(int))
     session_idle_seconds: float = option(300.0, "a Converse session with no message from its client and no turn "
                                                 "running for this long ends", type=positive(float))
     max_new_tokens: int = 2048
