@@ -45,6 +45,19 @@ def _spin_kernel(out_ptr, iters, BLOCK: tl.constexpr):
     tl.store(out_ptr + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), x)
 
 
+def launch_loop(once, device: torch.device, seconds: float, name: str) -> dict:
+    """once() launched back to back for `seconds` (in the llm's place: "steps"); ms is one launch's share."""
+    launches, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        once()
+        launches += 1
+        if launches % 8 == 0:
+            torch.cuda.synchronize(device)  # keep the queue short: the loop ends when told
+    torch.cuda.synchronize(device)
+    wall = time.perf_counter() - start
+    return {"loop": "llm", "neighbor": name, "steps": launches, "seconds": wall, "ms": wall / launches * 1e3}
+
+
 class ReadLoop:
     """Passes over a 2 GiB bf16 buffer, back to back; ms is one pass."""
 
@@ -64,16 +77,8 @@ class ReadLoop:
         torch.cuda.synchronize(self.device)
 
     def run(self, seconds: float) -> dict:
-        passes, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            self.once()
-            passes += 1
-            if passes % 8 == 0:
-                torch.cuda.synchronize(self.device)  # keep the queue short: the loop ends when told
-        torch.cuda.synchronize(self.device)
-        wall = time.perf_counter() - start
-        return {"loop": "llm", "neighbor": f"read {self.evict or 'plain'}", "steps": passes, "seconds": wall,
-                "ms": wall / passes * 1e3, "tb_per_s": passes * self.src.numel() * 2 / wall / 1e12}
+        out = launch_loop(self.once, self.device, seconds, f"read {self.evict or 'plain'}")
+        return {**out, "tb_per_s": out["steps"] * self.src.numel() * 2 / out["seconds"] / 1e12}
 
 
 class SpinLoop:
@@ -90,15 +95,7 @@ class SpinLoop:
     prepare = ReadLoop.prepare
 
     def run(self, seconds: float) -> dict:
-        launches, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            self.once()
-            launches += 1
-            if launches % 8 == 0:
-                torch.cuda.synchronize(self.device)
-        torch.cuda.synchronize(self.device)
-        wall = time.perf_counter() - start
-        return {"loop": "llm", "neighbor": "spin", "steps": launches, "seconds": wall, "ms": wall / launches * 1e3}
+        return launch_loop(self.once, self.device, seconds, "spin")
 
 
 # ---- the llm's decode products in Triton, their weight loads plain or evict-first -------------------------------

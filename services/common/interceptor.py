@@ -119,27 +119,16 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
 
     def _wrap_stream(self, method: str, behavior):
         async def wrapper(request, context: grpc.aio.ServicerContext):
-            code = "OK"
-            try:
+            with _Ending(self, method, context):
                 async for response in behavior(request, context):
                     yield response
-            except asyncio.CancelledError:
-                code = "CANCELLED"
-                raise
-            except Exception as exc:
-                code = self._settle(method, context, exc)
-                if isinstance(exc, grpc.aio.AbortError):
-                    raise
-            finally:
-                self.on_done(method, code)
 
         return wrapper
 
     def _wrap_writes(self, method: str, behavior):
         """As _wrap_stream, but each response is written within write_timeout (the module's docstring)."""
         async def wrapper(request, context: grpc.aio.ServicerContext):
-            code = "OK"
-            try:
+            with _Ending(self, method, context):
                 async with contextlib.aclosing(behavior(request, context)) as inner:  # closed, and its cleanup run,
                     async for response in inner:                                     # before the status goes out
                         try:
@@ -147,15 +136,6 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                         except ClientStalled:
                             self.on_stalled(method)
                             raise
-            except asyncio.CancelledError:
-                code = "CANCELLED"
-                raise
-            except Exception as exc:
-                code = self._settle(method, context, exc)
-                if isinstance(exc, grpc.aio.AbortError):
-                    raise
-            finally:
-                self.on_done(method, code)
 
         return wrapper
 
@@ -178,3 +158,25 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         context.set_code(grpc.StatusCode.INTERNAL)
         context.set_details(f"internal error: {type(exc).__name__}: {exc}")
         return "INTERNAL"
+
+
+class _Ending:
+    """How a call ended, around its handler's work: an error becomes its status (ErrorInterceptor._settle) and is
+    not raised on, except a cancellation and the method's own abort(); the code is reported to on_done. A class,
+    not contextlib's generator: one more async generator a call is work in a burst of refusals."""
+
+    def __init__(self, interceptor: ErrorInterceptor, method: str, context: grpc.aio.ServicerContext):
+        self.interceptor, self.method, self.context = interceptor, method, context
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        code, swallow = "OK", False
+        if isinstance(exc, asyncio.CancelledError):
+            code = "CANCELLED"
+        elif isinstance(exc, Exception):
+            code = self.interceptor._settle(self.method, self.context, exc)
+            swallow = not isinstance(exc, grpc.aio.AbortError)
+        self.interceptor.on_done(self.method, code)
+        return swallow
