@@ -21,7 +21,6 @@ import ctypes
 CU_DEV_RESOURCE_TYPE_SM = 1
 CU_GREEN_CTX_DEFAULT_STREAM = 1
 RESOURCE_BYTES = 1024  # a CUdevResource is 144 bytes in CUDA 12.4's header; room for a later, larger one
-SM_COUNT_OFFSET = 96   # its `type` (4 bytes) and 92 bytes of padding come before the SM resource's smCount
 
 
 def _check(lib, result: int, what: str) -> None:
@@ -31,9 +30,9 @@ def _check(lib, result: int, what: str) -> None:
         raise RuntimeError(f"{what} failed: {name.value.decode() if name.value else result}")
 
 
-def make_current(num_sms: int, part: str, device_index: int = 0) -> int:
+def make_current(num_sms: int, part: str, device_index: int = 0) -> None:
     """Split the device's multiprocessors into a first group of `num_sms` and the rest; make a green context over
-    `part` ("first" or "rest") current on this thread. → the number of multiprocessors it holds."""
+    `part` ("first" or "rest") current on this thread. (How many it holds: gpu_neighbors.sm_ids, from a kernel.)"""
     lib = ctypes.CDLL("libcuda.so.1")
     _check(lib, lib.cuInit(0), "cuInit")
     device = ctypes.c_int()
@@ -53,4 +52,3 @@ def make_current(num_sms: int, part: str, device_index: int = 0) -> int:
     context = ctypes.c_void_p()
     _check(lib, lib.cuCtxFromGreenCtx(ctypes.byref(context), green), "cuCtxFromGreenCtx")
     _check(lib, lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")
-    return ctypes.c_uint.from_buffer_copy(chosen.raw[SM_COUNT_OFFSET:SM_COUNT_OFFSET + 4]).value
