@@ -25,7 +25,8 @@ from collections.abc import AsyncIterator, Callable
 
 from services.common.device import PROBE_SECONDS
 from services.common.errors import DeviceLost, Internal, ServiceError
-from services.llm.engine.engine import EngineLoad, LLMEngine, StepStats
+from services.llm.engine.engine import LLMEngine
+from services.llm.engine.stats import EngineLoad, StepStats
 from services.llm.sequence import Chunk, Sequence
 
 log = logging.getLogger(__name__)

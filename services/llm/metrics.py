@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.common.metrics import COUNT_BUCKETS, LATENCY_BUCKETS
-from services.llm.engine.engine import EngineLoad, StepStats
+from services.llm.engine.stats import EngineLoad, StepStats
 from services.llm.sequence import Chunk
 
 QUEUE_WAIT = Histogram("llm_queue_wait_seconds", "Request arrival to first scheduled", buckets=LATENCY_BUCKETS)

@@ -1,7 +1,7 @@
 """The llm engine: requests in, chunks of generated tokens out, one `step()` at a time.
 
 Plain synchronous Python (no gRPC, asyncio or Prometheus here): the service drives `step()` from its
-own thread (async_engine.py) and turns the `StepStats` each step records into metrics.
+own thread (async_engine.py) and turns the `StepStats` each step records into metrics (stats.py).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from services.llm.engine.pins import Pins
 from services.llm.engine.runners import bytes_per_position, make_runner
 from services.llm.engine.sampler import Sampler, Samples
 from services.llm.engine.scheduler import Scheduler
+from services.llm.engine.stats import EngineCounters, EngineLoad, StepStats
 from services.llm.model.model import MossSpeechForCausalLM
 from services.llm.model.prompt import PromptBuilder
 from services.llm.sequence import Chunk, FinishReason, Mode, Sequence
@@ -47,42 +48,6 @@ class GenerationRequest:
     # the history, then this turn (without a system turn of its own).
     history_text_ids: list[int] | None = None
     history_audio_ids: list[int] | None = None
-
-
-@dataclass(frozen=True)
-class EngineLoad:
-    running: int
-    waiting: int
-    blocks_used: int
-    blocks_free: int
-    sessions: int
-    held: int = 0  # running requests held (their listeners stopped taking audio)
-
-
-@dataclass
-class StepStats:
-    """What one step did, with monotonic timings in seconds."""
-
-    duration: float = 0.0
-    batch_size: int = 0
-    prefill_tokens: int = 0     # prompt (or recomputed) positions computed
-    decode_tokens: int = 0
-    token_intervals: list[float] = field(default_factory=list)  # per decode token: since the seq's last token
-    prefill_durations: list[float] = field(default_factory=list)  # first token of a seq: since it was scheduled
-    preemptions: int = 0
-    prefix_hit_tokens: int = 0  # prompt positions served from the cache, for sequences admitted this step
-    prefix_queried_tokens: int = 0
-
-
-@dataclass
-class EngineCounters:
-    """Totals since start, for tests and metrics."""
-
-    prefill_tokens: int = 0
-    decode_tokens: int = 0
-    steps: int = 0
-    steps_ahead: int = 0     # decode steps launched before the previous step's samples reached the host
-    voided_samples: int = 0  # samples of such steps thrown away: the previous sample switched mode or ended
 
 
 @dataclass(eq=False)

@@ -13,7 +13,8 @@ mix them, and in the H200 sweeps the first such step in service (13 prefills and
 from __future__ import annotations
 
 from services.common.sampling import ChunkSettings, SamplingSettings
-from services.llm.engine.engine import EngineCounters, GenerationRequest, LLMEngine
+from services.llm.engine.engine import GenerationRequest, LLMEngine
+from services.llm.engine.stats import EngineCounters
 
 ROUNDS = (1, 2, 4, 16, 33)
 STAGGERED = (1, 3, 13)
