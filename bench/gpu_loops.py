@@ -15,7 +15,7 @@ class LlmLoop:
 
     def __init__(self, size: str, device: torch.device, batch: int, context: int, kv_gb: float,
                  quantization: str = "none"):
-        from llm_engine import Prompts
+        from llm_timing import Prompts
 
         from services.llm.engine.engine import EngineConfig, LLMEngine
         from services.llm.model.checkpoint import random_model
