@@ -42,6 +42,34 @@ def test_places_queue_and_refusal():
     asyncio.run(scenario())
 
 
+def test_a_turn_that_cannot_be_taken_is_refused_by_the_call_itself_and_counts_nothing():
+    """Refusals come from `turn()` before any context manager exists (a burst of them is served one after another),
+    for every reason: the client's own limit, no place and no queue slot. Nothing is counted for them, so the
+    client's next turn, once a place frees, is taken."""
+    async def scenario():
+        adm = Admission(max_turns=1, max_queued=0, max_per_client=1)
+        release = asyncio.Event()
+
+        async def hold():
+            async with adm.turn(None, "client-a"):
+                await release.wait()
+
+        held = asyncio.create_task(hold())
+        await asyncio.sleep(0)
+        for client, why in (("client-a", "this client has 1 turns"), ("client-b", "gateway busy"), (None, "gateway busy")):
+            with pytest.raises(ResourceExhausted, match=why):
+                adm.turn(None, client)  # (not entered, not awaited: the call refuses)
+        assert (adm.running, len(adm.waiting), dict(adm.by_client)) == (1, 0, {"client-a": 1})
+        release.set()
+        await held
+        assert (adm.running, dict(adm.by_client)) == (0, {})
+        async with adm.turn(None, "client-b") as place:  # the refused client's next turn is taken
+            assert place is not None and adm.by_client["client-b"] == 1
+        assert (adm.running, dict(adm.by_client)) == (0, {})
+
+    asyncio.run(scenario())
+
+
 def test_turns_start_a_few_at_a_time_and_each_frees_its_start_slot_at_first_audio_or_its_end():
     """--max-starting-turns 2: four turns admitted at once; two start, the others wait until one has its first audio
     out, or ends without any; a waiter whose deadline passes leaves no slot taken."""
