@@ -160,4 +160,3 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         finally:
             streamer.close()
             metrics.ACTIVE_STREAMS.dec()
-
