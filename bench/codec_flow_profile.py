@@ -8,8 +8,10 @@ calls it: a stream's first call (8 tokens; part of time to first audio) and a st
 each). For each shape: its time in CUDA graphs, then one eager call under the profiler, by kernel (the table's
 share of each kind of kernel says what to fuse next). Variants: `defaults`; `gelu-unfused` (the feed-forward's GELU
 by PyTorch after cuBLAS's product, not in the product's kernel: fused_linear.FUSED off); `attention-one-walk` (each
-attention program walks all of its keys, not in parts side by side: chunk_attention.SPLIT off). Their times, kernel
-counts, and each mel's SNR against the first variant's. (An earlier variant, the feed-forward's GELU as cuBLASLt's
+attention program walks all of its keys, not in parts side by side: chunk_attention.SPLIT off); `no-pdl` (the
+Triton kernels launched plainly, not with programmatic dependent launch: launch.ENABLED off); `triton-products` (the
+estimator's other products by Triton's kernel too, not cuBLAS: fused_linear.PRODUCTS on), `no-pdl-triton-products`.
+Their times, kernel counts, and each mel's SNR against the first variant's. (An earlier variant, the feed-forward's GELU as cuBLASLt's
 epilogue, was not kept: its GELU is the tanh approximation, the reference's is exact.)
 """
 
@@ -24,15 +26,26 @@ import torch
 from codec_estimator import timed
 
 from measure import snr_db
-from services.vocoder.codec import chunk_attention, fused_linear
+from services.vocoder.codec import chunk_attention, fused_linear, launch
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.voice import random_voice
 
-SMALL = chunk_attention.SMALL_TILES_FROM
-VARIANTS = {"defaults": (True, True, SMALL), "gelu-unfused": (False, True, SMALL), "attention-one-walk": (True, False, SMALL),
-            "attention-large-tiles": (True, True, 0)}  # FUSED, SPLIT, SMALL_TILES_FROM
+# Each variant: the module settings it changes from the defaults (module, name, value)
+SETTINGS = [(fused_linear, "FUSED"), (chunk_attention, "SPLIT"), (chunk_attention, "SMALL_TILES_FROM"), (launch, "ENABLED"),
+            (fused_linear, "PRODUCTS")]
+DEFAULTS = {name: getattr(module, name) for module, name in SETTINGS}
+VARIANTS = {"defaults": {}, "gelu-unfused": {"FUSED": False}, "attention-one-walk": {"SPLIT": False},
+            "attention-large-tiles": {"SMALL_TILES_FROM": 0}, "no-pdl": {"ENABLED": False},
+            "triton-products": {"PRODUCTS": True}, "no-pdl-triton-products": {"ENABLED": False, "PRODUCTS": True}}
+
+
+def use(variant: str) -> None:
+    """Set the modules' settings to `variant`'s (the defaults for the rest)."""
+    values = {**DEFAULTS, **VARIANTS[variant]}
+    for module, name in SETTINGS:
+        setattr(module, name, values[name])
 WARM_CHUNKS = (8, 5, 10, 20)   # the gateway's schedule up to the steady state
 CHUNK = 20
 
@@ -81,7 +94,7 @@ def main():
     tokens = torch.randint(0, cfg.flow.vocab_size, (max(counts), sum(WARM_CHUNKS) + CHUNK), generator=g).tolist()
     mels = {}
     for variant in args.variants.split(","):
-        fused_linear.FUSED, chunk_attention.SPLIT, chunk_attention.SMALL_TILES_FROM = VARIANTS[variant]
+        use(variant)
         d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=sum(counts) + 1)  # (a history slot each)
         d.set_voices([voice])
         shapes = {"first call, 1 stream": [(tokens[0][:8], d.start(voice))]}
@@ -94,7 +107,7 @@ def main():
             mels.setdefault(shape, mel)
             cell = {"ms": seconds * 1e3, "snr_vs_first_db": snr_db(mels[shape], mel)}
             out["cells"][f"{variant} | {shape}"] = cell
-            print(f"{variant:14s} {shape:24s} {cell['ms']:7.2f} ms  SNR vs the first variant {cell['snr_vs_first_db']:.1f} dB", flush=True)
+            print(f"{variant:22s} {shape:24s} {cell['ms']:7.2f} ms  SNR vs the first variant {cell['snr_vs_first_db']:.1f} dB", flush=True)
             graphs, d.use_graphs = d.use_graphs, False
             table, count, total = profile_table(lambda: d.decode_chunks(rows))
             d.use_graphs = graphs
@@ -102,12 +115,12 @@ def main():
             print(f"eager: {count} kernels, {total:.2f} ms of kernel time\n{table}", flush=True)
         d = None
         torch.cuda.empty_cache()
-    fused_linear.FUSED, chunk_attention.SPLIT, chunk_attention.SMALL_TILES_FROM = VARIANTS["defaults"]
+    use("defaults")
     print(f"\n{out['gpu']}, torch {out['torch']}, {out['date']}")
-    print(f"{'variant':14s} {'shape':24s} {'graph ms':>8s} {'kernels':>8s} {'SNR dB':>7s}")
+    print(f"{'variant':22s} {'shape':24s} {'graph ms':>8s} {'kernels':>8s} {'SNR dB':>7s}")
     for key, c in out["cells"].items():
         variant, shape = key.split(" | ")
-        print(f"{variant:14s} {shape:24s} {c['ms']:8.2f} {out['profiles'][key]['kernels']:8d} {c['snr_vs_first_db']:7.1f}")
+        print(f"{variant:22s} {shape:24s} {c['ms']:8.2f} {out['profiles'][key]['kernels']:8d} {c['snr_vs_first_db']:7.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
 

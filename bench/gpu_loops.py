@@ -65,14 +65,15 @@ class LlmLoop:
 class VocoderLoop:
     """Steady flow calls of W streams' 20-token windows, each waited for."""
 
-    def __init__(self, size: str, device: torch.device, windows: int):
-        from codec_flow_profile import CHUNK, WARM_CHUNKS, steady_rows
+    def __init__(self, size: str, device: torch.device, windows: int, variant: str = "defaults"):
+        from codec_flow_profile import CHUNK, WARM_CHUNKS, steady_rows, use
 
         from services.vocoder.codec.checkpoint import random_codec
         from services.vocoder.codec.config import moss_speech, tiny
         from services.vocoder.codec.decoder import FlowTokenDecoder
         from services.vocoder.codec.voice import random_voice
 
+        use(variant)  # the flow's kernels as codec_flow_profile's variant (before its graphs are captured)
         cfg = moss_speech() if size == "real" else tiny()
         voice = random_voice(cfg.flow, prompt_tokens=40, seed=3)
         g = torch.Generator().manual_seed(1)

@@ -114,7 +114,7 @@ def child(args) -> None:
         make_current(int(num_sms), part)
         sms = gpu_neighbors.sm_ids(device)
     llm = neighbor_loop(args, device) if args.role in ("llm", "both") else None
-    vocoder = VocoderLoop(args.size, device, args.windows) if args.role in ("vocoder", "both") else None
+    vocoder = VocoderLoop(args.size, device, args.windows, args.flow_variant) if args.role in ("vocoder", "both") else None
     loops = {"llm": llm, "vocoder": vocoder}
     print(json.dumps({"ready": args.role, "products": products_checked(device), "sms": sms}), flush=True)
     for line in sys.stdin:
@@ -147,7 +147,7 @@ class Child:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--size", args.size, "--device",
                args.device, "--batch", str(args.batch), "--context", str(args.context), "--windows", str(args.windows),
                "--seconds", str(args.seconds), "--kv-gb", str(args.kv_gb), "--quantization", args.quantization,
-               "--neighbor", neighbor] + (["--green", green] if green else [])
+               "--neighbor", neighbor, "--flow-variant", args.flow_variant] + (["--green", green] if green else [])
         self.role = role
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
@@ -311,6 +311,7 @@ def main() -> None:
                         "rest (bench/green_context.py; 0: none)")
     p.add_argument("--neighbor", default="llm", help=argparse.SUPPRESS)
     p.add_argument("--green", default="", help=argparse.SUPPRESS)
+    p.add_argument("--flow-variant", default="defaults", help="the vocoder's flow kernels: a codec_flow_profile variant")
     p.add_argument("--json")
     p.add_argument("--role", choices=["llm", "vocoder", "both"], help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -322,6 +323,9 @@ def main() -> None:
     neighbors = [n for n in args.neighbors.split(",") if n]
     if unknown := set(neighbors) - set(NEIGHBORS):
         p.error(f"--neighbors: unknown {sorted(unknown)}; choose from {', '.join(NEIGHBORS)}")
+    from codec_flow_profile import VARIANTS
+    if args.flow_variant not in VARIANTS:
+        p.error(f"--flow-variant: unknown {args.flow_variant!r}; choose from {', '.join(VARIANTS)}")
     out = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "mps_llm_threads": shares,
            "neighbors": neighbors, "products": {}, "sms": {}, "clocks": {},
            "mps_vocoder_threads": [int(s) for s in args.mps_vocoder_threads.split(",") if s.strip()],
@@ -334,7 +338,8 @@ def main() -> None:
     if shares:
         mps_arms(args, out)
     print(f"\n{out.get('gpu', 'cpu')}, {out['date']}: llm {args.batch} x {args.context} decoding (bf16, graphs, "
-          f"quantization {args.quantization}), vocoder flow calls of {args.windows} windows; {args.seconds:.0f} s a loop"
+          f"quantization {args.quantization}), vocoder flow calls of {args.windows} windows ({args.flow_variant}); "
+          f"{args.seconds:.0f} s a loop"
           + (f"; MPS arms on green contexts, the llm's of {args.green_llm_sms} multiprocessors, the vocoder's of the rest"
              if args.green_llm_sms else ""))
     print(table(out))

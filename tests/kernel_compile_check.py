@@ -90,50 +90,53 @@ KERNELS = {
          "out_ptr": BF16, "scratch_ptr": "*fp32"}, (), dict(BC=64, BT=16, CHANNELS_LAST=True)), 4),
     "codec: static-chunk attention with a prompt prefix": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-        dict(H=8, D=64, HISTORY=False, PARTS=1, PREFIX_PARTS=-1, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32")), 4),
+        dict(H=8, D=64, HISTORY=False, PARTS=1, PREFIX_PARTS=-1, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32", PDL=True)), 4),
     "codec: static-chunk attention after a stream's history": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32")), 4),
+        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32", PDL=True)), 4),
     "codec: static-chunk attention after a stream's history, its keys in 4 parts": (chunk_attention._chunk_attention,
         *signature(chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-                   dict(H=8, D=64, HISTORY=True, PARTS=4, PREFIX_PARTS=2, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32")), 4),
+                   dict(H=8, D=64, HISTORY=True, PARTS=4, PREFIX_PARTS=2, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32", PDL=True)), 4),
     "codec: static-chunk attention's parts combined": (chunk_attention._combine_parts, *signature(
         chunk_attention._combine_parts, {"ML": "*fp32", "ACC": "*fp32", "O": BF16}, (),
-        dict(H=8, D=64, PARTS=4, BLOCK_M=32)), 4),
+        dict(H=8, D=64, PARTS=4, BLOCK_M=32, PDL=True)), 4),
     "codec: static-chunk attention, float32 (tests)": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, {name: "*fp32" if kind == BF16 else kind for name, kind in ATTENTION_PTRS.items()},
-        ("scale",), dict(H=2, D=16, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, BLOCK_M=16, BLOCK_N=16, PRECISION="ieee")), 4),
+        ("scale",), dict(H=2, D=16, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, BLOCK_M=16, BLOCK_N=16, PRECISION="ieee", PDL=False)), 4),
     "codec: frame norm (norm, Mish, time term, second norm)": (frame_ops._frame_norm, *signature(
         frame_ops._frame_norm, FRAME_NORM_PTRS, ("eps1", "eps2"),
         dict(NORM=True, MISH=True, ROWS=True, RESIDUAL=False, THEN=True, KEEP=False, HEADS=1, HEAD_D=1, BLOCK_M=16,
-             BLOCK_C=256)), 4),
+             BLOCK_C=256, PDL=True)), 4),
     "codec: frame norm (residual, second norm)": (frame_ops._frame_norm, *signature(
         frame_ops._frame_norm, FRAME_NORM_PTRS, ("eps1", "eps2"),
         dict(NORM=False, MISH=False, ROWS=False, RESIDUAL=True, THEN=True, KEEP=False, HEADS=1, HEAD_D=1, BLOCK_M=16,
-             BLOCK_C=256)), 4),
+             BLOCK_C=256, PDL=True)), 4),
     "codec: frame norm keeping an attention's keys and values": (frame_ops._frame_norm, *signature(
         frame_ops._frame_norm, FRAME_NORM_PTRS, ("eps1", "eps2"),
         dict(NORM=False, MISH=False, ROWS=False, RESIDUAL=True, THEN=True, KEEP=True, HEADS=8, HEAD_D=64, BLOCK_M=16,
-             BLOCK_C=256)), 4),
-    "codec: the feed-forward's first product with its GELU": (fused_linear._linear_gelu, *signature(
-        fused_linear._linear_gelu, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
-        dict(HAS_BIAS=True, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=fused_linear.BLOCK_K)), 4),
+             BLOCK_C=256, PDL=True)), 4),
+    "codec: the feed-forward's first product with its GELU": (fused_linear._linear, *signature(
+        fused_linear._linear, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
+        dict(HAS_BIAS=True, GELU=True, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=fused_linear.BLOCK_K, PDL=True)), 4),
+    "codec: a product without bias, launched without PDL": (fused_linear._linear, *signature(
+        fused_linear._linear, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
+        dict(HAS_BIAS=False, GELU=False, IEEE=False, BLOCK_M=32, BLOCK_N=64, BLOCK_K=fused_linear.BLOCK_K, PDL=False)), 4),
     "codec: causal unfold with a prompt prefix": (frame_ops._causal_unfold, *signature(
         frame_ops._causal_unfold, {"X": BF16, "FRAMES": BF16, "ROWS": "*i64", "KEEP_ROWS": "*i64", "LENGTHS": "*i32",
                                    "OUT": BF16}, (),
-        dict(K=3, LEFT=True, KEEP=False, BLOCK_T=16, BLOCK_C=512)), 4),
+        dict(K=3, LEFT=True, KEEP=False, BLOCK_T=16, BLOCK_C=512, PDL=True)), 4),
     "codec: causal unfold keeping a stream's last frames": (frame_ops._causal_unfold, *signature(
         frame_ops._causal_unfold, {"X": BF16, "FRAMES": BF16, "ROWS": "*i64", "KEEP_ROWS": "*i64", "LENGTHS": "*i32",
                                    "OUT": BF16}, (),
-        dict(K=3, LEFT=True, KEEP=True, BLOCK_T=16, BLOCK_C=512)), 4),
+        dict(K=3, LEFT=True, KEEP=True, BLOCK_T=16, BLOCK_C=512, PDL=True)), 4),
     "codec: HiFT's snake": (snake._snake, *signature(
         snake._snake, {"X": BF16, "ALPHA": BF16, "OUT": BF16}, (), dict(BLOCK_T=snake.BLOCK_T)), 4),
     "codec: guided Euler step": (frame_ops._euler_step, *signature(
         frame_ops._euler_step, {"IN": BF16, "V": BF16, "MASK": BF16, "DT": BF16}, ("dt", "cfg_rate"),
-        dict(DT_PER_ROW=False, BLOCK_T=16, BLOCK_C=128)), 4),
+        dict(DT_PER_ROW=False, BLOCK_T=16, BLOCK_C=128, PDL=True)), 4),
     "codec: guided Euler step, a step size per row": (frame_ops._euler_step, *signature(
         frame_ops._euler_step, {"IN": BF16, "V": BF16, "MASK": BF16, "DT": "*fp32"}, ("dt", "cfg_rate"),
-        dict(DT_PER_ROW=True, BLOCK_T=16, BLOCK_C=128)), 4),
+        dict(DT_PER_ROW=True, BLOCK_T=16, BLOCK_C=128, PDL=True)), 4),
     "encoder: causal attention over the slot pool": (encoder_attention._causal_pool_attention, *signature(
         encoder_attention._causal_pool_attention, {"Q": BF16, "K": BF16, "V": BF16, "OUT": BF16, "BLOCKS": "*i32",
                                                    "META": "*i32"}, ("scale",),

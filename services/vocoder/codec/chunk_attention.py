@@ -39,6 +39,10 @@ try:
     import triton.language as tl
 except ImportError:  # pragma: no cover (CI installs triton; the PyTorch form needs none)
     triton = None
+else:
+    from services.vocoder.codec.launch import inputs_ready
+
+from services.vocoder.codec import launch
 
 MASKED = -1.0e10  # the reference's additive attention bias for a key a query may not read
 SPLIT = True       # few programs: each (query block, row, head) reads its keys as parts side by side, then a combine
@@ -121,15 +125,16 @@ def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None
     ml = torch.empty(parts, 2, B * H, T, device=q.device, dtype=torch.float32) if parts > 1 else out
     acc = torch.empty(parts, B * H, T, d, device=q.device, dtype=torch.float32) if parts > 1 else out
     grid = (triton.cdiv(T, config["BLOCK_M"]), B * H, parts)
+    pdl = launch.pdl(q)
     _chunk_attention[grid](q, k, v, pk, pv, hk, hv, out, ml, acc, rows, hrows, count, lengths,
                            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *pk.stride()[:3], *pv.stride()[:3],
                            *hk.stride()[:3], *hv.stride()[:3], *out.stride()[:3], T, frames, chunk, 1.0 / math.sqrt(d),
                            H=H, D=d, HISTORY=history is not None, PARTS=parts, PREFIX_PARTS=parts - 2, **config,
                            # float32 (tests): products in full precision; a GPU's default for them is tf32 (1e-3)
-                           PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+                           PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl, launch_pdl=pdl)
     if parts > 1:
         _combine_parts[(triton.cdiv(T, 32), B * H)](ml, acc, out, B * H, T, *out.stride()[:3], H=H, D=d, PARTS=parts,
-                                                     BLOCK_M=32)
+                                                     BLOCK_M=32, PDL=pdl, launch_pdl=pdl)
     return out.view(B, T, H * d)
 
 
@@ -166,9 +171,10 @@ if triton is not None:
                          so_b, so_t, so_h, T, frames, chunk, scale,
                          H: tl.constexpr, D: tl.constexpr, HISTORY: tl.constexpr, PARTS: tl.constexpr,
                          PREFIX_PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         PRECISION: tl.constexpr):
+                         PRECISION: tl.constexpr, PDL: tl.constexpr):
         """PARTS 1: every key, then the output. PARTS > 1: part program_id(2) of the keys (the prefix's in
         PREFIX_PARTS spans, the ring, the row's own), then its running max, sum and output into ML and ACC."""
+        inputs_ready(PDL)
         pid_m, bh, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         b, h = bh // H, bh % H
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -222,8 +228,9 @@ if triton is not None:
 
     @triton.jit
     def _combine_parts(ML, ACC, O, BH, T, so_b, so_t, so_h, H: tl.constexpr, D: tl.constexpr, PARTS: tl.constexpr,
-                       BLOCK_M: tl.constexpr):
+                       BLOCK_M: tl.constexpr, PDL: tl.constexpr):
         """The parts' running maxima, sums and outputs → each query's output, as one walk over every key gives."""
+        inputs_ready(PDL)
         bh = tl.program_id(1)
         b, h = bh // H, bh % H
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -28,6 +28,10 @@ try:
     import triton.language as tl
 except ImportError:  # pragma: no cover (CI installs triton; the PyTorch forms need none)
     triton = None
+else:
+    from services.vocoder.codec.launch import inputs_ready
+
+from services.vocoder.codec import launch
 
 ROWS_PER_PROGRAM = 16  # frames per program of frame_norm: a few KB of channels each, enough programs to fill a GPU
 
@@ -95,7 +99,8 @@ def kernel(h, norm=None, mish=False, rows=None, residual=None, then=None, keep=N
                       ring_k.shape[2] if keep else 1, eps1, eps2,
                       NORM=norm is not None, MISH=mish, ROWS=rows is not None, RESIDUAL=residual is not None,
                       THEN=then is not None, KEEP=keep is not None, HEADS=k.shape[1] if keep else 1,
-                      HEAD_D=k.shape[3] if keep else 1, BLOCK_M=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C))
+                      HEAD_D=k.shape[3] if keep else 1, BLOCK_M=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C),
+                      PDL=(pdl := launch.pdl(h)), launch_pdl=pdl)
     return (out, second) if then is not None else out
 
 
@@ -142,7 +147,8 @@ def unfold_kernel(x, k, left=None):
     grid = (triton.cdiv(T, ROWS_PER_PROGRAM), B)
     _causal_unfold[grid](x, frames, rows, keep, lengths, out, T, C, *x.stride()[:2], *frames.stride()[:2],
                          *out.stride()[:2], K=k, LEFT=left is not None, KEEP=left is not None and len(left) == 4,
-                         BLOCK_T=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C))
+                         BLOCK_T=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C), PDL=(pdl := launch.pdl(x)),
+                         launch_pdl=pdl)
     return out.view(B, T, k * C)
 
 
@@ -179,7 +185,8 @@ def euler_kernel(inputs, v, mask, dt, cfg_rate):
     grid = (triton.cdiv(T, ROWS_PER_PROGRAM), B)
     _euler_step[grid](inputs, v, mask, dt if per_row else mask, B, T, C, *inputs.stride()[:2], *v.stride()[:2],
                       *mask.stride()[:2], 0.0 if per_row else float(dt), float(cfg_rate), DT_PER_ROW=per_row,
-                      BLOCK_T=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C))
+                      BLOCK_T=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C), PDL=(pdl := launch.pdl(inputs)),
+                      launch_pdl=pdl)
 
 
 if triton is not None:
@@ -200,7 +207,8 @@ if triton is not None:
                     svr_r, svr_h, svr_t, ring, eps1, eps2,
                     NORM: tl.constexpr, MISH: tl.constexpr, ROWS: tl.constexpr, RESIDUAL: tl.constexpr,
                     THEN: tl.constexpr, KEEP: tl.constexpr, HEADS: tl.constexpr, HEAD_D: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+        inputs_ready(PDL)
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_c = tl.arange(0, BLOCK_C)
         row_ok, col_ok = offs_m < M, offs_c < C
@@ -239,7 +247,8 @@ if triton is not None:
     @triton.jit
     def _causal_unfold(X, FRAMES, ROWS, KEEP_ROWS, LENGTHS, OUT, T, C, sx_b, sx_t, sf_r, sf_t, so_b, so_t,
                        K: tl.constexpr, LEFT: tl.constexpr, KEEP: tl.constexpr, BLOCK_T: tl.constexpr,
-                       BLOCK_C: tl.constexpr):
+                       BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+        inputs_ready(PDL)
         b = tl.program_id(1)
         offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         offs_c = tl.arange(0, BLOCK_C)
@@ -269,7 +278,8 @@ if triton is not None:
 
     @triton.jit
     def _euler_step(IN, V, MASK, DT, B, T, C, si_b, si_t, sv_b, sv_t, sm_b, sm_t, dt, cfg_rate,
-                    DT_PER_ROW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
+                    DT_PER_ROW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+        inputs_ready(PDL)
         b = tl.program_id(1)
         if DT_PER_ROW:
             dt = tl.load(DT + b).to(tl.float32)
