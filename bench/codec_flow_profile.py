@@ -9,10 +9,10 @@ each). For each shape: its time in CUDA graphs, then one eager call under the pr
 share of each kind of kernel says what to fuse next). Variants: `defaults`; `gelu-unfused` (the feed-forward's GELU
 by PyTorch after cuBLAS's product, not in the product's kernel: fused_linear.FUSED off); `attention-one-walk` (each
 attention program walks all of its keys, not in parts side by side: chunk_attention.SPLIT off); `no-pdl` (the
-Triton kernels launched plainly, not with programmatic dependent launch: launch.ENABLED off); `triton-products` (the
-estimator's other products by Triton's kernel too, not cuBLAS: fused_linear.PRODUCTS on), `no-pdl-triton-products`.
-Their times, kernel counts, and each mel's SNR against the first variant's. (An earlier variant, the feed-forward's GELU as cuBLASLt's
-epilogue, was not kept: its GELU is the tanh approximation, the reference's is exact.)
+Triton kernels launched plainly, not with programmatic dependent launch: launch.ENABLED off). Their times, kernel
+counts, and each mel's SNR against the first variant's. (Measured and not kept: the feed-forward's GELU as cuBLASLt's
+epilogue, the tanh approximation where the reference's is exact; on 2026-11-27 the estimator's other products by
+Triton's kernel too, so that every kernel of a transformer block launched early: no faster.)
 """
 
 from __future__ import annotations
@@ -33,12 +33,10 @@ from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.voice import random_voice
 
 # Each variant: the module settings it changes from the defaults (module, name, value)
-SETTINGS = [(fused_linear, "FUSED"), (chunk_attention, "SPLIT"), (chunk_attention, "SMALL_TILES_FROM"), (launch, "ENABLED"),
-            (fused_linear, "PRODUCTS")]
+SETTINGS = [(fused_linear, "FUSED"), (chunk_attention, "SPLIT"), (chunk_attention, "SMALL_TILES_FROM"), (launch, "ENABLED")]
 DEFAULTS = {name: getattr(module, name) for module, name in SETTINGS}
 VARIANTS = {"defaults": {}, "gelu-unfused": {"FUSED": False}, "attention-one-walk": {"SPLIT": False},
-            "attention-large-tiles": {"SMALL_TILES_FROM": 0}, "no-pdl": {"ENABLED": False},
-            "triton-products": {"PRODUCTS": True}, "no-pdl-triton-products": {"ENABLED": False, "PRODUCTS": True}}
+            "attention-large-tiles": {"SMALL_TILES_FROM": 0}, "no-pdl": {"ENABLED": False}}
 
 
 def use(variant: str) -> None:

@@ -115,12 +115,9 @@ KERNELS = {
         frame_ops._frame_norm, FRAME_NORM_PTRS, ("eps1", "eps2"),
         dict(NORM=False, MISH=False, ROWS=False, RESIDUAL=True, THEN=True, KEEP=True, HEADS=8, HEAD_D=64, BLOCK_M=16,
              BLOCK_C=256, PDL=True)), 4),
-    "codec: the feed-forward's first product with its GELU": (fused_linear._linear, *signature(
-        fused_linear._linear, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
-        dict(HAS_BIAS=True, GELU=True, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=fused_linear.BLOCK_K, PDL=True)), 4),
-    "codec: a product without bias, launched without PDL": (fused_linear._linear, *signature(
-        fused_linear._linear, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
-        dict(HAS_BIAS=False, GELU=False, IEEE=False, BLOCK_M=32, BLOCK_N=64, BLOCK_K=fused_linear.BLOCK_K, PDL=False)), 4),
+    "codec: the feed-forward's first product with its GELU": (fused_linear._linear_gelu, *signature(
+        fused_linear._linear_gelu, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
+        dict(HAS_BIAS=True, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=fused_linear.BLOCK_K, PDL=True)), 4),
     "codec: causal unfold with a prompt prefix": (frame_ops._causal_unfold, *signature(
         frame_ops._causal_unfold, {"X": BF16, "FRAMES": BF16, "ROWS": "*i64", "KEEP_ROWS": "*i64", "LENGTHS": "*i32",
                                    "OUT": BF16}, (),

@@ -71,36 +71,6 @@ def test_linear_gelu_runs_pytorch_on_cpu_and_when_off(monkeypatch):
     assert calls == ["kernel"]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("with_bias", [True, False])
-@pytest.mark.parametrize("B,T,K,N", SHAPES[:2] + ([(6, 80, 1024, 256), (6, 80, 768, 256)] if CUDA else []))
-def test_linear_without_gelu_is_the_product(B, T, K, N, with_bias, dtype):
-    """The estimator's other products (fused_linear.PRODUCTS): the same kernel, no GELU; on CUDA at ff2's and a
-    causal convolution's widths."""
-    x, weight, bias = product(B, T, K, N, dtype, seed=K * N)
-    bias = bias if with_bias else None
-    with torch.inference_mode():
-        got = fused_linear.kernel(x, weight, bias, gelu=False)
-        want = F.linear(x, weight, bias)
-    assert got.shape == (B, T, N) and got.dtype == dtype
-    torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
-
-
-def test_linear_runs_cublas_unless_products_are_on(monkeypatch):
-    x, weight, bias = product(2, 5, 16, 8, torch.float32, seed=2)
-    want = F.linear(x, weight, bias)
-    calls = []
-    monkeypatch.setattr(fused_linear, "kernel", lambda *a, **k: calls.append(k) or want)
-    monkeypatch.setattr(frame_ops, "on_gpu", lambda t: True)
-    torch.testing.assert_close(fused_linear.linear(x, weight, bias), want)      # PRODUCTS off: F.linear
-    assert calls == []
-    monkeypatch.setattr(fused_linear, "PRODUCTS", True)
-    fused_linear.linear(x, weight, bias)
-    assert calls == [{"gelu": False}]
-    fused_linear.linear(x[0], weight, bias)                                      # not [B, T, K]: F.linear
-    assert calls == [{"gelu": False}]
-
-
 def test_programmatic_launch_only_on_cuda_devices_that_have_it(monkeypatch):
     from services.vocoder.codec import launch
 

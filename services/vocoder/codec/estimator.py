@@ -33,7 +33,7 @@ from torch import nn
 from services.vocoder.codec.chunk_attention import chunk_attention
 from services.vocoder.codec.config import EstimatorConfig
 from services.vocoder.codec.frame_ops import causal_unfold, frame_norm, taps_weight
-from services.vocoder.codec.fused_linear import linear, linear_gelu
+from services.vocoder.codec.fused_linear import linear_gelu
 
 
 def laid_out(module: nn.Module, name: str, make) -> None:
@@ -56,12 +56,12 @@ class CausalConv1d(nn.Conv1d):
     def forward(self, x: torch.Tensor, prefix=None) -> torch.Tensor:
         k = self.kernel_size[0]
         left = None if prefix is None else prefix.left(self.slot, x, k - 1)
-        return linear(causal_unfold(x, k, left), self.taps, self.bias)
+        return F.linear(causal_unfold(x, k, left), self.taps, self.bias)
 
 
 def pointwise(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
     """A kernel-1 nn.Conv1d applied to [B, T, Cin] → [B, T, Cout]."""
-    return linear(x, conv.weight[:, :, 0], conv.bias)
+    return F.linear(x, conv.weight[:, :, 0], conv.bias)
 
 
 class CausalBlock1D(nn.Module):
@@ -110,7 +110,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gelu, _, out = self.net  # (the dropout: p = 0, the reference's slot)
-        return linear(gelu(x), out.weight, out.bias)
+        return out(gelu(x))
 
 
 class Attention(nn.Module):
@@ -131,10 +131,10 @@ class Attention(nn.Module):
         history.py) → ([B, T, dim], what the next per-frame kernel keeps of k and v: frame_ops.frame_norm's `keep`,
         or None). q, k and v in one matrix product."""
         B, T, _ = x.shape
-        q, k, v = linear(x, self.qkv_weight).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [B, heads, T, d] each
+        q, k, v = F.linear(x, self.qkv_weight).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [B, heads, T, d] each
         before = {} if prefix is None else prefix.kv(self.slot, k, v)
         keep = None if prefix is None else prefix.keep(self.slot, k, v)
-        return linear(chunk_attention(q, k, v, lengths, chunk, **before), self.to_out[0].weight, self.to_out[0].bias), keep
+        return self.to_out[0](chunk_attention(q, k, v, lengths, chunk, **before)), keep
 
 
 class BasicTransformerBlock(nn.Module):

@@ -13,10 +13,6 @@ program to own whole output frames, which then streams all of the weight alone (
 per-frame kernel); before one, normalising each tile of the input as it is read keeps the tensor cores waiting
 (q|k|v 2.1x, the feed-forward 1.4x at 960 frames).
 
-`linear` is the same kernel without the GELU, for the estimator's other products when `PRODUCTS` is on: with
-programmatic dependent launch (launch.py) a Triton kernel after a Triton kernel is launched while the one before
-still runs, a cuBLAS one is not.
-
 On CPU (and with `FUSED = False`, to compare) PyTorch's product and GELU run. Shapes: x [B, T, K] with K contiguous,
 weight [N, K] (nn.Linear's), bias [N] → [B, T, N].
 """
@@ -39,7 +35,6 @@ else:
 FUSED = True     # False: PyTorch's product, then its GELU (bench/codec_flow_profile.py compares)
 BLOCK_K = 64
 TILE = None      # (frames, channels, warps) per program; None: tiles() (bench/codec_fused_linear.py sweeps them)
-PRODUCTS = False  # True: the estimator's other products by `linear` too, not cuBLAS (bench/codec_flow_profile.py)
 
 
 def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -47,14 +42,6 @@ def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if FUSED and frame_ops.on_gpu(x):
         return kernel(x, weight, bias)
     return F.gelu(F.linear(x, weight, bias))
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [B, T, K] → x @ weight.T + bias [B, T, N]: this module's kernel when PRODUCTS is on (on CUDA), else
-    F.linear (cuBLAS). x's rows may be strided (K contiguous)."""
-    if PRODUCTS and frame_ops.on_gpu(x) and x.dim() == 3:
-        return kernel(x, weight, bias, gelu=False)
-    return F.linear(x, weight, bias)
 
 
 def tiles(M: int, N: int) -> tuple[int, int, int]:
@@ -68,7 +55,7 @@ def tiles(M: int, N: int) -> tuple[int, int, int]:
     return (32 if triton.cdiv(M, 64) * triton.cdiv(N, 64) < 100 else 64), 64, 4
 
 
-def kernel(x, weight, bias=None, gelu: bool = True):
+def kernel(x, weight, bias=None):
     """The Triton kernel (on CPU tensors: Triton's interpreter, for the tests)."""
     B, T, K = x.shape
     N, M = weight.shape[0], B * T
@@ -77,17 +64,16 @@ def kernel(x, weight, bias=None, gelu: bool = True):
     block_m, block_n, warps = tiles(M, N)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
     pdl = launch.pdl(x)
-    _linear[grid](x2, weight, bias if bias is not None else weight, out, M, N, K, x2.stride(0), weight.stride(0),
-                  HAS_BIAS=bias is not None, GELU=gelu, IEEE=x.dtype == torch.float32, BLOCK_M=block_m,
-                  BLOCK_N=block_n, BLOCK_K=BLOCK_K, PDL=pdl, num_warps=warps, launch_pdl=pdl)
+    _linear_gelu[grid](x2, weight, bias if bias is not None else weight, out, M, N, K, x2.stride(0), weight.stride(0),
+                       HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n,
+                       BLOCK_K=BLOCK_K, PDL=pdl, num_warps=warps, launch_pdl=pdl)
     return out
 
 
 if triton is not None:
     @triton.jit
-    def _linear(X, W, BIAS, OUT, M, N, inner, sx, sw, HAS_BIAS: tl.constexpr, GELU: tl.constexpr,
-                IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                PDL: tl.constexpr):
+    def _linear_gelu(X, W, BIAS, OUT, M, N, inner, sx, sw, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         inputs_ready(PDL)
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -106,7 +92,6 @@ if triton is not None:
                 acc = tl.dot(a, w, acc)
         if HAS_BIAS:
             acc += tl.load(BIAS + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        if GELU:
-            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
         tl.store(OUT + offs_m[:, None] * N + offs_n[None, :], acc.to(OUT.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
