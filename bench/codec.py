@@ -34,8 +34,9 @@ from measure import median_time, snr_db  # noqa: E402
 from services.vocoder import generator as gen  # noqa: E402
 from services.vocoder.codec.checkpoint import load_into  # noqa: E402
 from services.vocoder.codec.config import PRESETS  # noqa: E402
-from services.vocoder.codec.decoder import FlowState, FlowTokenDecoder  # noqa: E402
+from services.vocoder.codec.decoder import FlowTokenDecoder  # noqa: E402
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec  # noqa: E402
+from services.vocoder.codec.flow_state import FlowState  # noqa: E402
 from services.vocoder.codec.hift import HiFTGenerator, receptive_field  # noqa: E402
 from services.vocoder.codec.voice import random_voice  # noqa: E402
 from services.vocoder.runner import GeneratorRunner  # noqa: E402

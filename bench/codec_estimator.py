@@ -33,7 +33,8 @@ import torch
 from measure import gpu_record, snr_db
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
-from services.vocoder.codec.decoder import FlowState, FlowTokenDecoder
+from services.vocoder.codec.decoder import FlowTokenDecoder
+from services.vocoder.codec.flow_state import FlowState
 from services.vocoder.codec.voice import random_voice
 
 

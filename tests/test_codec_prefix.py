@@ -11,7 +11,8 @@ import torch
 
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import tiny
-from services.vocoder.codec.decoder import FlowState, FlowTokenDecoder
+from services.vocoder.codec.decoder import FlowTokenDecoder
+from services.vocoder.codec.flow_state import FlowState
 from services.vocoder.codec.prefix import PromptPrefix, prefix_frames
 from services.vocoder.codec.voice import random_voice
 

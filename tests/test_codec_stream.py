@@ -12,7 +12,8 @@ import torch
 from services.common.errors import InvalidArgument
 from services.vocoder import generator as gen
 from services.vocoder.codec.config import moss_speech, tiny
-from services.vocoder.codec.decoder import FlowState, FlowTokenDecoder
+from services.vocoder.codec.decoder import FlowTokenDecoder
+from services.vocoder.codec.flow_state import FlowState
 from services.vocoder.codec.hift import HiFTGenerator, receptive_field
 from services.vocoder.codec.voice import VoiceError, load_voices, random_voice, save_voice
 from services.vocoder.streamer import MelStreamer

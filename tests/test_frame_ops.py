@@ -159,7 +159,8 @@ def test_a_flow_call_with_the_kernels_is_the_pytorch_flow(monkeypatch):
     every frame_ops kernel (on a CPU: in the interpreter) against the PyTorch forms on the same device."""
     from services.vocoder.codec.checkpoint import random_codec
     from services.vocoder.codec.config import tiny
-    from services.vocoder.codec.decoder import FlowState, FlowTokenDecoder
+    from services.vocoder.codec.decoder import FlowTokenDecoder
+    from services.vocoder.codec.flow_state import FlowState
     from services.vocoder.codec.voice import random_voice
 
     cfg = tiny()

@@ -18,7 +18,7 @@ decodes them one call each), so the earlier of them may see up to a block less l
 
 **Batching**: the rows of a call (one per stream with a block due) are padded to a token bucket; padding
 never reaches a row's kept frames (conformer.py, estimator.py). On CUDA each (batch bucket, token bucket)
-call is a CUDA graph (the encoder and all Euler steps), captured by `warm_up` before serving.
+call is a CUDA graph (the encoder and all Euler steps: flow_graphs.py), captured by `warm_up` before serving.
 
 **The prompt's prefix** (prefix.py): the voices' prompts begin every row, and their first whole chunks are the
 same in every call; `set_voices` computes them once, and calls of `prefix_min_rows` rows or more whose voices are
@@ -39,11 +39,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-from dataclasses import dataclass
 
 import torch
 
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
+from services.vocoder.codec.flow_graphs import FlowGraphs, on_device
+from services.vocoder.codec.flow_state import FlowState, Plan
 from services.vocoder.codec.history import DEFAULT_RING_FRAMES, HistoryRows, StreamHistory
 from services.vocoder.codec.prefix import PromptPrefix
 from services.vocoder.codec.voice import Voice
@@ -57,38 +58,6 @@ DEFAULT_MAX_CONTEXT_TOKENS = 40
 PREFIX_MIN_ROWS = 4  # measured: 1 row slower with the prefix, 4 and 16 faster; 2 and 3 not measured
 SOLVE_BLOCKS = 4     # a history row's frames per call, at most: the gateway's chunks of 20 tokens (4 blocks)
 DEFAULT_HISTORY_STREAMS = 128  # streams that hold a history slot (memory: history.py)
-
-
-@dataclass(frozen=True)
-class FlowState:
-    """One stream: its voice, its tokens from absolute index `base` on, and how many it has decoded."""
-
-    voice: Voice
-    tokens: tuple[int, ...] = ()
-    base: int = 0
-    decoded: int = 0
-    stream: int | None = None  # the decoder's id for it (start); None: decoded over the window always
-    slot: int | None = None    # its history slot; None before its first call, -1 if it has none
-    written: int = 0           # frames it has solved into its slot
-    bank: int = -1             # the lefts bank its next call reads (-1: the voice prefix's; history.py)
-
-    @property
-    def received(self) -> int:
-        return self.base + len(self.tokens)
-
-    def window(self, start: int, end: int) -> list[int]:
-        return list(self.tokens[start - self.base : end - self.base])
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One row of a call: tokens [start, end) after the prompt; [start, decode_end) decoded, the rest look-ahead
-    context; frames of tokens [emit_from, decode_end) kept."""
-
-    start: int
-    decode_end: int
-    end: int
-    emit_from: int
 
 
 class FlowTokenDecoder:
@@ -115,8 +84,7 @@ class FlowTokenDecoder:
         self.cfg = TokenFormat(codebook_size=cfg.vocab_size, frames_per_token=cfg.token_mel_ratio,
                                num_mels=cfg.output_size, sampling_rate=cfg.sampling_rate, hop_size=cfg.hop_size)
         self.use_graphs = cuda if graphs is None else graphs
-        self.graphs: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, FlowBatch, torch.Tensor]] = {}
-        self.pool = None
+        self.graphs = self._new_graphs()
         self.prefix: PromptPrefix | None = None
         self.prefix_min_rows = prefix_min_rows
         if history_streams < 0 or history_frames < 1:
@@ -131,7 +99,7 @@ class FlowTokenDecoder:
         """The voices streams will speak in: their prompts' common prefix is solved now, once (prefix.py)."""
         prefix = PromptPrefix(self.flow, voices)
         self.prefix = prefix if prefix else None
-        self.graphs, self.pool = {}, None  # graphs read the prefix's tensors: captured again
+        self.graphs = self._new_graphs()  # graphs read the prefix's tensors: captured again
         self.history = None
         chunk = self.flow.cfg.estimator.static_chunk_size
         if self.prefix is not None and self.history_streams and (self.block * self.ratio) % chunk == 0:
@@ -161,8 +129,11 @@ class FlowTokenDecoder:
         """The same decoder for a second worker thread: the flow, voices and stream history shared, graphs of its
         own (two threads never replay graphs of one memory pool at once; worker.py)."""
         other = copy.copy(self)
-        other.graphs, other.pool = {}, None
+        other.graphs = other._new_graphs()
         return other
+
+    def _new_graphs(self) -> FlowGraphs:
+        return FlowGraphs(self.flow, self.device, self.dtype, self.ratio, self.cfg.num_mels)
 
     def release(self, state: FlowState) -> None:
         """The stream is gone (cancelled, or failed): its history slot is freed once no call writes it (any thread)."""
@@ -304,10 +275,7 @@ class FlowTokenDecoder:
         prefixed = self._prefixed(B, [s.voice for s, _ in rows])
         batch = self._batch(rows, B, T, prefixed)
         if graph:
-            cuda_graph, static, static_out = self._graph(B, T, prefixed)
-            copy_into(static, batch)
-            cuda_graph.replay()
-            mel = static_out
+            mel = self.graphs.replay(batch, B, T, self.prefix if prefixed else None)
         else:
             mel = self.flow(batch, streaming=True, prefix=self.prefix if prefixed else None)
         skipped = self.prefix.frames if prefixed else 0  # the mel starts after the prompt's prefix
@@ -329,9 +297,7 @@ class FlowTokenDecoder:
         B = smallest(BATCH_BUCKETS, len(rows)) if graph else len(rows)
         batch = self.history_batch(rows, B, T, N)
         if graph:
-            cuda_graph, static, mel = self._graph(B, T, True, N)
-            copy_into(static, batch)
-            cuda_graph.replay()
+            mel = self.graphs.replay(batch, B, T, self.history, N, self.history.scratch)
         else:
             mel = self.flow(batch, streaming=True, prefix=self.history)
         return [mel[row, :, skip : b - a].float().clone() for row, (a, b, skip) in enumerate(spans)]
@@ -394,38 +360,6 @@ class FlowTokenDecoder:
                          on_device(embedding, dtype=self.dtype, **to), on_device(noise_shift, **to),
                          on_device(voice_index, **to))
 
-    # ---- graphs ----------------------------------------------------------------------------------
-    def _graph(self, B: int, T: int, prefixed: bool, solved: int | None = None):
-        """The graph of a call of B rows of T tokens; solved: a history call's, N frames solved per row."""
-        key = (B, T, prefixed, solved)
-        if key not in self.graphs:
-            static = self._empty(B, T, solved)
-            prefix = self.history if solved else self.prefix if prefixed else None
-            self.flow(static, streaming=True, prefix=prefix)  # warm-up outside capture (cuBLAS and cuDNN choices)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = self.flow(static, streaming=True, prefix=prefix)
-            self.pool = graph.pool()
-            self.graphs[key] = (graph, static, out)
-        return self.graphs[key]
-
-    def _empty(self, B: int, T: int, solved: int | None = None) -> FlowBatch:
-        """A graph's static inputs; a history call's rows in the scratch slot (its capture's warm-up writes there)."""
-        to = dict(device=self.device)
-
-        def zeros(*shape, dtype=torch.long):
-            return torch.zeros(*shape, dtype=dtype, **to)
-
-        batch = FlowBatch(zeros(B, T), torch.ones(B, dtype=torch.long, **to), zeros(B),
-                          zeros(B, T * self.ratio, self.cfg.num_mels, dtype=self.dtype), zeros(B),
-                          zeros(B, self.flow.cfg.spk_embed_dim, dtype=self.dtype), zeros(B), zeros(B))
-        if solved:
-            batch.solve_index, batch.solve_frames = zeros(B, solved), zeros(B)
-            batch.history = HistoryRows(torch.full((B,), self.history.scratch, **to), zeros(B), zeros(B),
-                                        torch.full((B,), -1, **to), zeros(B))
-        return batch
-
     @torch.inference_mode()
     def warm_up(self, voices: list[Voice], max_batch: int, first_calls: bool = False) -> None:
         """Capture the graphs every call can need: batch buckets up to max_batch; token buckets from the
@@ -443,31 +377,12 @@ class FlowTokenDecoder:
         for B in (b for b in BATCH_BUCKETS if b <= ceiling):
             for T in (t for t in TOKEN_BUCKETS if low <= t <= high):
                 if self.history is None:
-                    self._graph(B, T, self._prefixed(B, voices))
+                    self.graphs.capture(B, T, self.prefix if self._prefixed(B, voices) else None)
                     continue
                 # With a history every stream decodes through it while slots last; a window call after that
                 # runs eagerly (the streams beyond history_streams).
                 if T not in self.history_token_buckets or (first_calls and T != self.history_token_buckets[0]):
                     continue
                 for N in self.solve_buckets[:1] if first_calls else self.solve_buckets:
-                    self._graph(B, T, True, N)
+                    self.graphs.capture(B, T, self.history, N, self.history.scratch)
 
-
-def on_device(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A host tensor on the device without waiting for the work queued there: through pinned memory, not blocking (a
-    pageable copy waits for its stream to finish everything queued before it; PyTorch's pinned blocks are not reused
-    before their copy has run)."""
-    if device.type != "cuda":
-        return t.to(device=device, dtype=dtype)
-    return t.to(dtype=dtype).pin_memory().to(device, non_blocking=True)
-
-
-def copy_into(static: FlowBatch, batch: FlowBatch) -> None:
-    """A call's inputs into a graph's static ones, field by field (history rows too)."""
-    for field in dataclasses.fields(FlowBatch):
-        src, dst = getattr(batch, field.name), getattr(static, field.name)
-        if isinstance(src, torch.Tensor):
-            dst.copy_(src)
-        elif isinstance(src, HistoryRows):
-            for part in dataclasses.fields(HistoryRows):
-                getattr(dst, part.name).copy_(getattr(src, part.name))

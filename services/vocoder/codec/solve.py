@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from services.vocoder.codec.decoder import BATCH_BUCKETS, copy_into, on_device
+from services.vocoder.codec.decoder import BATCH_BUCKETS
 from services.vocoder.codec.flow import flow_times
+from services.vocoder.codec.flow_graphs import copy_into, on_device
 from services.vocoder.codec.history import HistoryRows
 from services.vocoder.runner import smallest
 

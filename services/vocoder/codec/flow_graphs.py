@@ -1,0 +1,94 @@
+"""The flow's calls as CUDA graphs: one graph per call shape, all in one memory pool, and the host-to-device copies
+that feed them.
+
+A flow call at the real size is ~6,000 kernels (the encoder and every Euler step); launched one by one from Python
+they would take longer than the GPU takes to run them. So each shape a call can take, (B rows, T tokens, whether
+it reads the prompt prefix, N frames solved per row for a stream-history call), is captured once
+(`FlowTokenDecoder.warm_up`, before the vocoder serves) and replayed: a call copies its inputs into the graph's
+static ones (`copy_into`) and replays it. The output mel [B, 80, frames] is the graph's own tensor, overwritten by
+the next replay: callers copy out what they keep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
+from services.vocoder.codec.history import HistoryRows
+
+
+class FlowGraphs:
+    """A decoder's graphs. Two threads never replay graphs of one pool at once: a second worker's decoder has its
+    own (FlowTokenDecoder.lane)."""
+
+    def __init__(self, flow: CausalMaskedDiffWithXvec, device: torch.device, dtype: torch.dtype, frames_per_token: int,
+                 num_mels: int):
+        self.flow, self.device, self.dtype = flow, device, dtype
+        self.ratio, self.num_mels = frames_per_token, num_mels
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, FlowBatch, torch.Tensor]] = {}
+        self.pool = None
+
+    def __len__(self) -> int:
+        return len(self.graphs)
+
+    def replay(self, batch: FlowBatch, B: int, T: int, prefix, solved: int | None = None,
+               scratch: int | None = None) -> torch.Tensor:
+        """A call of B rows of T tokens (batch: its inputs, on the device) → the graph's mel [B, 80, frames].
+        prefix: the prompt prefix or the stream history the call reads (None: neither); solved: a history call's
+        frames per row; scratch: the history's scratch slot (the capture's own run writes there)."""
+        graph, static, out = self.capture(B, T, prefix, solved, scratch)
+        copy_into(static, batch)
+        graph.replay()
+        return out
+
+    def capture(self, B: int, T: int, prefix, solved: int | None = None, scratch: int | None = None):
+        """The graph of a call's shape, captured at its first use → (graph, static inputs, output)."""
+        key = (B, T, prefix is not None, solved)
+        if key not in self.graphs:
+            static = self._empty(B, T, solved, scratch)
+            self.flow(static, streaming=True, prefix=prefix)  # warm-up outside capture (cuBLAS and cuDNN choices)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self.flow(static, streaming=True, prefix=prefix)
+            self.pool = graph.pool()
+            self.graphs[key] = (graph, static, out)
+        return self.graphs[key]
+
+    def _empty(self, B: int, T: int, solved: int | None, scratch: int | None) -> FlowBatch:
+        """A graph's static inputs; a history call's rows in the scratch slot."""
+        to = dict(device=self.device)
+
+        def zeros(*shape, dtype=torch.long):
+            return torch.zeros(*shape, dtype=dtype, **to)
+
+        batch = FlowBatch(zeros(B, T), torch.ones(B, dtype=torch.long, **to), zeros(B),
+                          zeros(B, T * self.ratio, self.num_mels, dtype=self.dtype), zeros(B),
+                          zeros(B, self.flow.cfg.spk_embed_dim, dtype=self.dtype), zeros(B), zeros(B))
+        if solved:
+            batch.solve_index, batch.solve_frames = zeros(B, solved), zeros(B)
+            batch.history = HistoryRows(torch.full((B,), scratch, **to), zeros(B), zeros(B), torch.full((B,), -1, **to),
+                                        zeros(B))
+        return batch
+
+
+def on_device(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A host tensor on the device without waiting for the work queued there: through pinned memory, not blocking (a
+    pageable copy waits for its stream to finish everything queued before it; PyTorch's pinned blocks are not reused
+    before their copy has run)."""
+    if device.type != "cuda":
+        return t.to(device=device, dtype=dtype)
+    return t.to(dtype=dtype).pin_memory().to(device, non_blocking=True)
+
+
+def copy_into(static: FlowBatch, batch: FlowBatch) -> None:
+    """A call's inputs into a graph's static ones, field by field (history rows too)."""
+    for field in dataclasses.fields(FlowBatch):
+        src, dst = getattr(batch, field.name), getattr(static, field.name)
+        if isinstance(src, torch.Tensor):
+            dst.copy_(src)
+        elif isinstance(src, HistoryRows):
+            for part in dataclasses.fields(HistoryRows):
+                getattr(dst, part.name).copy_(getattr(src, part.name))
