@@ -33,6 +33,10 @@ class FlowGraphs:
     def __len__(self) -> int:
         return len(self.graphs)
 
+    def __iter__(self):
+        """The shapes captured: (B, T, whether the call reads a prefix or history, N frames solved or None)."""
+        return iter(self.graphs)
+
     def replay(self, batch: FlowBatch, B: int, T: int, prefix, solved: int | None = None,
                scratch: int | None = None) -> torch.Tensor:
         """A call of B rows of T tokens (batch: its inputs, on the device) → the graph's mel [B, 80, frames].
@@ -47,7 +51,7 @@ class FlowGraphs:
         """The graph of a call's shape, captured at its first use → (graph, static inputs, output)."""
         key = (B, T, prefix is not None, solved)
         if key not in self.graphs:
-            static = self._empty(B, T, solved, scratch)
+            static = self.empty(B, T, solved, scratch)
             self.flow(static, streaming=True, prefix=prefix)  # warm-up outside capture (cuBLAS and cuDNN choices)
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
@@ -57,8 +61,8 @@ class FlowGraphs:
             self.graphs[key] = (graph, static, out)
         return self.graphs[key]
 
-    def _empty(self, B: int, T: int, solved: int | None, scratch: int | None) -> FlowBatch:
-        """A graph's static inputs; a history call's rows in the scratch slot."""
+    def empty(self, B: int, T: int, solved: int | None = None, scratch: int | None = None) -> FlowBatch:
+        """A graph's static inputs; a history call's rows in the scratch slot (the solve's admissions too: solve.py)."""
         to = dict(device=self.device)
 
         def zeros(*shape, dtype=torch.long):

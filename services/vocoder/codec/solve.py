@@ -142,7 +142,7 @@ class FlowSolve:
         """The admission of B rows of T tokens as a CUDA graph → (graph, its static batch, its places buffer)."""
         key = ("admit", B, T)
         if key not in self.graphs:
-            static = self.decoder._empty(B, T, self.N)
+            static = self.decoder.graphs.empty(B, T, self.N, self.decoder.history.scratch)
             at = torch.full((B,), self.scratch, dtype=torch.long, device=self.inputs.device)
             self._admit(static, at)                     # warm-up outside capture
             torch.cuda.synchronize(self.inputs.device)
