@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from services.common.errors import Unauthenticated
 from services.common.interceptor import API_PREFIX
 
 KEYS_ENV = "MOSS_API_KEYS"
@@ -59,7 +60,9 @@ def _refuse(message: str, reads_first: bool = False):
             # Core", 18 of 200 refusals here) instead of this status: take the message, then refuse.
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(context.read(), FIRST_MESSAGE_SECONDS)
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        # Raised, not abort(): the ErrorInterceptor sets the status and counts the refusal before the status goes
+        # out (abort() sends it first, so a client could read the metrics before its refusal was counted).
+        raise Unauthenticated(message)
         yield  # never reached: an async generator, like the API's streaming methods it stands in for
 
     return refuse

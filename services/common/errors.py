@@ -51,6 +51,12 @@ class StageError(ServiceError):
         self.code = code
 
 
+class Unauthenticated(ServiceError):
+    """A call to the API without one of the configured keys (auth.py)."""
+
+    code = "UNAUTHENTICATED"
+
+
 class DeadlineExceeded(ServiceError):
     code = "DEADLINE_EXCEEDED"
 
