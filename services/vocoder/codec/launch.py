@@ -8,6 +8,11 @@ visible, then let the next kernel launch (`griddepcontrol.launch_dependents`). O
 launched this way overlap, so `pdl()` decides both: a kernel launched with it must call `inputs_ready(PDL)` before
 its first load.
 
+Measured on an H100 (docs/benchmarks.md, issue 23): alone a flow call is no faster (the gap between two kernels in a
+graph is under a microsecond), but beside the llm it is: a 6-window call 77-78 → 74 ms (bench/gpu_sharing.py
+--flow-variant), in the stack ~77 → ~69 ms a call, and 15-22% more turns admitted at Poisson 30/s. The products
+stay cuBLAS's: Triton's, launched the same way so that every kernel overlaps, were slower at these sizes.
+
 Safe by order: kernel n+1 starts after kernel n let it, which is after kernel n's wait returned, which is after kernel
 n-1 finished. So when a kernel's wait returns, every kernel before it has finished, whatever it wrote.
 """
