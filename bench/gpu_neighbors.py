@@ -22,6 +22,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from services.llm.runner.kernels.fp8 import decode_configs
+
 
 @triton.jit
 def _read_kernel(src_ptr, out_ptr, n, per_program, BLOCK: tl.constexpr, EVICT: tl.constexpr):
@@ -100,12 +102,7 @@ class SpinLoop:
 
 # ---- the llm's decode products in Triton, their weight loads plain or evict-first -------------------------------
 
-def _configs():
-    return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=4, num_stages=s)
-            for bn in (32, 64, 128) for bk in (128, 256) for s in (3, 5)]
-
-
-@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "EVICT"])
+@triton.autotune(configs=decode_configs(), key=["N", "K", "BLOCK_M", "EVICT"])  # the FP8 decode kernel's space
 @triton.jit
 def _decode_bf16_kernel(x_ptr, w_ptr, y_ptr, M, N, K, x_stride, w_stride, y_stride,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr):

@@ -126,18 +126,17 @@ class Admission:
 
     @contextlib.asynccontextmanager
     async def _turn(self, deadline: float | None, client: str | None, ongoing: bool):
-        if client is None:
-            async with self._place(deadline, ongoing) as place:
-                yield place
-            return
-        self.by_client[client] += 1
+        """A place for the body; client (None: not counted) holds one of its own places while it waits and runs."""
+        if client is not None:
+            self.by_client[client] += 1
         try:
             async with self._place(deadline, ongoing) as place:
                 yield place
         finally:
-            self.by_client[client] -= 1
-            if not self.by_client[client]:
-                del self.by_client[client]
+            if client is not None:
+                self.by_client[client] -= 1
+                if not self.by_client[client]:
+                    del self.by_client[client]
 
     @contextlib.asynccontextmanager
     async def _place(self, deadline: float | None, ongoing: bool = False):

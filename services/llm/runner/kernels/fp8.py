@@ -46,12 +46,13 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # whole, 4.6-6.1 ms under MPS. (Widening the weight to bf16 instead, to keep the rows unquantized, cost more
 # than it saved under MPS: 9-15 ms, the widening being ALU work on every weight element.)
 
-def _configs():
+def decode_configs():
+    """The decode kernel's autotuning space (bench/gpu_neighbors.py's bf16 stand-in tunes over the same)."""
     return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=4, num_stages=s)
             for bn in (32, 64, 128) for bk in (128, 256) for s in (3, 5)]
 
 
-@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M"])
+@triton.autotune(configs=decode_configs(), key=["N", "K", "BLOCK_M"])
 @triton.jit
 def _decode_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, x_stride, w_stride, y_stride,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
