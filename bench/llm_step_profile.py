@@ -1,17 +1,23 @@
 """Where a decode step's GPU time goes, in the engine's steady state (steps back to back, overlapped):
 wall time per step, kernel time per step, the GPU's idle share, and the kernels by total time, with those
 replayed from the decode graph told apart from those launched outside it. A Chrome trace goes to --trace.
+With --join N, also what a step costs when a new request's last N prompt positions join the batch (a mixed
+step, as each arrival brings in the stack), against the decode steps around it.
 
     python bench/llm_step_profile.py --preset moss-speech --device cuda --batches 1,64 --context 512
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 python bench/llm_step_profile.py --batches 1,16,32 --context 256 --join 16
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import time
 from collections import defaultdict
 
 import torch
+from llm_timing import Prompts
 from torch.profiler import ProfilerActivity, profile
 
 from services.common.sampling import ChunkSettings, SamplingSettings
@@ -52,12 +58,17 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--kv-cache-gb", type=float, default=8.0)
     p.add_argument("--trace", default="", help="write a Chrome trace per batch size here (prefix)")
+    p.add_argument("--join", type=int, default=0, help="also time a mixed step: a new request of this many new positions joins")
+    p.add_argument("--top", type=int, default=25, help="kernels listed from the whole step")
+    p.add_argument("--json", default="", help="write every batch's kernels (and joins) here")
     args = p.parse_args()
+    results = []
     cfg = preset(args.preset)
     model = random_model(cfg, device=torch.device(args.device), dtype=torch.bfloat16)
     tok = tiny_tokenizer(preset("tiny"))
     for batch in [int(b) for b in args.batches.split(",")]:
-        engine = LLMEngine(model, tok, EngineConfig(kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)), max_num_seqs=max(batch, 8),
+        seqs = max(batch, 8) + (16 if args.join else 0)  # (room for the joining requests)
+        engine = LLMEngine(model, tok, EngineConfig(kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)), max_num_seqs=seqs,
                                                    max_num_batched_tokens=8192))
         fill(engine, cfg, batch, args.context, args.steps)
         in_graph = graph_kernel_names(engine)
@@ -83,6 +94,18 @@ def main():
         print(f"{'kernel (outside the graph)':70s} {'per step':>8s} {'µs/step':>9s}")
         for name, (n, us) in sorted(outside.items(), key=lambda kv: -kv[1][1])[:30]:
             print(f"{name[:70]:70s} {n / args.steps:8.1f} {us / args.steps:9.1f}")
+        print(f"{'every kernel of a step':70s} {'per step':>8s} {'µs/step':>9s} {'µs each':>8s}")
+        for name, (n, us) in sorted(per_name.items(), key=lambda kv: -kv[1][1])[:args.top]:
+            print(f"{name[:70]:70s} {n / args.steps:8.1f} {us / args.steps:9.1f} {us / max(n, 1):8.2f}")
+        row = {"batch": batch, "context": args.context, "step_ms": wall, "kernel_ms": busy,
+               "kernels": {k: {"per_step": v[0] / args.steps, "us_per_step": v[1] / args.steps}
+                           for k, v in per_name.items()}}
+        if args.join:
+            row["join"] = join_steps(engine, cfg, args.join, args.context)
+            j = row["join"]
+            print(f"a new request's last {args.join} positions joining {batch}: mixed step {j['mixed_ms']:.2f} ms "
+                  f"(median of {len(j['mixed'])}) against decode steps {j['decode_ms']:.2f} ms around it")
+        results.append(row)
         if args.trace:
             prof.export_chrome_trace(f"{args.trace}_b{batch}.json")
         for sid in list(engine.sequences):
@@ -91,6 +114,39 @@ def main():
             engine.step()
         del engine
         torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+
+
+def join_steps(engine, cfg, positions: int, context: int, joins: int = 7) -> dict:
+    """Each time: one new request whose prompt shares all but its last `positions` with one already run (a
+    prefix-cache hit, as a turn's system prompt and voice are in the stack), stepped until it has its first
+    token; every step timed alone (synchronised). → the mixed steps' and the decode steps' median ms."""
+    prompts = Prompts(cfg, seed=7)
+    base = prompts.request(context, 4, name="warm")
+    engine.add(engine.make_sequence(base))
+    while engine.has_work() and any(s.request_id.startswith("warm") for s in engine.scheduler.waiting):
+        engine.step()
+    mixed, decode = [], []
+    s = SamplingSettings(max_new_tokens=64, min_new_tokens=64, seed=0)
+    overlap = engine.config
+    engine.config = dataclasses.replace(engine.config, overlap=False)  # each step() then runs exactly one step
+    for j in range(joins):
+        ids = base.text_ids[: context - positions] + prompts.request(positions, 4).text_ids
+        engine.add(engine.make_sequence(GenerationRequest(f"join{j}", s, ChunkSettings(), text_ids=ids)))
+        for _ in range(6):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            engine.step()
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - t) * 1e3
+            (mixed if engine.last_step.prefill_tokens else decode).append(ms)
+    engine.config = overlap
+
+    def med(xs):
+        return sorted(xs)[len(xs) // 2] if xs else float("nan")
+    return {"mixed": mixed, "decode": decode, "mixed_ms": med(mixed), "decode_ms": med(decode)}
 
 
 if __name__ == "__main__":
