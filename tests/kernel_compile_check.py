@@ -45,12 +45,17 @@ KERNELS = {
     "decode partition": (paged_attention._decode_partition_kernel, *signature(
         paged_attention._decode_partition_kernel,
         {"q_ptr": BF16, "kv_ptr": BF16, "table_ptr": "*i32", "ctx_ptr": "*i32", "part_m_ptr": "*fp32",
-         "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32"}, ("qk_scale",),
-        dict(ATTN, GROUP_PAD=16, PARTITION=paged_attention.PARTITION, BLOCK_N=64)), 4),
-    "decode reduce": (paged_attention._decode_reduce_kernel, *signature(
-        paged_attention._decode_reduce_kernel,
+         "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "out_ptr": BF16}, ("qk_scale",),
+        dict(ATTN, GROUP_PAD=16, SLICES=4, BLOCK_N=64)), 4),
+    "decode partition, one slice": (paged_attention._decode_partition_kernel, *signature(
+        paged_attention._decode_partition_kernel,
+        {"q_ptr": BF16, "kv_ptr": BF16, "table_ptr": "*i32", "ctx_ptr": "*i32", "part_m_ptr": "*fp32",
+         "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "out_ptr": BF16}, ("qk_scale",),
+        dict(ATTN, GROUP_PAD=16, SLICES=1, BLOCK_N=64)), 4),
+    "decode merge": (paged_attention._decode_merge_kernel, *signature(
+        paged_attention._decode_merge_kernel,
         {"part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "ctx_ptr": "*i32", "out_ptr": BF16}, (),
-        dict(HEAD_DIM=128, PARTITION=paged_attention.PARTITION, PARTS_PAD=32, CHUNK=16)), 4),
+        dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, SLICES=4, BLOCK_N=64)), 4),
     "prefill": (paged_attention._prefill_kernel, *signature(
         paged_attention._prefill_kernel,
         {"q_ptr": BF16, "kv_ptr": BF16, "table_ptr": "*i32", "cu_q_ptr": "*i32", "ctx_ptr": "*i32", "out_ptr": BF16},

@@ -22,10 +22,13 @@ triton = pytest.importorskip("triton", reason="triton is not importable; paged a
 
 from services.llm.model.model import causal_attention  # noqa: E402
 from services.llm.runner.kernels.paged_attention import (  # noqa: E402
-    PARTITION,
+    MAX_SLICES,
+    decode_slices,
     paged_decode_attention,
     paged_prefill_attention,
 )
+
+PARTITION = 128  # a round context length for the cases below (two key tiles of a bf16 call)
 
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 DTYPES = [torch.float32] + ([torch.bfloat16] if CUDA else [])
@@ -113,7 +116,7 @@ def check(out, ref, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", SHAPES)
 def test_decode_ragged_batch(request, dtype, heads, kv_heads, head_dim):
-    # Three slices (the last one short), one slice + 1 token, context 1, mid-block, whole blocks, and a
+    # Several key tiles (the last one short), one tile + 1 token, context 1, mid-block, whole blocks, and a
     # padding row (ctx 0) → zeros.
     ctx_lens = [2 * PARTITION + 20, 1, 17, 0, PARTITION + 1, 32]
     out, ref = run_decode(rng(request), ctx_lens, heads, kv_heads, head_dim, dtype)
@@ -122,10 +125,23 @@ def test_decode_ragged_batch(request, dtype, heads, kv_heads, head_dim):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_decode_grid_from_max_context_only(request, dtype):
-    # A larger max_context (a CUDA-graph bucket's bound) only adds slices that return at once.
-    out, ref = run_decode(rng(request), [PARTITION * 3 - 5, 3, 0], 4, 2, 16, dtype, max_context=8 * PARTITION)
+@pytest.mark.parametrize("slices", [1, 2, 3, 7, MAX_SLICES])
+def test_decode_any_slice_count(request, dtype, slices):
+    # However a context is cut (one slice written straight to the output, or slices merged; more slices asked
+    # for than a short context has tiles), the same attention; a padding row stays zeros.
+    ctx_lens = [PARTITION * 3 - 5, 3, 0, 64, 65, PARTITION * 2]
+    out, ref = run_decode(rng(request), ctx_lens, 8, 2, 32, dtype, slices=slices)
     check(out, ref, dtype)
+    assert (out[2] == 0).all()
+
+
+def test_decode_slices_fill_the_gpu_and_no_more():
+    # About TARGET_PROGRAMS programs: many slices for one sequence, one slice (no merge launched) from 32 sequences
+    # of 8 kv heads, never more than MAX_SLICES nor fewer than one.
+    assert decode_slices(1, 8) == MAX_SLICES
+    assert decode_slices(16, 8) == 2
+    assert decode_slices(32, 8) == decode_slices(256, 8) == 1
+    assert all(1 <= decode_slices(b, kh) <= MAX_SLICES for b in range(1, 300, 7) for kh in (1, 2, 8))
 
 
 @pytest.mark.parametrize("block_size", [32, 64])
@@ -208,14 +224,17 @@ def test_real_shape(request, dtype):
     heads, kv_heads, head_dim = 32, 8, 128
     ctx_lens = torch.randint(1, 4097, (64,), generator=gen, device=DEVICE).tolist()
     ctx_lens[:4] = [4096, 1, 2048, 0]
-    check(*run_decode(gen, ctx_lens, heads, kv_heads, head_dim, dtype, max_context=4096), dtype)
+    check(*run_decode(gen, ctx_lens, heads, kv_heads, head_dim, dtype), dtype)  # 64 sequences: one slice each
+    check(*run_decode(gen, ctx_lens[:4], heads, kv_heads, head_dim, dtype), dtype)  # 4: eight slices, merged
     seqs = [(1024, 4096), (1, 3000), (700, 700), (1, 1), (333, 2049), (17, 17)]
     check(*run_prefill(gen, seqs, heads, kv_heads, head_dim, dtype), dtype)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA: CUDA graphs")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_decode_cuda_graph_replays_with_new_lengths(request, dtype):
+@pytest.mark.parametrize("slices", [None, 1])
+def test_decode_cuda_graph_replays_with_new_lengths(request, dtype, slices):
+    # Captured at context 5, replayed at others: each slice's length follows its sequence's context.
     gen = rng(request)
     heads, kv_heads, head_dim, batch, max_context = 32, 8, 128, 8, 2048
     kv, tables = make_pool(gen, [max_context] * batch, kv_heads, head_dim, dtype)
@@ -224,7 +243,7 @@ def test_decode_cuda_graph_replays_with_new_lengths(request, dtype):
     out = torch.empty_like(q)
 
     def step():
-        paged_decode_attention(q, kv, LAYER, tables, lens, head_dim**-0.5, out=out, max_context=max_context)
+        paged_decode_attention(q, kv, LAYER, tables, lens, head_dim**-0.5, out=out, slices=slices)
 
     step()  # compile outside the capture
     torch.cuda.synchronize()

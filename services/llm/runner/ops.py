@@ -44,8 +44,7 @@ class TritonOps:
         return self.fused.silu_mul(gate_up)
 
     def decode_attention(self, q, kv_cache, layer, block_tables, context_lens):
-        return self.attention.paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, self.scale,
-                                                     max_context=self.max_model_len)
+        return self.attention.paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, self.scale)
 
     def prefill_attention(self, q, kv_cache, layer, block_tables, cu_seqlens_q, context_lens):
         return self.attention.paged_prefill_attention(q, kv_cache, layer, block_tables, cu_seqlens_q, context_lens,

@@ -9,11 +9,14 @@ sum l, unnormalised output acc, all float32) and tl.dot for both products. Score
 (scale * log2(e)) so the kernels can use exp2. GQA: a program owns one KV head and computes every query
 head of its group together, so each K/V tile is loaded once per group, not once per query head.
 
-Decode (one query per sequence) is "flash-decoding": the context is cut into fixed PARTITION-token
-slices, one program per (slice, kv head, sequence), and a small second kernel merges the partial
-(m, l, acc) of a head's slices. The grid depends only on the batch size, the shapes and `max_context`,
-never on the values in context_lens, so a call can be captured in a CUDA graph and replayed with new
-lengths; slices past a sequence's context return at once and the merge never reads them.
+Decode (one query per sequence) is "flash-decoding": each sequence's context is cut into at most SLICES slices of
+equal length (whole key tiles), one program per (slice, kv head, sequence), and a small second kernel merges the
+partial (m, l, acc) of a group's slices; with one slice the first kernel writes the output itself and the merge is
+not launched. SLICES depends only on the batch size (`decode_slices`: about TARGET_PROGRAMS programs), and each
+slice's length on its sequence's context, so a call can be captured in a CUDA graph and replayed with new lengths.
+Why not fixed-length slices over the longest context a graph allows: at the stack's contexts (~256-512) nearly all
+of those programs had nothing to do, and under MPS at 25% of an H100 the 8,192 programs of a batch of 32 made the
+attention 3.8x its KV traffic (docs/benchmarks.md, issue 23).
 """
 
 from __future__ import annotations
@@ -22,10 +25,16 @@ import torch
 import triton
 import triton.language as tl
 
-# Decode slice length. At the real shape (8 KV heads) batch 1 at context 2048 gives 16 slices x 8 heads
-# = 128 programs, about one per SM of an H100/H200 (132); the merge adds ~6% of the KV traffic.
-PARTITION = 128
+# Decode programs to aim for: about two per SM of an H100 (132). A sequence's context is cut into at most
+# MAX_SLICES slices, each at least one key tile long: batch 1 at context 2048 → 32 slices x 8 kv heads.
+TARGET_PROGRAMS = 256
+MAX_SLICES = 32
 LOG2E = 1.4426950408889634
+
+
+def decode_slices(batch: int, kv_heads: int) -> int:
+    """Slices per sequence for a decode call of `batch` sequences: enough programs to fill the GPU, no more."""
+    return max(1, min(MAX_SLICES, -(-TARGET_PROGRAMS // (batch * kv_heads))))
 
 
 @triton.jit
@@ -54,29 +63,40 @@ def _attend_tile(q, k, v, mask, m, l, acc, qk_scale):
 
 
 @triton.jit
+def _slice_length(ctx, SLICES: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Positions per slice of a context of `ctx` (a multiple of BLOCK_N, >= 1): at most SLICES slices, each at
+    least one key tile. Slices 0 .. cdiv(ctx, length) - 1 hold positions; the others none."""
+    slices = tl.maximum(tl.minimum(tl.cdiv(ctx, BLOCK_N), SLICES), 1)
+    return tl.maximum(tl.cdiv(tl.cdiv(ctx, slices), BLOCK_N) * BLOCK_N, 1)
+
+
+@triton.jit
 def _decode_partition_kernel(
-    q_ptr, kv_ptr, table_ptr, ctx_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
-    layer, qk_scale, num_parts,
-    stride_qb, stride_qh,
+    q_ptr, kv_ptr, table_ptr, ctx_ptr, part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
+    layer, qk_scale,
+    stride_qb, stride_qh, stride_ob, stride_oh,
     stride_kv_block, stride_kv_layer, stride_kv_kv, stride_kv_head, stride_kv_token, stride_table,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr,
+    SLICES: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Grid (num_parts, kv_heads, B): positions [part * PARTITION, +PARTITION) of sequence b for the GROUP
-    query heads of one KV head → partial m, l [B, H, num_parts] and acc [B, H, num_parts, D]."""
+    """Grid (SLICES, kv_heads, B): slice `part` of sequence b's context for the GROUP query heads of one KV head
+    → partial m, l [B, H, SLICES] and acc [B, H, SLICES, D]; with SLICES 1, out [B, H, D] itself (ctx 0: zeros)."""
     part, kv_head, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx = tl.load(ctx_ptr + b)
-    start = part * PARTITION
-    if start >= ctx:  # past this sequence's context, or a padding row (ctx 0): nothing to add
-        return
-    end = tl.minimum(start + PARTITION, ctx)
+    length = _slice_length(ctx, SLICES, BLOCK_N)
+    start = part * length
+    if SLICES > 1:
+        if start >= ctx:  # past this sequence's context, or a padding row (ctx 0): nothing to add
+            return
+    end = tl.minimum(start + length, ctx)
 
     # The group's query heads as the rows of a tl.dot tile, padded to GROUP_PAD >= 16 rows (zeros).
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_DIM)
     heads = kv_head * GROUP + g
+    live = g < GROUP
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=(g < GROUP)[:, None], other=0.0)  # [GROUP_PAD, D]
+                mask=live[:, None], other=0.0)  # [GROUP_PAD, D]
 
     k_plane = kv_ptr + layer * stride_kv_layer + kv_head * stride_kv_head
     table = table_ptr + b * stride_table
@@ -91,41 +111,48 @@ def _decode_partition_kernel(
         v = tl.load(k_plane + stride_kv_kv + offs, mask=valid[:, None], other=0.0)
         m, l, acc = _attend_tile(q, k, v, valid[None, :], m, l, acc, qk_scale)
 
-    row = (b * tl.num_programs(1) * GROUP + heads) * num_parts + part  # [GROUP_PAD] into [B, H, num_parts]
-    live = g < GROUP
-    tl.store(part_m_ptr + row, m, mask=live)
-    tl.store(part_l_ptr + row, l, mask=live)
-    tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=live[:, None])
+    if SLICES == 1:  # the whole context: normalise and write the output (a padding row: l 0, acc 0 → zeros)
+        out = acc / tl.where(l > 0, l, 1.0)[:, None]
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=live[:, None])
+    else:
+        row = (b * tl.num_programs(1) * GROUP + heads) * SLICES + part  # [GROUP_PAD] into [B, H, SLICES]
+        tl.store(part_m_ptr + row, m, mask=live)
+        tl.store(part_l_ptr + row, l, mask=live)
+        tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=live[:, None])
 
 
 @triton.jit
-def _decode_reduce_kernel(
-    part_m_ptr, part_l_ptr, part_acc_ptr, ctx_ptr, out_ptr, num_parts,
+def _decode_merge_kernel(
+    part_m_ptr, part_l_ptr, part_acc_ptr, ctx_ptr, out_ptr,
     stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, PARTITION: tl.constexpr, PARTS_PAD: tl.constexpr, CHUNK: tl.constexpr,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SLICES: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    """Grid (H, B): merge the slices of one (sequence, head) that the first kernel computed:
+    """Grid (kv_heads, B): merge the slices the first kernel wrote for one sequence's GROUP query heads of a KV head:
     out = sum_p 2^(m_p - M) acc_p / sum_p 2^(m_p - M) l_p with M = max_p m_p; a ctx-0 row gets zeros."""
-    head, b = tl.program_id(0), tl.program_id(1)
+    kv_head, b = tl.program_id(0), tl.program_id(1)
     ctx = tl.load(ctx_ptr + b)
-    n_parts = tl.cdiv(ctx, PARTITION)  # slices written for this row; only these are read
-    row = (b * tl.num_programs(0) + head) * num_parts
-
-    p = tl.arange(0, PARTS_PAD)
-    m = tl.load(part_m_ptr + row + p, mask=p < n_parts, other=float("-inf"))
-    m_max = tl.where(n_parts > 0, tl.max(m, 0), 0.0)
-    total = tl.sum(tl.load(part_l_ptr + row + p, mask=p < n_parts, other=0.0) * tl.exp2(m - m_max), 0)
-
+    n_parts = tl.cdiv(ctx, _slice_length(ctx, SLICES, BLOCK_N))  # slices written for this row; only these are read
+    g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_DIM)
-    acc = tl.zeros([HEAD_DIM], tl.float32)
-    for c in range(0, n_parts, CHUNK):  # [CHUNK, D] at a time: bounded registers for long contexts
-        pc = c + tl.arange(0, CHUNK)
-        live = pc < n_parts
-        w = tl.exp2(tl.load(part_m_ptr + row + pc, mask=live, other=float("-inf")) - m_max)
-        a = tl.load(part_acc_ptr + (row + pc)[:, None] * HEAD_DIM + d[None, :], mask=live[:, None], other=0.0)
-        acc += tl.sum(a * w[:, None], 0)
-    out = acc / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + b * stride_ob + head * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+    live = g < GROUP
+    heads = kv_head * GROUP + g
+    row = (b * tl.num_programs(0) * GROUP + heads) * SLICES  # [GROUP_PAD]: slice 0 of each head
+
+    m_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    for p in range(0, n_parts):
+        m_max = tl.maximum(m_max, tl.load(part_m_ptr + row + p, mask=live, other=0.0))
+    total = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    for p in range(0, n_parts):
+        w = tl.exp2(tl.load(part_m_ptr + row + p, mask=live, other=0.0) - m_max)
+        total += w * tl.load(part_l_ptr + row + p, mask=live, other=0.0)
+        acc += w[:, None] * tl.load(part_acc_ptr + (row + p)[:, None] * HEAD_DIM + d[None, :], mask=live[:, None],
+                                    other=0.0)
+    out = acc / tl.where(total > 0, total, 1.0)[:, None]
+    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=live[:, None])
 
 
 @triton.jit
@@ -213,11 +240,12 @@ def _tiles(q: torch.Tensor) -> tuple[int, int, int]:
     return 32, 32, 16
 
 
-def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale, out=None, max_context=None):
+def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale, out=None, slices=None):
     """One query per sequence over its paged context. CUDA-graph safe: no host sync, and the grid depends
-    only on B, the shapes and `max_context` (an upper bound on context_lens; default: what block_tables holds).
+    only on B and the shapes.
 
-    q [B, H, D]; block_tables [B, max_blocks] int32; context_lens [B] int32 (0: padding row → zeros)
+    q [B, H, D]; block_tables [B, max_blocks] int32; context_lens [B] int32 (0: padding row → zeros);
+    slices: a sequence's context is cut into at most this many (default `decode_slices`; tests force others)
     → out [B, H, D] in q's dtype.
     """
     batch, heads, head_dim = q.shape
@@ -225,29 +253,29 @@ def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale
     group = heads // kv_heads
     if out is None:
         out = torch.empty((batch, heads, head_dim), dtype=q.dtype, device=q.device)
-    if max_context is None:
-        max_context = block_tables.shape[1] * block_size
-    num_parts = max(1, triton.cdiv(max_context, PARTITION))
-    # Partials in float32; slices a row does not reach are left unwritten and never read.
-    part_m = torch.empty((batch, heads, num_parts), dtype=torch.float32, device=q.device)
+    if batch == 0:
+        return out
+    slices = slices or decode_slices(batch, kv_heads)
+    # Partials in float32 (one slice: unused); slices a row does not reach are left unwritten and never read.
+    part_m = torch.empty((batch, heads, slices), dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
-    part_acc = torch.empty((batch, heads, num_parts, head_dim), dtype=torch.float32, device=q.device)
+    part_acc = torch.empty((*part_m.shape, head_dim), dtype=torch.float32, device=q.device)
     block_n, _, _ = _tiles(q)
+    group_pad = max(16, triton.next_power_of_2(group))
     s = kv_cache.stride()
-    _decode_partition_kernel[(num_parts, kv_heads, batch)](
-        q, kv_cache, block_tables, context_lens, part_m, part_l, part_acc,
-        layer, scale * LOG2E, num_parts,
-        q.stride(0), q.stride(1),
+    _decode_partition_kernel[(slices, kv_heads, batch)](
+        q, kv_cache, block_tables, context_lens, part_m, part_l, part_acc, out,
+        layer, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         s[0], s[1], s[2], s[3], s[4], block_tables.stride(0),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, PARTITION=PARTITION, BLOCK_N=block_n, num_warps=4, num_stages=2,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size, SLICES=slices, BLOCK_N=block_n, num_warps=4, num_stages=2,
     )
-    parts_pad = triton.next_power_of_2(num_parts)
-    _decode_reduce_kernel[(heads, batch)](
-        part_m, part_l, part_acc, context_lens, out, num_parts,
-        out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, PARTITION=PARTITION, PARTS_PAD=parts_pad, CHUNK=min(16, parts_pad), num_warps=4,
-    )
+    if slices > 1:
+        _decode_merge_kernel[(kv_heads, batch)](
+            part_m, part_l, part_acc, context_lens, out, out.stride(0), out.stride(1),
+            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SLICES=slices, BLOCK_N=block_n, num_warps=4,
+        )
     return out
 
 
