@@ -240,12 +240,14 @@ def _tiles(q: torch.Tensor) -> tuple[int, int, int]:
     return 32, 32, 16
 
 
-def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale, out=None, slices=None):
+def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale, out=None, slices=None,
+                           tiles: dict | None = None):
     """One query per sequence over its paged context. CUDA-graph safe: no host sync, and the grid depends
     only on B and the shapes.
 
     q [B, H, D]; block_tables [B, max_blocks] int32; context_lens [B] int32 (0: padding row → zeros);
-    slices: a sequence's context is cut into at most this many (default `decode_slices`; tests force others)
+    slices: a sequence's context is cut into at most this many (default `decode_slices`; tests force others);
+    tiles: the first kernel's BLOCK_N, num_warps, num_stages (bench/llm_attention.py compares)
     → out [B, H, D] in q's dtype.
     """
     batch, heads, head_dim = q.shape
@@ -261,6 +263,7 @@ def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty((*part_m.shape, head_dim), dtype=torch.float32, device=q.device)
     block_n, _, _ = _tiles(q)
+    tiles = {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, **(tiles or {})}
     group_pad = max(16, triton.next_power_of_2(group))
     s = kv_cache.stride()
     _decode_partition_kernel[(slices, kv_heads, batch)](
@@ -269,12 +272,12 @@ def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         s[0], s[1], s[2], s[3], s[4], block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, SLICES=slices, BLOCK_N=block_n, num_warps=4, num_stages=2,
+        BLOCK_SIZE=block_size, SLICES=slices, **tiles,
     )
     if slices > 1:
         _decode_merge_kernel[(kv_heads, batch)](
             part_m, part_l, part_acc, context_lens, out, out.stride(0), out.stride(1),
-            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SLICES=slices, BLOCK_N=block_n, num_warps=4,
+            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SLICES=slices, BLOCK_N=tiles["BLOCK_N"], num_warps=4,
         )
     return out
 
