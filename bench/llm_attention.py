@@ -30,11 +30,11 @@ VARIANTS = {
     "2x slices": (lambda b: min(32, 2 * decode_slices(b, KV_HEADS)), {}),
     "4x slices": (lambda b: min(32, 4 * decode_slices(b, KV_HEADS)), {}),
     "keys 32": (lambda b: decode_slices(b, KV_HEADS), {"BLOCK_N": 32}),
-    "keys 32, 2x slices": (lambda b: min(32, 2 * decode_slices(b, KV_HEADS)), {"BLOCK_N": 32}),
+    "keys 32 + 2x slices": (lambda b: min(32, 2 * decode_slices(b, KV_HEADS)), {"BLOCK_N": 32}),
     "3 stages": (lambda b: decode_slices(b, KV_HEADS), {"num_stages": 3}),
     "1 stage": (lambda b: decode_slices(b, KV_HEADS), {"num_stages": 1}),
     "2 warps": (lambda b: decode_slices(b, KV_HEADS), {"num_warps": 2}),
-    "keys 32, 2 warps, 2x slices": (lambda b: min(32, 2 * decode_slices(b, KV_HEADS)), {"BLOCK_N": 32, "num_warps": 2}),
+    "keys 32 + 2 warps + 2x slices": (lambda b: min(32, 2 * decode_slices(b, KV_HEADS)), {"BLOCK_N": 32, "num_warps": 2}),
 }
 
 
