@@ -26,7 +26,8 @@ import torch
 from codec_estimator import timed
 
 from measure import snr_db
-from services.vocoder.codec import chunk_attention, fused_linear, launch
+from services.common import launch
+from services.vocoder.codec import chunk_attention, fused_linear
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder

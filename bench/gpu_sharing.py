@@ -17,7 +17,7 @@ blocks ahead of the other's as multiprocessors free up.
 
     python bench/gpu_sharing.py --json out.json                         # real size: one H100/H200, ~4 minutes
     python bench/gpu_sharing.py --quantization fp8 --no-one-process     # the llm's products in FP8, under MPS only
-    python bench/gpu_sharing.py --size tiny --device cpu --seconds 1    # a smoke run of the machinery (no MPS)
+    python bench/gpu_sharing.py --size tiny --device cpu --seconds 1 --kv-gb 0.05 --batch 4 --windows 2   # a smoke run (no MPS)
     python bench/gpu_sharing.py --no-one-process --mps-llm-threads 25 --neighbors llm,read,read-evict-first,spin
                                                 # what in the llm's step slows the vocoder (bench/gpu_neighbors.py)
     python bench/gpu_sharing.py --no-one-process --mps-llm-threads 100 --green-llm-sms 32 --neighbors llm,spin,read
@@ -113,6 +113,10 @@ def child(args) -> None:
         part, num_sms = args.green.split(":")
         make_current(int(num_sms), part)
         sms = gpu_neighbors.sm_ids(device)
+    if args.llm_pdl == "off" and args.role == "llm":  # (its graphs are captured with plain launches)
+        from services.common import launch
+
+        launch.ENABLED = False
     llm = neighbor_loop(args, device) if args.role in ("llm", "both") else None
     vocoder = VocoderLoop(args.size, device, args.windows, args.flow_variant) if args.role in ("vocoder", "both") else None
     loops = {"llm": llm, "vocoder": vocoder}
@@ -147,7 +151,8 @@ class Child:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--size", args.size, "--device",
                args.device, "--batch", str(args.batch), "--context", str(args.context), "--windows", str(args.windows),
                "--seconds", str(args.seconds), "--kv-gb", str(args.kv_gb), "--quantization", args.quantization,
-               "--neighbor", neighbor, "--flow-variant", args.flow_variant] + (["--green", green] if green else [])
+               "--neighbor", neighbor, "--flow-variant", args.flow_variant, "--llm-pdl", args.llm_pdl] + (
+               ["--green", green] if green else [])
         self.role = role
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})})
@@ -312,6 +317,8 @@ def main() -> None:
     p.add_argument("--neighbor", default="llm", help=argparse.SUPPRESS)
     p.add_argument("--green", default="", help=argparse.SUPPRESS)
     p.add_argument("--flow-variant", default="defaults", help="the vocoder's flow kernels: a codec_flow_profile variant")
+    p.add_argument("--llm-pdl", choices=["on", "off"], default="on",
+                   help="the llm's Triton kernels launched while the one before runs (services/common/launch.py); MPS arms")
     p.add_argument("--json")
     p.add_argument("--role", choices=["llm", "vocoder", "both"], help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -338,7 +345,7 @@ def main() -> None:
     if shares:
         mps_arms(args, out)
     print(f"\n{out.get('gpu', 'cpu')}, {out['date']}: llm {args.batch} x {args.context} decoding (bf16, graphs, "
-          f"quantization {args.quantization}), vocoder flow calls of {args.windows} windows ({args.flow_variant}); "
+          f"quantization {args.quantization}, PDL {args.llm_pdl}), vocoder flow calls of {args.windows} windows ({args.flow_variant}); "
           f"{args.seconds:.0f} s a loop"
           + (f"; MPS arms on green contexts, the llm's of {args.green_llm_sms} multiprocessors, the vocoder's of the rest"
              if args.green_llm_sms else ""))

@@ -46,27 +46,28 @@ KERNELS = {
         paged_attention._decode_partition_kernel,
         {"q_ptr": BF16, "kv_ptr": BF16, "table_ptr": "*i32", "ctx_ptr": "*i32", "part_m_ptr": "*fp32",
          "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "out_ptr": BF16}, ("qk_scale",),
-        dict(ATTN, GROUP_PAD=16, SLICES=4, BLOCK_N=64)), 4),
+        dict(ATTN, GROUP_PAD=16, SLICES=4, BLOCK_N=64, PDL=True)), 4),
     "decode partition, one slice": (paged_attention._decode_partition_kernel, *signature(
         paged_attention._decode_partition_kernel,
         {"q_ptr": BF16, "kv_ptr": BF16, "table_ptr": "*i32", "ctx_ptr": "*i32", "part_m_ptr": "*fp32",
          "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "out_ptr": BF16}, ("qk_scale",),
-        dict(ATTN, GROUP_PAD=16, SLICES=1, BLOCK_N=64)), 4),
+        dict(ATTN, GROUP_PAD=16, SLICES=1, BLOCK_N=64, PDL=True)), 4),
     "decode merge": (paged_attention._decode_merge_kernel, *signature(
         paged_attention._decode_merge_kernel,
         {"part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32", "ctx_ptr": "*i32", "out_ptr": BF16}, (),
-        dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, SLICES=4, BLOCK_N=64)), 4),
+        dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, SLICES=4, BLOCK_N=64, PDL=True)), 4),
     "prefill": (paged_attention._prefill_kernel, *signature(
         paged_attention._prefill_kernel,
         {"q_ptr": BF16, "kv_ptr": BF16, "table_ptr": "*i32", "cu_q_ptr": "*i32", "ctx_ptr": "*i32", "out_ptr": BF16},
-        ("qk_scale",), dict(ATTN, BLOCK_M=64, BLOCK_N=64)), 4),
+        ("qk_scale",), dict(ATTN, BLOCK_M=64, BLOCK_N=64, PDL=True)), 4),
     "rms_norm + residual": (fused._rms_norm_kernel, *signature(
         fused._rms_norm_kernel, {"x_ptr": BF16, "res_ptr": BF16, "w_ptr": BF16, "out_ptr": BF16}, ("eps",),
-        dict(HAS_RESIDUAL=True, BLOCK=4096)), 8),
+        dict(HAS_RESIDUAL=True, BLOCK=4096, PDL=True)), 8),
     "qk norm + rope + store": (fused._qk_norm_rope_store_kernel, *signature(
         fused._qk_norm_rope_store_kernel,
         {"qkv_ptr": BF16, "qw_ptr": BF16, "kw_ptr": BF16, "pos_ptr": "*i64", "cs_ptr": "*fp32", "kv_ptr": BF16,
-         "slot_ptr": "*i64", "q_ptr": BF16}, ("eps",), dict(H=32, KH=8, D=128, HALF_BLOCK=64, H_BLOCK=32, KH_BLOCK=8)),
+         "slot_ptr": "*i64", "q_ptr": BF16}, ("eps",), dict(H=32, KH=8, D=128, HALF_BLOCK=64, H_BLOCK=32, KH_BLOCK=8,
+                                                                     PDL=True)),
         8),
     "fp8: a row's quantization": (fp8._quantize_rows_kernel, *signature(
         fp8._quantize_rows_kernel, {"x_ptr": BF16, "q_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}, ("fp8_max", "tiny"),
@@ -75,7 +76,7 @@ KERNELS = {
         fp8._decode_kernel.fn, {"x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32",
                                 "y_ptr": BF16}, (), dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256)), 4),
     "silu * mul": (fused._silu_mul_kernel, *signature(
-        fused._silu_mul_kernel, {"gu_ptr": BF16, "out_ptr": BF16}, (), dict(BLOCK=2048)), 8),
+        fused._silu_mul_kernel, {"gu_ptr": BF16, "out_ptr": BF16}, (), dict(BLOCK=2048, PDL=True)), 8),
     "sampling: prepare": (sampling._prepare_kernel, *signature(
         sampling._prepare_kernel,
         {"logits_ptr": "*fp32", "seen_ptr": "*u8", "slot_ptr": "*i64", "penalty_ptr": "*fp32",

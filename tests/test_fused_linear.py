@@ -72,7 +72,7 @@ def test_linear_gelu_runs_pytorch_on_cpu_and_when_off(monkeypatch):
 
 
 def test_programmatic_launch_only_on_cuda_devices_that_have_it(monkeypatch):
-    from services.vocoder.codec import launch
+    from services.common import launch
 
     assert not launch.pdl(torch.zeros(1))                                        # CPU: Triton's interpreter
     if CUDA:

@@ -40,9 +40,9 @@ try:
 except ImportError:  # pragma: no cover (CI installs triton; the PyTorch form needs none)
     triton = None
 else:
-    from services.vocoder.codec.launch import inputs_ready
+    from services.common.launch import inputs_ready
 
-from services.vocoder.codec import launch
+from services.common import launch
 
 MASKED = -1.0e10  # the reference's additive attention bias for a key a query may not read
 SPLIT = True       # few programs: each (query block, row, head) reads its keys as parts side by side, then a combine

@@ -29,9 +29,9 @@ try:
 except ImportError:  # pragma: no cover (CI installs triton; the PyTorch forms need none)
     triton = None
 else:
-    from services.vocoder.codec.launch import inputs_ready
+    from services.common.launch import inputs_ready
 
-from services.vocoder.codec import launch
+from services.common import launch
 
 ROWS_PER_PROGRAM = 16  # frames per program of frame_norm: a few KB of channels each, enough programs to fill a GPU
 

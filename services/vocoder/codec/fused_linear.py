@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from services.vocoder.codec import frame_ops, launch
+from services.common import launch
+from services.vocoder.codec import frame_ops
 
 try:
     import triton
@@ -30,7 +31,7 @@ try:
 except ImportError:  # pragma: no cover (CI installs triton; the PyTorch form needs none)
     triton = None
 else:
-    from services.vocoder.codec.launch import inputs_ready
+    from services.common.launch import inputs_ready
 
 FUSED = True     # False: PyTorch's product, then its GELU (bench/codec_flow_profile.py compares)
 BLOCK_K = 64

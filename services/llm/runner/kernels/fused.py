@@ -2,8 +2,9 @@
 
 In a CUDA graph of a 40-layer decode step every tiny kernel still costs ~2 µs of GPU time, so the reference's
 chains of small ops (RMSNorm as 5 ops, RoPE recomputing cos/sin per layer, silu then mul, the KV-cache scatter)
-are fused here. Every wrapper launches with a grid that depends only on tensor shapes and never syncs with the
-host, so all of them can be captured in a CUDA graph.
+are fused here; on compute capability 9+ each launches while the kernel before it still runs
+(services/common/launch.py). Every wrapper launches with a grid that depends only on tensor shapes and never syncs
+with the host, so all of them can be captured in a CUDA graph.
 
 Numerics follow services/llm/model/model.py: math in fp32, rounding to the model dtype exactly where the
 reference rounds (after the residual add, after each RMSNorm, after RoPE). Rows must have a contiguous last dim.
@@ -14,6 +15,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from services.common import launch
+from services.common.launch import inputs_ready
 
 
 def _warps(block: int) -> int:
@@ -27,7 +31,8 @@ def _warps(block: int) -> int:
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, x_stride, res_stride, out_stride, hidden, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    inputs_ready(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
@@ -63,7 +68,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     if n > 0:
         block = triton.next_power_of_2(hidden)
         _rms_norm_kernel[(n,)](x, res, weight, out, x.stride(0), res.stride(0), out.stride(0), hidden, eps,
-                               HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=_warps(block))
+                               HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=_warps(block),
+                               PDL=(pdl := launch.pdl(x)), launch_pdl=pdl)
     return out if residual is None else (out, residual)
 
 
@@ -105,7 +111,8 @@ def _qk_norm_rope_store_kernel(qkv_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, kv_ptr,
                                kv_s0, kv_s1, kv_s2, kv_s3, kv_s4,
                                layer, block_size, eps,
                                H: tl.constexpr, KH: tl.constexpr, D: tl.constexpr, HALF_BLOCK: tl.constexpr,
-                               H_BLOCK: tl.constexpr, KH_BLOCK: tl.constexpr):
+                               H_BLOCK: tl.constexpr, KH_BLOCK: tl.constexpr, PDL: tl.constexpr):
+    inputs_ready(PDL)
     # Grid (N,): program n handles row n's H q heads, then its KH k heads with their v heads, each as [heads, D/2]
     # tiles. Each head is loaded as two halves so that NeoX's rotate (cat(-x2, x1)) needs no shuffle.
     n = tl.program_id(0).to(tl.int64)
@@ -175,7 +182,8 @@ def qk_norm_rope_store(qkv: torch.Tensor, q_norm_weight: torch.Tensor, k_norm_we
             qkv, q_norm_weight, k_norm_weight, positions, cos_sin, kv_cache, slot_mapping, q_out,
             qkv.stride(0), q_out.stride(0), q_out.stride(1), *kv_cache.stride()[:5],
             layer, kv_cache.shape[4], eps, H=h, KH=kh, D=d, HALF_BLOCK=half_block, H_BLOCK=h_block,
-            KH_BLOCK=triton.next_power_of_2(kh), num_warps=max(1, min(8, h_block * half_block // 256)))
+            KH_BLOCK=triton.next_power_of_2(kh), num_warps=max(1, min(8, h_block * half_block // 256)),
+            PDL=(pdl := launch.pdl(qkv)), launch_pdl=pdl)
     return q_out
 
 
@@ -184,7 +192,8 @@ def qk_norm_rope_store(qkv: torch.Tensor, q_norm_weight: torch.Tensor, k_norm_we
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, gu_stride, out_stride, inter, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, gu_stride, out_stride, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    inputs_ready(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < inter
@@ -203,5 +212,6 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Te
     if n > 0:
         block = min(1024, triton.next_power_of_2(inter))
         _silu_mul_kernel[(n, triton.cdiv(inter, block))](gate_up, out, gate_up.stride(0), out.stride(0), inter,
-                                                          BLOCK=block, num_warps=_warps(block))
+                                                          BLOCK=block, num_warps=_warps(block),
+                                                          PDL=(pdl := launch.pdl(gate_up)), launch_pdl=pdl)
     return out

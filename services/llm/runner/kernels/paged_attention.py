@@ -25,6 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+from services.common import launch
+from services.common.launch import inputs_ready
+
 # Decode programs to aim for: about two per SM of an H100 (132). A sequence's context is cut into at most
 # MAX_SLICES slices, each at least one key tile long: batch 1 at context 2048 → 32 slices x 8 kv heads.
 TARGET_PROGRAMS = 256
@@ -77,10 +80,11 @@ def _decode_partition_kernel(
     stride_qb, stride_qh, stride_ob, stride_oh,
     stride_kv_block, stride_kv_layer, stride_kv_kv, stride_kv_head, stride_kv_token, stride_table,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    SLICES: tl.constexpr, BLOCK_N: tl.constexpr,
+    SLICES: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (SLICES, kv_heads, B): slice `part` of sequence b's context for the GROUP query heads of one KV head
     → partial m, l [B, H, SLICES] and acc [B, H, SLICES, D]; with SLICES 1, out [B, H, D] itself (ctx 0: zeros)."""
+    inputs_ready(PDL)
     part, kv_head, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx = tl.load(ctx_ptr + b)
     length = _slice_length(ctx, SLICES, BLOCK_N)
@@ -127,10 +131,11 @@ def _decode_merge_kernel(
     part_m_ptr, part_l_ptr, part_acc_ptr, ctx_ptr, out_ptr,
     stride_ob, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, SLICES: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (kv_heads, B): merge the slices the first kernel wrote for one sequence's GROUP query heads of a KV head:
     out = sum_p 2^(m_p - M) acc_p / sum_p 2^(m_p - M) l_p with M = max_p m_p; a ctx-0 row gets zeros."""
+    inputs_ready(PDL)
     kv_head, b = tl.program_id(0), tl.program_id(1)
     ctx = tl.load(ctx_ptr + b)
     n_parts = tl.cdiv(ctx, _slice_length(ctx, SLICES, BLOCK_N))  # slices written for this row; only these are read
@@ -162,7 +167,7 @@ def _prefill_kernel(
     stride_qn, stride_qh, stride_on, stride_oh,
     stride_kv_block, stride_kv_layer, stride_kv_kv, stride_kv_head, stride_kv_token, stride_table,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     """Grid (num_rows // POSITIONS + S, kv_heads), POSITIONS = BLOCK_M // GROUP. A tile's BLOCK_M rows are
     POSITIONS query positions x the GROUP heads of one KV head (row r: position r // GROUP, head r % GROUP),
@@ -172,6 +177,7 @@ def _prefill_kernel(
     which leaves it at least cdiv(q_len_s, POSITIONS) of them, so the grid depends only on the number of
     rows and sequences, never on how the rows split (a graph captured once serves every split); a
     program finds its sequence by binary search over first(s) and returns if its tile has no rows."""
+    inputs_ready(PDL)
     pid, kv_head = tl.program_id(0), tl.program_id(1)
     POSITIONS: tl.constexpr = BLOCK_M // GROUP
     lo = pid * 0  # int32 scalars (num_seqs 1 is specialised to a constant)
@@ -263,8 +269,9 @@ def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty((*part_m.shape, head_dim), dtype=torch.float32, device=q.device)
     block_n, _, _ = _tiles(q)
-    tiles = {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, **(tiles or {})}
+    tiles = {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3, **(tiles or {})}  # (3: bench/llm_attention.py)
     group_pad = max(16, triton.next_power_of_2(group))
+    pdl = launch.pdl(q)
     s = kv_cache.stride()
     _decode_partition_kernel[(slices, kv_heads, batch)](
         q, kv_cache, block_tables, context_lens, part_m, part_l, part_acc, out,
@@ -272,12 +279,13 @@ def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         s[0], s[1], s[2], s[3], s[4], block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, SLICES=slices, **tiles,
+        BLOCK_SIZE=block_size, SLICES=slices, **tiles, PDL=pdl, launch_pdl=pdl,
     )
     if slices > 1:
         _decode_merge_kernel[(kv_heads, batch)](
             part_m, part_l, part_acc, context_lens, out, out.stride(0), out.stride(1),
             GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, SLICES=slices, BLOCK_N=tiles["BLOCK_N"], num_warps=4,
+            PDL=pdl, launch_pdl=pdl,
         )
     return out
 
@@ -309,6 +317,6 @@ def paged_prefill_attention(q, kv_cache, layer, block_tables, cu_seqlens_q, cont
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         s[0], s[1], s[2], s[3], s[4], block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=4, num_stages=2,
+        num_warps=4, num_stages=2, PDL=(pdl := launch.pdl(q)), launch_pdl=pdl,
     )
     return out
