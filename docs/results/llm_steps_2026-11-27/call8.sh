@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Call 8 (H100): call 6 again in the other order (this tree first), to see the spread: the stack at Poisson 30/s, 5fd7668 (the decode attention in fixed slices, no PDL in the llm; in
-# old_tree/, not committed) then this tree, one after the other on one machine. Each tree's files packed into one.
+# Call 8 (H100): call 6 again in the other order, to see the spread: the stack at Poisson 30/s, this tree, then
+# 5fd7668 (the decode attention in fixed slices, no PDL in the llm; in old_tree/, not committed), one after the other
+# on one machine. Each tree's files packed into one.
 set -uo pipefail
 ln -sfn "$PWD/.whl" old_tree/.whl
 for tree in new old; do
