@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from measure import gpu_record, median_time
+from measure import gpu_record, graph_time
 from services.vocoder.codec import chunk_attention
 
 REPS = 50
@@ -39,13 +39,7 @@ CONFIGS.update({f"{m}x{n} w{w} p{p}": dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, PA
 
 def per_op(fn, device) -> float:
     """Seconds per call of fn, replayed REPS times from one CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(REPS):
-            fn()
-    return median_time(graph.replay, 10, device) / REPS
+    return graph_time(fn, REPS, 10, device) / REPS
 
 
 @torch.inference_mode()

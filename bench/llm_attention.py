@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 from llm_floor import copy_bandwidth
 
-from measure import gpu_record, times
+from measure import gpu_record, graph_time
 from services.llm.runner.kernels.paged_attention import decode_slices, paged_decode_attention
 
 LAYERS = 36  # the audio path: 32 shared + 4 audio layers, each one decode attention
@@ -56,14 +55,7 @@ def step_seconds(q, kv, tables, lens, slices: int, tiles: dict, reps: int) -> tu
     def call():
         paged_decode_attention(q, kv, 0, tables, lens, HEAD_DIM**-0.5, out=out, slices=slices, tiles=tiles)
 
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(LAYERS):
-            call()
-    seconds = statistics.median(times(graph.replay, reps, q.device))
-    return seconds, out.clone()
+    return graph_time(call, LAYERS, reps, q.device), out.clone()
 
 
 def main():

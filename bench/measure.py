@@ -32,6 +32,18 @@ def median_time(fn, reps: int, device: torch.device) -> float:
     return statistics.median(times(fn, reps, device))
 
 
+def graph_time(fn, repeats: int, reps: int, device: torch.device) -> float:
+    """Median seconds of replaying `repeats` calls of fn() captured in one CUDA graph (fn run once before, outside
+    the capture: it compiles and allocates there)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeats):
+            fn()
+    return median_time(graph.replay, reps, device)
+
+
 def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
     ref, x = ref.float().cpu(), x.float().cpu()
     return float(10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum().clamp(min=1e-30)))
