@@ -125,7 +125,7 @@ def test_decode_ragged_batch(request, dtype, heads, kv_heads, head_dim):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("slices", [1, 2, 3, 7, MAX_SLICES])
+@pytest.mark.parametrize("slices", [1, 3, MAX_SLICES])
 def test_decode_any_slice_count(request, dtype, slices):
     # However a context is cut (one slice written straight to the output, or slices merged; more slices asked
     # for than a short context has tiles), the same attention; a padding row stays zeros.

@@ -32,6 +32,7 @@ from services.common.launch import inputs_ready
 # MAX_SLICES slices, each at least one key tile long: batch 1 at context 2048 → 32 slices x 8 kv heads.
 TARGET_PROGRAMS = 256
 MAX_SLICES = 32
+INTERPRETER_SLICES = 2
 LOG2E = 1.4426950408889634
 
 
@@ -263,7 +264,9 @@ def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale
         out = torch.empty((batch, heads, head_dim), dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
-    slices = slices or decode_slices(batch, kv_heads)
+    # (Triton's interpreter on a CPU runs every program in Python, even one with nothing to do, and captures no graphs:
+    # two slices there, so that the merge still runs.)
+    slices = slices or (decode_slices(batch, kv_heads) if q.is_cuda else INTERPRETER_SLICES)
     # Partials in float32 (one slice: unused); slices a row does not reach are left unwritten and never read.
     part_m = torch.empty((batch, heads, slices), dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
