@@ -18,7 +18,7 @@ import torch
 from llm_floor import copy_bandwidth
 
 from measure import gpu_record, graph_time
-from services.llm.runner.kernels.paged_attention import decode_slices, paged_decode_attention
+from services.llm.runner.kernels.paged_attention import MAX_SLICES, decode_slices, paged_decode_attention
 
 LAYERS = 36  # the audio path: 32 shared + 4 audio layers, each one decode attention
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
@@ -26,14 +26,14 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 # name → (slices for a batch, tiles); "defaults" is what the runner runs
 VARIANTS = {
     "defaults": (lambda b: decode_slices(b, KV_HEADS), {}),
-    "2x slices": (lambda b: min(32, 2 * decode_slices(b, KV_HEADS)), {}),
-    "4x slices": (lambda b: min(32, 4 * decode_slices(b, KV_HEADS)), {}),
+    "2x slices": (lambda b: min(MAX_SLICES, 2 * decode_slices(b, KV_HEADS)), {}),
+    "4x slices": (lambda b: min(MAX_SLICES, 4 * decode_slices(b, KV_HEADS)), {}),
     "keys 32": (lambda b: decode_slices(b, KV_HEADS), {"BLOCK_N": 32}),
-    "keys 32 + 2x slices": (lambda b: min(32, 2 * decode_slices(b, KV_HEADS)), {"BLOCK_N": 32}),
+    "keys 32 + 2x slices": (lambda b: min(MAX_SLICES, 2 * decode_slices(b, KV_HEADS)), {"BLOCK_N": 32}),
     "3 stages": (lambda b: decode_slices(b, KV_HEADS), {"num_stages": 3}),
     "1 stage": (lambda b: decode_slices(b, KV_HEADS), {"num_stages": 1}),
     "2 warps": (lambda b: decode_slices(b, KV_HEADS), {"num_warps": 2}),
-    "keys 32 + 2 warps + 2x slices": (lambda b: min(32, 2 * decode_slices(b, KV_HEADS)), {"BLOCK_N": 32, "num_warps": 2}),
+    "keys 32 + 2 warps + 2x slices": (lambda b: min(MAX_SLICES, 2 * decode_slices(b, KV_HEADS)), {"BLOCK_N": 32, "num_warps": 2}),
 }
 
 

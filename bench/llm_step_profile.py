@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import time
 from collections import defaultdict
 
 import torch
-from llm_timing import Prompts
+from llm_timing import Prompts, timed_step
 from torch.profiler import ProfilerActivity, profile
 
 from services.common.sampling import ChunkSettings, SamplingSettings
@@ -130,22 +131,18 @@ def join_steps(engine, cfg, positions: int, context: int, joins: int = 7) -> dic
         engine.step()
     mixed, decode = [], []
     s = SamplingSettings(max_new_tokens=64, min_new_tokens=64, seed=0)
-    overlap = engine.config
-    engine.config = dataclasses.replace(engine.config, overlap=False)  # each step() then runs exactly one step
+    config = engine.config
+    engine.config = dataclasses.replace(config, overlap=False)  # each step() then runs exactly one step
     for j in range(joins):
         ids = base.text_ids[: context - positions] + prompts.request(positions, 4).text_ids
         engine.add(engine.make_sequence(GenerationRequest(f"join{j}", s, ChunkSettings(), text_ids=ids)))
         for _ in range(6):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            engine.step()
-            torch.cuda.synchronize()
-            ms = (time.perf_counter() - t) * 1e3
+            ms = timed_step(engine, torch.device("cuda")) * 1e3
             (mixed if engine.last_step.prefill_tokens else decode).append(ms)
-    engine.config = overlap
+    engine.config = config
 
     def med(xs):
-        return sorted(xs)[len(xs) // 2] if xs else float("nan")
+        return statistics.median_high(xs) if xs else float("nan")
     return {"mixed": mixed, "decode": decode, "mixed_ms": med(mixed), "decode_ms": med(decode)}
 
 

@@ -16,7 +16,7 @@ not launched. SLICES depends only on the batch size (`decode_slices`: about TARG
 slice's length on its sequence's context, so a call can be captured in a CUDA graph and replayed with new lengths.
 Why not fixed-length slices over the longest context a graph allows: at the stack's contexts (~256-512) nearly all
 of those programs had nothing to do, and under MPS at 25% of an H100 the 8,192 programs of a batch of 32 made the
-attention 3.8x its KV traffic (docs/benchmarks.md, issue 23).
+attention 3.7x its KV traffic (docs/benchmarks.md, issue 23).
 """
 
 from __future__ import annotations
