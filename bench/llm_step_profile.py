@@ -2,7 +2,8 @@
 wall time per step, kernel time per step, the GPU's idle share, and the kernels by total time, with those
 replayed from the decode graph told apart from those launched outside it. A Chrome trace goes to --trace.
 With --join N, also what a step costs when a new request's last N prompt positions join the batch (a mixed
-step, as each arrival brings in the stack), against the decode steps around it.
+step, as each arrival brings in the stack), against the decode steps around it, and the kernels of each kind of step
+side by side (where the mixed step's extra time goes).
 
     python bench/llm_step_profile.py --preset moss-speech --device cuda --batches 1,64 --context 512
     CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 python bench/llm_step_profile.py --batches 1,16,32 --context 256 --join 16
@@ -26,6 +27,7 @@ from services.llm.engine.engine import EngineConfig, GenerationRequest, LLMEngin
 from services.llm.model.checkpoint import random_model
 from services.llm.model.config import preset
 from services.llm.model.tokenizer import tiny_tokenizer
+from services.llm.runner import kernel_runner
 
 
 def fill(engine, cfg, batch, context, steps):
@@ -62,7 +64,10 @@ def main():
     p.add_argument("--join", type=int, default=0, help="also time a mixed step: a new request of this many new positions joins")
     p.add_argument("--top", type=int, default=25, help="kernels listed from the whole step")
     p.add_argument("--json", default="", help="write every batch's kernels (and joins) here")
+    p.add_argument("--packed-buckets", default="", help="the packed steps' row buckets, instead of the runner's own")
     args = p.parse_args()
+    if args.packed_buckets:
+        kernel_runner.PACKED_BUCKETS = tuple(int(b) for b in args.packed_buckets.split(","))
     results = []
     cfg = preset(args.preset)
     model = random_model(cfg, device=torch.device(args.device), dtype=torch.bfloat16)
@@ -106,6 +111,7 @@ def main():
             j = row["join"]
             print(f"a new request's last {args.join} positions joining {batch}: mixed step {j['mixed_ms']:.2f} ms "
                   f"(median of {len(j['mixed'])}) against decode steps {j['decode_ms']:.2f} ms around it")
+            print_join_kernels(j, args.top)
         results.append(row)
         if args.trace:
             prof.export_chrome_trace(f"{args.trace}_b{batch}.json")
@@ -139,11 +145,36 @@ def join_steps(engine, cfg, positions: int, context: int, joins: int = 7) -> dic
         for _ in range(6):
             ms = timed_step(engine, torch.device("cuda")) * 1e3
             (mixed if engine.last_step.prefill_tokens else decode).append(ms)
+    kernels = {"mixed": defaultdict(float), "decode": defaultdict(float)}  # name → us per step, profiled apart
+    counts = {"mixed": 0, "decode": 0}
+    for j in range(3):
+        ids = base.text_ids[: context - positions] + prompts.request(positions, 4).text_ids
+        engine.add(engine.make_sequence(GenerationRequest(f"profiled{j}", s, ChunkSettings(), text_ids=ids)))
+        for _ in range(2):  # the mixed step, then a decode step
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                engine.step()
+                torch.cuda.synchronize()
+            kind = "mixed" if engine.last_step.prefill_tokens else "decode"
+            counts[kind] += 1
+            for e in prof.events():
+                if e.device_type.name == "CUDA":
+                    kernels[kind][e.name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
     engine.config = config
 
     def med(xs):
         return statistics.median_high(xs) if xs else float("nan")
-    return {"mixed": mixed, "decode": decode, "mixed_ms": med(mixed), "decode_ms": med(decode)}
+    per_step = {kind: {k: v / max(counts[kind], 1) for k, v in kernels[kind].items()} for kind in kernels}
+    return {"mixed": mixed, "decode": decode, "mixed_ms": med(mixed), "decode_ms": med(decode), "kernels_us": per_step}
+
+
+def print_join_kernels(join: dict, top: int) -> None:
+    """The kernels of a mixed step against a decode step's, largest difference first."""
+    mixed, decode = join["kernels_us"]["mixed"], join["kernels_us"]["decode"]
+    print(f"  kernels: mixed {sum(mixed.values()) / 1e3:.2f} ms, decode {sum(decode.values()) / 1e3:.2f} ms a step")
+    print(f"  {'kernel':70s} {'mixed us':>9s} {'decode us':>9s}")
+    for name in sorted(set(mixed) | set(decode), key=lambda k: -abs(mixed.get(k, 0) - decode.get(k, 0)))[:top]:
+        print(f"  {name[:70]:70s} {mixed.get(name, 0.0):9.1f} {decode.get(name, 0.0):9.1f}")
 
 
 if __name__ == "__main__":

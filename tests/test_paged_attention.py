@@ -23,9 +23,11 @@ triton = pytest.importorskip("triton", reason="triton is not importable; paged a
 from services.llm.model.model import causal_attention  # noqa: E402
 from services.llm.runner.kernels.paged_attention import (  # noqa: E402
     MAX_SLICES,
+    SMALL_PACKED_ROWS,
     decode_slices,
     paged_decode_attention,
     paged_prefill_attention,
+    prefill_block_m,
 )
 
 PARTITION = 128  # a round context length for the cases below (two key tiles of a bf16 call)
@@ -166,9 +168,11 @@ def test_prefill_ragged_batch(request, dtype, heads, kv_heads, head_dim):
     check(out, ref, dtype)
 
 
-def test_prefill_padded_like_a_graph_bucket(request):
+@pytest.mark.parametrize("tiles", [None, {"BLOCK_M": 16}, {"BLOCK_M": 64, "BLOCK_N": 16}], ids=str)
+def test_prefill_padded_like_a_graph_bucket(request, tiles):
     """A captured prefill replays with N rows and S sequences fixed: padding sequences (q_len 0, ctx 0)
-    and rows after the last sequence's are left alone, and any split of the rows is found by the tiles."""
+    and rows after the last sequence's are left alone, and any split of the rows is found by the tiles
+    (of any height: 4 or 16 positions a tile at this group of 4)."""
     gen = rng(request)
     heads, kv_heads, head_dim = 8, 2, 16
     seqs = [(1, 30)] * 9 + [(37, 37), (1, 3), (20, 70)] + [(0, 0)] * 4  # 4 padding sequences
@@ -180,9 +184,36 @@ def test_prefill_padded_like_a_graph_bucket(request):
     q = randn(gen, cu[-1] + 11, heads, head_dim)  # 11 padding rows
     out = torch.full_like(q, float("nan"))
     paged_prefill_attention(q, kv, LAYER, tables, torch.tensor(cu, dtype=torch.int32, device=DEVICE),
-                            torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE), head_dim**-0.5, out=out)
+                            torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE), head_dim**-0.5, out=out,
+                            tiles=tiles)
     check(out[: cu[-1]], reference(q[: cu[-1]], kv, tables, cu, ctx_lens), torch.float32)
     assert out[cu[-1] :].isnan().all(), "a padding row was written"
+
+
+@pytest.mark.parametrize("rows", [[1] * 12, [12], [1] * 10 + [2]], ids=["decode rows", "one prompt", "both"])
+def test_prefill_searches_only_the_sequences_that_can_have_rows(request, rows):
+    """A graph pads the sequences far beyond the rows (256 against 16-64 in a mixed step); the call searches only
+    the first min(S, N): with every row its own sequence (N of them have rows) and with one sequence holding them
+    all, every row is still found, and the padding sequences' rows are never written."""
+    gen = rng(request)
+    heads, kv_heads, head_dim = 8, 2, 16
+    seqs = [(n, 40 + 3 * i) for i, n in enumerate(rows)] + [(0, 0)] * 30
+    q_lens, ctx_lens = [n for n, _ in seqs], [c for _, c in seqs]
+    kv, tables = make_pool(gen, ctx_lens, kv_heads, head_dim, torch.float32)
+    cu = [0]
+    for n in q_lens:
+        cu.append(cu[-1] + n)
+    q = randn(gen, cu[-1], heads, head_dim)
+    out = torch.full_like(q, float("nan"))
+    paged_prefill_attention(q, kv, LAYER, tables, torch.tensor(cu, dtype=torch.int32, device=DEVICE),
+                            torch.tensor(ctx_lens, dtype=torch.int32, device=DEVICE), head_dim**-0.5, out=out)
+    check(out, reference(q, kv, tables, cu, ctx_lens), torch.float32)
+
+
+def test_small_packed_calls_take_the_smallest_tile_that_holds_a_group():
+    assert prefill_block_m(64, 4, 64) == 16          # a mixed step at the real group (32 heads over 8)
+    assert prefill_block_m(SMALL_PACKED_ROWS, 32, 64) == 32
+    assert prefill_block_m(SMALL_PACKED_ROWS + 1, 4, 64) == 64  # a prompt's prefill keeps the tall tile
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -5,6 +5,7 @@ built here (9.1B parameters); its tokenizer is."""
 import asyncio
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -195,9 +196,13 @@ def test_moss_serve_up_runs_the_engine_it_was_given():
     flags += ["--preset", "tiny", "--kv-cache-gb", "0.05", "--block-size", "64", "--dtype", "bfloat16", "--max-num-seqs", "3",
               "--no-encoder"]
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=subprocess.PIPE, text=True)
+    lines = []  # stderr as it comes: `up` says where each service is only once its own wait for them has ended
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + 120
-        while not all(is_serving(f"127.0.0.1:{ports.grpc[s]}") for s in ("llm", "vocoder", "gateway")):
+        while not (all(is_serving(f"127.0.0.1:{ports.grpc[s]}") for s in ("llm", "vocoder", "gateway"))
+                   and any("Ctrl-C stops" in line for line in lines)):
             assert proc.poll() is None and time.monotonic() < deadline, "moss-serve up did not come up"
             time.sleep(0.3)
         # bfloat16 halves tiny's float32 KV bytes: 0.05 GB holds 1638 blocks of 64, not 3276 (defaults) or 819
@@ -208,7 +213,8 @@ def test_moss_serve_up_runs_the_engine_it_was_given():
         assert result.summary.audio_tokens == 6
         proc.send_signal(2)  # Ctrl-C
         assert proc.wait(timeout=30) == 0
-        err = proc.stderr.read()
+        reader.join(timeout=10)
+        err = "".join(lines)
         assert "llm serves the 'tiny' preset with RANDOM weights" in err
         assert "vocoder serves the 'tiny-codec' preset with RANDOM weights" in err
         assert "vocoder on" in err and "encoder on" not in err  # --no-encoder: none started

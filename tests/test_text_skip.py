@@ -15,6 +15,8 @@ if not torch.cuda.is_available():
 from sessions import Sessions
 
 from forcing import CFG, converse, make_engine
+from services.common.sampling import ChunkSettings
+from services.llm.engine.engine import GenerationRequest
 from services.llm.model.checkpoint import random_model
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -106,3 +108,34 @@ def test_a_session_given_its_history_elsewhere_speaks_as_it_would_have():
     again.history["s0"] = history
     assert turn(whole, 2, again) == expected
     assert whole.block_manager.hit_tokens > hits  # the history's blocks came from the cache
+
+
+def test_a_spoken_turns_prefill_leaves_the_text_branch_out_and_says_the_same():
+    """A spoken reply's prompt ends with sosp, so its first step samples audio: that step (a mixed step beside a
+    speaking sequence, here) runs without the text branch, and no position of the prompt has its text K/V. A text
+    turn after it in the session fills them in and says what a run that always computed both branches says."""
+    from forcing import GREEDY
+
+    model = random_model(CFG, device=DEVICE, dtype=torch.float32, seed=27)
+    replies = {}
+    for skip in (True, False):
+        engine, sessions = make_engine(model, "kernels", text_skip=skip, overlap=False), Sessions()
+        runner = engine.runner.runner
+        other = engine.make_sequence(GenerationRequest("3.x", GREEDY, ChunkSettings(), text="already speaking"))
+        engine.add(other)
+        while other.num_steps < 2:
+            engine.step()
+        skipped = runner.skipped_steps
+        spoken = sessions.add(engine, sessions.request("3.0", GREEDY, "s", text="Hello there"))
+        engine.step()  # the spoken turn's prompt and the other sequence's next position in one packed step
+        assert engine.last_step.prefill_tokens > 0 and spoken.num_steps == 1
+        if skip:
+            assert runner.skipped_steps == skipped + 1 and spoken.text_kv_upto == 0
+        sessions.run(engine)
+        filled = runner.filled_positions
+        written = sessions.add(engine, sessions.request("1.1", GREEDY, "s", text="Go on", audio_reply=False))
+        sessions.run(engine)
+        if skip:
+            assert runner.filled_positions >= filled + spoken.num_prompt  # the first turn's prompt among them
+        replies[skip] = [(s.text_ids[s.num_prompt:], s.audio_ids[s.num_prompt:]) for s in (spoken, written)]
+    assert replies[True] == replies[False]

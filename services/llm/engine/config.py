@@ -21,7 +21,7 @@ class EngineConfig:
     kernels: str = "auto"               # the kernel runner's ops: "triton", "torch", or auto: triton on CUDA
     cuda_graphs: bool = True            # steps replay captured graphs (CUDA, Triton kernels)
     overlap: bool = True                # launch decode step N+1 before step N's samples reach the host
-    text_skip: bool = True              # kernel runner: leave the text branch out of speaking steps, fill it in later
+    text_skip: bool = True              # kernel runner: leave the text branch out of steps that sample no text, fill it in later
     quantization: str = "none"          # "fp8": the layers' GEMMs in FP8 (runner/fp8.py; the kernel runner)
     max_audio_lead: float = 0.0         # pacing, seconds (0: off): see LLMEngine.hold_seconds
     first_audio_window: int = 0         # audio tokens the vocoder needs for a stream's first audio (0: no hold)

@@ -83,7 +83,7 @@ class KernelRunner:
         trunk = torch.zeros(num_blocks * block_size + 1, cfg.hidden_size, dtype=dtype, device=device) if text_skip else None
         self.forward = PackedForward(model, self.kv_cache, make_ops(kernels, cfg, max_model_len, device), trunk,
                                      quantization)
-        self.skipped_steps = 0      # decode steps that left the text branch out
+        self.skipped_steps = 0      # steps that left the text branch out
         self.filled_positions = 0   # text-branch positions computed later, in fills
         self.max_blocks = -(-max_model_len // block_size)
         self.tables = BlockTableMirror(max_num_seqs, self.max_blocks)
@@ -93,7 +93,7 @@ class KernelRunner:
         self.graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple]] = {}  # by (bucket, with text branch)
         self.packed_buckets = packed_buckets(max_num_batched_tokens)
         self.packed = self._static_inputs(self.packed_buckets[-1], max_num_seqs, packed=True)
-        self.packed_graphs: dict[int, tuple[torch.cuda.CUDAGraph, tuple]] = {}
+        self.packed_graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple]] = {}  # by (bucket, with text branch)
         if cuda_graphs and device.type == "cuda" and kernels == "triton":  # the torch ops sync: not capturable
             self.capture()
 
@@ -142,10 +142,13 @@ class KernelRunner:
             pool = graph.pool()
             return graph, out
 
+        branches = (True, False) if self.text_skip else (True,)
         for bucket in reversed(self.packed_buckets):
-            self.packed_graphs[bucket] = record(self.forward, self._packed_view(bucket))
+            for with_text in branches:
+                self.packed_graphs[bucket, with_text] = record(lambda t: self.forward(t, text=with_text),
+                                                               self._packed_view(bucket))
         for bucket in reversed(self.buckets):
-            for with_text in (True, False) if self.text_skip else (True,):
+            for with_text in branches:
                 self.graphs[bucket, with_text] = record(lambda t: self._decode_forward(t, with_text), self._bucket_view(bucket))
         torch.cuda.synchronize()
 
@@ -182,7 +185,7 @@ class KernelRunner:
         return self._decode_forward(t, with_text)
 
     # ---- prefill and mixed steps -------------------------------------------------------------------
-    def _run_packed(self, batch: ScheduledBatch, text_rows: list[int], audio_rows: list[int]):
+    def _run_packed(self, batch: ScheduledBatch, text_rows: list[int], audio_rows: list[int], with_text: bool = True):
         bs = self.block_size
         text, audio, positions, slots, cu, ctx = [], [], [], [], [0], []
         for seq, n in zip(batch.seqs, batch.num_tokens):
@@ -200,7 +203,7 @@ class KernelRunner:
             meta = self.upload(torch.tensor(cu + ctx, dtype=torch.int32))
             tables = self.upload(torch.from_numpy(self.tables.rows(batch.seqs)))
             t = StepTensors(ints[0], ints[1], ints[2], ints[3], tables, meta[num_seqs + 1 :], meta[: num_seqs + 1])
-            streams = self.forward(t)
+            streams = self.forward(t, text=with_text)
         else:  # padded to (bucket rows, max_num_seqs sequences) in the static buffers; a graph on CUDA
             pad, seq_pad = bucket - rows, self.max_num_seqs - num_seqs
             ints = self.upload(torch.tensor([text + [0] * pad, audio + [0] * pad, positions + [0] * pad,
@@ -216,11 +219,11 @@ class KernelRunner:
             t.block_tables.copy_(meta[:, :-1], non_blocking=True)
             t.context_lens.copy_(meta[:, -1], non_blocking=True)
             t.cu_seqlens_q.copy_(cu_dev, non_blocking=True)
-            if bucket in self.packed_graphs:
-                graph, streams = self.packed_graphs[bucket]
+            if (bucket, with_text) in self.packed_graphs:
+                graph, streams = self.packed_graphs[bucket, with_text]
                 graph.replay()
             else:
-                streams = self.forward(t)
+                streams = self.forward(t, text=with_text)
         text_stream, audio_stream = streams
         m = self.model.model
         text_h = self.forward.final_hidden(text_stream, m.text_norm.weight, self._rows(text_rows)) if text_rows else None
@@ -280,9 +283,11 @@ class KernelRunner:
                 sampled.append(i)
                 (text_rows if seq.mode is Mode.TEXT else audio_rows).append(row - 1)
         decode = all(n == 1 for n in batch.num_tokens) and len(sampled) == len(batch.seqs)
-        # A pure decode step in which every sequence speaks leaves the text branch out (its K/V are
-        # filled in from the kept trunk outputs before a sequence next samples text); otherwise both run.
-        with_text = not (self.text_skip and decode and not text_rows)
+        # A step in which no sequence samples text (every one speaks, or is partway through its prompt) leaves the
+        # text branch out: decode steps while speaking, and a spoken turn's prefill (its prompt ends with sosp) with
+        # the mixed step it rides in. Those positions' text K/V are filled in from the kept trunk outputs before
+        # their sequence next samples text; otherwise both branches run.
+        with_text = not (self.text_skip and not text_rows)
         gaps = [batch.seqs[i] for i in sampled if batch.seqs[i].mode is Mode.TEXT
                 and batch.seqs[i].text_kv_upto < batch.seqs[i].num_cached]
         if gaps:
@@ -291,9 +296,9 @@ class KernelRunner:
             text_h, audio_h = self._run_decode(batch.seqs, feed, with_text)
             text_h = text_h[self._rows(text_rows)] if text_rows else None
             audio_h = audio_h[self._rows(audio_rows)] if audio_rows else None
-            self.skipped_steps += not with_text
         else:
-            text_h, audio_h = self._run_packed(batch, text_rows, audio_rows)
+            text_h, audio_h = self._run_packed(batch, text_rows, audio_rows, with_text)
+        self.skipped_steps += not with_text
         for seq, n in zip(batch.seqs, batch.num_tokens):
             seq.record_text_kv(seq.num_cached, n, with_text)
             seq.num_cached += n

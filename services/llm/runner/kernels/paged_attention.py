@@ -33,6 +33,9 @@ from services.common.launch import inputs_ready
 TARGET_PROGRAMS = 256
 MAX_SLICES = 32
 INTERPRETER_SLICES = 2
+# Packed calls of at most this many rows (mixed steps: decode rows and a turn's few new positions) take small
+# prefill tiles (`prefill_block_m`).
+SMALL_PACKED_ROWS = 128
 LOG2E = 1.4426950408889634
 
 
@@ -170,7 +173,8 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Grid (num_rows // POSITIONS + S, kv_heads), POSITIONS = BLOCK_M // GROUP. A tile's BLOCK_M rows are
+    """Grid (num_rows // POSITIONS + num_seqs, kv_heads), POSITIONS = BLOCK_M // GROUP, num_seqs = min(S, num_rows)
+    (the sequences that can have rows: padding ones after them are never searched). A tile's BLOCK_M rows are
     POSITIONS query positions x the GROUP heads of one KV head (row r: position r // GROUP, head r % GROUP),
     so each K/V tile is loaded once per group and a q_len-1 row still fills GROUP rows of the tile.
 
@@ -293,33 +297,48 @@ def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale
     return out
 
 
-def paged_prefill_attention(q, kv_cache, layer, block_tables, cu_seqlens_q, context_lens, scale, out=None):
+def prefill_block_m(rows: int, group: int, block_m: int) -> int:
+    """A prefill tile's query rows for a packed call of `rows` rows. A q_len-1 row (a decode row riding along in
+    a mixed step) fills only GROUP rows of its tile, so a small packed step, mostly such rows, takes the smallest
+    tile that holds a whole group (16 rows: 4 positions at group 4); larger ones keep `block_m`."""
+    return max(16, triton.next_power_of_2(group)) if rows <= SMALL_PACKED_ROWS else block_m
+
+
+def paged_prefill_attention(q, kv_cache, layer, block_tables, cu_seqlens_q, context_lens, scale, out=None,
+                            tiles: dict | None = None):
     """Causal attention of packed new rows over their sequences' paged contexts (prefix hits, chunked
     prefill and q_len-1 decode rows alike). CUDA-graph safe: the grid depends only on N and S; padding
-    sequences (q_len 0) and rows after cu_seqlens_q[S] are left alone (those rows of out unwritten).
+    sequences (q_len 0, only after every sequence with rows) and rows after cu_seqlens_q[S] are left alone (those
+    rows of out unwritten).
 
     q [N, H, D]: the new rows of S sequences back to back; cu_seqlens_q [S+1] int32; context_lens [S] int32
     (positions after this step: sequence s's rows sit at context_lens[s] - q_len_s .. context_lens[s] - 1,
-    their K/V already in the pool); block_tables [S, max_blocks] int32 → out [N, H, D] in q's dtype.
+    their K/V already in the pool); block_tables [S, max_blocks] int32;
+    tiles: BLOCK_M, BLOCK_N (bench/llm_attention.py compares; default `prefill_block_m` and `_tiles`)
+    → out [N, H, D] in q's dtype.
     """
     rows, heads, head_dim = q.shape
     kv_heads, block_size = _check(q, kv_cache, out)
     group = heads // kv_heads
     if out is None:
         out = torch.empty((rows, heads, head_dim), dtype=q.dtype, device=q.device)
-    num_seqs = context_lens.shape[0]
-    if rows == 0 or num_seqs == 0:
+    # Every sequence with rows has at least one, so at most N of the S have any: the grid and the kernel's search
+    # need only the first min(S, N). (A graph's S is max_num_seqs, 256, against 16-64 rows in a mixed step: the
+    # other sequences' programs, each a search and a return, were most of the call under MPS at 25%.)
+    num_seqs = min(context_lens.shape[0], rows)
+    if num_seqs == 0:
         return out
     _, block_m, block_n = _tiles(q)
-    assert group <= block_m, "a tile holds at least one position's whole group"
+    tiles = {"BLOCK_M": prefill_block_m(rows, group, block_m), "BLOCK_N": block_n, **(tiles or {})}
+    assert group <= tiles["BLOCK_M"], "a tile holds at least one position's whole group"
     s = kv_cache.stride()
-    grid = (rows // (block_m // group) + num_seqs, kv_heads)
+    grid = (rows // (tiles["BLOCK_M"] // group) + num_seqs, kv_heads)
     _prefill_kernel[grid](
         q, kv_cache, block_tables, cu_seqlens_q, context_lens, out,
         layer, scale * LOG2E, num_seqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         s[0], s[1], s[2], s[3], s[4], block_tables.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, **tiles,
         num_warps=4, num_stages=2, PDL=(pdl := launch.pdl(q)), launch_pdl=pdl,
     )
     return out
