@@ -50,6 +50,8 @@ def test_synthesize_streams_speech_through_three_processes(stack):
     assert s.audio_tokens > 0 and len(samples) == s.audio_tokens * SAMPLES_PER_TOKEN == s.num_samples
     assert abs(s.audio_seconds - s.audio_tokens * 0.08) < 1e-9
     assert 0 < s.ttfa_seconds <= s.total_seconds and s.llm_prefill_seconds > 0 and s.vocoder_compute_seconds > 0
+    # the llm's own part of the first chunk (its clock, from the request's arrival there) within the gateway's span of it
+    assert s.llm_queue_seconds + s.llm_prefill_seconds <= s.llm_first_chunk_in_llm_seconds < s.llm_first_chunk_seconds
     assert 0 < result.client_ttfa < result.client_total
     after = stage_counts(stack)
     for name in before:

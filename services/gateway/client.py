@@ -245,6 +245,7 @@ def print_timings(result: SynthesisResult, path: str | None) -> None:
         ("llm queue", s.llm_queue_seconds),
         ("llm prefill", s.llm_prefill_seconds),
         ("llm first chunk at gateway", s.llm_first_chunk_seconds),
+        ("llm first chunk in the llm", s.llm_first_chunk_in_llm_seconds),
         ("llm decode (all tokens)", s.llm_decode_seconds),
         ("vocoder first chunk compute", s.vocoder_first_chunk_seconds),
         ("vocoder compute (all chunks)", s.vocoder_compute_seconds),

@@ -282,6 +282,7 @@ class Turn:
         """What the gateway keeps of an llm chunk: timings, text, and on the final one its stats."""
         if chunk.first:
             self.summary.llm_first_chunk_seconds = time.perf_counter() - self.start
+            self.summary.llm_first_chunk_in_llm_seconds = chunk.since_arrival_seconds
             metrics.LLM_FIRST_CHUNK.observe(self.summary.llm_first_chunk_seconds)
         if chunk.text and self.on_text is not None:
             self.on_text(chunk.text)

@@ -64,6 +64,7 @@ class Chunk:
     stats: GenerationStats | None = None
     error: str | None = None  # set on a final chunk when this request alone failed (its stream ends INTERNAL)
     turn_tokens: tuple[list[int], list[int]] | None = None  # final chunk of a session's turn: what it added to the history
+    since_arrival: float = 0.0  # seconds from the request's arrival to this chunk taken from the engine
 
     @property
     def first(self) -> bool:
@@ -215,7 +216,8 @@ class Sequence:
         due = min(c.chunk_tokens, c.second_chunk_tokens << doublings) if self.chunks_sent else c.first_chunk_tokens
         if not self.finished and pending < due:
             return None
-        chunk = Chunk(self.seq_id, self.request_id, self.chunks_sent, self.pending_audio, self.pending_text, self.finished)
+        chunk = Chunk(self.seq_id, self.request_id, self.chunks_sent, self.pending_audio, self.pending_text, self.finished,
+                      since_arrival=time.perf_counter() - self.arrival)
         if self.finished:
             chunk.stats = self.stats()
         self.pending_audio, self.pending_text = [], []

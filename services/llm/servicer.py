@@ -57,6 +57,7 @@ def to_response(chunk: Chunk, text: str = "") -> llm_pb2.GenerateResponse:
     msg = llm_pb2.GenerateResponse(
         index=chunk.index, first=chunk.first, final=chunk.final,
         audio_tokens=chunk.audio_tokens, text_tokens=chunk.text_tokens, text=text,
+        since_arrival_seconds=chunk.since_arrival,
     )
     if chunk.stats is not None:
         s = chunk.stats

@@ -115,7 +115,7 @@ class GenerationStats(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., audio_tokens: _Optional[int] = ..., text_tokens: _Optional[int] = ..., queue_seconds: _Optional[float] = ..., prefill_seconds: _Optional[float] = ..., decode_seconds: _Optional[float] = ..., first_audio_token_seconds: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("index", "first", "final", "audio_tokens", "text_tokens", "stats", "text", "turn_tokens")
+    __slots__ = ("index", "first", "final", "audio_tokens", "text_tokens", "stats", "text", "turn_tokens", "since_arrival_seconds")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     FIRST_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class GenerateResponse(_message.Message):
     STATS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TURN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_ARRIVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     index: int
     first: bool
     final: bool
@@ -132,4 +133,5 @@ class GenerateResponse(_message.Message):
     stats: GenerationStats
     text: str
     turn_tokens: PromptTokens
-    def __init__(self, index: _Optional[int] = ..., first: _Optional[bool] = ..., final: _Optional[bool] = ..., audio_tokens: _Optional[_Iterable[int]] = ..., text_tokens: _Optional[_Iterable[int]] = ..., stats: _Optional[_Union[GenerationStats, _Mapping]] = ..., text: _Optional[str] = ..., turn_tokens: _Optional[_Union[PromptTokens, _Mapping]] = ...) -> None: ...
+    since_arrival_seconds: float
+    def __init__(self, index: _Optional[int] = ..., first: _Optional[bool] = ..., final: _Optional[bool] = ..., audio_tokens: _Optional[_Iterable[int]] = ..., text_tokens: _Optional[_Iterable[int]] = ..., stats: _Optional[_Union[GenerationStats, _Mapping]] = ..., text: _Optional[str] = ..., turn_tokens: _Optional[_Union[PromptTokens, _Mapping]] = ..., since_arrival_seconds: _Optional[float] = ...) -> None: ...
