@@ -51,50 +51,55 @@ VARIANTS = {
 PACKED_VARIANTS = {"defaults": {}, "tile 16": {"BLOCK_M": 16}, "tile 32": {"BLOCK_M": 32}, "tile 64": {"BLOCK_M": 64}}
 
 
-def case(batch: int, context: int, device, gen):
-    """A pool holding `batch` sequences of `context` positions in shuffled blocks, and one step's queries."""
+def pool(batch: int, context: int, device, gen):
+    """A pool holding `batch` sequences of `context` positions in shuffled blocks → (kv, block tables)."""
     per_seq = -(-context // BLOCK_SIZE)
     blocks = batch * per_seq
     kv = torch.randn(blocks, 1, 2, KV_HEADS, BLOCK_SIZE, HEAD_DIM, generator=gen, device=device).to(torch.bfloat16)
     tables = torch.randperm(blocks, generator=gen, device=device).to(torch.int32).view(batch, per_seq)
+    return kv, tables
+
+
+def queries(rows: int, device, gen) -> torch.Tensor:
+    return torch.randn(rows, HEADS, HEAD_DIM, generator=gen, device=device).to(torch.bfloat16)
+
+
+def case(batch: int, context: int, device, gen):
+    """A pool of `batch` sequences at `context`, and one decode step's queries."""
+    kv, tables = pool(batch, context, device, gen)
     lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-    q = torch.randn(batch, HEADS, HEAD_DIM, generator=gen, device=device).to(torch.bfloat16)
-    return q, kv, tables, lens
+    return queries(batch, device, gen), kv, tables, lens
+
+
+def graph_seconds(attend, q: torch.Tensor, reps: int) -> tuple[float, torch.Tensor]:
+    """attend(out): one attention call writing `out` (shaped as q); → median seconds of LAYERS such calls replayed
+    from one graph, and the call's output."""
+    out = torch.zeros_like(q)
+    return graph_time(lambda: attend(out), LAYERS, reps, q.device), out.clone()
 
 
 def step_seconds(q, kv, tables, lens, slices: int, tiles: dict, reps: int) -> tuple[float, torch.Tensor]:
-    """Median seconds of LAYERS calls replayed from one graph, and the call's output."""
-    out = torch.empty_like(q)
-
-    def call():
-        paged_decode_attention(q, kv, 0, tables, lens, HEAD_DIM**-0.5, out=out, slices=slices, tiles=tiles)
-
-    return graph_time(call, LAYERS, reps, q.device), out.clone()
+    return graph_seconds(lambda out: paged_decode_attention(q, kv, 0, tables, lens, HEAD_DIM**-0.5, out=out,
+                                                            slices=slices, tiles=tiles), q, reps)
 
 
 def packed_case(batch: int, context: int, new: int, max_num_seqs: int, device, gen):
     """`batch` decode rows at `context` and one sequence of `new` rows ending at `context`, as the runner packs a
     mixed step: rows padded to its bucket (slot -1), sequences to max_num_seqs (no rows, context 0)."""
-    q, kv, tables, _ = case(batch + 1, context, device, gen)
+    kv, tables = pool(batch + 1, context, device, gen)
     real = batch + new
     rows = next(b for b in packed_buckets(1 << 20) if b >= real)
     cu = list(range(batch + 1)) + [real] * (max_num_seqs - batch)
     lens = [context] * (batch + 1) + [0] * (max_num_seqs - batch - 1)
     padded_tables = torch.zeros(max_num_seqs, tables.shape[1], dtype=torch.int32, device=device)
     padded_tables[: batch + 1] = tables
-    q = torch.randn(rows, HEADS, HEAD_DIM, generator=gen, device=device).to(torch.bfloat16)
-    return (q, kv, padded_tables, torch.tensor(cu, dtype=torch.int32, device=device),
+    return (queries(rows, device, gen), kv, padded_tables, torch.tensor(cu, dtype=torch.int32, device=device),
             torch.tensor(lens, dtype=torch.int32, device=device), real)
 
 
 def packed_seconds(q, kv, tables, cu, lens, tiles: dict, reps: int) -> tuple[float, torch.Tensor]:
-    """Median seconds of LAYERS packed calls replayed from one graph, and the call's output."""
-    out = torch.zeros_like(q)
-
-    def call():
-        paged_prefill_attention(q, kv, 0, tables, cu, lens, HEAD_DIM**-0.5, out=out, tiles=tiles)
-
-    return graph_time(call, LAYERS, reps, q.device), out.clone()
+    return graph_seconds(lambda out: paged_prefill_attention(q, kv, 0, tables, cu, lens, HEAD_DIM**-0.5, out=out,
+                                                             tiles=tiles), q, reps)
 
 
 def packed_main(args, device, gen, bandwidth, record):

@@ -42,6 +42,16 @@ def fill(engine, cfg, batch, context, steps):
         engine.step()
 
 
+def cuda_kernels(prof, into: dict | None = None) -> dict:
+    """A profile's kernels → {name: [launches, us]}, added to `into` if given."""
+    per_name = into if into is not None else defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            per_name[e.name][0] += 1
+            per_name[e.name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    return per_name
+
+
 def graph_kernel_names(engine) -> set[str]:
     """Names of the kernels one captured decode forward launches (eager run under the profiler)."""
     runner = engine.runner
@@ -85,11 +95,7 @@ def main():
                 engine.step()
             torch.cuda.synchronize()
             wall = (time.perf_counter() - t) / args.steps * 1e3
-        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-        per_name = defaultdict(lambda: [0, 0.0])
-        for e in kernels:
-            per_name[e.name][0] += 1
-            per_name[e.name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        per_name = cuda_kernels(prof)
         busy = sum(v[1] for v in per_name.values()) / args.steps / 1e3
         outside = {k: v for k, v in per_name.items() if k not in in_graph}
         out_ms = sum(v[1] for v in outside.values()) / args.steps / 1e3
@@ -137,19 +143,22 @@ def join_steps(engine, cfg, positions: int, context: int, joins: int = 7) -> dic
         engine.step()
     mixed, decode = [], []
     s = SamplingSettings(max_new_tokens=64, min_new_tokens=64, seed=0)
+
+    def join(name: str) -> None:
+        ids = base.text_ids[: context - positions] + prompts.request(positions, 4).text_ids
+        engine.add(engine.make_sequence(GenerationRequest(name, s, ChunkSettings(), text_ids=ids)))
+
     config = engine.config
     engine.config = dataclasses.replace(config, overlap=False)  # each step() then runs exactly one step
     for j in range(joins):
-        ids = base.text_ids[: context - positions] + prompts.request(positions, 4).text_ids
-        engine.add(engine.make_sequence(GenerationRequest(f"join{j}", s, ChunkSettings(), text_ids=ids)))
+        join(f"join{j}")
         for _ in range(6):
             ms = timed_step(engine, torch.device("cuda")) * 1e3
             (mixed if engine.last_step.prefill_tokens else decode).append(ms)
-    kernels = {"mixed": defaultdict(float), "decode": defaultdict(float)}  # name → us per step, profiled apart
+    kernels = {"mixed": defaultdict(lambda: [0, 0.0]), "decode": defaultdict(lambda: [0, 0.0])}  # profiled apart
     counts = {"mixed": 0, "decode": 0}
     for j in range(3):
-        ids = base.text_ids[: context - positions] + prompts.request(positions, 4).text_ids
-        engine.add(engine.make_sequence(GenerationRequest(f"profiled{j}", s, ChunkSettings(), text_ids=ids)))
+        join(f"profiled{j}")
         for _ in range(2):  # the mixed step, then a decode step
             torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -157,14 +166,12 @@ def join_steps(engine, cfg, positions: int, context: int, joins: int = 7) -> dic
                 torch.cuda.synchronize()
             kind = "mixed" if engine.last_step.prefill_tokens else "decode"
             counts[kind] += 1
-            for e in prof.events():
-                if e.device_type.name == "CUDA":
-                    kernels[kind][e.name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            cuda_kernels(prof, kernels[kind])
     engine.config = config
 
     def med(xs):
         return statistics.median_high(xs) if xs else float("nan")
-    per_step = {kind: {k: v / max(counts[kind], 1) for k, v in kernels[kind].items()} for kind in kernels}
+    per_step = {kind: {k: us / max(counts[kind], 1) for k, (_, us) in kernels[kind].items()} for kind in kernels}
     return {"mixed": mixed, "decode": decode, "mixed_ms": med(mixed), "decode_ms": med(decode), "kernels_us": per_step}
 
 

@@ -11,7 +11,7 @@ QUANTILES = (50, 90, 95, 99)
 # docs/architecture.md §5: capacity is the most concurrent streams with ≥ 99% stall-free and TTFA p95 ≤ 300 ms.
 CAPACITY_STALL_FREE = 0.99
 CAPACITY_TTFA_P95 = 0.300
-# (a spoken turn's ttfa: from its speech's end)
+# The gateway's summary fields averaged per level (a spoken turn's ttfa runs from its speech's end).
 STAGES = ("encoder_finish_seconds", "llm_queue_seconds", "llm_prefill_seconds", "llm_first_chunk_in_llm_seconds",
           "llm_first_chunk_seconds", "vocoder_first_chunk_seconds", "ttfa_seconds", "total_seconds")
 
