@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine (see docs/benchmarks.md). Expects the missing wheels in .whl/ (grpcio,
+# One call on a lent GPU machine (see docs/benchmarks.md). Expects the missing wheels in .whl/ (bench/wheels.sh: grpcio,
 # grpcio-health-checking, grpcio-reflection 1.85.1, protobuf 7, googleapis-common-protos, bigvgan and its
 # inference imports).
 #   bash bench/gpu_smoke.sh            # GPU tests (kernels, kernel runner, graphs, sampler, the codec, the encoder), then the benchmark

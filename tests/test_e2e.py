@@ -52,6 +52,10 @@ def test_synthesize_streams_speech_through_three_processes(stack):
     assert 0 < s.ttfa_seconds <= s.total_seconds and s.llm_prefill_seconds > 0 and s.vocoder_compute_seconds > 0
     # the llm's own part of the first chunk (its clock, from the request's arrival there) within the gateway's span of it
     assert s.llm_queue_seconds + s.llm_prefill_seconds <= s.llm_first_chunk_in_llm_seconds < s.llm_first_chunk_seconds
+    # and the vocoder's part of first audio: its wait for a call and the call within its own span, within the gateway's
+    assert 0 <= s.vocoder_first_chunk_queue_seconds and 0 < s.vocoder_first_chunk_seconds
+    assert s.vocoder_first_chunk_queue_seconds + s.vocoder_first_chunk_seconds <= s.vocoder_first_chunk_in_vocoder_seconds
+    assert s.llm_first_chunk_seconds + s.vocoder_first_chunk_in_vocoder_seconds < s.ttfa_seconds
     assert 0 < result.client_ttfa < result.client_total
     after = stage_counts(stack)
     for name in before:

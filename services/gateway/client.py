@@ -247,7 +247,9 @@ def print_timings(result: SynthesisResult, path: str | None) -> None:
         ("llm first chunk at gateway", s.llm_first_chunk_seconds),
         ("llm first chunk in the llm", s.llm_first_chunk_in_llm_seconds),
         ("llm decode (all tokens)", s.llm_decode_seconds),
+        ("vocoder first chunk queue", s.vocoder_first_chunk_queue_seconds),
         ("vocoder first chunk compute", s.vocoder_first_chunk_seconds),
+        ("vocoder first chunk in vocoder", s.vocoder_first_chunk_in_vocoder_seconds),
         ("vocoder compute (all chunks)", s.vocoder_compute_seconds),
         ("total (gateway)", s.total_seconds),
     ]

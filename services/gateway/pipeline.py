@@ -344,6 +344,8 @@ class Turn:
             if msg.final:
                 self.summary.vocoder_compute_seconds = msg.stats.compute_seconds
                 self.summary.vocoder_first_chunk_seconds = msg.stats.first_chunk_compute_seconds
+                self.summary.vocoder_first_chunk_in_vocoder_seconds = msg.stats.first_chunk_seconds
+                self.summary.vocoder_first_chunk_queue_seconds = msg.stats.first_chunk_queue_seconds
                 return
 
     def _finish(self, sample_rate: int) -> gateway_pb2.SynthesisSummary:
