@@ -12,7 +12,7 @@ import pytest
 from services.common.errors import InvalidArgument
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import load_vocoder
-from services.vocoder.worker import Job, Lanes, VocoderWorker
+from services.vocoder.worker import Job, VocoderWorker
 
 
 class Recording:
@@ -206,27 +206,3 @@ def test_each_pass_of_the_token_decoder_and_call_of_the_generator_is_reported_on
         assert len(decodes) == len(generates) == 1
     finally:
         worker.stop()
-
-
-def test_a_first_chunk_starts_on_an_idle_lane_while_another_lane_is_in_a_call(vocoder):
-    """--first-chunk-lanes 2: with one lane's call held, a second stream's first chunk is vocoded on the other lane at
-    once instead of waiting behind that call; the held one then finishes too."""
-    held, idle = Recording(vocoder.lane()), Recording(vocoder.lane())
-    held.gate.clear()
-    lane = dict(max_batch=4, max_wait=0.001, first_chunk_budget=0, first_chunk_batch_frames=0)
-    lanes = Lanes(VocoderWorker(Recording(vocoder), max_wait=0.001),
-                  [VocoderWorker(held, name="lane-0", **lane), VocoderWorker(idle, name="lane-1", **lane)])
-    try:
-        first = lanes.submit(Job(MelStreamer(vocoder), tokens(8, 0), None, 0.0))
-        deadline = time.monotonic() + 10
-        while not held.calls and time.monotonic() < deadline:  # lane 0 (the first of two idle ones) is in its call
-            time.sleep(0.005)
-        assert held.calls and not first.done()
-        second = lanes.submit(Job(MelStreamer(vocoder), tokens(8, 1), None, 0.0))
-        assert len(second.result(timeout=10).samples) > 0
-        assert not first.done() and len(idle.calls) == 1 and len(held.calls) == 1
-        held.gate.set()
-        assert len(first.result(timeout=10).samples) > 0
-    finally:
-        held.gate.set()
-        lanes.stop()

@@ -67,19 +67,18 @@ async def run(s: VocoderSettings) -> None:
         solve.warm_up()
     elif flow:  # the flow's graphs: every (batch, token bucket) a call can use
         vocoder.decoder.warm_up(list(vocoder.voices.values()), limits.max_batch)
-    lanes = []
-    for _ in range(s.first_chunk_lanes if s.first_chunk_lane == "on" else 0):
+    lane = None
+    if s.first_chunk_lane == "on":
         lane = vocoder.lane()  # first chunks beside the other calls (worker.py): its graphs for first chunks only
         lane.runner.warm_up([b for b in batches if b <= FIRST_CHUNK_LANE_BATCH])
         if flow:
             lane.decoder.warm_up(list(vocoder.voices.values()), FIRST_CHUNK_LANE_BATCH, first_calls=True)
-        lanes.append(lane)
     if vocoder.runner.graphs:
-        parts = [vocoder, *lanes]
+        parts = [vocoder] + ([lane] if lane is not None else [])
         flow_graphs = sum(len(getattr(v.decoder, "graphs", {})) for v in parts) + len(solve.graphs if solve else {})
         log.info("vocoder: %d CUDA graphs captured in %.1f s (%d of the flow%s)",
                  sum(len(v.runner.graphs) for v in parts) + flow_graphs, time.perf_counter() - started, flow_graphs,
-                 f", the first-chunk lane's {len(lanes)} worker(s) included" if lanes else "")
+                 ", the first-chunk lane's included" if lane is not None else "")
     if getattr(vocoder.decoder, "history", None) is not None:
         metrics.watch_history(vocoder.decoder.history)
     fatal, report = fatal_signal(asyncio.get_running_loop())  # the device lost: stop serving, exit (device.py)
@@ -88,7 +87,7 @@ async def run(s: VocoderSettings) -> None:
     servicer = VocoderServicer(vocoder, s.left_context, s.lookahead, max_batch=limits.max_batch,
                                max_batch_frames=limits.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
                                first_chunk_batch_frames=limits.first_chunk_batch_frames,
-                               lost=lambda: device_lost(s.device), on_fatal=report, lanes=lanes, solve=solve,
+                               lost=lambda: device_lost(s.device), on_fatal=report, lane=lane, solve=solve,
                                admit_every=s.flow_admit_every, generate_wait=s.flow_generate_wait)
     start_metrics_server(s.host, s.metrics_port)
     await serve(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
@@ -43,14 +43,14 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
-                 lanes: Sequence[TokenVocoder] = (), solve=None, admit_every: int = DEFAULT_ADMIT_EVERY,
+                 lane: TokenVocoder | None = None, solve=None, admit_every: int = DEFAULT_ADMIT_EVERY,
                  generate_wait: float = DEFAULT_GENERATE_WAIT):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
         others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most
         first_chunk_batch_frames (worker.py).
         lost / on_fatal: what the worker does when its device is lost (worker.py).
-        lanes: the vocoder's lanes (TokenVocoder.lane) that first chunks run on, beside the other calls; none: one worker.
+        lane: the vocoder's lane (TokenVocoder.lane) that first chunks run on, beside the other calls; None: one worker.
         solve: the flow's FlowSolve, driven by a SolveWorker (solve_worker.py; admit_every ticks between admissions of
         chunks not yet urgent, generate_wait seconds such a chunk may wait for a generator call); None: flow calls
         (worker.py)."""
@@ -66,10 +66,9 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         self.worker = VocoderWorker(vocoder, max_batch, max_batch_frames=max_batch_frames,
                                     first_chunk_budget=first_chunk_budget,
                                     first_chunk_batch_frames=first_chunk_batch_frames, **common)
-        if lanes:
-            first = [VocoderWorker(lane, FIRST_CHUNK_LANE_BATCH, max_batch_frames=max_batch_frames, first_chunk_budget=0,
-                                   first_chunk_batch_frames=0, name=f"vocoder-first-chunks-{i}", **common)
-                     for i, lane in enumerate(lanes)]
+        if lane is not None:
+            first = VocoderWorker(lane, FIRST_CHUNK_LANE_BATCH, max_batch_frames=max_batch_frames, first_chunk_budget=0,
+                                  first_chunk_batch_frames=0, name="vocoder-first-chunks", **common)
             self.worker = Lanes(self.worker, first)
 
     def _check_tokens(self, tokens) -> list[int]:

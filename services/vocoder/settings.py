@@ -54,9 +54,6 @@ class VocoderSettings:
               "beside the playing streams' calls: sooner first audio under load, and under headroom admission more "
               "turns admitted; under count admission past the knee, more stalls (docs/benchmarks.md) (default: on where "
               "moss-serve up runs the stack on a GPU, else off)", choices=["on", "off"], show_default=False)
-    first_chunk_lanes: int = option(1, "workers of the first-chunk lane, each with graphs and a CUDA stream of its "
-                                       "own: a first chunk goes to the least loaded, so it waits only when every "
-                                       "one is in a call (worker.py)", type=positive(int))
     # The codec decoder's options (docs/codec.md): `up` hands them on.
     voices_dir: str | None = option(None, "the flow decoder's voices, <name>.safetensors each (default: the codec "
                                           "directory's voices/; a preset without it: one random 'default' voice)")

@@ -33,10 +33,10 @@ the stack on a GPU (it admits by headroom there). Under count admission on an H1
 TTFA p95 at 128 streams from ~460 to ~400-450 ms, but the playing streams' early chunks, now in larger calls and
 beside the lane's, stalled more (48 streams 97% → 60% stall-free; docs/benchmarks.md, issue 20). Under headroom
 admission, which stops admitting before streams stall, first chunks waited 63 ms for a call instead of 79 and the
-limit admitted 14-27% more turns, all stall-free (issue 23). With `--first-chunk-lanes N` the lane has N workers, each
-with a vocoder of its own (graphs, CUDA stream), and a first chunk goes to the least loaded: it starts at once unless
-all N are in a call. Why: at Poisson 30 turns a second on an H100 the first chunks that waited for the lane's call
-in flight were the tail of time to first audio (the slowest tenth waited ~60 ms, the faster half ~9).
+limit admitted 14-27% more turns, all stall-free (issue 23). Why one worker on the lane: with two (graphs and a CUDA
+stream each, a first chunk to the idle one) a first chunk's mean wait for a call fell from ~21 to ~10 ms at Poisson 30
+turns a second, but the slowest tenth still waited ~50 ms (both in calls, each slower beside the other) and the
+playing streams' slack shrank, so the rule admitted 18-21% fewer (an H100 and an H200; docs/benchmarks.md, issue 23).
 
 Why one worker for the playing streams, not several: a flow call is mostly a fixed cost (~26 ms alone on an H100 at
 the real size, +1.5 ms a window), and two calls side by side on two CUDA streams overlap only partly, so one call of
@@ -151,12 +151,7 @@ class VocoderWorker(JobThread):
         self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
         self.first_chunk_batch_frames = first_chunk_batch_frames
         self.lost, self.on_fatal, self.probe_seconds = lost, on_fatal, probe_seconds
-        self.running_jobs = 0  # jobs of the call in progress (read by Lanes from other threads: a hint, no lock)
         self.start()
-
-    def load(self) -> int:
-        """Jobs queued or in the call in progress."""
-        return len(self.pending) + self.running_jobs
 
     # ---- the thread ------------------------------------------------------------------------------
     def _take(self) -> list[Job] | None:
@@ -209,7 +204,6 @@ class VocoderWorker(JobThread):
                 continue
             # A stream whose caller went away (a cancelled await cancels its future) is dropped here.
             batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
-            self.running_jobs = len(batch)
             try:
                 with self.vocoder.running():  # (its CUDA stream, if it has one of its own)
                     self._run(batch)
@@ -221,8 +215,6 @@ class VocoderWorker(JobThread):
                 for job in batch:
                     if not job.future.done():
                         job.future.set_exception(exc)
-            finally:
-                self.running_jobs = 0
 
     def _die(self, err: DeviceLost, batch: list[Job]) -> None:
         """The device is lost: every job fails, none is taken any more, and the server is told."""
@@ -316,19 +308,16 @@ class Vocoding:
 
 
 class Lanes:
-    """Workers behind one submit: a stream's first chunk to the least loaded of the `first` workers (small calls of
-    first chunks only), every other job to `playing` (module docstring)."""
+    """Two workers, one submit: a stream's first chunk to `first` (small calls of first chunks only), every other
+    job to `playing` (module docstring)."""
 
-    def __init__(self, playing: VocoderWorker, first: VocoderWorker | list[VocoderWorker]):
-        self.playing = playing
-        self.first = first if isinstance(first, list) else [first]
+    def __init__(self, playing: VocoderWorker, first: VocoderWorker):
+        self.playing, self.first = playing, first
 
     def submit(self, job: Job) -> Future:
-        if job.audio_started is None and job.tokens is not None:
-            return min(self.first, key=VocoderWorker.load).submit(job)  # (ties: the first listed)
-        return self.playing.submit(job)
+        first = job.audio_started is None and job.tokens is not None
+        return (self.first if first else self.playing).submit(job)
 
     def stop(self) -> None:
-        for worker in self.first:
-            worker.stop()
+        self.first.stop()
         self.playing.stop()
