@@ -133,6 +133,9 @@ def test_bench_against_the_tiny_stack(stack, tmp_path):
         # Per-stage times come from the gateway's summaries: prefill within TTFA, TTFA within the total.
         st = lv["stages_mean_seconds"]
         assert 0 < st["llm_prefill_seconds"] <= st["ttfa_seconds"] <= st["total_seconds"]
+        # ... and over the tenth of the streams whose first audio came last (here: the one slowest of 6)
+        slowest = max(streams, key=lambda s: s["chunk_arrivals_s"][0])["stages"]
+        assert lv["stages_slowest_tenth_seconds"] == pytest.approx({k: slowest[k] for k in report.STAGES})
     assert result["capacity"] in (0, 1, 3)
     assert "| streams |" in (tmp_path / "bench.md").read_text()
     for png in ("ttfa_distribution.png", "sweep.png", "goodput.png"):
