@@ -17,7 +17,8 @@ distributions are nearly flat, so small changes flip their choices; the tool is 
   python3 bench/fp8_agreement.py --preset tiny            # the plumbing on a CPU, random weights
 
 Prints a table per mode and writes JSON (--json). Both engines are held at once (the FP8 one keeps its layers in FP8
-only: ~26 GB at the real size in bf16 + FP8, plus --kv-cache-gb each).
+only): ~26 GB at the real size in bf16 + FP8, ~43 GB while the FP8 one is built from its own bf16 load, plus
+--kv-cache-gb each. Not yet run on a GPU nor on a trained checkpoint (tests/test_fp8_agreement.py: the tiny model).
 """
 
 from __future__ import annotations
