@@ -24,6 +24,7 @@ only): ~26 GB at the real size in bf16 + FP8, ~43 GB while the FP8 one is built 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
     engines = {q: build_engine(LlmSettings(**base, quantization=q)) for q in ("none", "fp8")}
     results = {"args": vars(args), "modes": {}}
     for mode in modes:
-        sampling = MODES[mode].__class__(**{**asdict(MODES[mode]), "max_new_tokens": args.max_new_tokens})
+        sampling = dataclasses.replace(MODES[mode], max_new_tokens=args.max_new_tokens)
         temperature = sampling.temperature or 1.0
         cfg = engines["none"].cfg
         view = lambda step, logits: as_sampled(cfg, step, logits, sampling.min_new_tokens)  # noqa: E731

@@ -134,9 +134,8 @@ def stage_table(levels: dict, markdown: bool = False) -> str:
     whose first audio came last."""
     rows = [["streams", *(s.removesuffix("_seconds") for s in STAGES)]]
     for c, lv in levels.items():
-        rows.append([str(c), *(f"{lv['stages_mean_seconds'][s] * 1e3:.1f}" for s in STAGES)])
-        if "stages_slowest_tenth_seconds" in lv:  # (a bench.json of before it)
-            rows.append([f"{c}, slowest 10%", *(f"{lv['stages_slowest_tenth_seconds'][s] * 1e3:.1f}" for s in STAGES)])
+        for label, means in ((str(c), lv["stages_mean_seconds"]), (f"{c}, slowest 10%", lv["stages_slowest_tenth_seconds"])):
+            rows.append([label, *(f"{means[s] * 1e3:.1f}" for s in STAGES)])
     return _format(rows, markdown)
 
 
