@@ -125,11 +125,11 @@ KERNELS = {
         fused_linear._linear_gelu, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
         dict(HAS_BIAS=True, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=fused_linear.BLOCK_K, PDL=True)), 4),
     "codec: a norm inside the product after it": (norm_linear._norm_linear, *signature(
-        norm_linear._norm_linear, {"X": BF16, "W": BF16, "SHIFT": "*fp32", "OUT": BF16}, ("eps",),
-        dict(GELU=False, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=fused_linear.BLOCK_K, PDL=True)), 4),
+        norm_linear._norm_linear, {"X": BF16, "W": BF16, "COLSUM": "*fp32", "SHIFT": "*fp32", "OUT": BF16}, ("eps",),
+        dict(GELU=False, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=256, PDL=True)), 4),
     "codec: a norm inside the feed-forward's first product, its GELU": (norm_linear._norm_linear, *signature(
-        norm_linear._norm_linear, {"X": BF16, "W": BF16, "SHIFT": "*fp32", "OUT": BF16}, ("eps",),
-        dict(GELU=True, IEEE=False, BLOCK_M=32, BLOCK_N=64, BLOCK_K=fused_linear.BLOCK_K, PDL=True)), 4),
+        norm_linear._norm_linear, {"X": BF16, "W": BF16, "COLSUM": "*fp32", "SHIFT": "*fp32", "OUT": BF16}, ("eps",),
+        dict(GELU=True, IEEE=False, BLOCK_M=32, BLOCK_N=64, BLOCK_K=256, PDL=True)), 4),
     "codec: the attention's output product with the residual, keeping keys and values": (
         norm_linear._linear_residual, *signature(norm_linear._linear_residual,
                                                 {**FRAME_NORM_PTRS, "X": BF16, "W": BF16, "BIAS": BF16, "SHIFT": BF16},

@@ -58,7 +58,7 @@ def test_norm_linear_without_a_bias_and_a_mutation_of_its_statistics_fails():
         folded = norm_linear.fold(norm, weight)
         got = norm_linear.norm_linear(x, folded)
         want = F.linear(norm(x), weight)
-        unfolded = norm_linear.norm_linear(x, norm_linear.FoldedNorm(weight, folded.shift, folded.eps))
+        unfolded = norm_linear.norm_linear(x, norm_linear.FoldedNorm(weight, folded.colsum, folded.shift, folded.eps))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert (unfolded - want).abs().max() > 1e-2
 

@@ -167,7 +167,7 @@ class BasicTransformerBlock(nn.Module):
         attended, keep = self.attn1.attend(norm_linear(x, self.folded_qkv), lengths, chunk, prefix)
         x, biased = linear_residual(attended, out.weight, out.bias, x, ff_out.bias, keep)  # x, x + ff_out.bias
         hidden = norm_linear(x, self.folded_ff, gelu=True)                                 # [B, T, 4·dim]
-        return torch.addmm(biased.flatten(0, 1), hidden.flatten(0, 1), ff_out.weight.t()).view_as(x)
+        return biased.flatten(0, 1).addmm_(hidden.flatten(0, 1), ff_out.weight.t()).view_as(x)  # (in place: one kernel)
 
     def fold_norms(self) -> None:
         """The folded weights of norm_linear: once, after the weights are loaded and cast."""

@@ -21,8 +21,9 @@ slower, measured: fused_linear.py). But LayerNorm is affine per frame, so it can
 The product runs on the raw frames against W' (tensor cores, as a plain product); the same loads give each frame's
 sum and sum of squares, and each tile of W' its column sums c; the epilogue applies mean and rstd. Every program still
 owns a tile of frames by a tile of channels (a norm *after* a product would need whole frames: 1.3-1.8x slower).
-W' is made once (`fold`, bf16 as the weights); c from the W' the product reads, so the identity holds to float32
-summation; s in float32. The variance is E[x²] - mean² in float32: the residual stream's frames are far from
+W' is made once (`fold`, bf16 as the weights); c summed from the W' the product reads, so the identity holds to
+float32 summation; s in float32. A program reads whole frames (256 channels) at once, so a frame's statistics are
+one reduction. The variance is E[x²] - mean² in float32: the residual stream's frames are far from
 constant, so nothing cancels that float32 cannot hold.
 
 The keys and values a stream's history keeps (history.py) go into its ring after the attention has read it: in the
@@ -59,8 +60,10 @@ FOLDED = True  # False: the norms in frame_ops' per-frame kernels (bench/codec_f
 @dataclass(frozen=True)
 class FoldedNorm:
     """norm(x) @ weight.T + bias as the kernel computes it: weight [N, K] = the product's weight times the norm's
-    gamma per input channel (the dtype of the weights); shift [N] float32 = weight @ beta + bias; the norm's eps."""
+    gamma per input channel (the dtype of the weights); colsum [N] float32: that weight summed over its inputs, as
+    stored; shift [N] float32 = the product's weight @ beta + bias; the norm's eps."""
     weight: torch.Tensor
+    colsum: torch.Tensor
     shift: torch.Tensor
     eps: float
 
@@ -68,7 +71,8 @@ class FoldedNorm:
 def fold(norm: nn.LayerNorm, weight: torch.Tensor, bias: torch.Tensor | None = None) -> FoldedNorm:
     w = weight.float()
     shift = w @ norm.bias.float() + (bias.float() if bias is not None else 0.0)
-    return FoldedNorm((w * norm.weight.float()[None, :]).to(weight.dtype).contiguous(), shift.contiguous(), norm.eps)
+    folded = (w * norm.weight.float()[None, :]).to(weight.dtype).contiguous()
+    return FoldedNorm(folded, folded.float().sum(1).contiguous(), shift.contiguous(), norm.eps)
 
 
 def active(x: torch.Tensor) -> bool:
@@ -86,10 +90,16 @@ def norm_linear(x: torch.Tensor, folded: FoldedNorm, gelu: bool = False) -> torc
     block_m, block_n, warps = tiles(M, N)
     pdl = launch.pdl(x)
     _norm_linear[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
-        x2, folded.weight, folded.shift, out, M, N, K, x2.stride(0), folded.weight.stride(0), folded.eps, GELU=gelu,
-        IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, PDL=pdl, num_warps=warps,
-        launch_pdl=pdl)
+        x2, folded.weight, folded.colsum, folded.shift, out, M, N, K, x2.stride(0), folded.weight.stride(0), folded.eps,
+        GELU=gelu, IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=norm_block_k(K), PDL=pdl,
+        num_warps=warps, launch_pdl=pdl)
     return out
+
+
+def norm_block_k(K: int) -> int:
+    """The inputs a norm_linear program reads at once: the whole frame up to 256 channels (the estimator's), so that
+    its statistics are one reduction, not one per step of the product."""
+    return min(triton.next_power_of_2(K), 256) if K > BLOCK_K else BLOCK_K
 
 
 def linear_residual(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
@@ -119,7 +129,7 @@ def reference_norm_linear(x, norm, weight, bias=None, gelu=False):
 
 if triton is not None:
     @triton.jit
-    def _norm_linear(X, W, SHIFT, OUT, M, N, inner, sx, sw, eps, GELU: tl.constexpr, IEEE: tl.constexpr,
+    def _norm_linear(X, W, COLSUM, SHIFT, OUT, M, N, inner, sx, sw, eps, GELU: tl.constexpr, IEEE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         inputs_ready(PDL)
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -129,7 +139,6 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         total = tl.zeros([BLOCK_M], dtype=tl.float32)     # each frame's sum and sum of squares
         squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-        colsum = tl.zeros([BLOCK_N], dtype=tl.float32)    # c: W' summed over its inputs
         for k0 in range(0, inner, BLOCK_K):
             k_ok = (k0 + offs_k) < inner
             a = tl.load(X + offs_m[:, None] * sx + (k0 + offs_k)[None, :], mask=row_ok[:, None] & k_ok[None, :],
@@ -143,9 +152,9 @@ if triton is not None:
             af = a.to(tl.float32)
             total += tl.sum(af, 1)
             squares += tl.sum(af * af, 1)
-            colsum += tl.sum(w.to(tl.float32), 0)
         mean = total / inner
         rstd = 1.0 / tl.sqrt(tl.maximum(squares / inner - mean * mean, 0.0) + eps)
+        colsum = tl.load(COLSUM + offs_n, mask=col_ok, other=0.0)   # c: W' summed over its inputs
         shift = tl.load(SHIFT + offs_n, mask=col_ok, other=0.0)
         acc = rstd[:, None] * (acc - mean[:, None] * colsum[None, :]) + shift[None, :]
         if GELU:
