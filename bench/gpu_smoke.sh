@@ -21,7 +21,7 @@ if [[ $what == all || $what == tests ]]; then
   python3 -m pytest -q -p no:cacheprovider tests/test_paged_attention.py tests/test_fused_kernels.py \
     tests/test_kernel_runner.py tests/test_fp8.py tests/test_sampler.py tests/test_overlap.py tests/test_text_skip.py \
     tests/test_vocoder_activation.py tests/test_vocoder_stream.py tests/test_vocoder_worker.py tests/test_pacing.py \
-    tests/test_chunk_attention.py tests/test_frame_ops.py tests/test_fused_linear.py tests/test_norm_linear.py tests/test_codec_parity.py tests/test_codec_prefix.py \
+    tests/test_chunk_attention.py tests/test_frame_ops.py tests/test_fused_linear.py tests/test_codec_parity.py tests/test_codec_prefix.py \
     tests/test_codec_stream.py tests/test_codec_history.py tests/test_codec_solve.py tests/test_solve_worker.py tests/test_hift_snake.py tests/test_encoder_attention.py \
     tests/test_encoder_model.py tests/test_encoder_graphs.py tests/test_encoder_stream.py tests/test_encoder_worker.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 fi

@@ -3,7 +3,10 @@
 # onnxruntime and prometheus-client), downloaded here into .whl/ for bench/gpu_smoke.sh and bench/stack.sh to install
 # there (carry .whl with the call). Run it on a fresh checkout before the first GPU call:
 #   bash bench/wheels.sh            # the stack's and the GPU tests' wheels
-#   bash bench/wheels.sh --parity   # and the codec parity tests' CPU oracle (cosyvoice2-eu, conformer)
+#   bash bench/wheels.sh --parity   # and the codec parity tests' CPU oracle (cosyvoice2-eu, conformer) and what its
+#                                   # modules import beyond the image: einops, diffusers (without them the parity
+#                                   # tests failed on the device, 2026-11-27); tests/codec_reference.py stands in
+#                                   # for omegaconf
 # Beyond the services' own imports: cffi and pycparser, because soundfile's wheel (librosa's) imports cffi, which the
 # image lacks, and transformers then fails to import any model beside it (the llm bench's peer, 2026-11-27);
 # py-spy, to sample the services' stacks during a load.
@@ -13,7 +16,7 @@ wheels=(grpcio==1.85.1 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 
         bigvgan==2.4.1 librosa audioread soundfile soxr pooch decorator platformdirs cffi pycparser
         silero-vad kaldi-native-fbank lameenc py-spy)
 if [ "${1:-}" = --parity ]; then
-  wheels+=(cosyvoice2-eu==0.2.8 conformer==0.3.2)
+  wheels+=(cosyvoice2-eu==0.2.8 conformer==0.3.2 einops diffusers importlib-metadata zipp)
 fi
 python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \

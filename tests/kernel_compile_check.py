@@ -19,7 +19,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from services.encoder import attention as encoder_attention  # noqa: E402
 from services.llm.runner.kernels import fp8, fused, paged_attention, sampling  # noqa: E402
 from services.vocoder import activation  # noqa: E402
-from services.vocoder.codec import chunk_attention, frame_ops, fused_linear, norm_linear, snake  # noqa: E402
+from services.vocoder.codec import chunk_attention, frame_ops, fused_linear, snake  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -124,17 +124,6 @@ KERNELS = {
     "codec: the feed-forward's first product with its GELU": (fused_linear._linear_gelu, *signature(
         fused_linear._linear_gelu, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
         dict(HAS_BIAS=True, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=fused_linear.BLOCK_K, PDL=True)), 4),
-    "codec: a norm inside the product after it": (norm_linear._norm_linear, *signature(
-        norm_linear._norm_linear, {"X": BF16, "W": BF16, "COLSUM": "*fp32", "SHIFT": "*fp32", "OUT": BF16}, ("eps",),
-        dict(GELU=False, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=256, PDL=True)), 4),
-    "codec: a norm inside the feed-forward's first product, its GELU": (norm_linear._norm_linear, *signature(
-        norm_linear._norm_linear, {"X": BF16, "W": BF16, "COLSUM": "*fp32", "SHIFT": "*fp32", "OUT": BF16}, ("eps",),
-        dict(GELU=True, IEEE=False, BLOCK_M=32, BLOCK_N=64, BLOCK_K=256, PDL=True)), 4),
-    "codec: the attention's output product with the residual, keeping keys and values": (
-        norm_linear._linear_residual, *signature(norm_linear._linear_residual,
-                                                {**FRAME_NORM_PTRS, "X": BF16, "W": BF16, "BIAS": BF16, "SHIFT": BF16},
-                                                (), dict(KEEP=True, HEADS=8, HEAD_D=64, IEEE=False, BLOCK_M=64,
-                                                         BLOCK_N=64, BLOCK_K=fused_linear.BLOCK_K, PDL=True)), 4),
     "codec: causal unfold with a prompt prefix": (frame_ops._causal_unfold, *signature(
         frame_ops._causal_unfold, {"X": BF16, "FRAMES": BF16, "ROWS": "*i64", "KEEP_ROWS": "*i64", "LENGTHS": "*i32",
                                    "OUT": BF16}, (),

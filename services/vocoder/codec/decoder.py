@@ -75,8 +75,6 @@ class FlowTokenDecoder:
         cuda = device.type == "cuda"
         self.device, self.dtype = device, dtype or (torch.bfloat16 if cuda else torch.float32)
         self.flow = flow.to(device=device, dtype=self.dtype).eval()
-        if cuda:  # the estimator's folded norms (norm_linear.py), now: never inside a graph's capture
-            self.flow.decoder.estimator.fold_norms()
         if n_timesteps is not None:
             self.flow.decoder.n_timesteps = n_timesteps
         if cfg_rate is not None:

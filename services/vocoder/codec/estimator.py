@@ -34,8 +34,6 @@ from services.vocoder.codec.chunk_attention import chunk_attention
 from services.vocoder.codec.config import EstimatorConfig
 from services.vocoder.codec.frame_ops import causal_unfold, frame_norm, taps_weight
 from services.vocoder.codec.fused_linear import linear_gelu
-from services.vocoder.codec.norm_linear import active as norm_linear_active
-from services.vocoder.codec.norm_linear import fold, linear_residual, norm_linear
 
 
 def laid_out(module: nn.Module, name: str, make) -> None:
@@ -132,17 +130,11 @@ class Attention(nn.Module):
         frames (0: none); prefix: a prompt prefix, or a stream history, read before the row's keys (prefix.py,
         history.py) → ([B, T, dim], what the next per-frame kernel keeps of k and v: frame_ops.frame_norm's `keep`,
         or None). q, k and v in one matrix product."""
-        attended, keep = self.attend(F.linear(x, self.qkv_weight), lengths, chunk, prefix)
-        return self.to_out[0](attended), keep
-
-    def attend(self, qkv: torch.Tensor, lengths: torch.Tensor, chunk: int, prefix=None):
-        """qkv [B, T, 3·inner] (q, k, v one after another per frame) → (the attention [B, T, inner] before the output
-        product, the keep as forward's)."""
-        B, T, _ = qkv.shape
-        q, k, v = qkv.view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [B, heads, T, d] each
+        B, T, _ = x.shape
+        q, k, v = F.linear(x, self.qkv_weight).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [B, heads, T, d] each
         before = {} if prefix is None else prefix.kv(self.slot, k, v)
         keep = None if prefix is None else prefix.keep(self.slot, k, v)
-        return chunk_attention(q, k, v, lengths, chunk, **before), keep
+        return self.to_out[0](chunk_attention(q, k, v, lengths, chunk, **before)), keep
 
 
 class BasicTransformerBlock(nn.Module):
@@ -159,21 +151,6 @@ class BasicTransformerBlock(nn.Module):
         attended, keep = self.attn1(normed, lengths, chunk, prefix)
         x, normed = frame_norm(attended, residual=x, then=self.norm3, keep=keep)
         return frame_norm(self.ff(normed), residual=x, then=then)
-
-    def folded_forward(self, x: torch.Tensor, lengths: torch.Tensor, chunk: int, prefix=None) -> torch.Tensor:
-        """forward's x + attention + feed-forward [B, T, dim] from x alone, its norms and residuals inside the products:
-        five kernels (norm_linear.py; fold_norms first)."""
-        out, ff_out = self.attn1.to_out[0], self.ff.net[2]
-        attended, keep = self.attn1.attend(norm_linear(x, self.folded_qkv), lengths, chunk, prefix)
-        x, biased = linear_residual(attended, out.weight, out.bias, x, ff_out.bias, keep)  # x, x + ff_out.bias
-        hidden = norm_linear(x, self.folded_ff, gelu=True)                                 # [B, T, 4·dim]
-        return biased.flatten(0, 1).addmm_(hidden.flatten(0, 1), ff_out.weight.t()).view_as(x)  # (in place: one kernel)
-
-    def fold_norms(self) -> None:
-        """The folded weights of norm_linear: once, after the weights are loaded and cast."""
-        self.folded_qkv = fold(self.norm1, self.attn1.qkv_weight)
-        gelu = self.ff.net[0].proj
-        self.folded_ff = fold(self.norm3, gelu.weight, gelu.bias)
 
 
 class TimestepEmbedding(nn.Module):
@@ -216,17 +193,6 @@ class CausalConditionalDecoder(nn.Module):
         for kind in (Attention, CausalConv1d):
             for slot, module in enumerate(m for m in self.modules() if isinstance(m, kind)):
                 module.slot = slot
-        # (device, dtype) of the weights the blocks' folded norms were made from (fold_norms); none after a load
-        self.folded_as = None
-        self.register_load_state_dict_post_hook(lambda m, _: setattr(m, "folded_as", None))
-
-    def fold_norms(self) -> None:
-        """Every transformer block's folded weights (norm_linear.py), from the weights as they are now: call again after
-        loading or casting them."""
-        for block in self.slots(BasicTransformerBlock):
-            block.fold_norms()
-        weight = self.final_proj.weight
-        self.folded_as = (weight.device, weight.dtype)
 
     def slots(self, kind: type) -> list[nn.Module]:
         """The estimator's attentions or causal convolutions, in slot order."""
@@ -248,17 +214,9 @@ class CausalConditionalDecoder(nn.Module):
         and convolution inputs it holds; or, recording, it keeps the frames' own."""
         chunk = self.cfg.static_chunk_size if streaming else 0
         terms = iter(time_terms.unbind(1))
-        folded = norm_linear_active(h)
-        if folded and self.folded_as != (h.device, h.dtype):
-            self.fold_norms()  # (the decoder folds when it is built, outside any graph capture; else on first use)
 
         def level(resnet, blocks, x):
             term = next(terms)
-            if folded:
-                x = resnet(x, term, prefix)
-                for block in blocks:
-                    x = block.folded_forward(x, lengths, chunk, prefix)
-                return x
             x, normed = resnet(x, term, prefix, then=blocks[0].norm1) if blocks else (resnet(x, term, prefix), None)
             for i, block in enumerate(blocks):
                 last = i == len(blocks) - 1

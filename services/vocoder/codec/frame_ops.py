@@ -91,25 +91,17 @@ def kernel(h, norm=None, mish=False, rows=None, residual=None, then=None, keep=N
     w2, b2, eps2 = (then.weight, then.bias, then.eps) if then is not None else (unused, unused, 0.0)
     row_terms = rows if rows is not None else unused
     row_stride = 0 if rows is None or rows.shape[0] == 1 else rows.stride(0)
-    tensors, strides, ring, heads, head_d = keep_arguments(keep, h2)
+    k, v, ring_k, ring_v, hrows, at, lengths = keep if keep is not None else (h, h, h, h, h2, h2, h2)  # unread
+    strides = [*k.stride()[:3], *v.stride()[:3], *ring_k.stride()[:3], *ring_v.stride()[:3]] if keep else [0] * 12
     grid = (triton.cdiv(B * T, ROWS_PER_PROGRAM),)
-    _frame_norm[grid](h2, w1, b1, row_terms, res, w2, b2, out, second, *tensors,
-                      B * T, T, C, h2.stride(0), row_stride, res.stride(0), *strides, ring, eps1, eps2,
+    _frame_norm[grid](h2, w1, b1, row_terms, res, w2, b2, out, second, k, v, ring_k, ring_v, hrows, at, lengths,
+                      B * T, T, C, h2.stride(0), row_stride, res.stride(0), *strides,
+                      ring_k.shape[2] if keep else 1, eps1, eps2,
                       NORM=norm is not None, MISH=mish, ROWS=rows is not None, RESIDUAL=residual is not None,
-                      THEN=then is not None, KEEP=keep is not None, HEADS=heads, HEAD_D=head_d,
-                      BLOCK_M=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C), PDL=(pdl := launch.pdl(h)),
-                      launch_pdl=pdl)
+                      THEN=then is not None, KEEP=keep is not None, HEADS=k.shape[1] if keep else 1,
+                      HEAD_D=k.shape[3] if keep else 1, BLOCK_M=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C),
+                      PDL=(pdl := launch.pdl(h)), launch_pdl=pdl)
     return (out, second) if then is not None else out
-
-
-def keep_arguments(keep: tuple | None, unused: torch.Tensor) -> tuple:
-    """A kernel's arguments for keep_frames: (k, v, ring keys, ring values, rows, at, lengths), their 12 strides,
-    the ring's frames, heads and head size; without a keep, tensors it does not read and ones."""
-    if keep is None:
-        return (unused,) * 7, [0] * 12, 1, 1, 1
-    k, v, ring_k, ring_v = keep[:4]
-    strides = [*k.stride()[:3], *v.stride()[:3], *ring_k.stride()[:3], *ring_v.stride()[:3]]
-    return tuple(keep), strides, ring_k.shape[2], k.shape[1], k.shape[3]
 
 
 # ---- causal_unfold -----------------------------------------------------------------------------------------
@@ -210,26 +202,6 @@ if triton is not None:
         return d * rstd[:, None] * w[None, :] + b[None, :]
 
     @triton.jit
-    def keep_frames(offs_m, row_ok, T, K, V, KR, VR, KEEP_ROWS, AT, LENGTHS, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-                    skr_r, skr_h, skr_t, svr_r, svr_h, svr_t, ring, HEADS: tl.constexpr, HEAD_D: tl.constexpr):
-        """Frames offs_m's keys and values (K, V [B, heads, T, d]) into their stream's ring (KR, VR [S, heads, ring,
-        d], row KEEP_ROWS[b], frame i of the row's last `ring` at (AT[b] + i) % ring): keep_reference's kernel form,
-        for a kernel that runs after the attention has read the ring."""
-        b, t = offs_m // T, offs_m % T
-        n = tl.load(LENGTHS + b, mask=row_ok, other=0).to(tl.int32)
-        kept = (row_ok & (t < n) & (t >= n - ring))[:, None]
-        hrow = tl.load(KEEP_ROWS + b, mask=row_ok, other=0)
-        place = (tl.load(AT + b, mask=row_ok, other=0) + t) % ring
-        offs_d = tl.arange(0, HEAD_D)
-        for hh in tl.static_range(HEADS):
-            key = tl.load(K + b[:, None] * sk_b + hh * sk_h + t[:, None] * sk_t + offs_d[None, :], mask=kept)
-            tl.store(KR + hrow[:, None] * skr_r + hh * skr_h + place[:, None] * skr_t + offs_d[None, :], key,
-                     mask=kept)
-            value = tl.load(V + b[:, None] * sv_b + hh * sv_h + t[:, None] * sv_t + offs_d[None, :], mask=kept)
-            tl.store(VR + hrow[:, None] * svr_r + hh * svr_h + place[:, None] * svr_t + offs_d[None, :], value,
-                     mask=kept)
-
-    @triton.jit
     def _frame_norm(H, W1, B1, ROW_TERMS, RES, W2, B2, OUT, OUT2, K, V, KR, VR, KEEP_ROWS, AT, LENGTHS,
                     M, T, C, sh, s_rows, s_res, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, skr_r, skr_h, skr_t,
                     svr_r, svr_h, svr_t, ring, eps1, eps2,
@@ -240,9 +212,20 @@ if triton is not None:
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_c = tl.arange(0, BLOCK_C)
         row_ok, col_ok = offs_m < M, offs_c < C
-        if KEEP:
-            keep_frames(offs_m, row_ok, T, K, V, KR, VR, KEEP_ROWS, AT, LENGTHS, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
-                        skr_r, skr_h, skr_t, svr_r, svr_h, svr_t, ring, HEADS, HEAD_D)
+        if KEEP:  # these frames' keys and values into their stream's ring: the row's last `ring` frames
+            b, t = offs_m // T, offs_m % T
+            n = tl.load(LENGTHS + b, mask=row_ok, other=0).to(tl.int32)
+            kept = (row_ok & (t < n) & (t >= n - ring))[:, None]
+            hrow = tl.load(KEEP_ROWS + b, mask=row_ok, other=0)
+            place = (tl.load(AT + b, mask=row_ok, other=0) + t) % ring
+            offs_d = tl.arange(0, HEAD_D)
+            for hh in tl.static_range(HEADS):
+                key = tl.load(K + b[:, None] * sk_b + hh * sk_h + t[:, None] * sk_t + offs_d[None, :], mask=kept)
+                tl.store(KR + hrow[:, None] * skr_r + hh * skr_h + place[:, None] * skr_t + offs_d[None, :], key,
+                         mask=kept)
+                value = tl.load(V + b[:, None] * sv_b + hh * sv_h + t[:, None] * sv_t + offs_d[None, :], mask=kept)
+                tl.store(VR + hrow[:, None] * svr_r + hh * svr_h + place[:, None] * svr_t + offs_d[None, :], value,
+                         mask=kept)
         ok = row_ok[:, None] & col_ok[None, :]
         x = tl.load(H + offs_m[:, None] * sh + offs_c[None, :], mask=ok, other=0.0).to(tl.float32)
         if NORM:

@@ -11,7 +11,11 @@ their run-to-run spread (bench/codec_fused_linear.py, bench/codec_flow_profile.p
 Not fused, measured and left (docs/benchmarks.md, issue 23): the LayerNorms. After a product, a norm needs a
 program to own whole output frames, which then streams all of the weight alone (1.3-1.8x slower than cuBLAS and a
 per-frame kernel); before one, normalising each tile of the input as it is read keeps the tensor cores waiting
-(q|k|v 2.1x, the feed-forward 1.4x at 960 frames).
+(q|k|v 2.1x, the feed-forward 1.4x at 960 frames). Nor with the norm taken out of the product (rstd · (x @ (W·gamma).T
+- mean · c) + W @ beta: the raw frames' product, their statistics from the same loads) and the attention's output
+product adding its residual and keeping the keys and values, a block in five kernels, not seven: those Triton
+products took 10-12 us where cuBLAS's take ~4.4, so a 6-stream call was 11-49% slower alone and no faster beside the
+llm (77-78 ms against 76-79), though it ran 1,120 kernels fewer (2026-11-27, norm_linear.py at 0db07d3).
 
 On CPU (and with `FUSED = False`, to compare) PyTorch's product and GELU run. Shapes: x [B, T, K] with K contiguous,
 weight [N, K] (nn.Linear's), bias [N] → [B, T, N].
