@@ -163,3 +163,19 @@ def test_cancelled_streams_give_their_history_slots_back(tmp_path, solve, lane):
         assert (ticks > 0) == (solve == "on"), ticks
     finally:
         stack.stop_all()
+
+
+def test_a_seeded_reply_is_the_same_audio_again_and_differs_by_the_flow_steps_alone(codec_stack, voices_dir,
+                                                                                    tmp_path_factory):
+    """README's way to hear `--flow-steps`: the same seeded reply from two stacks. Asked twice, one stack gives the
+    same samples (the llm's seeded tokens, the flow's fixed noise table, HiFT's fixed source noise); a stack with
+    fewer Euler steps gives as many samples, and other ones."""
+    say = lambda stack: asyncio.run(synthesize(stack.target("gateway"), "Say something.", sampling=SAMPLING))  # noqa: E731
+    first, again = say(codec_stack), say(codec_stack)
+    assert np.array_equal(first.samples, again.samples)
+    args = {"vocoder": ["--preset", "tiny-codec", "--voices-dir", str(voices_dir), "--flow-steps", "5"]}
+    with Stack(Ports.free(), without=NO_SPEECH, extra_args=args, log_dir=tmp_path_factory.mktemp("steps5-logs")) as fewer:
+        coarser = say(fewer)
+    assert len(coarser.samples) == len(first.samples) == 24 * 1920
+    assert not np.array_equal(coarser.samples, first.samples)
+    assert np.abs(coarser.samples).max() > 0
