@@ -170,7 +170,9 @@ def test_a_seeded_reply_is_the_same_audio_again_and_differs_by_the_flow_steps_al
     """README's way to hear `--flow-steps`: the same seeded reply from two stacks. Asked twice, one stack gives the
     same samples (the llm's seeded tokens, the flow's fixed noise table, HiFT's fixed source noise); a stack with
     fewer Euler steps gives as many samples, and other ones."""
-    say = lambda stack: asyncio.run(synthesize(stack.target("gateway"), "Say something.", sampling=SAMPLING))  # noqa: E731
+    def say(stack):
+        return asyncio.run(synthesize(stack.target("gateway"), "Say something.", sampling=SAMPLING))
+
     first, again = say(codec_stack), say(codec_stack)
     assert np.array_equal(first.samples, again.samples)
     args = {"vocoder": ["--preset", "tiny-codec", "--voices-dir", str(voices_dir), "--flow-steps", "5"]}
