@@ -60,6 +60,14 @@ def seconds(text: str) -> float:
     return value
 
 
+def share(text: str) -> float:
+    """An argparse type: a share, from 0 to 1."""
+    value = _number(float, text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {text}")
+    return value
+
+
 def power_of_two(text: str) -> int:
     value = positive(int)(text)
     if value & (value - 1):

@@ -26,6 +26,10 @@ def test_the_limit_grows_only_while_it_holds_turns_back_and_every_stream_is_ahea
     h.observe_slack(0.9, 0.2)     # a stream only 0.2 s ahead: no room, no alarm
     h.update(1.0, running=10)
     assert h.limit == 10
+    assert not h.admits(1.2, running=10)  # refused for the limit (no decision within the period)...
+    h.observe_slack(3.1, 0.6)
+    h.update(3.5, running=5)              # ... and turns ended since: it held one back; room (the 0.2 s is old): it grows
+    assert h.limit == 12
 
 
 def test_the_slack_read_is_a_low_quantile_of_the_chunks_not_the_least():
@@ -82,6 +86,42 @@ def test_first_audio_past_its_promise_at_p95_brings_the_limit_down():
     assert h.limit == pytest.approx(9) and "TTFA p95 320 ms" in h.last_reason == h.fall_reason
 
 
+def test_with_first_audio_far_under_its_promise_the_limit_grows_in_proportion():
+    """With room, the limit grows by growth x itself x (1 - TTFA p95 / target), at least by `increase`; while the window
+    holds too few turns for a p95, by `increase` alone."""
+    rule = dataclasses.replace(RULE, initial_limit=50, max_limit=256, growth=0.4)
+
+    def decide(h: Headroom, now: float, ttfas: list[float]) -> float:
+        before = h.limit
+        h.observe_slack(now, 0.6)
+        for t in ttfas:
+            h.observe_ttfa(now, t)
+        h.update(now, running=int(h.limit))
+        return h.limit - before
+
+    h = Headroom(rule)
+    assert decide(h, 0.0, [0.15] * 20) == pytest.approx(0.4 * 50 * 0.5)  # p95 150 ms of a 300 ms target: +10
+    assert decide(h, 3.0, [0.15] * 19) == 2                                # 19 turns: no p95 to trust, +2
+    assert decide(h, 6.0, [0.15] * 18 + [0.29] * 2) == 2                     # p95 290 ms: 0.4 x 62 x 1/30 < 2
+    slow = Headroom(dataclasses.replace(rule, growth=0.0))                 # --admit-growth 0: the additive rule
+    assert decide(slow, 0.0, [0.15] * 20) == 2
+    assert Headroom(rule).limit == 50 and decide(Headroom(dataclasses.replace(rule, max_limit=55)), 0.0, [0.0] * 20) == 5
+
+
+def test_the_growth_is_a_flag_from_0_to_1():
+    from services.cli import parser
+    from services.gateway import server
+    from services.gateway.settings import GatewaySettings
+    from services.settings import from_args
+
+    args = parser().parse_args(["gateway", "--admission", "headroom", "--admit-growth", "0.25"])
+    assert server.headroom(from_args(GatewaySettings, args)).rule.growth == 0.25
+    for bad in ("1.5", "-0.1", "x"):
+        with pytest.raises(SystemExit) as info:
+            parser().parse_args(["gateway", "--admit-growth", bad])
+        assert info.value.code == 2
+
+
 def test_old_signals_leave_the_window():
     h = Headroom(RULE)
     h.observe_slack(0.0, -0.2)   # a stall, 3 s ago
@@ -106,6 +146,28 @@ def test_the_limit_finds_a_capacity_it_is_not_told():
         if step >= 300:
             limits.append(h.limit)
     assert 0.75 * capacity <= min(limits) and max(limits) <= capacity + 3 * RULE.increase
+
+
+@pytest.mark.parametrize("growth", [0.0, 0.4])
+def test_with_first_audio_far_under_its_promise_the_limit_reaches_a_large_capacity_in_seconds(growth):
+    """A service with room for 160 turns, its first audio 100-200 ms (a 300 ms target), its streams falling behind
+    past 160; 80 turns a second offered, each running 3 s, from a limit of 48. Grown in proportion to TTFA's room, the
+    limit passes 120 within 4 s and settles near 160; grown by 2 a decision, it takes over 15 s. (Turns end between
+    arrivals: the limit counts as holding turns back when it refused one since the last decision.)"""
+    capacity = 160
+    h, running, limits = Headroom(dataclasses.replace(RULE, initial_limit=48, max_limit=256, growth=growth)), 0, []
+    for step in range(600):  # 60 s in steps of 0.1 s
+        now = step * 0.1
+        for _ in range(8):
+            if h.admits(now, running):
+                running += 1
+                h.observe_ttfa(now, 0.1 + 0.1 * running / capacity)
+        running -= running // 30
+        h.observe_slack(now, 0.5 if running <= capacity else 0.5 - 0.1 * (running - capacity))
+        limits.append(h.limit)
+    reached = next(step for step, limit in enumerate(limits) if limit >= 0.75 * capacity) * 0.1
+    assert (reached <= 4) if growth else (reached > 15), reached
+    assert 0.9 * capacity <= min(limits[300:]) and max(limits[300:]) <= 1.1 * capacity
 
 
 def test_admission_refuses_at_once_past_the_limit_with_a_hint():

@@ -15,9 +15,10 @@ adaptive concurrency limits of RPC servers), updated every `period` seconds from
   `min_limit`, nor under `max_fall` x the limit in one decision): what runs now is already more than the stages carry.
   The signals read are then dropped, so that each acts once. (A cold stack's first turns are slow with one turn
   running: the limit stays.);
-- else, while the turns running are near the limit (the limit is what holds them back), and streams are playing with
-  that quantile of slack over `high_slack`: the limit grows by `increase` (TTFA is then within its target: near the
-  limit, over it is a fall);
+- else, while the limit holds turns back (it refused one since the last decision, or the turns running are near it),
+  and streams are playing with that quantile of slack over `high_slack`: the limit grows by `increase`, or, when the
+  window holds enough turns for its TTFA quantile to mean something, by `growth` x the limit x (1 - TTFA /
+  `ttfa_target`) if that is more (TTFA is then within its target: near the limit, over it is a fall);
 - a turn is admitted while fewer than the limit run; otherwise RESOURCE_EXHAUSTED, at once, with a retry hint.
 
 A low quantile, not the least slack: a stream's chunks grow (4, 5, 10, then 20 tokens), and the chunk that completes a
@@ -28,6 +29,10 @@ share of first audio longer (the llm's steps, the vocoder's calls that a first c
 the 40-60 turns where the slack alone held the limit, first audio came at p95 ~340 ms. A 2 s window holds a few
 dozen turns, so its p95 is rough: a 0.3 s target gave 294-310 ms over whole loads, 0.28 s gave 280-299 ms
 (docs/benchmarks.md).
+Why the growth is in proportion to TTFA's distance from its target: on a stack with room (a cheaper flow, an H200) the
+turns' TTFA stays far under the target while the limit holds them back, and a fixed +2 a half second refused 56-108
+of 600 turns at Poisson 30 and 44 of a ramp of 256 that TTFA said could run (docs/benchmarks.md, 2026-11-27). Near
+the knee TTFA is near its target, the step shrinks to `increase`, and the fall stays what it was.
 Pure arithmetic on recorded signals: no clock of its own (every call takes `now`), nothing of asyncio or grpc.
 """
 
@@ -50,7 +55,8 @@ class HeadroomRule:
     ttfa_quantile: float = 0.95
     window: float = 2.0            # seconds of signals each decision reads
     period: float = 0.5            # seconds between decisions
-    increase: int = 2              # turns added to the limit per decision with room
+    increase: int = 2              # turns added to the limit per decision with room, at least...
+    growth: float = 0.4            # ... and this share of the limit x (1 - TTFA / ttfa_target) (--admit-growth)
     decrease: float = 0.9          # the limit after a decision without room, as a share of the turns running...
     max_fall: float = 0.5          # ... but never under this share of the limit before it
 
@@ -64,6 +70,7 @@ class Headroom:
         self.decided = -math.inf
         self.last_reason = "no signal yet"
         self.fall_reason = "none yet"  # the latest decision that lowered the limit
+        self.held_back = False  # a turn was refused for the limit since the last decision
 
     def observe_slack(self, now: float, slack: float) -> None:
         """A playing stream's chunk left the gateway `slack` seconds before its listener needed it (< 0: late)."""
@@ -84,6 +91,9 @@ class Headroom:
         r = self.rule
         ttfa = _quantile([t for _, t in self.ttfa], r.ttfa_quantile, empty=-math.inf)
         slow_starts = ttfa > r.ttfa_target and running >= self.limit / 2  # (with few running: a cold stack)
+        # The limit holds turns back: it refused one since the last decision, or the turns running are near it (a
+        # decision comes with an arrival, and turns that ended since the last refusal leave a few places free).
+        held_back, self.held_back = self.held_back or running >= self.limit - r.increase, False
         if slack < r.low_slack or slow_starts:
             self.limit = max(r.min_limit, min(self.limit, r.decrease * running), r.max_fall * self.limit)
             self.last_reason = (f"slack p{r.slack_quantile * 100:g} {slack * 1e3:.0f} ms" if slack < r.low_slack
@@ -91,15 +101,25 @@ class Headroom:
             self.fall_reason = self.last_reason
             self.slack.clear()  # each signal acts once: what follows shows whether the fall was enough
             self.ttfa.clear()
-        elif running >= self.limit - r.increase and self.slack and slack > r.high_slack:  # (room seen, not assumed)
-            self.limit = min(r.max_limit, self.limit + r.increase)
+        elif held_back and self.slack and slack > r.high_slack:  # (room seen, not assumed)
+            self.limit = min(r.max_limit, self.limit + max(r.increase, self._growth(ttfa)))
             self.last_reason = f"room: slack p{r.slack_quantile * 100:g} {slack * 1e3:.0f} ms"
+
+    def _growth(self, ttfa: float) -> float:
+        """Turns to add for TTFA's distance under its target, 0 while the window holds too few turns to place its
+        quantile (a p95 needs 20)."""
+        r = self.rule
+        if len(self.ttfa) * (1 - r.ttfa_quantile) < 1:
+            return 0.0
+        return r.growth * self.limit * max(0.0, 1 - ttfa / r.ttfa_target)
 
     def admits(self, now: float, running: int, reserve: float = 0.0) -> bool:
         """May one more turn start, with `running` turns running? reserve: a share of the limit this turn may go
         over (ongoing sessions' turns: admission.py)."""
         self.update(now, running)
-        return running < int(self.limit * (1 + reserve))
+        admitted = running < int(self.limit * (1 + reserve))
+        self.held_back |= not admitted
+        return admitted
 
 
 def _quantile(values: list[float], q: float, empty: float) -> float:

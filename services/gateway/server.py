@@ -83,4 +83,5 @@ def headroom(s: GatewaySettings) -> Headroom | None:
     return Headroom(HeadroomRule(initial_limit=min(s.admit_initial_turns, s.max_turns), max_limit=s.max_turns,
                                  min_limit=min(HeadroomRule.min_limit, s.max_turns), low_slack=s.admit_low_slack,
                                  high_slack=(s.admit_high_slack if s.admit_high_slack is not None
-                                             else max(HeadroomRule.high_slack, 2 * s.admit_low_slack)), ttfa_target=s.admit_ttfa))
+                                             else max(HeadroomRule.high_slack, 2 * s.admit_low_slack)), ttfa_target=s.admit_ttfa,
+                                 growth=s.admit_growth))

@@ -6,7 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from services.settings import GRPC_PORTS, count, host_option, http_port_option, metrics_port_option, option, port_option, positive, seconds
+from services.settings import (
+    GRPC_PORTS,
+    count,
+    host_option,
+    http_port_option,
+    metrics_port_option,
+    option,
+    port_option,
+    positive,
+    seconds,
+    share,
+)
 
 if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
     from services.common.tls import ChannelTls, ServerTls
@@ -59,6 +70,9 @@ class GatewaySettings:
     admit_ttfa: float = option(0.28, "--admission headroom: TTFA p95 of the latest turns above which there are too "
                                      "many turns (a margin under a 300 ms promise: a 2 s window holds a few dozen "
                                      "turns)", type=positive(float))
+    admit_growth: float = option(0.4, "--admission headroom: with room, the limit grows each half second by this share "
+                                      "of itself times how far the latest turns' TTFA p95 is under --admit-ttfa (at "
+                                      "least 2 turns; 0: 2 turns only)", type=share)
     max_turns_per_client: int | None = option(
         None, "turns one client may have running or waiting at once, each API key its own (without API keys: each "
               "client address, though behind a proxy all clients share one); beyond: RESOURCE_EXHAUSTED with a retry "

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Admission growth A/B (issue 23), one stack, two gateways in front of it one after the other: a, the stack's own
+# (--admit-growth 0.4: the limit grows in proportion to TTFA's room), and b (--admit-growth 0: by 2 a decision).
+# Each gets Poisson 30/s for 20 s, then 256 streams started over 6 s (replies of 2-20 s).
+#   NAME=defaults bash docs/results/admit_growth_2026-11-28/call.sh [moss-serve up flags...]
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+name=${NAME:-defaults}
+GATEWAY_B="--admission headroom --max-starting-turns 16 --admit-growth 0 $*" RATES=30 LEVELS=256 BURST=${BURST:-0} \
+  OUT=$OUT/$name timeout "${STACK_SECONDS:-560}" bash bench/overload.sh "$@" 2>&1 | grep -vE "^\s*$|it/s|%\|" | tail -40
+mkdir -p "$OUT/$name/r" && tar xzf "$OUT/$name/results.tgz" -C "$OUT/$name/r"
+for g in a b; do
+  echo "== gateway $g: the limit (every 0.5 s; start, then the highest and the last of each 10 s)"
+  python3 - "$OUT/$name/r/$g/timeline.tsv" <<'PY'
+import sys
+rows = [line.split("\t") for line in open(sys.argv[1]).read().splitlines()[1:]]
+rows = [(float(t), float(l or 0), float(r or 0)) for t, l, r, *_ in rows if l]
+t0 = rows[0][0]
+for k in range(0, int(rows[-1][0] - t0) + 1, 10):
+    part = [r for r in rows if k <= r[0] - t0 < k + 10]
+    if part:
+        print(f"  {k:4d}-{k + 10:<4d} s: limit max {max(p[1] for p in part):5.0f} last {part[-1][1]:5.0f};"
+              f" running max {max(p[2] for p in part):4.0f}")
+PY
+done
+grep -h "admission limit" "$OUT/$name/up.log" "$OUT/$name/gateway_b.log" 2> /dev/null | tail -6
+rm -rf "$OUT/$name/r"
+(cd "$OUT" && tar czf "$name.tgz" "$name" && rm -rf "$name")
