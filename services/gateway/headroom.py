@@ -29,10 +29,12 @@ share of first audio longer (the llm's steps, the vocoder's calls that a first c
 the 40-60 turns where the slack alone held the limit, first audio came at p95 ~340 ms. A 2 s window holds a few
 dozen turns, so its p95 is rough: a 0.3 s target gave 294-310 ms over whole loads, 0.28 s gave 280-299 ms
 (docs/benchmarks.md).
-Why the growth is in proportion to TTFA's distance from its target: on a stack with room (a cheaper flow, an H200) the
-turns' TTFA stays far under the target while the limit holds them back, and a fixed +2 a half second refused 56-108
-of 600 turns at Poisson 30 and 44 of a ramp of 256 that TTFA said could run (docs/benchmarks.md, 2026-11-27). Near
-the knee TTFA is near its target, the step shrinks to `increase`, and the fall stays what it was.
+
+Why a growth in proportion to TTFA's distance from its target (opt-in, `--admit-growth`; off by default until measured
+on a GPU): on a stack with room (a cheaper flow, an H200) the turns' TTFA stays far under the target while the limit
+holds them back, and a fixed +2 a half second refused 56-108 of 600 turns at Poisson 30 and 44 of a ramp of 256 that
+TTFA said could run (docs/benchmarks.md, 2026-11-27). Near the knee TTFA is near its target, the step shrinks to
+`increase`, and the fall stays what it was. Simulated in tests/test_headroom.py, not yet measured on a stack.
 Pure arithmetic on recorded signals: no clock of its own (every call takes `now`), nothing of asyncio or grpc.
 """
 
@@ -56,7 +58,7 @@ class HeadroomRule:
     window: float = 2.0            # seconds of signals each decision reads
     period: float = 0.5            # seconds between decisions
     increase: int = 2              # turns added to the limit per decision with room, at least...
-    growth: float = 0.4            # ... and this share of the limit x (1 - TTFA / ttfa_target) (--admit-growth)
+    growth: float = 0.0            # ... and this share of the limit x (1 - TTFA / ttfa_target) (--admit-growth)
     decrease: float = 0.9          # the limit after a decision without room, as a share of the turns running...
     max_fall: float = 0.5          # ... but never under this share of the limit before it
 

@@ -70,9 +70,10 @@ class GatewaySettings:
     admit_ttfa: float = option(0.28, "--admission headroom: TTFA p95 of the latest turns above which there are too "
                                      "many turns (a margin under a 300 ms promise: a 2 s window holds a few dozen "
                                      "turns)", type=positive(float))
-    admit_growth: float = option(0.4, "--admission headroom: with room, the limit grows each half second by this share "
-                                      "of itself times how far the latest turns' TTFA p95 is under --admit-ttfa (at "
-                                      "least 2 turns; 0: 2 turns only)", type=share)
+    admit_growth: float = option(0.0, "--admission headroom: with room, the limit also grows each half second by this "
+                                      "share of itself times how far the latest turns' TTFA p95 is under --admit-ttfa, "
+                                      "if that is more than 2 turns (0.4 was simulated, not yet measured on a GPU; 0: "
+                                      "2 turns only)", type=share)
     max_turns_per_client: int | None = option(
         None, "turns one client may have running or waiting at once, each API key its own (without API keys: each "
               "client address, though behind a proxy all clients share one); beyond: RESOURCE_EXHAUSTED with a retry "

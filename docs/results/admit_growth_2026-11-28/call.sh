@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Admission growth A/B (issue 23), one stack, two gateways in front of it one after the other: a, the stack's own
-# (--admit-growth 0.4: the limit grows in proportion to TTFA's room), and b (--admit-growth 0: by 2 a decision).
+# (its default --admit-growth 0: the limit grows by 2 a decision), and b (--admit-growth 0.4: in proportion to TTFA's room).
 # Each gets Poisson 30/s for 20 s, then 256 streams started over 6 s (replies of 2-20 s).
-#   NAME=defaults bash docs/results/admit_growth_2026-11-28/call.sh [moss-serve up flags...]
+#   NAME=defaults [GW="gateway flags for both"] bash docs/results/admit_growth_2026-11-28/call.sh [moss-serve up flags...]
+# e.g. the opt-in trades: NAME=trades GW="--admit-initial-turns 96" bash ... --flow-steps 5 --quantization fp8
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 name=${NAME:-defaults}
-GATEWAY_B="--admission headroom --max-starting-turns 16 --admit-growth 0 $*" RATES=30 LEVELS=256 BURST=${BURST:-0} \
-  OUT=$OUT/$name timeout "${STACK_SECONDS:-560}" bash bench/overload.sh "$@" 2>&1 | grep -vE "^\s*$|it/s|%\|" | tail -40
+GATEWAY_B="--admission headroom --max-starting-turns 16 --admit-growth 0.4 ${GW:-}" RATES=${RATES:-30} LEVELS=${LEVELS:-256} BURST=${BURST:-0} \
+  OUT=$OUT/$name timeout "${STACK_SECONDS:-560}" bash bench/overload.sh ${GW:-} "$@" 2>&1 | grep -vE "^\s*$|it/s|%\|" | tail -40
 mkdir -p "$OUT/$name/r" && tar xzf "$OUT/$name/results.tgz" -C "$OUT/$name/r"
 for g in a b; do
   echo "== gateway $g: the limit (every 0.5 s; start, then the highest and the last of each 10 s)"
