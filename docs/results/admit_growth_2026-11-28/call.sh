@@ -4,6 +4,10 @@
 # Each gets Poisson 30/s for 20 s, then 256 streams started over 6 s (replies of 2-20 s).
 #   NAME=defaults [GW="gateway flags for both"] bash docs/results/admit_growth_2026-11-28/call.sh [moss-serve up flags...]
 # e.g. the opt-in trades: NAME=trades GW="--admit-initial-turns 96" bash ... --flow-steps 5 --quantization fp8
+# Predicted (not yet run; written 2026-11-28 when the session had no device time left): at the defaults, TTFA p95 sits
+# near its 0.28 s target, so the step stays ~2 and b admits what a does (334-361 of 600, 118-130 of 256, +-5%); with
+# the trades (--flow-steps 5 --quantization fp8, TTFA p95 ~0.2 s) from a start of 48, b's limit doubles in ~3.5 s
+# (0.4 x 0.27 = +11% a decision): Poisson 30 544 -> 585-600 admitted, the ramp 212 -> 240-256, both >= 99% stall-free.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 name=${NAME:-defaults}
