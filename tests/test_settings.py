@@ -16,7 +16,7 @@ from services.cli import parser
 from services.encoder.settings import EncoderSettings
 from services.gateway.settings import GatewaySettings
 from services.llm.settings import LlmSettings
-from services.settings import FORWARDED, GRPC_PORTS, METRICS_PORTS, add_flags, flag, forward, from_args, option, options
+from services.settings import FORWARDED, GRPC_PORTS, METRICS_PORTS, add_flags, flag, forward, from_args, option, options, share
 from services.stack import Ports
 from services.up import up_service_args
 from services.vocoder.settings import VocoderSettings
@@ -32,7 +32,8 @@ def sample_value(f) -> str:
         return "32"
     if f.name.endswith("_file") or f.name.endswith("_dir"):
         return "/some/path"
-    if f.name == "flow_cfg_rate" or f.name.endswith("seconds") or "budget" in f.name or "lead" in f.name or "hold" in f.name:
+    fractional = f.metadata["type"] is share or f.name == "flow_cfg_rate" or f.name.endswith("seconds")
+    if fractional or "budget" in f.name or "lead" in f.name or "hold" in f.name:
         return "0.25"
     return "3" if f.name == "first_audio_window" else "7"
 
