@@ -10,7 +10,8 @@ first steps count of --steps (the reference; default the checkpoint's):
 - audio dB: the same of the log-mel of the waveforms HiFT made (the flow's format, analysed again from the samples);
 and, for utterances given as speech (--wav, coded by the encoder):
 - source dB: the audio's log-mel against the speech's own, for every steps count, the reference's included: how much
-  further from the speech fewer steps take the codec than its own steps do.
+  further from the speech fewer steps take the codec than its own steps do. The decodes speak in --voice: make it from
+  the same speaker (`moss-serve voice`), or the source figure holds the change of speaker too.
 
   python3 bench/flow_steps_agreement.py --vocoder-dir /path/to/codec --encoder-dir /path/to/tokenizer \\
       --wav a.wav b.wav --steps 10,8,6,5 --device cuda --wav-dir steps_wavs --json steps.json
@@ -34,6 +35,7 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "protos")]
 
+from services.common.audio import write_wav  # noqa: E402
 from services.vocoder.vocoder import FlowOptions, TokenVocoder, load_vocoder  # noqa: E402
 from services.voice_maker import ENCODER_RATE, MEL_RATE, flow_mel, read_audio, resample  # noqa: E402
 
@@ -85,20 +87,9 @@ def compare(utterances: list[Utterance], vocoders: dict[int, TokenVocoder], voic
             rows.append(Row(u.name, steps, mean_db(mel, ref_mel), mean_db(audio, ref_audio),
                             None if source is None else mean_db(audio, source)))
             if wav_dir is not None:
-                write_wav(wav_dir / f"{u.name}_steps{steps}.wav", samples, MEL_RATE)
+                wav_dir.mkdir(parents=True, exist_ok=True)
+                write_wav(str(wav_dir / f"{u.name}_steps{steps}.wav"), samples, MEL_RATE)
     return rows
-
-
-def write_wav(path: Path, samples: np.ndarray, rate: int) -> None:
-    import wave
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
 
 
 def utterances(args, codebook_size: int) -> list[Utterance]:
@@ -115,6 +106,7 @@ def utterances(args, codebook_size: int) -> list[Utterance]:
             encoder = random_tokenizer(glm4_voice() if args.preset == "moss-speech" else tiny())
             print("flow_steps_agreement: no --encoder-dir: RANDOM encoder weights make the codes (plumbing only)",
                   file=sys.stderr)
+        encoder = encoder.to(args.device)
         for path in args.wav:
             samples, rate = read_audio(path)
             codes = encode(encoder, torch.from_numpy(resample(samples, rate, ENCODER_RATE)))
