@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def vocoder(steps: int | None) -> TokenVocoder:
         return load_vocoder(args.vocoder_dir, args.preset, args.device, voices_dir=args.voices_dir,
-                            flow=FlowOptions(n_timesteps=steps))
+                            flow=FlowOptions(n_timesteps=steps, history_streams=0))  # (offline: no stream keeps frames)
 
     first = vocoder(None)
     checkpoint_steps = first.decoder.flow.decoder.n_timesteps

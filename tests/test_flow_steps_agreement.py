@@ -16,6 +16,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import flow_steps_agreement as fsa  # noqa: E402
 
+from services.vocoder.vocoder import load_vocoder  # noqa: E402
+
 
 def test_a_log_mel_ten_times_louder_is_20_db_away_over_the_frames_both_have():
     a = torch.zeros(6, 4)
@@ -34,7 +36,14 @@ def write_tone(path: Path, seconds: float = 1.5, rate: int = 16_000) -> None:
         w.writeframes(pcm.tobytes())
 
 
-def test_each_steps_count_decodes_the_same_tokens_and_only_the_reference_is_itself(tmp_path):
+def test_each_steps_count_decodes_the_same_tokens_and_only_the_reference_is_itself(tmp_path, monkeypatch):
+    built = []  # each vocoder's flow options: no stream history (offline; at the real size it held ~20 GB on a CPU)
+
+    def recorded(*args, flow, **kwargs):
+        built.append(flow)
+        return load_vocoder(*args, flow=flow, **kwargs)
+
+    monkeypatch.setattr(fsa, "load_vocoder", recorded)
     write_tone(tmp_path / "tone.wav")
     (tmp_path / "tokens.json").write_text(json.dumps([[3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26] * 2]))
     out = tmp_path / "steps.json"
@@ -50,6 +59,7 @@ def test_each_steps_count_decodes_the_same_tokens_and_only_the_reference_is_itse
     assert all(math.isfinite(rows["tone", s]["source_db"]) for s in (10, 5))
     assert rows["tokens0", 5]["source_db"] is None and result["reference_steps"] == 10
     assert [s["steps"] for s in result["summary"]] == [10, 5]
+    assert [(f.n_timesteps, f.history_streams) for f in built] == [(None, 0), (5, 0)]  # (None: the checkpoint's 10)
     # A WAV per decode, as long as its tokens: 24 tokens of 0.08 s at 24 kHz.
     with wave.open(str(tmp_path / "wavs" / "tokens0_steps5.wav")) as w:
         assert (w.getframerate(), w.getnframes()) == (24_000, 24 * 1920)
