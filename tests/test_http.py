@@ -164,6 +164,7 @@ def test_bad_requests_get_openai_errors_naming_the_field(gateway, change, status
     ("POST", "/v1/audio/speech", b"[1, 2]", 400, "must be a JSON object"),
     ("POST", "/v1/audio/speech", b'{"model": "moss-speech", "voice": "alloy"}', 400, "input: required"),
     ("POST", "/v1/audio/speech", b'{"model": 7, "voice": "alloy", "input": "hi"}', 400, "must be a string"),
+    ("POST", "/v1/audio/speech", b'{"model": "moss-speech", "voice": "alloy", "input": null}', 400, "input: required"),
     ("POST", "/v1/audio/speech", b"x" * (2 << 20), 413, "over the limit of 1048576 bytes"),
     ("GET", "/v1/audio/speech", None, 405, "Method Not Allowed"),
     ("GET", "/v1/voices/nowhere", None, 404, "Not Found"),
@@ -173,6 +174,21 @@ def test_malformed_http_gets_a_clear_status(gateway, method, path, body, status,
                       timeout=30)
     assert r.status_code == status
     assert says in r.json()["error"]["message"]
+
+
+def test_optional_fields_sent_as_null_take_their_defaults(gateway, reference_pcm):
+    """Clients that send every field of OpenAI's schema send null for those not set: as if absent (mp3, speed 1)."""
+    body = {"model": "moss-speech", "voice": "alloy", "input": "Hello there, how are you?", "response_format": None,
+            "speed": None, "stream_format": None, "instructions": None, **FIXED}
+    r = httpx.post(base_url(gateway) + "/v1/audio/speech", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                   timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"] == "audio/mpeg"
+    pcm, rate = decode("mp3", r.content, None)
+    assert rate == 24000 and abs(len(pcm) - len(reference_pcm)) < 2 * 1152  # (an MP3 frame's samples of padding)
+    body.update(sampling=None, response_format="pcm")
+    r = httpx.post(base_url(gateway) + "/v1/audio/speech", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                   timeout=60)
+    assert r.status_code == 200 and len(r.content) > 0  # the turn's own sampling defaults
 
 
 def test_the_api_keys_are_grpcs_and_the_probes_stay_open(gateway):

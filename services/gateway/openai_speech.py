@@ -48,9 +48,13 @@ class SpeechRequest:
 
 
 def _string(body: dict, name: str, default: str | None = None) -> str:
-    value = body.get(name, default)
+    """A string field; `default` where it is absent or null (clients that send every field of OpenAI's schema send
+    null for the ones not set), and required where there is none."""
+    value = body.get(name)
     if value is None:
-        raise InvalidArgument(name, "required")
+        if default is None:
+            raise InvalidArgument(name, "required")
+        value = default
     if not isinstance(value, str):
         raise InvalidArgument(name, f"must be a string, not {type(value).__name__}")
     return value
@@ -71,7 +75,7 @@ def parse_speech(body: object, limits: TurnLimits) -> SpeechRequest:
     validate_text(text, limits, field="input")
     voice = _string(body, "voice")
     response_format = check_format(_string(body, "response_format", DEFAULT_FORMAT))
-    speed = body.get("speed", 1.0)
+    speed = 1.0 if body.get("speed") is None else body["speed"]
     if isinstance(speed, bool) or not isinstance(speed, int | float):
         raise InvalidArgument("speed", f"must be a number, not {type(speed).__name__}")
     if not PLAYBACK_SPEEDS[0] <= speed <= PLAYBACK_SPEEDS[1]:
@@ -83,7 +87,7 @@ def parse_speech(body: object, limits: TurnLimits) -> SpeechRequest:
         raise InvalidArgument("instructions", "not supported: the voice is chosen by `voice` alone")
     request = gateway_pb2.SynthesizeRequest(text=text, voice="" if voice in OPENAI_VOICES else voice,
                                             format=common_pb2.AUDIO_FORMAT_PCM16)
-    if "sampling" in body:  # its values are checked with the turn's (pipeline.validate), as gRPC's are
+    if body.get("sampling") is not None:  # its values are checked with the turn's (pipeline.validate), as gRPC's are
         if not isinstance(body["sampling"], dict):
             raise InvalidArgument("sampling", "must be an object of SamplingParams fields")
         try:
