@@ -8,8 +8,9 @@
 # near its 0.28 s target, so the step stays ~2 and b admits what a does (334-361 of 600, 118-130 of 256, +-5%); with
 # the trades (--flow-steps 5 --quantization fp8, TTFA p95 ~0.2 s) from a start of 48, b's limit doubles in ~3.5 s
 # (0.4 x 0.27 = +11% a decision): Poisson 30 544 -> 585-600 admitted, the ramp 212 -> 240-256, both >= 99% stall-free.
-# Gateway a also differs from stop 50's runs (544 and 212 with the trades, the same flags): a refusal since the last
-# decision now counts as the limit holding turns back, so it grows at decisions where turns had ended since: 550-580.
+# Gateway a also differs from stop 50's run with the same flags (544 at Poisson 30): a refusal since the last decision
+# now counts as the limit holding turns back, so it grows at decisions where turns had ended since: 550-580.
+# (Stop 50's ramp, 212 of 256, started at 96: GW="--admit-initial-turns 96" compares with it.)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 name=${NAME:-defaults}
