@@ -162,6 +162,7 @@ def test_bad_requests_get_openai_errors_naming_the_field(gateway, change, status
 @pytest.mark.parametrize("method, path, body, status, says", [
     ("POST", "/v1/audio/speech", b"{not json", 400, "the body is not JSON"),
     ("POST", "/v1/audio/speech", b"[1, 2]", 400, "must be a JSON object"),
+    ("POST", "/v1/audio/speech", b"[" * 100_000, 400, "the body is not JSON: maximum recursion depth"),
     ("POST", "/v1/audio/speech", b'{"model": "moss-speech", "voice": "alloy"}', 400, "input: required"),
     ("POST", "/v1/audio/speech", b'{"model": 7, "voice": "alloy", "input": "hi"}', 400, "must be a string"),
     ("POST", "/v1/audio/speech", b'{"model": "moss-speech", "voice": "alloy", "input": null}', 400, "input: required"),

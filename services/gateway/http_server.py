@@ -134,7 +134,7 @@ class HttpDoor:
     async def synthesize(self, request: web.Request) -> web.StreamResponse:
         try:
             body = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # (RecursionError: nested past Python's stack)
             return error_response(400, f"the body is not JSON: {exc}")
         spec = parse_speech(body, self.speech.limits)
         turn = self.speech.synthesize(spec.synthesize, client_of(request), lambda: None, "http")
