@@ -166,6 +166,8 @@ def test_bad_requests_get_openai_errors_naming_the_field(gateway, change, status
     ("POST", "/v1/audio/speech", b'{"model": "moss-speech", "voice": "alloy"}', 400, "input: required"),
     ("POST", "/v1/audio/speech", b'{"model": 7, "voice": "alloy", "input": "hi"}', 400, "must be a string"),
     ("POST", "/v1/audio/speech", b'{"model": "moss-speech", "voice": "alloy", "input": null}', 400, "input: required"),
+    ("POST", "/v1/audio/speech", b'{"model": "moss-speech", "voice": "alloy", "input": "a\\ud800b"}', 400,
+     "input: not Unicode: an unpaired surrogate at character 1"),
     ("POST", "/v1/audio/speech", b"x" * (2 << 20), 413, "over the limit of 1048576 bytes"),
     ("GET", "/v1/audio/speech", None, 405, "Method Not Allowed"),
     ("GET", "/v1/voices/nowhere", None, 404, "Not Found"),

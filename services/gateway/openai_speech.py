@@ -57,6 +57,10 @@ def _string(body: dict, name: str, default: str | None = None) -> str:
         value = default
     if not isinstance(value, str):
         raise InvalidArgument(name, f"must be a string, not {type(value).__name__}")
+    try:
+        value.encode()  # JSON's \ud800 escapes make strings no protobuf message takes
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(name, f"not Unicode: an unpaired surrogate at character {exc.start}") from None
     return value
 
 
