@@ -68,6 +68,33 @@ def test_llm_refuses_bad_token_prompts(stack):
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in info.value.details()
 
 
+CORRUPT = b"\xff\xff\xff\xff"  # no protobuf message: a tag whose wire type does not exist
+BAD_UTF8 = b"\x0a\x03a\xffb"     # field 1, a string in these requests, holding bytes that are not UTF-8
+
+
+@pytest.mark.parametrize("service, method, streamed, data", [
+    ("gateway", "/moss.speech.v1.Gateway/Synthesize", False, CORRUPT),
+    ("gateway", "/moss.speech.v1.Gateway/Synthesize", False, BAD_UTF8),
+    ("gateway", "/moss.speech.v1.Gateway/Converse", True, CORRUPT),
+    ("llm", "/moss.speech.v1.Llm/Generate", False, BAD_UTF8),
+    ("vocoder", "/moss.speech.v1.Vocoder/Vocode", True, CORRUPT),
+])
+def test_bytes_that_are_no_request_are_invalid_argument(stack, service, method, streamed, data):
+    """A request a protobuf parser refuses ends INVALID_ARGUMENT saying so (grpc's own answer: UNKNOWN and a
+    traceback in the log), whether it is a unary call's request or a stream's message after a good one."""
+    first = gateway_pb2.ConverseRequest(config=gateway_pb2.SessionConfig()).SerializeToString()
+    with grpc.insecure_channel(stack.target(service)) as channel:
+        if streamed:
+            messages = [first, data] if method.endswith("Converse") else [data]
+            call = channel.stream_stream(method)(iter(messages), timeout=30)
+        else:
+            call = channel.unary_stream(method)(data, timeout=30)
+        with pytest.raises(grpc.RpcError) as info:
+            list(call)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert info.value.details().startswith("request: not a message of its type (Error parsing message")
+
+
 @pytest.fixture(scope="module")
 def own_stack(tmp_path_factory):
     """A stack of its own: these tests stop and restart stages (each test leaves it whole again)."""
