@@ -32,6 +32,9 @@ def run(args, tls: ChannelTls | None, sampling_fields: dict) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except OSError as err:  # --out-dir not a directory that can be made, or a reply that cannot be written there
+        print(f"moss-serve chat: cannot write in {args.out_dir}: {err.strerror or err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -120,6 +120,13 @@ def run_say(args) -> int:
     if (args.text is None) == (args.audio is None):
         print("moss-serve say: give the text, or --audio WAV", file=sys.stderr)
         return 2
+    try:  # the user's mistakes said before any call: the speech read, the output's place checked
+        speech = _speech(args.audio)
+        if args.reply == "speech":
+            _check_writable(args.output)
+    except ValueError as err:
+        print(f"moss-serve say: {err}", file=sys.stderr)
+        return 2
     from moss.speech.v1 import gateway_pb2
 
     reply = gateway_pb2.REPLY_MODALITY_TEXT if args.reply == "text" else gateway_pb2.REPLY_MODALITY_SPEECH
@@ -127,12 +134,9 @@ def run_say(args) -> int:
     async def one_turn():  # a conversation of one turn
         async with converse(args.target, voice=args.voice, sampling=common_pb2.SamplingParams(**_sampling_fields(args)),
                             timeout=args.timeout, api_key=args.api_key, tls=tls) as conv:
-            if args.audio is None:
+            if speech is None:
                 return await conv.say(args.text, reply=reply)
-            import soundfile as sf
-
-            samples, rate = sf.read(args.audio, dtype="float32", always_2d=True)
-            return await conv.speak(samples.mean(axis=1), rate, reply=reply)
+            return await conv.speak(*speech, reply=reply)
 
     try:
         result = asyncio.run(one_turn())
@@ -146,7 +150,11 @@ def run_say(args) -> int:
     if result.text:
         print(f"text: {result.text}")
     if args.reply == "speech":
-        write_wav(args.output, result.samples, result.sample_rate)
+        try:
+            write_wav(args.output, result.samples, result.sample_rate)
+        except OSError as err:
+            print(f"moss-serve say: cannot write {args.output}: {err.strerror or err}", file=sys.stderr)
+            return 1
     print_timings(result, args.output if args.reply == "speech" else None)
     return 0
 
@@ -173,6 +181,7 @@ def run_bench(args, argv: list[str]) -> int:
 
     try:
         prompts = load_prompts(args.prompts)
+        speech = _speech(args.speech)
     except (OSError, ValueError) as err:
         print(f"moss-serve bench: {err}", file=sys.stderr)
         return 2
@@ -184,16 +193,31 @@ def run_bench(args, argv: list[str]) -> int:
                     max_new_tokens=args.max_new_tokens,
                     min_new_tokens=args.max_new_tokens if args.min_new_tokens is None else args.min_new_tokens,
                     timeout=args.timeout, first_chunk_tokens=args.first_chunk_tokens, api_key=args.api_key, tls=tls, seed=args.seed,
-                    progress=not args.no_progress, turns=args.turns, turn_gap=args.turn_gap, speech=_speech(args.speech),
+                    progress=not args.no_progress, turns=args.turns, turn_gap=args.turn_gap, speech=speech,
                     reply_seconds=args.reply_seconds, arrival_seconds=args.seconds)
     return run(spec, args.concurrency, args.warmup, args.out, "moss-serve bench " + " ".join(argv), rates=args.rate)
 
 
 def _speech(path: str | None):
-    """--speech's file → (mono float samples, rate), or None."""
+    """A speech file (--audio, --speech) → (mono float samples, rate), or None; ValueError saying why it cannot be
+    read."""
     if path is None:
         return None
     import soundfile as sf
 
-    samples, rate = sf.read(path, dtype="float32", always_2d=True)
+    if not os.path.isfile(path):
+        raise ValueError(f"cannot read {path}: no such file")
+    try:
+        samples, rate = sf.read(path, dtype="float32", always_2d=True)
+    except (OSError, RuntimeError) as err:  # (soundfile's errors: RuntimeError's)
+        raise ValueError(f"cannot read {path}: {err}") from None
     return samples.mean(axis=1), rate
+
+
+def _check_writable(path: str) -> None:
+    """ValueError unless a file can be written at `path` (its directory there, writable)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ValueError(f"cannot write {path}: no directory {directory}")
+    if not os.access(directory, os.W_OK) or os.path.isdir(path):
+        raise ValueError(f"cannot write {path}: " + ("a directory" if os.path.isdir(path) else "not writable"))

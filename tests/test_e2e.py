@@ -125,6 +125,24 @@ def test_moss_serve_say_writes_a_wav(stack, tmp_path):
         assert w.getnframes() == 12 * SAMPLES_PER_TOKEN
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["say", "hi", "-o", "{tmp}/missing/out.wav"], "cannot write {tmp}/missing/out.wav: no directory {tmp}/missing"),
+    (["say", "hi", "-o", "{tmp}"], "cannot write {tmp}: a directory"),
+    (["say", "--audio", "{tmp}/none.wav"], "cannot read {tmp}/none.wav: no such file"),
+    (["say", "--audio", "{tmp}/text.wav"], "cannot read {tmp}/text.wav: Error opening"),
+    (["bench", "--speech", "{tmp}/none.wav", "--concurrency", "1"], "cannot read {tmp}/none.wav: no such file"),
+    (["chat", "--out-dir", "{tmp}/text.wav"], "cannot write in {tmp}/text.wav"),
+])
+def test_a_clients_own_mistake_is_one_line_before_any_call(tmp_path, argv, says):
+    """Nothing listens at the target: a command that called it would say UNAVAILABLE, not what the user got wrong."""
+    (tmp_path / "text.wav").write_text("not a sound file")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    proc = subprocess.run([sys.executable, "-m", "services.cli", *argv, "--target", "127.0.0.1:1"], input="hi\n",
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and says.format(tmp=tmp_path) in proc.stderr
+
+
 def test_moss_serve_up_starts_and_stops_cleanly(tmp_path):
     ports = Ports.free(http=True)
     flags = ["--http-port", str(ports.http)]
