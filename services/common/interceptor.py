@@ -184,6 +184,9 @@ def _undecodable(exc: DecodeError) -> InvalidArgument:
 
 
 def _parse_unary(deserialize):
+    if deserialize is None:  # (a method taking raw bytes)
+        return None
+
     def parse(data: bytes):
         try:
             return deserialize(data)
@@ -193,6 +196,9 @@ def _parse_unary(deserialize):
 
 
 def _parse_streamed(deserialize):
+    if deserialize is None:
+        return None
+
     def parse(data: bytes):
         try:
             return deserialize(data)
