@@ -181,6 +181,12 @@ def run_service(args) -> int:
         settings = from_args(GatewaySettings, args, tls=tls, backend_tls=backend_tls, **targets)
     from services.common.errors import DeviceLost
 
+    if args.command in ("llm", "vocoder", "encoder"):
+        from services.common.device import unusable
+
+        if problem := unusable(settings.device):
+            print(f"moss-serve {args.command}: {problem}", file=sys.stderr)
+            return 2
     try:
         if args.command in ("llm", "vocoder", "encoder") and settings.device.startswith("cuda"):
             from services.common.matmul_check import check_matmul

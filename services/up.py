@@ -93,6 +93,7 @@ def gpu_env(args, names: list[str]) -> dict[str, dict[str, str]]:
 
 
 def run_up(args) -> int:
+    from services.common.device import unusable
     from services.stack import SERVICES, Ports, ServiceExited, Stack, instances
 
     try:
@@ -100,6 +101,9 @@ def run_up(args) -> int:
         extra, tls = up_service_args(args), stack_tls(args)
     except ValueError as e:
         print(f"moss-serve up: {e}", file=sys.stderr)
+        return 2
+    if problem := unusable(args.device):  # (before anything starts: each service would say it in a traceback)
+        print(f"moss-serve up: {problem}", file=sys.stderr)
         return 2
     if not args.model_dir:
         print(f"moss-serve up: no --model-dir: the llm serves the {args.preset!r} preset with RANDOM weights", file=sys.stderr)

@@ -207,3 +207,34 @@ def test_an_idle_vocoder_asks_after_its_device_and_goes_when_it_is_lost():
             worker.submit(Job(MelStreamer(worker.vocoder), [1, 2, 3], None, 0.0))
     finally:
         worker.stop()
+
+
+def test_a_device_that_cannot_be_used_is_said_in_a_line(monkeypatch):
+    """unusable(): a CPU always serves; CUDA needs a CUDA build, a visible GPU, and its index among them."""
+    import torch
+
+    from services.common.device import unusable
+
+    assert unusable("cpu") is None
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert "is built without CUDA" in unusable("cuda")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "no CUDA GPU is visible" in unusable("cuda:0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert unusable("cuda") is None and unusable("cuda:1") is None
+    assert "sees 2 GPU(s), cuda:0 to cuda:1" in unusable("cuda:2")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine with a GPU can use --device cuda")
+@pytest.mark.parametrize("argv", [["up", "--device", "cuda"], ["llm", "--device", "cuda", "--port", "0"],
+                                  ["vocoder", "--device", "cuda:0", "--port", "0"]])
+def test_without_a_gpu_cuda_is_refused_in_one_line_before_anything_starts(argv):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "services.cli", *argv], capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"moss-serve {argv[0]}: --device cuda") and "CUDA" in lines[0]

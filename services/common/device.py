@@ -26,6 +26,24 @@ if TYPE_CHECKING:
 PROBE_SECONDS = 5.0
 
 
+def unusable(device: str) -> str | None:
+    """Why `device` (a --device value) cannot be computed on here, said for a person; None where it can. A CUDA
+    device needs a CUDA build of torch and a GPU this process sees (else PyTorch's own error, pages long, comes at the
+    first kernel)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    if torch.version.cuda is None:
+        return f"--device {device}: this torch ({torch.__version__}) is built without CUDA; install a CUDA build"
+    if not torch.cuda.is_available():
+        return f"--device {device}: no CUDA GPU is visible to this process (torch {torch.__version__}, CUDA {torch.version.cuda})"
+    index = torch.device(device).index
+    if index is not None and index >= torch.cuda.device_count():
+        return f"--device {device}: this process sees {torch.cuda.device_count()} GPU(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+    return None
+
+
 def lost(device: torch.device | str) -> bool:
     """True if `device` no longer runs work (a CPU never is). Waits for the work queued on it."""
     import torch
