@@ -99,6 +99,7 @@ def run_up(args) -> int:
     try:
         n = replicas(args)
         extra, tls = up_service_args(args), stack_tls(args)
+        check_mps(args)
     except ValueError as e:
         print(f"moss-serve up: {e}", file=sys.stderr)
         return 2
@@ -154,9 +155,20 @@ def run_up(args) -> int:
     return 0
 
 
+def check_mps(args) -> None:
+    """ValueError for MPS flags that do not go together (before anything starts)."""
+    if not args.mps:
+        return
+    if args.device != "cuda":
+        raise ValueError("--mps needs --device cuda")
+    for flag in ("mps_llm_threads", "mps_vocoder_threads"):
+        if not 1 <= getattr(args, flag) <= 100:
+            raise ValueError(f"--{flag.replace('_', '-')} is a percentage, 1 to 100")
+
+
 def start_mps(args):
-    """The stack's MPS daemon, started → MpsDaemon, or None without MPS. Raises ValueError for flags that do not
-    go together, MpsUnavailable if the daemon did not start."""
+    """The stack's MPS daemon, started → MpsDaemon, or None without MPS. Raises MpsUnavailable if the daemon did not
+    start (its flags: check_mps)."""
     if args.mps is None and args.device == "cuda":  # the default: MPS where it can run
         from services.mps import CONTROL
 
@@ -168,11 +180,7 @@ def start_mps(args):
         return None
     from services.mps import MpsDaemon
 
-    if args.device != "cuda":
-        raise ValueError("--mps needs --device cuda")
-    for flag in ("mps_llm_threads", "mps_vocoder_threads"):
-        if not 1 <= getattr(args, flag) <= 100:
-            raise ValueError(f"--{flag.replace('_', '-')} is a percentage, 1 to 100")
+    check_mps(args)
     mps = MpsDaemon()
     mps.start()
     print(f"moss-serve up: llm and vocoder share the GPU through CUDA MPS (the llm's kernels on at most "
