@@ -185,6 +185,12 @@ def run_bench(args, argv: list[str]) -> int:
     except (OSError, ValueError) as err:
         print(f"moss-serve bench: {err}", file=sys.stderr)
         return 2
+    try:  # made now, not after the first level's minutes
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+    except OSError as err:
+        print(f"moss-serve bench: cannot write in {args.out}: {err.strerror or err}", file=sys.stderr)
+        return 2
     tls, error = _client_tls(args, "bench")
     if error:
         print(error, file=sys.stderr)

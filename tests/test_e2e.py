@@ -132,6 +132,7 @@ def test_moss_serve_say_writes_a_wav(stack, tmp_path):
     (["say", "--audio", "{tmp}/text.wav"], "cannot read {tmp}/text.wav: Error opening"),
     (["bench", "--speech", "{tmp}/none.wav", "--concurrency", "1"], "cannot read {tmp}/none.wav: no such file"),
     (["chat", "--out-dir", "{tmp}/text.wav"], "cannot write in {tmp}/text.wav"),
+    (["bench", "--out", "{tmp}/text.wav", "--concurrency", "1"], "cannot write in {tmp}/text.wav: File exists"),
 ])
 def test_a_clients_own_mistake_is_one_line_before_any_call(tmp_path, argv, says):
     """Nothing listens at the target: a command that called it would say UNAVAILABLE, not what the user got wrong."""
