@@ -145,7 +145,11 @@ def run(args) -> int:
     except (VoiceMakerError, VoiceError, FileNotFoundError, ValueError) as err:
         print(f"moss-serve voice: {err}", file=sys.stderr)
         return 2
-    path = save_voice(voice, args.voices_dir)
+    try:
+        path = save_voice(voice, args.voices_dir)
+    except OSError as err:
+        print(f"moss-serve voice: cannot write in {args.voices_dir}: {err.strerror or err}", file=sys.stderr)
+        return 2
     print(f"wrote {path}: {len(voice.prompt_tokens)} codes ({len(voice.prompt_tokens) * 0.08:.2f} s), mel "
           f"{tuple(voice.prompt_mel.shape)}, x-vector of {voice.embedding.numel()}")
     return 0

@@ -89,6 +89,10 @@ def test_the_command_writes_a_voice_the_vocoder_loads(tmp_path, recording):
     assert done.returncode == 0, done.stderr
     assert "RANDOM weights" in done.stderr and "wrote" in done.stdout
     assert list(load_voices(tmp_path / "voices", FLOW)) == ["me"]
+    done = subprocess.run([sys.executable, "-m", "services.cli", "voice", str(tmp_path / "me.wav"), "--name", "me",
+                           "--voices-dir", str(tmp_path / "me.wav"), "--speaker-model", str(tmp_path / "speaker.onnx"),
+                           "--preset", "tiny"], capture_output=True, text=True, timeout=120)  # a file, not a directory
+    assert done.returncode == 2 and "cannot write in" in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_bad_inputs_are_refused_saying_what_to_give(tmp_path, recording, encoder):
