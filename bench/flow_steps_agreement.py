@@ -35,9 +35,9 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "protos")]
 
-from services.common.audio import write_wav  # noqa: E402
+from services.common.audio import read_audio, write_wav  # noqa: E402
 from services.vocoder.vocoder import FlowOptions, TokenVocoder, load_vocoder  # noqa: E402
-from services.voice_maker import ENCODER_RATE, MEL_RATE, flow_mel, read_audio, resample  # noqa: E402
+from services.voice_maker import ENCODER_RATE, MEL_RATE, flow_mel, resample  # noqa: E402
 
 DB_PER_NEPER = 20 / math.log(10)  # the flow's log-mel is the natural log of a magnitude
 
@@ -108,7 +108,7 @@ def utterances(args, codebook_size: int) -> list[Utterance]:
                   file=sys.stderr)
         encoder = encoder.to(args.device)
         for path in args.wav:
-            samples, rate = read_audio(path)
+            samples, rate = read_audio(str(path))
             codes = encode(encoder, torch.from_numpy(resample(samples, rate, ENCODER_RATE)))
             if max(codes) >= codebook_size:
                 raise SystemExit(f"flow_steps_agreement: the encoder's codes reach {max(codes)}, past the codec's "

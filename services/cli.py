@@ -181,16 +181,14 @@ def run_service(args) -> int:
         settings = from_args(GatewaySettings, args, tls=tls, backend_tls=backend_tls, **targets)
     from services.common.errors import DeviceLost
 
-    if args.command in ("llm", "vocoder", "encoder"):
-        from services.common.device import unusable
-
-        if problem := unusable(settings.device):
-            print(f"moss-serve {args.command}: {problem}", file=sys.stderr)
-            return 2
     try:
         if args.command in ("llm", "vocoder", "encoder") and settings.device.startswith("cuda"):
+            from services.common.device import unusable
             from services.common.matmul_check import check_matmul
 
+            if problem := unusable(settings.device):  # (PyTorch's own error: pages of traceback at the first kernel)
+                print(f"moss-serve {args.command}: {problem}", file=sys.stderr)
+                return 2
             check_matmul(settings.device)  # wrong products under some MPS shares: refuse to serve (matmul_check.py)
             if getattr(settings, "quantization", "none") == "fp8":  # the llm's FP8 GEMMs: cuBLASLt's own kernels
                 from services.llm.runner.fp8 import check_fp8

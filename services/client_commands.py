@@ -207,17 +207,9 @@ def run_bench(args, argv: list[str]) -> int:
 def _speech(path: str | None):
     """A speech file (--audio, --speech) → (mono float samples, rate), or None; ValueError saying why it cannot be
     read."""
-    if path is None:
-        return None
-    import soundfile as sf
+    from services.common.audio import read_audio
 
-    if not os.path.isfile(path):
-        raise ValueError(f"cannot read {path}: no such file")
-    try:
-        samples, rate = sf.read(path, dtype="float32", always_2d=True)
-    except (OSError, RuntimeError) as err:  # (soundfile's errors: RuntimeError's)
-        raise ValueError(f"cannot read {path}: {err}") from None
-    return samples.mean(axis=1), rate
+    return None if path is None else read_audio(path)
 
 
 def _check_writable(path: str) -> None:
@@ -225,5 +217,7 @@ def _check_writable(path: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise ValueError(f"cannot write {path}: no directory {directory}")
-    if not os.access(directory, os.W_OK) or os.path.isdir(path):
-        raise ValueError(f"cannot write {path}: " + ("a directory" if os.path.isdir(path) else "not writable"))
+    if os.path.isdir(path):
+        raise ValueError(f"cannot write {path}: a directory")
+    if not os.access(directory, os.W_OK):
+        raise ValueError(f"cannot write {path}: not writable")

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from services.common.audio import read_audio
 from services.vocoder.codec.voice import NAME, Voice, check, save_voice
 
 MEL_RATE, N_FFT, HOP, N_MELS, FMAX = 24_000, 1920, 480, 80, 8000
@@ -30,19 +31,6 @@ ENCODER_RATE = 16_000
 
 class VoiceMakerError(ValueError):
     """A missing or unreadable input, said with what to give instead."""
-
-
-def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
-    """A sound file (channels mixed down) → (float32 samples, rate)."""
-    import soundfile as sf
-
-    try:
-        samples, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    except (OSError, RuntimeError) as exc:  # (soundfile's LibsndfileError is a RuntimeError)
-        raise VoiceMakerError(f"{path}: not a sound file soundfile can read ({exc})") from None
-    if not len(samples):
-        raise VoiceMakerError(f"{path}: no audio")
-    return samples.mean(axis=1), rate
 
 
 def resample(samples: np.ndarray, rate: int, to: int) -> np.ndarray:
@@ -140,7 +128,7 @@ def run(args) -> int:
                   f"codes (a voice for tests only)", file=sys.stderr)
         flow_cfg = (codec_config.read_config(Path(args.vocoder_dir) / "codec.json") if args.vocoder_dir else
                     codec_config.moss_speech() if args.preset == "moss-speech" else codec_config.tiny()).flow
-        samples, rate = read_audio(args.wav)
+        samples, rate = read_audio(str(args.wav))
         voice = make_voice(args.name, samples, rate, encoder, args.speaker_model, flow_cfg, args.max_seconds)
     except (VoiceMakerError, VoiceError, FileNotFoundError, ValueError) as err:
         print(f"moss-serve voice: {err}", file=sys.stderr)

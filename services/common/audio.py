@@ -46,3 +46,20 @@ def write_wav(path: str, samples: np.ndarray, sample_rate: int) -> None:
         w.setsampwidth(2)
         w.setframerate(sample_rate)
         w.writeframes(encode_pcm(samples, PCM16))
+
+
+def read_audio(path: str) -> tuple[np.ndarray, int]:
+    """A sound file (channels mixed down) → (float32 samples, rate); ValueError saying why it cannot be read."""
+    import os
+
+    import soundfile as sf
+
+    if not os.path.isfile(path):
+        raise ValueError(f"cannot read {path}: no such file")
+    try:
+        samples, rate = sf.read(path, dtype="float32", always_2d=True)
+    except (OSError, RuntimeError) as exc:  # (soundfile's LibsndfileError is a RuntimeError)
+        raise ValueError(f"cannot read {path}: {exc} (not a sound file soundfile can read)") from None
+    if not len(samples):
+        raise ValueError(f"cannot read {path}: no audio")
+    return samples.mean(axis=1), rate
