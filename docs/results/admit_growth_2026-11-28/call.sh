@@ -11,6 +11,9 @@
 # Gateway a also differs from stop 50's run with the same flags (544 at Poisson 30): a refusal since the last decision
 # now counts as the limit holding turns back, so it grows at decisions where turns had ended since: 550-580.
 # (Stop 50's ramp, 212 of 256, started at 96: GW="--admit-initial-turns 96" compares with it.)
+# Call 5 (written 2026-11-28 after calls 1-2, before call 5): NAME=steps7 bash ... --flow-steps 7, a smaller trade.
+# Predicted from 10 steps (vocoder first chunk 66 ms, 334-361 of 600) and 5 (36 ms, 492): ~6 ms a step, so ~48 ms at 7,
+# and 400-440 of 600 at Poisson 30, 140-165 of the ramp's 256; b again within +-5% of a (TTFA p95 near its target).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 name=${NAME:-defaults}
