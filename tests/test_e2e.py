@@ -1,6 +1,7 @@
 """The three services as separate processes: a sentence in, streamed PCM out, every stage measured."""
 
 import asyncio
+import re
 import subprocess
 import sys
 import time
@@ -87,6 +88,11 @@ def test_float32_format(stack):
     result = asyncio.run(synthesize(stack.target("gateway"), "Hi", fmt=common_pb2.AUDIO_FORMAT_FLOAT32, sampling=sampling))
     assert result.format == common_pb2.AUDIO_FORMAT_FLOAT32
     assert sum(len(c) for c in result.chunks) == 4 * result.summary.num_samples == 4 * 8 * SAMPLES_PER_TOKEN
+    assert np.isfinite(np.frombuffer(b"".join(result.chunks), "<f4")).all()
+    voc = scrape(stack.ports.metrics["vocoder"])
+    for stage in ("mel", "generator"):  # exported from the start, and none here
+        assert re.search(rf'^vocoder_nonfinite_windows_total{{stage="{stage}"}} 0\.0$', voc, re.M), stage
+    assert re.search(r"^vocoder_nonfinite_samples_total 0\.0$", voc, re.M)
 
 
 def test_client_cancel_releases_every_stage(stack):

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from services.common.errors import InvalidArgument
 from services.vocoder.streamer import MelStreamer
@@ -206,3 +207,84 @@ def test_each_pass_of_the_token_decoder_and_call_of_the_generator_is_reported_on
         assert len(decodes) == len(generates) == 1
     finally:
         worker.stop()
+
+
+class PoisonedMel(MelStreamer):
+    """A stream whose next window's mel gets a NaN frame (as a flow gone wrong would give): `poison` windows of it."""
+
+    poison = 0
+
+    def prepare(self, tokens, decoded=None):
+        window = super().prepare(tokens, decoded)
+        if self.poison and window.mel is not None:
+            self.poison -= 1
+            window.mel = window.mel.clone()
+            window.mel[:, window.upto - window.start - 1] = float("nan")  # a frame whose samples are kept
+        return window
+
+
+class NanSamples(Recording):
+    """A generator whose samples of the call's first window come back with NaN and inf in them."""
+
+    def samples(self, generation):
+        wavs = self.vocoder.samples(generation)
+        wavs[0][:3] = [np.nan, np.inf, -np.inf]
+        return wavs
+
+
+def run_streams(worker, streamers, chunks):
+    """Each stream's token chunks (then its end) submitted together, chunk by chunk → each stream's samples."""
+    out = [[] for _ in streamers]
+    for step in range(len(chunks[0]) + 1):
+        futures = [worker.submit(Job(s, chunks[i][step] if step < len(chunks[i]) else None, None, 0.0))
+                   for i, s in enumerate(streamers)]
+        for i, f in enumerate(futures):
+            out[i].append(f.result(timeout=30).samples)
+    return [np.concatenate(o) for o in out]
+
+
+def test_nan_in_a_streams_mel_is_sent_as_silence_counted_and_leaves_its_batch_mates_alone(vocoder):
+    chunks = [[tokens(4, 10 + i), tokens(6, 20 + i), tokens(6, 30 + i)] for i in range(2)]
+    alone = run_streams(VocoderWorker(vocoder, max_batch=1, max_wait=0.0), [MelStreamer(vocoder)], chunks[1:])[0]
+    seen = []
+    worker = VocoderWorker(Recording(vocoder), max_batch=8, max_wait=0.05,
+                           on_nonfinite=lambda stage, samples: seen.append((stage, samples)))
+    try:
+        poisoned, clean = PoisonedMel(vocoder), MelStreamer(vocoder)
+        poisoned.poison = 1
+        got = run_streams(worker, [poisoned, clean], chunks)
+    finally:
+        worker.stop()
+    assert all(np.isfinite(g).all() for g in got)
+    assert seen and seen[0][0] == "mel" and seen[0][1] > 0, seen
+    assert all(stage == "mel" for stage, _ in seen)
+    assert sum(n for _, n in seen) == int(np.count_nonzero(got[0] == 0.0)), "zeroed samples and the count differ"
+    np.testing.assert_allclose(got[1], alone, rtol=1e-5, atol=1e-6)  # its batch mate: as it was alone
+    hop = vocoder.hop_size
+    assert np.count_nonzero(got[0][-4 * hop :]) > 0, "the poisoned stream stayed silent to its end"
+
+
+def test_nan_and_inf_in_the_generators_samples_are_sent_as_silence_and_counted(vocoder):
+    seen = []
+    worker = VocoderWorker(NanSamples(vocoder), max_batch=8, max_wait=0.0,
+                           on_nonfinite=lambda stage, samples: seen.append((stage, samples)))
+    try:
+        samples = worker.submit(Job(MelStreamer(vocoder), tokens(6, 1), None, 0.0)).result(timeout=30).samples
+    finally:
+        worker.stop()
+    assert seen == [("generator", 3)]
+    assert np.isfinite(samples).all() and (samples[:3] == 0).all()
+
+
+def test_a_nan_source_phase_starts_the_streams_source_again_instead_of_holding_for_the_rest_of_it():
+    codec = load_vocoder(None, "tiny-codec")
+    s = MelStreamer(codec)
+    window = s.prepare(tokens(8, 3))
+    assert window.mel is not None and window.conditions
+    samples = np.zeros((window.upto - window.start) * codec.hop_size, dtype=np.float32)
+    s.commit(window, (samples, [torch.full((codec.harmonics,), float("nan"))]))
+    assert torch.equal(s.source_phase, torch.zeros(codec.harmonics))
+    phase = torch.arange(codec.harmonics, dtype=torch.float32) / 10
+    window = s.prepare(tokens(8, 4))
+    s.commit(window, (np.zeros((window.upto - window.start) * codec.hop_size, dtype=np.float32), [phase]))
+    assert torch.equal(s.source_phase, phase), "a finite phase is kept as it came"

@@ -23,6 +23,12 @@ GENERATE = Histogram("vocoder_generate_seconds",
                      buckets=LATENCY_BUCKETS)
 AUDIO_SECONDS = Counter("vocoder_audio_seconds_total", "Seconds of audio synthesized")
 REQUESTS = Counter("vocoder_requests_total", "Finished Vocode calls, by gRPC status code", ["code"])
+NONFINITE_WINDOWS = Counter("vocoder_nonfinite_windows_total", "Windows with NaN or inf, by where it first showed: the "
+                            "token decoder's mel, or only the generator's samples (their samples are sent as silence)",
+                            ["stage"])
+NONFINITE_SAMPLES = Counter("vocoder_nonfinite_samples_total", "NaN or inf samples sent as silence instead")
+for _stage in ("mel", "generator"):
+    NONFINITE_WINDOWS.labels(_stage)  # both series from the start: a rate of 0 reads as none, not as no data
 HISTORY_HELD = Gauge("vocoder_flow_history_streams", "Streams holding a slot of the flow's stream history (their "
                      "frames solved once); the streams beyond its slots are decoded over their window, slower")
 HISTORY_SLOTS = Gauge("vocoder_flow_history_slots", "Slots of the flow's stream history (--flow-history-streams)")
@@ -77,3 +83,8 @@ def observe_audio(seconds: float) -> None:
 def observe_request(method: str, code: str) -> None:
     if method == "Vocode":  # (ListVoices, asked by every gateway as a vocoder becomes ready, is not a request)
         REQUESTS.labels(code).inc()
+
+
+def observe_nonfinite(stage: str, samples: int) -> None:
+    NONFINITE_WINDOWS.labels(stage).inc()
+    NONFINITE_SAMPLES.inc(samples)

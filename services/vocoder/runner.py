@@ -151,7 +151,7 @@ class GeneratorRunner:
             frames = mel.shape[1]
             bucket = None if last else smallest(self.frame_buckets, frames)
             groups[("bucket", bucket) if bucket else ("exact", frames)].append(i)
-        order, pieces, outputs = [], [], []
+        order, pieces, outputs, finite = [], [], [], []
         timing = self._record()
         for (kind, frames), members in groups.items():
             graph = kind == "bucket" or frames in self.exact_frames
@@ -159,7 +159,8 @@ class GeneratorRunner:
             for start in range(0, len(members), most):
                 part = members[start : start + most]
                 conds = [conditions[i] for i in part] if conditions is not None else None
-                samples, outs = self._run([windows[i] for i in part], frames, graph, conds)
+                samples, outs, mel_finite = self._run([windows[i] for i in part], frames, graph, conds)
+                finite.append(mel_finite)
                 for row, (i, wav) in enumerate(zip(part, samples)):
                     order.append(i)
                     pieces.append(wav[: windows[i].shape[1] * self.hop])
@@ -169,7 +170,7 @@ class GeneratorRunner:
         if isinstance(timing, tuple):
             timing[1].record()
         flat = [o for outs in outputs for o in outs]
-        dev = torch.cat(pieces + [o.reshape(-1).float() for o in flat])
+        dev = torch.cat(pieces + [o.reshape(-1).float() for o in flat] + [f.float() for f in finite])
         timing = timing if isinstance(timing, tuple) else time.perf_counter() - timing  # (Generation.seconds)
         host, done = dev, None
         if dev.is_cuda:  # into pinned memory, not blocking: result() waits for this copy alone
@@ -202,8 +203,9 @@ class GeneratorRunner:
 
     def _run(self, mels: list[torch.Tensor], frames: int, graph: bool, conds: list[tuple] | None = None):
         """Same-bucket (or same exact length) windows → (float32 samples [len(mels), frames * hop] on the device,
-        the generator's further outputs [len(mels), ...] each), copies (the graphs share one memory pool: the next
-        replay may overwrite their outputs). graph: run in the (batch bucket, frames) graph, when graphs are on."""
+        the generator's further outputs [len(mels), ...] each, whether each window's mel was all finite [len(mels)]),
+        copies (the graphs share one memory pool: the next replay may overwrite their outputs). graph: run in the
+        (batch bucket, frames) graph, when graphs are on."""
         graph = graph and self.use_graphs
         batch = smallest(self.batch_buckets, len(mels)) if graph else len(mels)
         x = self._input(batch, frames)
@@ -224,8 +226,9 @@ class GeneratorRunner:
             y = self.generator(x, *extra)
         y, outs = (y[0], y[1:]) if isinstance(y, tuple) else (y, ())
         y = y.reshape(y.shape[0], -1)  # [batch, 1, T] or [batch, 1, 1, T] → [batch, T]
+        mel_finite = torch.isfinite(rows[: len(mels)]).flatten(1).all(1)  # [len(mels)]: a NaN or inf came in
         return (y[: len(mels), : frames * self.hop].to(torch.float32, copy=True),
-                [o[: len(mels)].clone() for o in outs])
+                [o[: len(mels)].clone() for o in outs], mel_finite)
 
 
 class Generation:
@@ -234,12 +237,14 @@ class Generation:
     def __init__(self, windows: int, conditioned: bool, host: torch.Tensor | None = None, done=None,
                  order: list[int] = (), sizes: list[int] = (), outputs: list[torch.Tensor] = (), per_window: int = 0,
                  timing=0.0):
-        """host: every window's samples, then every further output, flat (done: the event its copy ends with); order:
-        the window of each piece; sizes: each piece's samples; outputs: the further outputs on the device (their
-        shapes and types), per_window of them a window; timing: its generator work's (seconds, or CUDA events)."""
+        """host: every window's samples, then every further output, then a flag per piece (1: its mel input was all
+        finite), flat (done: the event its copy ends with); order: the window of each piece; sizes: each piece's
+        samples; outputs: the further outputs on the device (their shapes and types), per_window of them a window;
+        timing: its generator work's (seconds, or CUDA events)."""
         self.windows, self.conditioned, self.host, self.done = windows, conditioned, host, done
         self.order, self.sizes, self.outputs, self.per_window = order, sizes, outputs, per_window
         self.timing = timing
+        self.mel_finite = [True] * windows  # whether each window's mel input was all finite (known after result())
 
     def seconds(self) -> float:
         """Its generator work, seconds (on CUDA device time: waits for it)."""
@@ -259,9 +264,11 @@ class Generation:
             return []
         if self.done is not None:
             self.done.synchronize()
-        parts = self.host.split(list(self.sizes) + [o.numel() for o in self.outputs])
-        back = iter(o.view(like.shape).to(like.dtype) for o, like in zip(parts[len(self.sizes):], self.outputs))
+        n = len(self.sizes)
+        parts = self.host.split(list(self.sizes) + [o.numel() for o in self.outputs] + [n])
+        back = iter(o.view(like.shape).to(like.dtype) for o, like in zip(parts[n : n + len(self.outputs)], self.outputs))
         out: list = [None] * self.windows
-        for i, wav in zip(self.order, parts[: len(self.sizes)]):
+        for i, wav, finite in zip(self.order, parts[:n], parts[-1].tolist()):
             out[i] = (wav, [next(back) for _ in range(self.per_window)]) if self.conditioned else wav
+            self.mel_finite[i] = finite > 0
         return out

@@ -57,7 +57,8 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         self.vocoder = vocoder
         self.left_context, self.lookahead = left_context, lookahead
         common = dict(max_wait=max_wait, on_batch=metrics.observe_batch, on_decode=metrics.observe_token_decode,
-                      on_generate=metrics.observe_generate, lost=lost, on_fatal=on_fatal)
+                      on_generate=metrics.observe_generate, on_nonfinite=metrics.observe_nonfinite,
+                      lost=lost, on_fatal=on_fatal)
         if solve is not None:
             self.worker = SolveWorker(vocoder, solve, admit_every=admit_every, generate_wait=generate_wait,
                                       on_solve=metrics.observe_solve,

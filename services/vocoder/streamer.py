@@ -110,7 +110,9 @@ class MelStreamer:
         if window.mel is None:
             return np.zeros(0, dtype=np.float32)
         if window.conditions:
-            wav, (self.source_phase,) = wav[0], wav[1]
+            wav, (phase,) = wav[0], wav[1]
+            # A NaN or inf phase would make every later window of the stream NaN: its source starts again instead.
+            self.source_phase = phase if bool(torch.isfinite(phase).all()) else torch.zeros_like(phase)
         hop = self.vocoder.hop_size
         out = wav[(self.emitted - window.start) * hop : (window.upto - window.start) * hop]
         self.emitted = window.upto
@@ -118,6 +120,16 @@ class MelStreamer:
         self.mel = self.mel[:, keep_from - self.base :]
         self.base = keep_from
         return out
+
+    @staticmethod
+    def zero_nonfinite(samples: np.ndarray) -> int:
+        """NaN and inf samples → 0 (silence), in place → how many there were. A client would hear them as full-scale
+        clicks (PCM16 takes NaN to -32768 or 0, inf to ±1 after the clip), or, as float, as NaN."""
+        bad = ~np.isfinite(samples)
+        count = int(np.count_nonzero(bad))
+        if count:
+            samples[bad] = 0.0
+        return count
 
     def close(self) -> None:
         """The stream is over (ended, cancelled or failed): the token decoder lets go of what it held for it."""

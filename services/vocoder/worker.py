@@ -133,13 +133,16 @@ class VocoderWorker(JobThread):
                  on_batch: Callable[[int, float], None] = lambda size, seconds: None,
                  on_decode: Callable[[float], None] = lambda seconds: None,
                  on_generate: Callable[[float], None] = lambda seconds: None,
+                 on_nonfinite: Callable[[str, int], None] = lambda stage, samples: None,
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
                  probe_seconds: float = PROBE_SECONDS, name: str = "vocoder-worker"):
         """vocoder: TokenVocoder (its `launch(windows, last, conditions)` queues a batch, `samples` reads it);
         on_batch(size, seconds) per batch, on_decode(seconds) per pass of its token decoder and on_generate(seconds)
-        per call of its generator (parts of a batch's seconds: on CUDA their device time).
+        per call of its generator (parts of a batch's seconds: on CUDA their device time); on_nonfinite(stage, samples)
+        per window with NaN or inf in its mel ("mel": the token decoder's) or only in its samples ("generator"), the
+        samples zeroed (_check_finite).
         A call holds at most max_batch windows and max_batch_frames mel frames (but always one window), and
         at most first_chunk_batch_frames (when > 0) if it carries a first chunk; first_chunk_budget: seconds.
         lost(): is the device gone? (asked after a failed batch, and after every probe_seconds idle) If so
@@ -147,7 +150,8 @@ class VocoderWorker(JobThread):
         the module's docstring."""
         super().__init__(name)
         self.vocoder, self.max_batch, self.max_wait, self.on_batch = vocoder, max_batch, max_wait, on_batch
-        self.on_decode, self.on_generate = on_decode, on_generate
+        self.on_decode, self.on_generate, self.on_nonfinite = on_decode, on_generate, on_nonfinite
+        self.nonfinite_logged = float("-inf")  # when the last warning of NaN or inf went to the log
         self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
         self.first_chunk_batch_frames = first_chunk_batch_frames
         self.lost, self.on_fatal, self.probe_seconds = lost, on_fatal, probe_seconds
@@ -286,10 +290,33 @@ class VocoderWorker(JobThread):
         if decoded_here:  # (read after the generator's call: its samples are on the host, the decode long done)
             self.on_decode(self.vocoder.decode_seconds())
         by_index = dict(zip(v.due, wavs))
+        mel_finite = dict(zip(v.due, v.generation.mel_finite)) if v.generation is not None else {}
         for i, (job, window) in enumerate(zip(v.jobs, v.windows)):
             samples = job.streamer.commit(window, by_index.get(i))
+            self._check_finite(job, window, samples, mel_finite.get(i, True), len(v.due))
             began_job = v.started.get(id(job), v.began)
             job.future.set_result(Done(samples, began_job - job.submitted, now - began_job, len(v.due)))
+
+    def _check_finite(self, job: Job, window, samples: np.ndarray, mel_finite: bool, calls_windows: int) -> None:
+        """NaN or inf in a window's mel or samples: its samples zeroed (a listener hears a gap, not a full-scale click),
+        counted, and logged (at most once a NONFINITE_LOG_SECONDS), with what locates it."""
+        zeroed = job.streamer.zero_nonfinite(samples)
+        if not zeroed and mel_finite:
+            return
+        stage = "generator" if mel_finite else "mel"
+        self.on_nonfinite(stage, zeroed)
+        now = time.perf_counter()
+        if now - self.nonfinite_logged >= NONFINITE_LOG_SECONDS:
+            self.nonfinite_logged = now
+            log.warning("%s: NaN or inf in the %s (a window of mel frames [%d, %d), its stream's %s chunk, %d tokens in; "
+                        "a call of %d windows): %d of its %d samples sent as silence (vocoder_nonfinite_windows_total "
+                        "counts every such window)", self.thread.name,
+                        "token decoder's mel" if stage == "mel" else "generator's samples", window.start,
+                        window.start + window.mel.shape[1], "first" if job.audio_started is None else "next",
+                        job.streamer.tokens, calls_windows, zeroed, len(samples))
+
+
+NONFINITE_LOG_SECONDS = 10.0  # the least time between two warnings of NaN or inf (each is counted)
 
 
 @dataclass
