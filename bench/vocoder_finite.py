@@ -1,0 +1,187 @@
+"""Does the vocoder make NaN or inf? Its service alone, streams of random codes, once per set of flags.
+
+Every real-size stack on an H100 since 2026-11-27 logged numpy's "invalid value encountered in cast" from the
+vocoder's PCM encoding: a NaN sample (docs/benchmarks.md, 2026-11-28). The real-size codec on a CPU gave none, so it
+comes from a GPU path. The vocoder now counts such windows by where they first show (vocoder_nonfinite_windows_total:
+the token decoder's mel, or only the generator's samples) and sends them as silence. This starts the vocoder with
+each --variant's flags in turn, plays --streams streams of random codes through it (--concurrency at once, replies of
+--reply seconds, chunks of 4 tokens, then 8, 16 and 20 as the gateway sends them, FLOAT32 samples), and prints,
+per variant, the windows counted at each stage, the samples sent as silence, and any non-finite sample the client
+still got (there should be none). Writes --json.
+
+  python3 bench/vocoder_finite.py --device cuda --preset moss-speech --variant as-up="--first-chunk-lane on" \\
+      --variant no-lane= --variant no-history="--first-chunk-lane on --flow-history-streams 0"
+
+(`moss-serve up` runs the vocoder with `--first-chunk-lane on` on a GPU; a bare vocoder has it off.) Without MPS and
+the llm beside it: a NaN that needs their company will not show here.
+  python3 bench/vocoder_finite.py --device cpu --preset tiny-codec --streams 4   # the plumbing
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "protos")]
+
+import grpc  # noqa: E402
+from moss.speech.v1 import common_pb2, vocoder_pb2, vocoder_pb2_grpc  # noqa: E402
+
+from services.stack import free_port  # noqa: E402
+
+CHUNKS = (4, 8, 16)  # the first chunks' tokens; then 20 a chunk
+LATER_CHUNK = 20
+TOKENS_PER_SECOND = 12.5
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    m = re.search(rf"^{re.escape(name + labels)} ([0-9.e+-]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+async def stream(stub, rng: np.random.Generator, seconds: float, codebook: int, pace: float) -> dict:
+    """One Vocode call: random codes for `seconds` of audio in the gateway's chunk sizes, `pace` seconds apart."""
+    n = max(1, round(seconds * TOKENS_PER_SECOND))
+    codes = rng.integers(0, codebook, n).tolist()
+
+    async def requests():
+        yield vocoder_pb2.VocodeRequest(config=vocoder_pb2.VocodeConfig(format=common_pb2.AUDIO_FORMAT_FLOAT32))
+        at, k = 0, 0
+        while at < n:
+            size = CHUNKS[k] if k < len(CHUNKS) else LATER_CHUNK
+            yield vocoder_pb2.VocodeRequest(tokens=vocoder_pb2.AudioTokens(tokens=codes[at : at + size]))
+            at, k = at + size, k + 1
+            await asyncio.sleep(pace)
+        yield vocoder_pb2.VocodeRequest(end=vocoder_pb2.EndOfTokens())
+
+    samples = nonfinite = 0
+    async for reply in stub.Vocode(requests(), timeout=600):
+        x = np.frombuffer(reply.pcm, "<f4")
+        samples += len(x)
+        nonfinite += int(np.count_nonzero(~np.isfinite(x)))
+    return dict(tokens=n, samples=samples, nonfinite=nonfinite)
+
+
+async def load(target: str, streams: int, concurrency: int, reply: tuple[float, float], codebook: int,
+               pace: float, seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    gate = asyncio.Semaphore(concurrency)
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = vocoder_pb2_grpc.VocoderStub(channel)
+
+        async def one(i: int) -> dict:
+            async with gate:
+                return await stream(stub, np.random.default_rng(rng.integers(1 << 31)),
+                                    float(rng.uniform(*reply)), codebook, pace)
+        return await asyncio.gather(*(one(i) for i in range(streams)))
+
+
+def codebook_size(preset: str) -> int:
+    from services.vocoder.codec.config import PRESETS
+    return PRESETS["tiny" if preset == "tiny-codec" else preset]().flow.vocab_size
+
+
+def run_variant(name: str, flags: list[str], args, log_dir: Path) -> dict:
+    port, metrics_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "services.cli", "vocoder", "--host", "127.0.0.1", "--port", str(port),
+           "--metrics-port", str(metrics_port), "--preset", args.preset, "--device", args.device, *flags]
+    log_path = log_dir / f"vocoder_{name}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        started = time.monotonic()
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"vocoder ({name}) exited {proc.returncode}: see {log_path}")
+            try:
+                with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                    grpc.channel_ready_future(ch).result(timeout=2)
+                    vocoder_pb2_grpc.VocoderStub(ch).ListVoices(vocoder_pb2.ListVoicesRequest(), timeout=5)
+                break
+            except grpc.RpcError:
+                pass
+            except grpc.FutureTimeoutError:
+                pass
+            if time.monotonic() - started > args.start_timeout:
+                raise SystemExit(f"vocoder ({name}) not serving after {args.start_timeout} s: see {log_path}")
+        t = time.monotonic()
+        results = asyncio.run(load(f"127.0.0.1:{port}", args.streams, args.concurrency, args.reply,
+                                   codebook_size(args.preset), args.pace, args.seed))
+        seconds = time.monotonic() - t
+        text = scrape(metrics_port)
+        if "vocoder_nonfinite_windows_total" not in text:
+            raise SystemExit(f"vocoder ({name}) exports no vocoder_nonfinite_windows_total: an older tree?")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    warnings = [line.strip() for line in open(log_path) if "NaN or inf" in line]
+    return dict(variant=name, flags=flags, streams=len(results), seconds=round(seconds, 1),
+                audio_seconds=round(sum(r["samples"] for r in results) / args.sample_rate, 1),
+                windows_mel=metric(text, "vocoder_nonfinite_windows_total", '{stage="mel"}'),
+                windows_generator=metric(text, "vocoder_nonfinite_windows_total", '{stage="generator"}'),
+                samples_silenced=metric(text, "vocoder_nonfinite_samples_total"),
+                streams_with_nonfinite_at_client=sum(1 for r in results if r["nonfinite"]),
+                log_warnings=warnings[:5])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--preset", default="moss-speech", choices=("moss-speech", "tiny-codec"))
+    p.add_argument("--variant", action="append", default=[],
+                   help='NAME=FLAGS: vocoder flags of one run (default: "defaults=")')
+    p.add_argument("--streams", type=int, default=200)
+    p.add_argument("--concurrency", type=int, default=48)
+    p.add_argument("--reply", default="2-20", help="seconds of audio a stream, uniform in LOW-HIGH")
+    p.add_argument("--pace", type=float, default=0.1, help="seconds between a stream's chunks")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--start-timeout", type=float, default=300.0)
+    p.add_argument("--sample-rate", type=int, default=24000)
+    p.add_argument("--log-dir", default=".", help="where each vocoder's log goes")
+    p.add_argument("--json")
+    args = p.parse_args()
+    low, _, high = args.reply.partition("-")
+    args.reply = (float(low), float(high or low))
+    variants = [v.partition("=") for v in (args.variant or ["defaults="])]
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name, _, flags in variants:
+        rows.append(run_variant(name, shlex.split(flags), args, log_dir))
+        r = rows[-1]
+        print(f"{r['variant']}: {r['streams']} streams, {r['audio_seconds']} s of audio in {r['seconds']} s; non-finite "
+              f"windows: mel {r['windows_mel']:.0f}, generator {r['windows_generator']:.0f}", flush=True)
+    print(f"\n{'variant':<16} {'streams':>7} {'audio s':>8} {'mel':>5} {'generator':>9} {'silenced':>9} {'at client':>9}")
+    for r in rows:
+        print(f"{r['variant']:<16} {r['streams']:>7} {r['audio_seconds']:>8} {r['windows_mel']:>5.0f} "
+              f"{r['windows_generator']:>9.0f} {r['samples_silenced']:>9.0f} {r['streams_with_nonfinite_at_client']:>9}")
+    for r in rows:
+        for line in r["log_warnings"]:
+            print(f"  {r['variant']}: {line}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(date=datetime.date.today().isoformat(), device=args.device,
+                                                   preset=args.preset, argv=sys.argv[1:], rows=rows), indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
