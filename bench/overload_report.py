@@ -1,6 +1,7 @@
 """The table of bench/overload.sh's results: per gateway and load, what was offered, admitted and refused, how the
 admitted played, and how close to a stall their chunks ran (the slack histogram's share under a few bounds, from the
-gateway's metrics before and after the load).
+gateway's metrics before and after the load), and the vocoder's windows with NaN or inf in that load (its metrics'
+vocoder_nonfinite_windows_total; "-" for a vocoder that does not count them).
 
     python3 bench/overload_report.py OUT_DIR        # prints the table, writes OUT_DIR/overload.json
 """
@@ -28,10 +29,25 @@ def slack_shares(before: str, after: str) -> dict[str, float]:
     return {f"slack<={le}": (a.get(le, 0.0) - b.get(le, 0.0)) / total if total else math.nan for le in SLACK_BOUNDS}
 
 
+def nonfinite_windows(text: str) -> float | None:
+    """The vocoder's windows with NaN or inf so far, every stage (None: it does not count them)."""
+    counts = re.findall(r'^vocoder_nonfinite_windows_total\{stage="[^"]+"\} (\S+)$', text, re.M)
+    return sum(map(float, counts)) if counts else None
+
+
+def nonfinite_in(gateway: Path, before: Path, after: Path) -> float | None:
+    """Windows with NaN or inf during the load between the gateway's two scrapes (the vocoder's, taken beside them)."""
+    b, a = (gateway / p.name.replace("metrics_", "metrics_vocoder_", 1) for p in (before, after))
+    if not (b.exists() and a.exists()):
+        return None
+    counts = nonfinite_windows(b.read_text()), nonfinite_windows(a.read_text())
+    return None if None in counts else counts[1] - counts[0]
+
+
 def rows(out: Path) -> list[dict]:
     result = []
     for gateway in sorted(p for p in out.iterdir() if p.is_dir()):
-        scrapes = sorted(gateway.glob("metrics_*.txt"))
+        scrapes = sorted(gateway.glob("metrics_[0-9]*.txt"))  # the gateway's (metrics_llm_*, metrics_vocoder_*: beside)
         for before, after in zip(scrapes, scrapes[1:]):
             run = gateway / after.stem.split("_", 2)[2] / "bench.json"  # metrics_<k>_<run dir>
             if not run.exists():
@@ -45,19 +61,21 @@ def rows(out: Path) -> list[dict]:
                                "stall_free_share": s["stall_free_share"], "ttfa_p50": s["ttfa_seconds"]["p50"],
                                "ttfa_p95": s["ttfa_seconds"]["p95"], "offered_per_second": s["offered_per_second"],
                                "goodput_per_second": s["goodput_per_second"], "refusal_max": s["refusal_seconds"]["max"],
-                               "refusals_with_hint": s["refusals_with_hint"], **shares})
+                               "refusals_with_hint": s["refusals_with_hint"],
+                               "nonfinite_windows": nonfinite_in(gateway, before, after), **shares})
     return result
 
 
 def table(result: list[dict]) -> str:
     head = ["gateway", "load", "req", "admitted", "refused", "errors", "stall-free", "TTFA p50", "TTFA p95", "offered/s",
-            "goodput/s", "refusal max", *(f"slack<={b}" for b in SLACK_BOUNDS)]
+            "goodput/s", "refusal max", "NaN windows", *(f"slack<={b}" for b in SLACK_BOUNDS)]
     lines = [head]
     for r in result:
         lines.append([r["gateway"], r["load"], str(r["requests"]), str(r["admitted"]), str(r["refused"]), str(r["other_errors"]),
                       f"{r['stall_free_share'] * 100:.1f}%", f"{r['ttfa_p50'] * 1e3:.0f} ms", f"{r['ttfa_p95'] * 1e3:.0f} ms",
                       f"{r['offered_per_second']:.1f}", f"{r['goodput_per_second']:.1f}",
                       f"{r['refusal_max'] * 1e3:.0f} ms" if r["refused"] else "-",
+                      "-" if r.get("nonfinite_windows") is None else f"{r['nonfinite_windows']:.0f}",
                       *(f"{r.get(f'slack<={b}', math.nan) * 100:.1f}%" for b in SLACK_BOUNDS)])
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in lines)
