@@ -205,3 +205,28 @@ def test_window_frames_foretells_the_window_prepare_returns(vocoder, schedule):
         assert expected == (0 if window.mel is None else window.mel.shape[1])
         s.commit(window, None if window.mel is None else vocoder.vocode([window.mel], [window.last])[0])
         at += n or 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: two CUDA streams")
+@pytest.mark.parametrize("preset", ["tiny", "tiny-codec"])
+def test_a_streams_frames_made_on_the_lane_stay_whole_while_the_playing_stream_still_reads_them(preset):
+    """A stream's first chunk on the first-chunk lane's CUDA stream, its next on the playing worker's, queued behind a
+    long kernel there: the lane's next allocations must not get (and write over) the memory of the mel frames the
+    playing stream's queued work is still to read (streamer.used_here)."""
+    from services.vocoder.vocoder import load_vocoder
+
+    vocoder = load_vocoder(None, preset, "cuda")
+    codes = np.random.default_rng(0).integers(0, vocoder.codebook_size, 40).tolist()
+    lane = torch.cuda.Stream()
+    s = MelStreamer(vocoder)
+    with torch.cuda.stream(lane):
+        s.prepare(codes[:20])
+    lane.synchronize()  # (the first chunk's samples were waited for)
+    first = s.mel.clone()
+    torch.cuda._sleep(500_000_000)  # the playing stream busy for a while (a large call)
+    s.prepare(codes[20:])           # its frames joined behind that
+    with torch.cuda.stream(lane):   # meanwhile the lane's next first chunks take memory and fill it
+        junk = [torch.full_like(first, float("nan")) for _ in range(16)]
+    torch.cuda.synchronize()
+    assert len(junk) == 16
+    assert torch.equal(s.mel[:, : first.shape[1]], first), "the lane wrote over frames the playing stream read later"

@@ -48,6 +48,17 @@ class Window:
 DEFAULT_LOOKAHEAD = 4  # mel frames: one token, 80 ms at hop 480
 
 
+def used_here(*tensors) -> None:
+    """Device tensors the current CUDA stream has just been given work on, about to be let go: their memory waits for
+    that work before it is used again. A stream's first chunks run on the first-chunk lane's CUDA stream (worker.py),
+    its later ones on the playing worker's, and the caching allocator hands a freed block straight back to the
+    stream that made it: without this, the lane could write over a stream's kept mel frames (or the stand-in
+    decoder's state) before the playing worker's queued copy of them had read them."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            t.record_stream(torch.cuda.current_stream(t.device))
+
+
 class MelStreamer:
     def __init__(self, vocoder: TokenVocoder, left_context: int | None = None, lookahead: int | None = None,
                  voice: str = ""):
@@ -90,8 +101,10 @@ class MelStreamer:
         if self.ended:
             raise InvalidArgument("tokens" if tokens is not None else "end", "the stream has already ended")
         if tokens or tokens is None:
+            retired = self.mel, self.decoder_state
             frames, self.decoder_state = decoded or self.vocoder.mel_chunks([(tokens, self.decoder_state)])[0]
             self.mel = frames if self.mel is None else torch.cat([self.mel, frames], dim=1)
+            used_here(*retired)
             self.tokens += len(tokens or ())
         last = self.ended = tokens is None
         span = self._span(self.total_frames, last)
