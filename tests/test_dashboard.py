@@ -128,6 +128,7 @@ PANEL_SUBJECTS = {
     "pacing": {"llm_paced_seconds_total"},
     "end of speech to first audio": {"gateway_speech_end_to_first_audio_seconds_bucket"},
     "speakers in the encoder": {"encoder_speakers", "encoder_speaker_places"},
+    "NaN or inf in the audio": {"vocoder_nonfinite_windows_total"},
 }
 SECONDS_HISTOGRAM = re.compile(r"""Histogram\(\s*["']((?:gateway|llm|vocoder|encoder)_\w+_seconds)["']""")
 
