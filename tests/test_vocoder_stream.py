@@ -193,6 +193,21 @@ def test_cuda_last_windows_of_the_captured_exact_length_replay_a_graph():
     torch.testing.assert_close(graphs([other], [True])[0], eager([other], [True])[0], rtol=0.0, atol=2e-2)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_a_graph_captured_while_serving_is_logged_one_captured_in_the_warm_up_is_not(caplog):
+    """A capture after the first replay holds up its call: the log says which shape the warm-up missed."""
+    from services.vocoder.runner import GeneratorRunner
+
+    runner = GeneratorRunner(gen.build_generator(config("moss-speech", 64), seed=1), 480, torch.device("cuda"))
+    runner.warm_up((1,))
+    g = torch.Generator().manual_seed(7)
+    with caplog.at_level("WARNING", logger="services.vocoder.runner"):
+        runner([torch.randn(80, 20, generator=g) - 5])  # batch 1, 24 frames: warmed
+        assert "captured while serving" not in caplog.text
+        runner([torch.randn(80, 20, generator=g) - 5 for _ in range(2)])  # batch 2: not warmed
+    assert "a generator graph captured while serving (2 windows of 24 frames)" in caplog.text
+
+
 @pytest.mark.parametrize("schedule", [[3, 3, 6, 12, 20, 1], [1] * 12, [40]], ids=["default", "1-token", "whole"])
 def test_window_frames_foretells_the_window_prepare_returns(vocoder, schedule):
     """The worker weighs a chunk by window_frames before decoding it: the same frames prepare() then returns."""

@@ -3,8 +3,8 @@
 On CUDA: bfloat16 weights, the fused anti-aliased activation (activation.py), channels-last activations
 (channels_last.py: no layout transforms around cuDNN's NHWC convolutions) and one CUDA graph per
 (batch bucket, frames bucket). The server captures them all with `warm_up` before it serves; a graph it did
-not capture is captured on first use, which holds up that batch. On CPU: the same padding and grouping,
-eager, float32.
+not capture is captured on first use, which holds up that batch (and is logged). On CPU: the same padding and
+grouping, eager, float32.
 
 **Padding never mixes streams.** A window is padded to the smallest frames bucket that holds it by
 repeating its last frame, so its padded content is a function of the window alone; only windows of the
@@ -29,10 +29,13 @@ outputs come back with the samples, in the one copy a call makes.
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections import defaultdict
 
 import torch
+
+log = logging.getLogger(__name__)
 
 FRAME_BUCKETS = (8, 16, 24, 32, 48, 64, 80, 96, 128)
 # Steps of at most 1.5x: a call's windows split into one group per frames bucket, and each group's batch is
@@ -71,6 +74,7 @@ class GeneratorRunner:
         self.exact_frames: set[int] = set()  # last-window lengths that run in graphs (warm_up)
         self.exact_batch = 0                 # the most last windows of one length a graph takes (warm_up)
         self.pool = None
+        self.serving = False  # a graph has been replayed: a capture now holds up a call (and is logged)
         # A conditioned generator's further inputs per row (dtype, shape after the batch axis): what warm_up
         # captures graphs with. HiFT: its source's phase at an anchor frame, that frame, the frame whose phase
         # it returns, the window's first sample (codec/hift.py).
@@ -79,7 +83,7 @@ class GeneratorRunner:
     def lane(self) -> "GeneratorRunner":
         """The same runner for a second worker thread: the generator shared, graphs of its own (worker.py)."""
         other = copy.copy(self)
-        other.graphs, other.pool, other.exact_frames, other.exact_batch = {}, None, set(), 0
+        other.graphs, other.pool, other.exact_frames, other.exact_batch, other.serving = {}, None, set(), 0, False
         return other
 
     @property
@@ -100,6 +104,7 @@ class GeneratorRunner:
         """The (batch, frames) graph: (graph, [static mel, static conditions...], static output)."""
         key = (batch, frames)
         if key not in self.graphs:
+            started = time.perf_counter()
             static_in = [self._input(batch, frames)]
             static_in += [torch.zeros(batch, *shape, dtype=dtype, device=self.device)
                           for dtype, shape in zip(cond_dtypes or self.cond_dtypes, cond_shapes or self.cond_shapes)]
@@ -110,6 +115,10 @@ class GeneratorRunner:
                 static_out = self.generator(*static_in)
             self.pool = graph.pool()  # one pool: a batch's samples are copied out before the next replay
             self.graphs[key] = (graph, static_in, static_out)
+            if self.serving:
+                log.warning("vocoder: a generator graph captured while serving (%d windows of %d frames): %.0f ms this "
+                            "call waited; the warm-up did not cover its shape", batch, frames,
+                            1000 * (time.perf_counter() - started))
         return self.graphs[key]
 
     @torch.inference_mode()
@@ -220,6 +229,7 @@ class GeneratorRunner:
             static_in[0].copy_(x)
             for static, e in zip(static_in[1:], extra):
                 static.copy_(e)
+            self.serving = True
             cuda_graph.replay()
             y = static_out
         else:

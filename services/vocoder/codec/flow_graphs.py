@@ -4,7 +4,8 @@ that feed them.
 A flow call at the real size is ~6,000 kernels (the encoder and every Euler step); launched one by one from Python
 they would take longer than the GPU takes to run them. So each shape a call can take, (B rows, T tokens, whether
 it reads the prompt prefix, N frames solved per row for a stream-history call), is captured once
-(`FlowTokenDecoder.warm_up`, before the vocoder serves) and replayed: a call copies its inputs into the graph's
+(`FlowTokenDecoder.warm_up`, before the vocoder serves; a shape it missed is captured at its first call, which
+waits for it, and logged) and replayed: a call copies its inputs into the graph's
 static ones (`copy_into`) and replays it. The output mel [B, 80, frames] is the graph's own tensor, overwritten by
 the next replay: callers copy out what they keep.
 """
@@ -12,11 +13,15 @@ the next replay: callers copy out what they keep.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 
 import torch
 
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
 from services.vocoder.codec.history import HistoryRows
+
+log = logging.getLogger(__name__)
 
 
 class FlowGraphs:
@@ -29,6 +34,7 @@ class FlowGraphs:
         self.ratio, self.num_mels = frames_per_token, num_mels
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, FlowBatch, torch.Tensor]] = {}
         self.pool = None
+        self.serving = False  # a graph has been replayed: a capture now holds up a call (and is logged)
 
     def __len__(self) -> int:
         return len(self.graphs)
@@ -43,6 +49,7 @@ class FlowGraphs:
         prefix: the prompt prefix or the stream history the call reads (None: neither); solved: a history call's
         frames per row; scratch: the history's scratch slot (the capture's own run writes there)."""
         graph, static, out = self.capture(B, T, prefix, solved, scratch)
+        self.serving = True
         copy_into(static, batch)
         graph.replay()
         return out
@@ -51,6 +58,7 @@ class FlowGraphs:
         """The graph of a call's shape, captured at its first use → (graph, static inputs, output)."""
         key = (B, T, prefix is not None, solved)
         if key not in self.graphs:
+            started = time.perf_counter()
             static = self.empty(B, T, solved, scratch)
             self.flow(static, streaming=True, prefix=prefix)  # warm-up outside capture (cuBLAS and cuDNN choices)
             torch.cuda.synchronize(self.device)
@@ -59,6 +67,11 @@ class FlowGraphs:
                 out = self.flow(static, streaming=True, prefix=prefix)
             self.pool = graph.pool()
             self.graphs[key] = (graph, static, out)
+            if self.serving:
+                log.warning("vocoder: a flow graph captured while serving (%d rows, %d tokens, %s, %s frames solved): "
+                            "%.0f ms this call waited; the warm-up did not cover its shape", B, T,
+                            "history" if solved is not None else "prefix" if prefix is not None else "no prefix",
+                            solved, 1000 * (time.perf_counter() - started))
         return self.graphs[key]
 
     def empty(self, B: int, T: int, solved: int | None = None, scratch: int | None = None) -> FlowBatch:
