@@ -233,6 +233,11 @@ def test_a_streams_frames_made_on_the_lane_stay_whole_while_the_playing_stream_s
     vocoder = load_vocoder(None, preset, "cuda")
     codes = np.random.default_rng(0).integers(0, vocoder.codebook_size, 40).tolist()
     lane = torch.cuda.Stream()
+    warm = MelStreamer(vocoder)  # the calls' graphs captured first: a capture waits for the device, closing the race
+    with torch.cuda.stream(lane):
+        warm.prepare(codes[:20])
+    warm.prepare(codes[20:])
+    torch.cuda.synchronize()
     s = MelStreamer(vocoder)
     with torch.cuda.stream(lane):
         s.prepare(codes[:20])
