@@ -4,14 +4,7 @@
 # Expects the wheels of bench/gpu_smoke.sh in .whl/, plus the reference (test oracle and peer): cosyvoice2-eu
 # 0.2.8, conformer 0.3.2, diffusers and importlib_metadata (docs/benchmarks.md lists the download command).
 #   bash bench/codec_gpu.sh
-set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-SITE=$(mktemp -d)  # the wheels, installed for this run only
-trap 'rm -rf "$SITE"' EXIT
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
-export PYTHONPATH=$SITE:$PWD:$PWD/protos PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+source "$(dirname "$0")/wheel_site.sh"
 echo "== codec tests on CUDA"
 python3 -m pytest -q -p no:cacheprovider tests/test_codec_parity.py tests/test_codec_stream.py \
   tests/test_vocoder_stream.py tests/test_vocoder_worker.py 2>&1 | tee "$OUT/codec_tests.log" | tail -8

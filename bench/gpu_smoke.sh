@@ -7,15 +7,8 @@
 #                                      # call of 10 minutes may not hold them; then tests-llm and tests-codec, a call each)
 #   bash bench/gpu_smoke.sh bench      # only the benchmark
 #   bash bench/gpu_smoke.sh suite      # the whole test suite on the GPU image
-set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+source "$(dirname "$0")/wheel_site.sh"
 what=${1:-all}
-SITE=$(mktemp -d)  # the wheels, installed for this run only
-trap 'rm -rf "$SITE"' EXIT
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
-export PYTHONPATH=$SITE:$PWD:$PWD/protos PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 LLM_TESTS=(tests/test_paged_attention.py tests/test_fused_kernels.py tests/test_kernel_runner.py tests/test_fp8.py
            tests/test_sampler.py tests/test_overlap.py tests/test_text_skip.py tests/test_pacing.py)

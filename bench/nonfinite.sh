@@ -7,14 +7,7 @@
 #      (BEFORE=0: not run).
 #   bash bench/nonfinite.sh            # OUT (default /tmp/out) gets the JSON and the vocoders' logs
 # STREAMS (default 200), CONCURRENCY (48), ALONE (20) go to vocoder_finite.py.
-set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-SITE=$(mktemp -d)  # the wheels, installed for this run only
-trap 'rm -rf "$SITE"' EXIT
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
-export PYTHONPATH=$SITE:$PWD:$PWD/protos PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+source "$(dirname "$0")/wheel_site.sh"
 finite() {  # $1: the tree; $2: the name of its results
   (cd "$1" && PYTHONPATH=$SITE:$1:$1/protos python3 bench/vocoder_finite.py --device cuda --preset moss-speech \
     --streams "${STREAMS:-200}" --concurrency "${CONCURRENCY:-48}" --alone "${ALONE:-20}" \

@@ -41,7 +41,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 import grpc  # noqa: E402
 from moss.speech.v1 import common_pb2, vocoder_pb2, vocoder_pb2_grpc  # noqa: E402
 
-from services.stack import free_port  # noqa: E402
+from services.stack import free_port, is_serving  # noqa: E402
 
 CHUNKS = (4, 8, 16)  # the first chunks' tokens; then 20 a chunk
 LATER_CHUNK = 20
@@ -124,26 +124,17 @@ def run_variant(name: str, flags: list[str], args, log_dir: Path) -> dict:
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=log, stderr=subprocess.STDOUT)
     try:
-        started = time.monotonic()
-        while True:
+        target, started = f"127.0.0.1:{port}", time.monotonic()
+        while not is_serving(target):
             if proc.poll() is not None:
                 raise SystemExit(f"vocoder ({name}) exited {proc.returncode}: see {log_path}")
-            try:
-                with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-                    grpc.channel_ready_future(ch).result(timeout=2)
-                    vocoder_pb2_grpc.VocoderStub(ch).ListVoices(vocoder_pb2.ListVoicesRequest(), timeout=5)
-                break
-            except grpc.RpcError:
-                pass
-            except grpc.FutureTimeoutError:
-                pass
             if time.monotonic() - started > args.start_timeout:
                 raise SystemExit(f"vocoder ({name}) not serving after {args.start_timeout} s: see {log_path}")
+            time.sleep(0.5)
         rng = np.random.default_rng(args.seed)
         codebook = codebook_size(args.preset)
         streams = [rng.integers(0, codebook, max(1, round(rng.uniform(*args.reply) * TOKENS_PER_SECOND))).tolist()
                    for _ in range(args.streams)]
-        target = f"127.0.0.1:{port}"
         t = time.monotonic()
         results = asyncio.run(play(target, streams, args.concurrency, args.pace, args.alone))
         seconds = time.monotonic() - t
