@@ -97,3 +97,27 @@ def test_a_backend_that_stays_down_is_unavailable_after_the_ready_wait(tmp_path)
         assert health(gateway) == health_pb2.HealthCheckResponse.NOT_SERVING
     finally:
         stack.stop_all()
+
+
+def test_a_wait_longer_than_the_deadline_is_answered_before_the_deadline(tmp_path):
+    # --ready-wait 30 outlasts the call's 2 s deadline: the gateway answers UNAVAILABLE naming the stage not ready
+    # (servicer.ANSWER_MARGIN_SECONDS before the deadline), not the caller's bare DEADLINE_EXCEEDED, and grpc logs no
+    # ExecuteBatchError (a status sent on a call the deadline had already ended: each side's clock once ran out at the
+    # same instant)
+    stack = Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path / "logs", extra_args={"gateway": ["--ready-wait", "30"]})
+    gateway = stack.target("gateway")
+    try:
+        stack.start("gateway")
+        wait_for(lambda: health(gateway) is not None, 60, "the gateway never answered")
+        start = time.monotonic()
+        try:
+            asyncio.run(synthesize(gateway, timeout=2.0))
+        except grpc.aio.AioRpcError as err:
+            assert err.code() == grpc.StatusCode.UNAVAILABLE, (err.code(), err.details())
+            assert "llm unavailable: not ready" in err.details(), err.details()
+        else:
+            raise AssertionError("a request went through with no backends")
+        assert 1.5 < time.monotonic() - start < 2.0
+    finally:
+        stack.stop_all()
+    assert "ExecuteBatchError" not in (tmp_path / "logs" / "gateway.log").read_text()
