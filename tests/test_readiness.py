@@ -2,6 +2,7 @@
 arrives while a backend is still starting waits for it (within its deadline) instead of failing at once."""
 
 import asyncio
+import contextlib
 import time
 
 import grpc
@@ -70,33 +71,41 @@ def test_gateway_waits_for_backends_that_are_starting(tmp_path):
         stack.stop_all()
 
 
-def test_a_backend_that_stays_down_is_unavailable_after_the_ready_wait(tmp_path):
-    stack = Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path / "logs", extra_args={"gateway": ["--ready-wait", "0.5"]})
+@contextlib.contextmanager
+def gateway_alone(tmp_path, ready_wait: float):
+    """A gateway with neither backend behind it, answering health checks → its target."""
+    stack = Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path / "logs",
+                  extra_args={"gateway": ["--ready-wait", str(ready_wait)]})
     gateway = stack.target("gateway")
     try:
         stack.start("gateway")
         wait_for(lambda: health(gateway) is not None, 60, "the gateway never answered")
-        start = time.monotonic()
-        try:
-            asyncio.run(synthesize(gateway, timeout=30))
-        except grpc.aio.AioRpcError as err:
-            assert err.code() == grpc.StatusCode.UNAVAILABLE
-            assert "llm unavailable: not ready" in err.details(), err.details()
-        else:
-            raise AssertionError("a request went through with no backends")
-        assert time.monotonic() - start < 5
-        # the deadline bounds the wait too: a 0.2 s deadline is not kept waiting for the 0.5 s ready-wait
-        start = time.monotonic()
-        try:
-            asyncio.run(synthesize(gateway, timeout=0.2))
-        except grpc.aio.AioRpcError as err:
-            assert err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-        else:
-            raise AssertionError("a request went through with no backends")
-        assert time.monotonic() - start < 0.45
-        assert health(gateway) == health_pb2.HealthCheckResponse.NOT_SERVING
+        yield gateway
     finally:
         stack.stop_all()
+
+
+def refused(gateway: str, timeout: float) -> tuple[grpc.aio.AioRpcError, float]:
+    """A Synthesize call that must fail → (its error, seconds until it did)."""
+    start = time.monotonic()
+    try:
+        asyncio.run(synthesize(gateway, timeout=timeout))
+    except grpc.aio.AioRpcError as err:
+        return err, time.monotonic() - start
+    raise AssertionError("a request went through with no backends")
+
+
+def test_a_backend_that_stays_down_is_unavailable_after_the_ready_wait(tmp_path):
+    with gateway_alone(tmp_path, ready_wait=0.5) as gateway:
+        err, seconds = refused(gateway, timeout=30)
+        assert err.code() == grpc.StatusCode.UNAVAILABLE
+        assert "llm unavailable: not ready" in err.details(), err.details()
+        assert seconds < 5
+        # the deadline bounds the wait too: a 0.2 s deadline is not kept waiting for the 0.5 s ready-wait
+        err, seconds = refused(gateway, timeout=0.2)
+        assert err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert seconds < 0.45
+        assert health(gateway) == health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def test_a_wait_longer_than_the_deadline_is_answered_before_the_deadline(tmp_path):
@@ -104,20 +113,9 @@ def test_a_wait_longer_than_the_deadline_is_answered_before_the_deadline(tmp_pat
     # (servicer.ANSWER_MARGIN_SECONDS before the deadline), not the caller's bare DEADLINE_EXCEEDED, and grpc logs no
     # ExecuteBatchError (a status sent on a call the deadline had already ended: each side's clock once ran out at the
     # same instant)
-    stack = Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path / "logs", extra_args={"gateway": ["--ready-wait", "30"]})
-    gateway = stack.target("gateway")
-    try:
-        stack.start("gateway")
-        wait_for(lambda: health(gateway) is not None, 60, "the gateway never answered")
-        start = time.monotonic()
-        try:
-            asyncio.run(synthesize(gateway, timeout=2.0))
-        except grpc.aio.AioRpcError as err:
-            assert err.code() == grpc.StatusCode.UNAVAILABLE, (err.code(), err.details())
-            assert "llm unavailable: not ready" in err.details(), err.details()
-        else:
-            raise AssertionError("a request went through with no backends")
-        assert 1.5 < time.monotonic() - start < 2.0
-    finally:
-        stack.stop_all()
+    with gateway_alone(tmp_path, ready_wait=30) as gateway:
+        err, seconds = refused(gateway, timeout=2.0)
+        assert err.code() == grpc.StatusCode.UNAVAILABLE, (err.code(), err.details())
+        assert "llm unavailable: not ready" in err.details(), err.details()
+        assert 1.5 < seconds < 2.0
     assert "ExecuteBatchError" not in (tmp_path / "logs" / "gateway.log").read_text()
