@@ -167,3 +167,15 @@ def test_dashboard_ttfa_quantiles_are_the_recording_rules(dashboard):
                 if (m := re.fullmatch(r"gateway:ttfa_seconds:(p\d+)_1m", r.get("record", "")))}
     (panel,) = [p for p in panels_of(dashboard) if "sum by (le) (rate(gateway_ttfa_seconds_bucket" in str(p.get("targets"))]
     assert {t["legendFormat"]: t["expr"] for t in panel["targets"]} == recorded
+
+
+def test_alert_rules_query_declared_metrics():
+    """Every gateway_/llm_/vocoder_/encoder_ series an alert of prometheus/rules.yml reads is one a service declares:
+    an alert on a renamed metric would never fire."""
+    declared = {service: declared_metrics(service) for service in MOSS_SERVICES}
+    rules = load_yaml("prometheus/rules.yml")
+    exprs = [r["expr"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    used = {m for expr in exprs for m in METRIC_IN_EXPR.findall(expr)}
+    assert "vocoder_nonfinite_windows_total" in used and "gateway_audio_turns_total" in used, used
+    undeclared = sorted(m for m in used if not is_declared(m, declared[m.split("_", 1)[0]]))
+    assert not undeclared, f"alerts read metrics no services/*/metrics.py declares: {undeclared}"

