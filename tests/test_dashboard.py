@@ -54,7 +54,11 @@ def test_dashboard_shape(dashboard):
     assert dashboard["title"] == "MOSS Speech: time to first audio"
     assert dashboard["refresh"] == "5s"
     graphs = [p for p in panels_of(dashboard) if p["type"] != "row"]
-    assert graphs and all(p["type"] == "timeseries" for p in graphs)
+    # time series, and one table: the alerts firing (rules.yml's, through Prometheus's ALERTS series)
+    assert graphs and all(p["type"] == "timeseries" for p in graphs if p["title"] != "Firing alerts")
+    (alerts,) = [p for p in graphs if p["type"] == "table"]
+    assert alerts["title"] == "Firing alerts" and alerts["gridPos"]["y"] <= 1  # on top, under the first row's title
+    assert [t["expr"] for t in alerts["targets"]] == ['ALERTS{alertstate="firing"}']
     for panel in graphs:
         assert panel["datasource"]["uid"] == "prometheus", panel["title"]
         for target in panel["targets"]:
