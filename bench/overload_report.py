@@ -61,6 +61,7 @@ def rows(out: Path) -> list[dict]:
                                "stall_free_share": s["stall_free_share"], "ttfa_p50": s["ttfa_seconds"]["p50"],
                                "ttfa_p95": s["ttfa_seconds"]["p95"], "offered_per_second": s["offered_per_second"],
                                "goodput_per_second": s["goodput_per_second"], "refusal_max": s["refusal_seconds"]["max"],
+                               "audio_x_realtime_offered": s.get("audio_x_realtime_offered", math.nan),
                                "refusals_with_hint": s["refusals_with_hint"],
                                "nonfinite_windows": nonfinite_in(gateway, before, after), **shares})
     return result
@@ -68,12 +69,13 @@ def rows(out: Path) -> list[dict]:
 
 def table(result: list[dict]) -> str:
     head = ["gateway", "load", "req", "admitted", "refused", "errors", "stall-free", "TTFA p50", "TTFA p95", "offered/s",
-            "goodput/s", "refusal max", "NaN windows", *(f"slack<={b}" for b in SLACK_BOUNDS)]
+            "goodput/s", "xRT offered", "refusal max", "NaN windows", *(f"slack<={b}" for b in SLACK_BOUNDS)]
     lines = [head]
     for r in result:
         lines.append([r["gateway"], r["load"], str(r["requests"]), str(r["admitted"]), str(r["refused"]), str(r["other_errors"]),
                       f"{r['stall_free_share'] * 100:.1f}%", f"{r['ttfa_p50'] * 1e3:.0f} ms", f"{r['ttfa_p95'] * 1e3:.0f} ms",
                       f"{r['offered_per_second']:.1f}", f"{r['goodput_per_second']:.1f}",
+                      f"{r.get('audio_x_realtime_offered', math.nan):.0f}",
                       f"{r['refusal_max'] * 1e3:.0f} ms" if r["refused"] else "-",
                       "-" if r.get("nonfinite_windows") is None else f"{r['nonfinite_windows']:.0f}",
                       *(f"{r.get(f'slack<={b}', math.nan) * 100:.1f}%" for b in SLACK_BOUNDS)])

@@ -65,8 +65,11 @@ def test_goodput_counts_stall_free_streams_a_second_and_times_the_refusals():
     assert lv["refusal_seconds"]["max"] == pytest.approx(0.03)
     assert lv["refusal_seconds"]["p50"] == pytest.approx(0.02)
     assert lv["errors"] == {"RESOURCE_EXHAUSTED": 2}
+    # audio while the load was offered (sends from 0 to 1.5 s): the chunks at 0.1, 0.3, 0.6, 0.8, 1.1, 0.2 s each;
+    # those at 1.6, 1.8 and 1.9 came after the last send
+    assert lv["audio_x_realtime_offered"] == pytest.approx(5 * 0.2 / 1.5)
     table = report.goodput_table({"rate 4/s": lv})
-    assert "3.3" in table and "1/2" in table
+    assert "3.3" in table and "1/2" in table and "0.7" in table
 
 
 def test_capacity_is_the_largest_level_meeting_both_bounds():
@@ -129,6 +132,10 @@ def test_bench_against_the_tiny_stack(stack, tmp_path):
         sent = [s["sent_s"] for s in streams]
         assert lv["offered_per_second"] == pytest.approx((len(sent) - 1) / (max(sent) - min(sent)))
         assert lv["goodput_per_second"] == pytest.approx(sum(r.stall_free() for r in rebuilt) / lv["wall_seconds"])
+        arrivals = [(s["sent_s"] + at, n / s["sample_rate"]) for s in streams
+                    for at, n in zip(s["chunk_arrivals_s"], s["chunk_samples"])]
+        offered = sum(a for at, a in arrivals if min(sent) <= at <= max(sent)) / (max(sent) - min(sent))
+        assert lv["audio_x_realtime_offered"] == pytest.approx(offered)
         assert lv["refused"] == 0
         # Per-stage times come from the gateway's summaries: prefill within TTFA, TTFA within the total.
         st = lv["stages_mean_seconds"]

@@ -13,7 +13,8 @@ report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
 
 SUMMARY = dict(requests=10, ok=8, refused=2, stall_free_share=1.0, ttfa_seconds=dict(p50=0.2, p95=0.25),
-               offered_per_second=5.0, goodput_per_second=4.0, refusal_seconds=dict(max=0.004), refusals_with_hint=2)
+               offered_per_second=5.0, goodput_per_second=4.0, refusal_seconds=dict(max=0.004), refusals_with_hint=2,
+               audio_x_realtime_offered=187.4)
 
 
 def slack(le0: int, total: int) -> str:
@@ -43,3 +44,5 @@ def test_each_load_gets_its_slack_shares_and_the_vocoders_nan_windows(tmp_path):
     lines = report.table(rows).splitlines()
     column = lines[0].index("NaN windows")
     assert lines[1][column:].split()[0] == "4" and lines[2][column:].split()[0] == "-"
+    column = lines[0].index("xRT offered")  # the audio made a second while the load was offered
+    assert lines[1][column:].split()[0] == "187" and rows[0]["audio_x_realtime_offered"] == 187.4
