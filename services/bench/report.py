@@ -70,10 +70,10 @@ def slowest_tenth(ok: list[StreamRecord]) -> list[StreamRecord]:
 
 def goodput(records: list[StreamRecord], wall: float, stall_free: int) -> dict:
     sent = [r.sent for r in records]
-    span = max(sent) - min(sent) if len(sent) > 1 else 0.0
+    first, last = (min(sent), max(sent)) if sent else (0.0, 0.0)
+    span = last - first
     refused = [r for r in records if r.refused]
     waits = [r.done - r.sent for r in refused if r.done]
-    first, last = (min(sent), max(sent)) if sent else (0.0, 0.0)
     audio_offered = sum(n / r.sample_rate for r in records if r.ok for at, n in r.chunks if first <= at <= last)
     return {
         # n sends span n − 1 gaps: over (n − 1) / span, a steady rate reads as itself
