@@ -38,6 +38,9 @@ from services.vocoder.worker import Job, VocoderWorker
 log = logging.getLogger(__name__)
 
 DEFAULT_SOLVE_ROWS = 32     # rows in flight at most (at 128 streams 64 made ticks slower and left the table as full)
+# On the first-chunk lane (--flow-solve lane) only streams' first rows fly: ~3 at Poisson 30 turns a second (a first
+# block's ~10 ticks, ~0.1 s), a few more in bursts; a first chunk beyond them waits for a place.
+LANE_SOLVE_ROWS = 8
 DEFAULT_ADMIT_EVERY = 5     # ticks between admissions of chunks that are not urgent (divides the 10 Euler steps)
 DEFAULT_URGENT_SLACK = 0.3  # seconds: a playing stream's chunk due sooner is admitted at once (a solve: ~10 ticks)
 # Seconds a chunk that is not urgent may wait, solved, for a generator call to share: a call costs ~12 ms beside the

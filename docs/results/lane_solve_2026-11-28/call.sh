@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The first-chunk lane's first chunks solved at the Euler step (--flow-solve lane) against in calls (the default), issue
+# 23. Each arm is a stack of its own (moss-serve up at its defaults plus the arm's flags, MPS with the llm at 25%),
+# loaded by the outside client at Poisson 30/s for 20 s (replies of 2-20 s), one gateway; the arms in ARMS' order on
+# one machine (default "calls solve"). LEVELS=256 adds the 256-stream ramp to each arm.
+#   [ARMS="solve calls"] [LEVELS=256] bash docs/results/lane_solve_2026-11-28/call.sh
+#
+# Why (docs/benchmarks.md, 2026-11-27 "Where the slowest first audio waits"): the admission rule holds TTFA p95 at its
+# 0.28 s target, and the slowest tenth of first audio waits ~50-55 ms for the lane's call in flight (~63-67 ms beside
+# the llm and the playing streams' calls, ~25 ms alone) before its own call. Two lane workers halved the mean wait but
+# not the tail, and their calls slowed each other (-18-21% admitted). The solve (codec/solve.py, issue 20) lets a first
+# chunk join the running solve at the next tick, an Euler step of every row in flight, with no second call beside.
+#
+# Predicted (written 2026-11-28 06:20 UTC, before the call). The calls arm as the last stops' defaults: 334-363 of 600
+# admitted, TTFA p95 270-282 ms, vocoder first chunk ~66 ms and its queue ~21 ms mean, ~55 the slowest tenth. The solve
+# arm: a tick of 1-4 first rows ~2.6 ms alone (a first call's 24.5 ms over 10 steps plus the rows' gathers), ~6.5 beside
+# the load; a first chunk waits <= 2 ticks queued (~7 ms), its admission (~7 ms), 10 ticks (~65 ms) and ~1-2 other
+# rows' admissions (~10 ms): ~90 ms from handed in to its samples, against ~88 mean and ~124 the slowest tenth through
+# calls. So TTFA p50 within +-10 ms, the slowest tenth's vocoder side -20 to -30 ms, TTFA p95 -10 to -25 ms at a given
+# load, and the rule admitting +5-25% (350-450 of 600), all stall-free; no "captured while serving" line, no NaN window.
+# If instead ticks beside the load come to ~9 ms or more, the solve is slower than calls throughout and admits fewer.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+for arm in ${ARMS:-calls solve}; do
+  case $arm in calls) flags=() ;; solve) flags=(--flow-solve lane) ;; *) echo "unknown arm $arm"; exit 2 ;; esac
+  echo "=== arm $arm: moss-serve up ${flags[*]}"
+  OUT=$OUT/$arm ONLY=a RATES=30 LEVELS=${LEVELS:-} BURST=0 timeout "${ARM_SECONDS:-290}" bash bench/overload.sh "${flags[@]}" 2>&1 \
+    | grep -vE "^\s*$|it/s|%\|" | tail -8
+  mkdir -p "$OUT/$arm/r" && tar xzf "$OUT/$arm/results.tgz" -C "$OUT/$arm/r"
+  python3 docs/results/handoffs_2026-11-27/tail.py "$OUT/$arm"/r/a/*/bench.json
+  python3 - "$OUT/$arm/r/metrics_vocoder.txt" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+def value(name):
+    m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+for kind in ("tick", "admit"):
+    n, s = value(f"vocoder_flow_{kind}_seconds_count"), value(f"vocoder_flow_{kind}_seconds_sum")
+    rows, rsum = value(f"vocoder_flow_{kind}_rows_count"), value(f"vocoder_flow_{kind}_rows_sum")
+    if n:
+        print(f"  solve {kind}s: {n:.0f}, {1000 * s / n:.2f} ms each (device), {rsum / max(rows, 1):.2f} rows each")
+print("  non-finite windows:", sum(float(v) for v in re.findall(r"^vocoder_nonfinite_windows_total\{[^}]*\} ([0-9.e+-]+)$", text, re.M)))
+PY
+  echo "  captured while serving: $(grep -c "captured while serving" "$OUT/$arm/up.log" 2> /dev/null)"
+  echo "  invalid value: $(grep -c "invalid value" "$OUT/$arm/up.log" 2> /dev/null)"
+  rm -rf "$OUT/$arm/r"
+  (cd "$OUT" && tar czf "$arm.tgz" "$arm" && rm -rf "$arm")
+done
