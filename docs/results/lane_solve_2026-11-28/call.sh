@@ -19,6 +19,14 @@
 # calls. So TTFA p50 within +-10 ms, the slowest tenth's vocoder side -20 to -30 ms, TTFA p95 -10 to -25 ms at a given
 # load, and the rule admitting +5-25% (350-450 of 600), all stall-free; no "captured while serving" line, no NaN window.
 # If instead ticks beside the load come to ~9 ms or more, the solve is slower than calls throughout and admits fewer.
+# Call 1 (ARMS="calls solve"): calls 367 of 600 (99.7% stall-free: 1 stream), TTFA p50 / p95 228 / 287 ms; solve 354
+# (100%), 236 / 274 ms. Ticks 5.93 ms (device) at 1.74 rows, admissions 4.0 ms: as predicted. The vocoder's side of a
+# first chunk: mean 92.5 vs 92.8 ms, the slowest tenth 133.9 vs 116.5 (-17 ms, predicted -20 to -30). The flow's device
+# time the same (30.5 s vs 16.8 + 12.2 + 1.0). Admitted -3.5%, in the defaults' spread (334-367): the limit sat at 48,
+# held by the playing streams' slack rather than TTFA.
+# Call 2 (ARMS="solve calls" LEVELS=256, written before it): the order reversed, and the ramp. Predicted: Poisson 30 the
+# two within +-8% of each other, the solve's slowest tenth again ~15-20 ms sooner on the vocoder's side; the ramp (43
+# turns/s for 6 s) within +-8% too (calls 125-133 of 256), every admitted stream stall-free.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 for arm in ${ARMS:-calls solve}; do
