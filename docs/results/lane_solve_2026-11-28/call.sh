@@ -27,6 +27,10 @@
 # Call 2 (ARMS="solve calls" LEVELS=256, written before it): the order reversed, and the ramp. Predicted: Poisson 30 the
 # two within +-8% of each other, the solve's slowest tenth again ~15-20 ms sooner on the vocoder's side; the ramp (43
 # turns/s for 6 s) within +-8% too (calls 125-133 of 256), every admitted stream stall-free.
+# Call 2 came on an H200: solve 411 of 600 (99.5% stall-free) vs calls 398 (100%); the ramp 143 vs 134 of 256 (both
+# 100%). TTFA p95 263 vs 265 and 264 vs 280 ms; the slowest tenth's vocoder side 110.7 vs 120.5 and 110.6 vs 136.2 ms.
+# Call 3 (ARMS="solve calls" LEVELS=256 on an H100, written before it): a second H100 pair, the order reversed from
+# call 1's. Predicted: again within +-8%, the solve's slowest tenth 10-25 ms sooner on the vocoder's side.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 for arm in ${ARMS:-calls solve}; do
