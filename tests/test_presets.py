@@ -240,4 +240,3 @@ def test_up_runs_the_vocoders_first_chunk_lane_on_a_gpu_unless_told_otherwise():
     assert vocoder().first_chunk_lane is None  # the vocoder's own: off
     assert vocoder("--device", "cuda", "--first-chunk-lane", "off").first_chunk_lane == "off"
     assert vocoder("--device", "cuda", "--flow-solve", "on").first_chunk_lane is None  # the two do not go together
-    assert vocoder("--device", "cuda", "--flow-solve", "lane").first_chunk_lane == "on"  # the solve on the lane

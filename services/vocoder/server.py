@@ -47,20 +47,18 @@ async def run(s: VocoderSettings) -> None:
     lookahead = DEFAULT_LOOKAHEAD if s.lookahead is None else s.lookahead
     flow = isinstance(vocoder.decoder, FlowTokenDecoder)
     limits = s.call_limits(flow)
-    solve = lane_solve = None
-    if s.flow_solve != "off" and (not flow or vocoder.decoder.history is None):
-        raise ValueError(f"--flow-solve {s.flow_solve} needs the codec's flow decoder with a stream history "
-                         "(--flow-history-streams > 0)")
+    solve = None
     if s.flow_solve == "on":
+        if not flow or vocoder.decoder.history is None:
+            raise ValueError("--flow-solve on needs the codec's flow decoder with a stream history "
+                             "(--flow-history-streams > 0)")
         if s.first_chunk_lane == "on":
             raise ValueError("--flow-solve on and --first-chunk-lane on do not go together: with the solve a first "
-                             "chunk joins the running solve at once (--flow-solve lane: the solve on the lane only)")
-        solve = FlowSolve(vocoder.decoder, s.solve_rows())
-    if s.flow_solve == "lane" and s.first_chunk_lane != "on":
-        raise ValueError("--flow-solve lane solves first chunks on the first-chunk lane: it needs --first-chunk-lane on")
+                             "chunk joins the running solve at once")
+        solve = FlowSolve(vocoder.decoder, s.flow_solve_rows)
     # A call holds at most max_batch windows (with the solve: the rows a tick finishes, and the chunks ready beside
     # them): larger batch buckets are never used.
-    most = limits.max_batch if solve is None else max(limits.max_batch, s.solve_rows())
+    most = limits.max_batch if solve is None else max(limits.max_batch, s.flow_solve_rows)
     ceiling = smallest(vocoder.runner.batch_buckets, most) or vocoder.runner.batch_buckets[-1]
     batches = [b for b in vocoder.runner.batch_buckets if b <= ceiling]
     vocoder.runner.warm_up(batches, exact_frames=[left + lookahead + frames for frames in vocoder.end_frames],
@@ -72,19 +70,12 @@ async def run(s: VocoderSettings) -> None:
     lane = None
     if s.first_chunk_lane == "on":
         lane = vocoder.lane()  # first chunks beside the other calls (worker.py): its graphs for first chunks only
-        # (with the solve, a generator call takes every first chunk a tick finished: up to the solve's rows)
-        most = FIRST_CHUNK_LANE_BATCH if s.flow_solve != "lane" else max(FIRST_CHUNK_LANE_BATCH, s.solve_rows())
-        ceiling = smallest(vocoder.runner.batch_buckets, most) or vocoder.runner.batch_buckets[-1]
-        lane.runner.warm_up([b for b in vocoder.runner.batch_buckets if b <= ceiling])
-        if flow:  # (with the solve too: a stream that holds no history slot starts in a call)
+        lane.runner.warm_up([b for b in batches if b <= FIRST_CHUNK_LANE_BATCH])
+        if flow:
             lane.decoder.warm_up(list(vocoder.voices.values()), FIRST_CHUNK_LANE_BATCH, first_calls=True)
-        if s.flow_solve == "lane":
-            lane_solve = FlowSolve(lane.decoder, s.solve_rows())
-            lane_solve.warm_up()
     if vocoder.runner.graphs:
         parts = [vocoder] + ([lane] if lane is not None else [])
-        flow_graphs = sum(len(getattr(v.decoder, "graphs", {})) for v in parts) + sum(
-            len(x.graphs) for x in (solve, lane_solve) if x is not None)
+        flow_graphs = sum(len(getattr(v.decoder, "graphs", {})) for v in parts) + len(solve.graphs if solve else {})
         log.info("vocoder: %d CUDA graphs captured in %.1f s (%d of the flow%s)",
                  sum(len(v.runner.graphs) for v in parts) + flow_graphs, time.perf_counter() - started, flow_graphs,
                  ", the first-chunk lane's included" if lane is not None else "")
@@ -97,7 +88,6 @@ async def run(s: VocoderSettings) -> None:
                                max_batch_frames=limits.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
                                first_chunk_batch_frames=limits.first_chunk_batch_frames,
                                lost=lambda: device_lost(s.device), on_fatal=report, lane=lane, solve=solve,
-                               lane_solve=lane_solve,
                                admit_every=s.flow_admit_every, generate_wait=s.flow_generate_wait)
     start_metrics_server(s.host, s.metrics_port)
     await serve(

@@ -43,7 +43,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
-                 lane: TokenVocoder | None = None, solve=None, lane_solve=None, admit_every: int = DEFAULT_ADMIT_EVERY,
+                 lane: TokenVocoder | None = None, solve=None, admit_every: int = DEFAULT_ADMIT_EVERY,
                  generate_wait: float = DEFAULT_GENERATE_WAIT):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
@@ -53,8 +53,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         lane: the vocoder's lane (TokenVocoder.lane) that first chunks run on, beside the other calls; None: one worker.
         solve: the flow's FlowSolve, driven by a SolveWorker (solve_worker.py; admit_every ticks between admissions of
         chunks not yet urgent, generate_wait seconds such a chunk may wait for a generator call); None: flow calls
-        (worker.py). lane_solve: the lane's own FlowSolve (over lane's decoder), its first chunks solved at the Euler
-        step; None: the lane's first chunks in calls."""
+        (worker.py)."""
         self.vocoder = vocoder
         self.left_context, self.lookahead = left_context, lookahead
         common = dict(max_wait=max_wait, on_batch=metrics.observe_batch, on_decode=metrics.observe_token_decode,
@@ -68,12 +67,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         self.worker = VocoderWorker(vocoder, max_batch, max_batch_frames=max_batch_frames,
                                     first_chunk_budget=first_chunk_budget,
                                     first_chunk_batch_frames=first_chunk_batch_frames, **common)
-        if lane is not None and lane_solve is not None:
-            first = SolveWorker(lane, lane_solve, admit_every=admit_every, generate_wait=generate_wait,
-                                on_solve=metrics.observe_solve, first_chunk_budget=0, name="vocoder-first-chunks",
-                                **common)
-            self.worker = Lanes(self.worker, first)
-        elif lane is not None:
+        if lane is not None:
             first = VocoderWorker(lane, FIRST_CHUNK_LANE_BATCH, max_batch_frames=max_batch_frames, first_chunk_budget=0,
                                   first_chunk_batch_frames=0, name="vocoder-first-chunks", **common)
             self.worker = Lanes(self.worker, first)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from services.settings import OWN, count, host_option, metrics_port_option, option, port_option, positive, seconds
-from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_GENERATE_WAIT, DEFAULT_SOLVE_ROWS, LANE_SOLVE_ROWS
+from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_GENERATE_WAIT, DEFAULT_SOLVE_ROWS
 from services.vocoder.worker import DEFAULT_FIRST_CHUNK_BUDGET, FLOW_LIMITS, STAND_IN_LIMITS, CallLimits
 
 if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
@@ -69,13 +69,12 @@ class VocoderSettings:
                                                     "over its window; GPU memory: docs/codec.md)", type=count)
     flow_history_frames: int | None = option(None, "a stream's latest frames kept for its next blocks to read "
                                                    "(default 40)", type=positive(int))
-    flow_solve: str = option("off", "the flow's solve batched at the Euler step, a stream's block joining the running "
-                                    "solve at the next tick instead of waiting for the flow call in flight (needs the "
-                                    "stream history): on, for every block (slower than calls at 128 streams on an H100); "
-                                    "lane, for first chunks only, on the first-chunk lane (--first-chunk-lane on) "
-                                    "(docs/codec.md)", choices=["on", "lane", "off"])
-    flow_solve_rows: int | None = option(None, "rows in the flow's solve at most (default: 32 with --flow-solve on, "
-                                               f"{LANE_SOLVE_ROWS} with lane; CUDA graphs up to 64)", type=positive(int))
+    flow_solve: str = option("off", "the flow's solve batched at the Euler step (on: a stream's block joins the running "
+                                    "solve at the next tick instead of waiting for the flow call in flight; needs the "
+                                    "stream history; slower than calls at 128 streams on an H100: docs/codec.md)",
+                             choices=["on", "off"])
+    flow_solve_rows: int = option(DEFAULT_SOLVE_ROWS, "rows in the flow's solve at most (--flow-solve on; CUDA graphs up "
+                                                      "to 64)", type=positive(int))
     flow_admit_every: int = option(DEFAULT_ADMIT_EVERY, "ticks between admissions to the flow's solve of chunks not yet "
                                                         "urgent (--flow-solve on)", type=positive(int))
     flow_generate_wait: float = option(DEFAULT_GENERATE_WAIT, "seconds a solved chunk that is not yet urgent may wait "
@@ -85,12 +84,6 @@ class VocoderSettings:
                                          type=seconds)
     seed: int = 0
     tls: ServerTls | None = None  # TLS on the gRPC port (mutual with a client CA: only the gateway gets in)
-
-    def solve_rows(self) -> int:
-        """Rows in the flow's solve at most: as given, or the default of --flow-solve's mode."""
-        if self.flow_solve_rows is not None:
-            return self.flow_solve_rows
-        return LANE_SOLVE_ROWS if self.flow_solve == "lane" else DEFAULT_SOLVE_ROWS
 
     def call_limits(self, flow: bool) -> CallLimits:
         """The worker's limits on a call: those given, the decoder's (flow: the codec's) for the rest."""

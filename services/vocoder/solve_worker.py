@@ -19,6 +19,9 @@ Each turn of the loop:
 the llm (MPS), the solve's turns are bound by the device (a tick of ~17-32 rows 6-8.5 ms there, ~21 ms of wall per turn
 with the admissions and HiFT calls between ticks), so a first block's 10 ticks take longer than the call it would have
 waited for: vocoder first chunk 160-257 ms and 97.5% stall-free at best, against 89 ms and 99.6% with flow calls.
+Driving the first-chunk lane's first chunks only (issue 23, 2026-11-28, measured and taken out): ticks of ~1.9 rows
+took ~6 ms beside the llm, a first chunk's vocoder side the same on average as the lane's calls with their wait, and the
+admission rule let in as many turns (worker.py's lane paragraph).
 
 A chunk stays cancellable while it is in the solve (its future is set running only once its samples are made): a
 cancelled chunk's row is dropped at the next turn, and its stream's slot is freed once the device is past it
@@ -38,9 +41,6 @@ from services.vocoder.worker import Job, VocoderWorker
 log = logging.getLogger(__name__)
 
 DEFAULT_SOLVE_ROWS = 32     # rows in flight at most (at 128 streams 64 made ticks slower and left the table as full)
-# On the first-chunk lane (--flow-solve lane) only streams' first rows fly: ~3 at Poisson 30 turns a second (a first
-# block's ~10 ticks, ~0.1 s), a few more in bursts; a first chunk beyond them waits for a place.
-LANE_SOLVE_ROWS = 8
 DEFAULT_ADMIT_EVERY = 5     # ticks between admissions of chunks that are not urgent (divides the 10 Euler steps)
 DEFAULT_URGENT_SLACK = 0.3  # seconds: a playing stream's chunk due sooner is admitted at once (a solve: ~10 ticks)
 # Seconds a chunk that is not urgent may wait, solved, for a generator call to share: a call costs ~12 ms beside the

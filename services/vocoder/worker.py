@@ -37,6 +37,10 @@ limit admitted 14-27% more turns, all stall-free (issue 23). Why one worker on t
 stream each, a first chunk to the idle one) a first chunk's mean wait for a call fell from ~21 to ~10 ms at Poisson 30
 turns a second, but the slowest tenth still waited ~50 ms (both in calls, each slower beside the other) and the
 playing streams' slack shrank, so the rule admitted 18-21% fewer (an H100 and an H200; docs/benchmarks.md, issue 23).
+Nor the flow's solve on the lane (codec/solve.py: a first chunk joining the lane's running solve at the next Euler
+step, at 0648f5c): the wait went (the slowest tenth's 50-65 → ~8 ms) but a first chunk's own solve took ~20 ms longer
+than a call (ticks of ~6 ms beside the llm, other first chunks' admissions and generator calls between them), and in
+three pairs the rule admitted -3.5%, +3% and +2% (+7%, -2% on the ramp), one run 98.9% stall-free (issue 23, 2026-11-28).
 
 Why one worker for the playing streams, not several: a flow call is mostly a fixed cost (~26 ms alone on an H100 at
 the real size, +1.5 ms a window), and two calls side by side on two CUDA streams overlap only partly, so one call of
