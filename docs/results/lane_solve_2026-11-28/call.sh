@@ -60,3 +60,6 @@ PY
   rm -rf "$OUT/$arm/r"
   (cd "$OUT" && tar czf "$arm.tgz" "$arm" && rm -rf "$arm")
 done
+# Call 4 (not this script; written before it): python3 bench/codec_history.py --streams 1,16,32 --json
+# codec_history.json, owed since the last stop (no flow kernel or call changed since 2026-11-27's 6.6x): predicted a
+# first call alone 23-25 ms, steady calls of 16 / 32 streams 43-46 / 64-70 ms, 9.0-9.5x / 6.5-7.3x their floor.
