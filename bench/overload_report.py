@@ -1,9 +1,13 @@
 """The table of bench/overload.sh's results: per gateway and load, what was offered, admitted and refused, how the
 admitted played, and how close to a stall their chunks ran (the slack histogram's share under a few bounds, from the
 gateway's metrics before and after the load), and the vocoder's windows with NaN or inf in that load (its metrics'
-vocoder_nonfinite_windows_total; "-" for a vocoder that does not count them).
+vocoder_nonfinite_windows_total; "-" for a vocoder that does not count them). Then, per gateway and load, where first
+audio went for the admitted streams in TTFA's fastest half and its slowest tenth (the bench's per-stream stages): the
+llm's first chunk at the gateway, the rest of TTFA (the vocoder's side: its wait for a call and its call, and the
+hand-offs), and of it the vocoder's queue. The admission rule holds TTFA p95, so the slowest tenth is what it sees
+(docs/benchmarks.md, issue 23).
 
-    python3 bench/overload_report.py OUT_DIR        # prints the table, writes OUT_DIR/overload.json
+    python3 bench/overload_report.py OUT_DIR        # prints the tables, writes OUT_DIR/overload.json
 """
 
 from __future__ import annotations
@@ -44,6 +48,29 @@ def nonfinite_in(gateway: Path, before: Path, after: Path) -> float | None:
     return None if None in counts else counts[1] - counts[0]
 
 
+BANDS = (("fastest half", 0.0, 0.5), ("slowest tenth", 0.9, 1.0))  # shares of the admitted streams, by TTFA
+
+
+def ttfa_bands(streams: list[dict]) -> dict[str, dict[str, float]]:
+    """The admitted streams' stages by TTFA band → band → means in seconds: ttfa, llm (its first chunk at the gateway),
+    vocoder_side (TTFA less that), vocoder_queue (a first chunk's wait in the vocoder; nan where not reported)."""
+    ok = sorted((x["stages"] for x in streams if x.get("code") == "OK" and "ttfa_seconds" in x.get("stages", {})),
+                key=lambda st: st["ttfa_seconds"])
+    out = {}
+    for name, lo, hi in BANDS:
+        part = ok[int(lo * len(ok)) : max(int(lo * len(ok)) + 1, int(hi * len(ok)))] if ok else []
+
+        def mean(values):
+            values = [v for v in values if v is not None]
+            return sum(values) / len(values) if values else math.nan
+        out[name] = {"streams": len(part), "ttfa": mean([st["ttfa_seconds"] for st in part]),
+                     "llm": mean([st.get("llm_first_chunk_seconds") for st in part]),
+                     "vocoder_side": mean([st["ttfa_seconds"] - st["llm_first_chunk_seconds"] for st in part
+                                           if st.get("llm_first_chunk_seconds") is not None]),
+                     "vocoder_queue": mean([st.get("vocoder_first_chunk_queue_seconds") for st in part])}
+    return out
+
+
 def rows(out: Path) -> list[dict]:
     result = []
     for gateway in sorted(p for p in out.iterdir() if p.is_dir()):
@@ -63,7 +90,8 @@ def rows(out: Path) -> list[dict]:
                                "goodput_per_second": s["goodput_per_second"], "refusal_max": s["refusal_seconds"]["max"],
                                "audio_x_realtime_offered": s.get("audio_x_realtime_offered", math.nan),
                                "refusals_with_hint": s["refusals_with_hint"],
-                               "nonfinite_windows": nonfinite_in(gateway, before, after), **shares})
+                               "nonfinite_windows": nonfinite_in(gateway, before, after), **shares,
+                               "ttfa_bands": ttfa_bands(level.get("streams", []))})
     return result
 
 
@@ -83,10 +111,24 @@ def table(result: list[dict]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in lines)
 
 
+def bands_table(result: list[dict]) -> str:
+    """Where first audio went, per gateway, load and TTFA band (ms)."""
+    head = ["gateway", "load", "band", "streams", "TTFA", "llm first chunk", "vocoder side", "its queue"]
+    lines = [head]
+    for r in result:
+        for band, b in r.get("ttfa_bands", {}).items():
+            lines.append([r["gateway"], r["load"], band, str(b["streams"]),
+                          *(f"{b[k] * 1e3:.1f} ms" for k in ("ttfa", "llm", "vocoder_side", "vocoder_queue"))])
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in lines)
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[1]) if len(argv) > 1 else Path("/tmp/out")
     result = rows(out)
     print(table(result))
+    print()
+    print(bands_table(result))
     (out / "overload.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,3 +47,28 @@ def test_each_load_gets_its_slack_shares_and_the_vocoders_nan_windows(tmp_path):
     assert lines[1][column:].split()[0] == "4" and lines[2][column:].split()[0] == "-"
     column = lines[0].index("xRT offered")  # the audio made a second while the load was offered
     assert lines[1][column:].split()[0] == "187" and rows[0]["audio_x_realtime_offered"] == 187.4
+
+
+def test_first_audio_by_ttfa_band_from_the_admitted_streams_stages():
+    """The fastest half and the slowest tenth of the admitted streams by TTFA, each band's mean TTFA, llm first chunk,
+    the rest (the vocoder's side) and the vocoder's queue; refused streams are not counted."""
+    def stream(ttfa_ms, llm_ms, queue_ms=None, code="OK"):
+        stages = {"ttfa_seconds": ttfa_ms / 1e3, "llm_first_chunk_seconds": llm_ms / 1e3}
+        if queue_ms is not None:
+            stages["vocoder_first_chunk_queue_seconds"] = queue_ms / 1e3
+        return {"code": code, "stages": stages if code == "OK" else {}}
+
+    # 20 admitted: TTFA 100, 110, ..., 290 ms; llm 60 ms each; the queue 5 ms, 50 ms for the two slowest; 3 refused
+    streams = [stream(100 + 10 * k, 60, 50 if k >= 18 else 5) for k in range(20)][::-1]
+    streams += [stream(0, 0, code="RESOURCE_EXHAUSTED")] * 3
+    bands = report.ttfa_bands(streams)
+    fast, slow = bands["fastest half"], bands["slowest tenth"]
+    assert fast["streams"] == 10 and slow["streams"] == 2
+    assert abs(fast["ttfa"] - 0.145) < 1e-9 and abs(slow["ttfa"] - 0.285) < 1e-9
+    assert abs(fast["vocoder_side"] - 0.085) < 1e-9 and abs(slow["vocoder_side"] - 0.225) < 1e-9
+    assert abs(fast["vocoder_queue"] - 0.005) < 1e-9 and abs(slow["vocoder_queue"] - 0.05) < 1e-9
+    # a stack whose vocoder reports no queue: nan, printed as such; no admitted stream: empty bands
+    assert math.isnan(report.ttfa_bands([stream(200, 100)])["slowest tenth"]["vocoder_queue"])
+    assert report.ttfa_bands([])["fastest half"]["streams"] == 0
+    text = report.bands_table([{"gateway": "a", "load": "poisson_30", "ttfa_bands": bands}])
+    assert "slowest tenth  2        285.0 ms" in text and "225.0 ms" in text
