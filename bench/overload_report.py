@@ -51,6 +51,12 @@ def nonfinite_in(gateway: Path, before: Path, after: Path) -> float | None:
 BANDS = (("fastest half", 0.0, 0.5), ("slowest tenth", 0.9, 1.0))  # shares of the admitted streams, by TTFA
 
 
+def mean(values) -> float:
+    """The mean of the values that are there (None: a stage not reported), nan if none is."""
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else math.nan
+
+
 def ttfa_bands(streams: list[dict]) -> dict[str, dict[str, float]]:
     """The admitted streams' stages by TTFA band → band → means in seconds: ttfa, llm (its first chunk at the gateway),
     vocoder_side (TTFA less that), vocoder_queue (a first chunk's wait in the vocoder; nan where not reported)."""
@@ -59,10 +65,6 @@ def ttfa_bands(streams: list[dict]) -> dict[str, dict[str, float]]:
     out = {}
     for name, lo, hi in BANDS:
         part = ok[int(lo * len(ok)) : max(int(lo * len(ok)) + 1, int(hi * len(ok)))] if ok else []
-
-        def mean(values):
-            values = [v for v in values if v is not None]
-            return sum(values) / len(values) if values else math.nan
         out[name] = {"streams": len(part), "ttfa": mean([st["ttfa_seconds"] for st in part]),
                      "llm": mean([st.get("llm_first_chunk_seconds") for st in part]),
                      "vocoder_side": mean([st["ttfa_seconds"] - st["llm_first_chunk_seconds"] for st in part
