@@ -63,3 +63,9 @@ done
 # Call 4 (not this script; written before it): python3 bench/codec_history.py --streams 1,16,32 --json
 # codec_history.json, owed since the last stop (no flow kernel or call changed since 2026-11-27's 6.6x): predicted a
 # first call alone 23-25 ms, steady calls of 16 / 32 streams 43-46 / 64-70 ms, 9.0-9.5x / 6.5-7.3x their floor.
+# Call 5 (not this script; written before it, after the review asked for it): the codec's parity with the reference
+# and the decoder against it side by side, on the head's tree (no model or GPU code changed since the last stop's
+# call 7): python3 -m pytest -q tests/test_codec_parity.py, then python3 bench/codec.py --device cuda --streams 64
+# --reps 3. Predicted: every parity test passes (flow float32 max |diff| ~5e-4, HiFT ~2.5e-3, as served ~42 dB);
+# ours unchanged (first chunk flow + HiFT ~24-25 ms, 64 streams flow ~110x and flow + HiFT ~95x real time), the
+# ratios against the reference 90-150x (the eager reference moves between machines).
