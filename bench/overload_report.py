@@ -18,6 +18,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tree: services.bench
+from services.bench.report import slowest_tenth  # noqa: E402
+
 SLACK_BOUNDS = ("0.0", "0.1", "0.3", "0.5")  # le= buckets of gateway_playback_slack_seconds reported
 
 
@@ -48,9 +51,6 @@ def nonfinite_in(gateway: Path, before: Path, after: Path) -> float | None:
     return None if None in counts else counts[1] - counts[0]
 
 
-BANDS = (("fastest half", 0.0, 0.5), ("slowest tenth", 0.9, 1.0))  # shares of the admitted streams, by TTFA
-
-
 def mean(values) -> float:
     """The mean of the values that are there (None: a stage not reported), nan if none is."""
     values = [v for v in values if v is not None]
@@ -62,15 +62,14 @@ def ttfa_bands(streams: list[dict]) -> dict[str, dict[str, float]]:
     vocoder_side (TTFA less that), vocoder_queue (a first chunk's wait in the vocoder; nan where not reported)."""
     ok = sorted((x["stages"] for x in streams if x.get("code") == "OK" and "ttfa_seconds" in x.get("stages", {})),
                 key=lambda st: st["ttfa_seconds"])
-    out = {}
-    for name, lo, hi in BANDS:
-        part = ok[int(lo * len(ok)) : max(int(lo * len(ok)) + 1, int(hi * len(ok)))] if ok else []
-        out[name] = {"streams": len(part), "ttfa": mean([st["ttfa_seconds"] for st in part]),
-                     "llm": mean([st.get("llm_first_chunk_seconds") for st in part]),
-                     "vocoder_side": mean([st["ttfa_seconds"] - st["llm_first_chunk_seconds"] for st in part
-                                           if st.get("llm_first_chunk_seconds") is not None]),
-                     "vocoder_queue": mean([st.get("vocoder_first_chunk_queue_seconds") for st in part])}
-    return out
+    bands = {"fastest half": ok[: max(1, len(ok) // 2)] if ok else [],
+             "slowest tenth": slowest_tenth(ok, ttfa=lambda st: st["ttfa_seconds"])}  # the bench's own tenth
+    return {name: {"streams": len(part), "ttfa": mean([st["ttfa_seconds"] for st in part]),
+                   "llm": mean([st.get("llm_first_chunk_seconds") for st in part]),
+                   "vocoder_side": mean([st["ttfa_seconds"] - st["llm_first_chunk_seconds"] for st in part
+                                         if st.get("llm_first_chunk_seconds") is not None]),
+                   "vocoder_queue": mean([st.get("vocoder_first_chunk_queue_seconds") for st in part])}
+            for name, part in bands.items()}
 
 
 def rows(out: Path) -> list[dict]:
@@ -97,6 +96,12 @@ def rows(out: Path) -> list[dict]:
     return result
 
 
+def columns(lines: list[list[str]]) -> str:
+    """A header row and data rows → left-aligned columns."""
+    widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in lines)
+
+
 def table(result: list[dict]) -> str:
     head = ["gateway", "load", "req", "admitted", "refused", "errors", "stall-free", "TTFA p50", "TTFA p95", "offered/s",
             "goodput/s", "xRT offered", "refusal max", "NaN windows", *(f"slack<={b}" for b in SLACK_BOUNDS)]
@@ -109,8 +114,7 @@ def table(result: list[dict]) -> str:
                       f"{r['refusal_max'] * 1e3:.0f} ms" if r["refused"] else "-",
                       "-" if r.get("nonfinite_windows") is None else f"{r['nonfinite_windows']:.0f}",
                       *(f"{r.get(f'slack<={b}', math.nan) * 100:.1f}%" for b in SLACK_BOUNDS)])
-    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in lines)
+    return columns(lines)
 
 
 def bands_table(result: list[dict]) -> str:
@@ -121,8 +125,7 @@ def bands_table(result: list[dict]) -> str:
         for band, b in r.get("ttfa_bands", {}).items():
             lines.append([r["gateway"], r["load"], band, str(b["streams"]),
                           *(f"{b[k] * 1e3:.1f} ms" for k in ("ttfa", "llm", "vocoder_side", "vocoder_queue"))])
-    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in lines)
+    return columns(lines)
 
 
 def main(argv: list[str]) -> int:
