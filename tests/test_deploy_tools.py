@@ -159,7 +159,12 @@ def test_prometheus_evaluates_every_rule_against_the_live_services(stack, tmp_pa
             with grpc.insecure_channel(stack.target("gateway")) as channel:
                 request = gateway_pb2.SynthesizeRequest(text="hello", sampling=common_pb2.SamplingParams(max_new_tokens=6, seed=1))
                 assert list(gateway_pb2_grpc.GatewayStub(channel).Synthesize(request, timeout=60))
-            p95 = wait("the recorded TTFA p95", lambda: get("query?query=gateway:ttfa_seconds:p95_1m")["result"])
+            # Until a scrape after the turn is in the window, the rate of every bucket is 0 and the recorded
+            # quantile reads NaN: wait for a number (CI once read the NaN of the evaluation before that scrape).
+            def recorded_p95() -> list[dict]:
+                result = get("query?query=gateway:ttfa_seconds:p95_1m")["result"]
+                return result if result and result[0]["value"][1] != "NaN" else []
+            p95 = wait("the recorded TTFA p95", recorded_p95)
             assert 0 < float(p95[0]["value"][1]) < 60, p95
 
             def evaluated() -> list[dict]:  # (a rule not yet evaluated reads "0001-01-01T00:00:00Z")
