@@ -13,7 +13,8 @@
 #   bash bench/overload.sh [moss-serve up flags...]
 # STACK_FLAGS (default "--kv-cache-gb 32 --max-num-seqs 256") go to moss-serve up before the arguments. GATEWAY_A (default: the stack's own gateway, as `moss-serve up` runs it) and GATEWAY_B (default
 # "--admission headroom") are the two gateways' flags; ONLY=a or ONLY=b runs one of them. While a gateway is loaded its
-# admission limit, turns running and queued are sampled every 0.5 s into $OUT/<gateway>/timeline.tsv, and its
+# admission limit, turns running and queued, and the llm's and the vocoder's busy counters are sampled every 0.5 s
+# into $OUT/<gateway>/timeline.tsv (bench/timeline.py), and its
 # metrics are scraped before the loads and after each (metrics_<k>_<load>.txt): each rate is a load of its own. Results end up in $OUT/results.tgz, the logs beside it.
 set -uo pipefail
 source "$(dirname "$0")/stack.sh"
@@ -35,24 +36,9 @@ gateway_b_up() {
   echo "gateway b never answered: see $OUT/gateway_b.log"; return 1
 }
 
-# sample METRICS_PORT FILE: the admission gauges every 0.5 s, until killed
+# sample METRICS_PORT FILE: the gateway's admission gauges and the stages' busy counters every 0.5 s, until killed
 sample() {
-  python3 - "$1" "$2" <<'EOF' &
-import re, sys, time, urllib.request
-port, path = sys.argv[1], sys.argv[2]
-names = ("gateway_admission_limit", "gateway_active_requests", "gateway_queued_turns")
-with open(path, "a") as out:
-    out.write("t\t" + "\t".join(names) + "\n")
-    while True:
-        try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1).read().decode()
-            vals = [re.search(rf"^{n} ([0-9.e+-]+)$", text, re.M) for n in names]
-            out.write(f"{time.time():.2f}\t" + "\t".join(m.group(1) if m else "" for m in vals) + "\n")
-            out.flush()
-        except OSError:
-            pass
-        time.sleep(0.5)
-EOF
+  python3 "$(dirname "$0")/timeline.py" "$2" "$1" 9092 9093 &
   SAMPLER_PID=$!
 }
 

@@ -5,7 +5,12 @@ vocoder_nonfinite_windows_total; "-" for a vocoder that does not count them). Th
 audio went for the admitted streams in TTFA's fastest half and its slowest tenth (the bench's per-stream stages): the
 llm's first chunk at the gateway, the rest of TTFA (the vocoder's side: its wait for a call and its call, and the
 hand-offs), and of it the vocoder's queue. The admission rule holds TTFA p95, so the slowest tenth is what it sees
-(docs/benchmarks.md, issue 23).
+(docs/benchmarks.md, issue 23). Last, per gateway and load, the stages' work: the llm's steps (their batch, their
+time, the share of the load's time it stepped) and the vocoder's calls (their windows, their time, the share of the
+load's time they took: its first-chunk lane and its playing worker may overlap, so up to 2), the audio made, and from
+bench/timeline.py's half-second samples the share of half seconds in which each stage, and both, were busy (>= 80%).
+Loads measured before the timeline had the stages' counters take them from the stages' scrapes before and after the
+load instead ("scrapes": the first load's warm-up turns included; no half seconds).
 
     python3 bench/overload_report.py OUT_DIR        # prints the tables, writes OUT_DIR/overload.json
 """
@@ -18,10 +23,14 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tree: services.bench
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # the tree, bench/
+from timeline import LLM, VOCODER  # noqa: E402
+
 from services.bench.report import slowest_tenth  # noqa: E402
 
 SLACK_BOUNDS = ("0.0", "0.1", "0.3", "0.5")  # le= buckets of gateway_playback_slack_seconds reported
+STAGE_COUNTERS = LLM + VOCODER
+BUSY = 0.8  # a stage busy in a half second: its steps' or calls' time at least this share of it
 
 
 def slack_buckets(text: str) -> dict[str, float]:
@@ -72,10 +81,80 @@ def ttfa_bands(streams: list[dict]) -> dict[str, dict[str, float]]:
             for name, part in bands.items()}
 
 
+def ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+def stage_work(growth: dict[str, float], seconds: float) -> dict[str, float]:
+    """The stages' counters' growth over `seconds` of a load → how busy each stage was, and with what."""
+    def d(name: str) -> float:
+        return growth.get(name, math.nan)
+    steps, calls, called = d("llm_step_seconds_count"), d("vocoder_batch_seconds_count"), d("vocoder_batch_seconds_sum")
+    return {"seconds": seconds, "llm_steps": steps, "llm_batch": ratio(d("llm_batch_size_sum"), steps),
+            "llm_step_ms": ratio(d("llm_step_seconds_sum"), steps) * 1e3, "llm_busy": ratio(d("llm_step_seconds_sum"), seconds),
+            "vocoder_calls": calls, "vocoder_windows_per_call": ratio(d("vocoder_batch_size_sum"), calls),
+            "vocoder_call_ms": ratio(called, calls) * 1e3, "vocoder_busy": ratio(called, seconds),
+            "audio_x_realtime": ratio(d("vocoder_audio_seconds_total"), seconds),
+            "audio_per_vocoder_second": ratio(d("vocoder_audio_seconds_total"), called)}
+
+
+def counters(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """The named counters found in a Prometheus text page."""
+    found = {name: re.search(rf"^{name} (\S+)$", text, re.M) for name in names}
+    return {name: float(m.group(1)) for name, m in found.items() if m}
+
+
+def read_timeline(path: Path) -> list[dict[str, float]]:
+    """bench/timeline.py's rows, each with the columns it has a value for (an older timeline: the gateway's only)."""
+    if not path.exists():
+        return []
+    lines = [line.split("\t") for line in path.read_text().splitlines()]
+    rows_, head = [], None
+    for cells in lines:
+        if cells[0] == "t":  # a header (one per load() of overload.sh, the same columns)
+            head = cells
+        elif head is not None:
+            rows_.append({name: float(v) for name, v in zip(head, cells) if v})
+    return rows_
+
+
+def timeline_work(timeline: list[dict[str, float]], start: float, end: float) -> dict | None:
+    """The stages' work from the last sample at or before `start` to the first at or after `end`, and the share of
+    its half seconds in which each stage was busy; None if the timeline does not cover the load with their counters."""
+    samples = [r for r in timeline if all(name in r for name in STAGE_COUNTERS)]
+    before = [r for r in samples if r["t"] <= start]
+    after = [r for r in samples if r["t"] >= end]
+    if not (before and after):
+        return None
+    span = [r for r in samples if before[-1]["t"] <= r["t"] <= after[0]["t"]]
+    work = stage_work({n: after[0][n] - before[-1][n] for n in STAGE_COUNTERS}, after[0]["t"] - before[-1]["t"])
+    halves = [(ratio(b["llm_step_seconds_sum"] - a["llm_step_seconds_sum"], b["t"] - a["t"]),
+               ratio(b["vocoder_batch_seconds_sum"] - a["vocoder_batch_seconds_sum"], b["t"] - a["t"]))
+              for a, b in zip(span, span[1:])]
+    work |= {"source": "timeline", "halves": len(halves),
+             "halves_llm_busy": ratio(sum(llm >= BUSY for llm, _ in halves), len(halves)),
+             "halves_vocoder_busy": ratio(sum(voc >= BUSY for _, voc in halves), len(halves)),
+             "halves_both_busy": ratio(sum(llm >= BUSY and voc >= BUSY for llm, voc in halves), len(halves))}
+    return work
+
+
+def scrapes_work(gateway: Path, before: Path, after: Path, seconds: float) -> dict | None:
+    """The stages' work from their scrapes beside the gateway's before and after the load, over its wall seconds."""
+    growth = {}
+    for stage, names in (("llm", LLM), ("vocoder", VOCODER)):
+        pages = [gateway / p.name.replace("metrics_", f"metrics_{stage}_", 1) for p in (before, after)]
+        if not all(p.exists() for p in pages):
+            return None
+        b, a = (counters(p.read_text(), names) for p in pages)
+        growth |= {n: a[n] - b[n] for n in a if n in b}
+    return stage_work(growth, seconds) | {"source": "scrapes"}
+
+
 def rows(out: Path) -> list[dict]:
     result = []
     for gateway in sorted(p for p in out.iterdir() if p.is_dir()):
         scrapes = sorted(gateway.glob("metrics_[0-9]*.txt"))  # the gateway's (metrics_llm_*, metrics_vocoder_*: beside)
+        timeline = read_timeline(gateway / "timeline.tsv")
         for before, after in zip(scrapes, scrapes[1:]):
             run = gateway / after.stem.split("_", 2)[2] / "bench.json"  # metrics_<k>_<run dir>
             if not run.exists():
@@ -92,7 +171,10 @@ def rows(out: Path) -> list[dict]:
                                "audio_x_realtime_offered": s.get("audio_x_realtime_offered", math.nan),
                                "refusals_with_hint": s["refusals_with_hint"],
                                "nonfinite_windows": nonfinite_in(gateway, before, after), **shares,
-                               "ttfa_bands": ttfa_bands(level.get("streams", []))})
+                               "ttfa_bands": ttfa_bands(level.get("streams", [])),
+                               "stage_work": (timeline_work(timeline, level["started_unix"], level["started_unix"]
+                                                            + s["wall_seconds"]) if "started_unix" in level else None)
+                               or scrapes_work(gateway, before, after, s.get("wall_seconds", math.nan))})
     return result
 
 
@@ -128,12 +210,32 @@ def bands_table(result: list[dict]) -> str:
     return columns(lines)
 
 
+def work_table(result: list[dict]) -> str:
+    """The stages' work per gateway and load."""
+    head = ["gateway", "load", "from", "seconds", "llm steps", "batch", "step", "llm busy", "vocoder calls", "windows",
+            "call", "vocoder busy", "audio xRT", "audio per call-second", "half seconds: llm / vocoder / both busy"]
+    lines = [head]
+    for r in result:
+        if not (w := r.get("stage_work")):
+            continue
+        halves = "/".join(f"{w[k] * 100:.0f}%" for k in ("halves_llm_busy", "halves_vocoder_busy", "halves_both_busy")) \
+            if w["source"] == "timeline" else "-"
+        lines.append([r["gateway"], r["load"], w["source"], f"{w['seconds']:.1f}", f"{w['llm_steps']:.0f}",
+                      f"{w['llm_batch']:.1f}", f"{w['llm_step_ms']:.1f} ms", f"{w['llm_busy'] * 100:.0f}%",
+                      f"{w['vocoder_calls']:.0f}", f"{w['vocoder_windows_per_call']:.1f}", f"{w['vocoder_call_ms']:.1f} ms",
+                      f"{w['vocoder_busy'] * 100:.0f}%", f"{w['audio_x_realtime']:.0f}", f"{w['audio_per_vocoder_second']:.0f}",
+                      halves])
+    return columns(lines) if len(lines) > 1 else "(no stage counters)"
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[1]) if len(argv) > 1 else Path("/tmp/out")
     result = rows(out)
     print(table(result))
     print()
     print(bands_table(result))
+    print()
+    print(work_table(result))
     (out / "overload.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0
 

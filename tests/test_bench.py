@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import metric_value, scrape
@@ -104,12 +105,17 @@ def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 def test_bench_against_the_tiny_stack(stack, tmp_path):
     tokens = 10
+    started = time.time()
     proc = bench("--target", stack.target("gateway"), "--concurrency", "1,3", "--requests", "6",
                  "--max-new-tokens", str(tokens), "--warmup", "1", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "TTFA p50" in proc.stdout and "capacity" in proc.stdout
     result = json.loads((tmp_path / "bench.json").read_text())
     assert list(result["levels"]) == ["1", "3"]
+    # each level's start on the wall clock (what the stages' samples beside it are timed by: bench/timeline.py),
+    # the second after the first has run its wall time
+    one, three = (result["levels"][k] for k in ("1", "3"))
+    assert started < one["started_unix"] < one["started_unix"] + one["summary"]["wall_seconds"] <= three["started_unix"]
     for level in result["levels"].values():
         lv, streams = level["summary"], level["streams"]
         assert lv["requests"] == len(streams) == 6 and lv["ok"] + sum(lv["errors"].values()) == 6

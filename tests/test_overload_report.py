@@ -72,3 +72,81 @@ def test_first_audio_by_ttfa_band_from_the_admitted_streams_stages():
     assert report.ttfa_bands([])["fastest half"]["streams"] == 0
     text = report.bands_table([{"gateway": "a", "load": "poisson_30", "ttfa_bands": bands}])
     assert "slowest tenth  2        285.0 ms" in text and "225.0 ms" in text
+
+
+def stage_page(step_s: float, steps: int, batch: int, paced: float, call_s: float, calls: int, windows: int,
+               audio: float) -> str:
+    return (f"llm_step_seconds_sum {step_s}\nllm_step_seconds_count {steps}\nllm_batch_size_sum {batch}\n"
+            f"llm_paced_seconds_total {paced}\nvocoder_batch_seconds_sum {call_s}\nvocoder_batch_seconds_count {calls}\n"
+            f"vocoder_batch_size_sum {windows}\nvocoder_audio_seconds_total {audio}\n")
+
+
+def timeline_tsv(start: float, halves: list[tuple[float, float]]) -> str:
+    """A timeline from `start` with one sample each half second; `halves`: each half second's llm step seconds and
+    vocoder call seconds (12 ms steps of 20 sequences; 80 ms calls of 8 windows; 5 s of audio a call-second)."""
+    head = "\t".join(["t", "gateway_admission_limit", "gateway_active_requests", "gateway_queued_turns",
+                      *report.STAGE_COUNTERS])
+    lines, llm, voc = [head], 0.0, 0.0
+    for k in range(len(halves) + 1):
+        steps, calls = llm / 0.012, voc / 0.08
+        lines.append("\t".join(str(v) for v in (start + 0.5 * k, 48, 10, 0, llm, steps, 20 * steps, 0.0, voc, calls,
+                                                8 * calls, 5 * voc)))
+        if k < len(halves):
+            llm, voc = llm + halves[k][0], voc + halves[k][1]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_stages_work_over_a_load_and_half_second_by_half_second(tmp_path):
+    """From bench/timeline.py's samples over the load's wall time (bench.json's started_unix and wall_seconds): the
+    steps' and calls' counts, sizes and time, each stage's busy share, and the half seconds each was busy (>= 80%)."""
+    g = tmp_path / "a"
+    (g / "poisson_30").mkdir(parents=True)
+    summary = SUMMARY | {"wall_seconds": 2.0}
+    (g / "poisson_30" / "bench.json").write_text(json.dumps({"levels": {"rate 30/s": {"summary": summary,
+                                                                                     "started_unix": 1000.2}}}))
+    (g / "metrics_00_start.txt").write_text(slack(0, 100))
+    (g / "metrics_01_poisson_30.txt").write_text(slack(5, 200))
+    # samples from 999.5 to 1002.5 a half second apart: the load's 1000.2-1002.2 is counted from 1000.0 to 1002.5, five
+    # half seconds with 1.5 s of steps and 1.5 s of calls, three of them busy for each stage, two for both
+    halves = [(0.0, 0.0), (0.45, 0.1), (0.45, 0.45), (0.1, 0.45), (0.0, 0.0), (0.5, 0.5)]
+    (g / "timeline.tsv").write_text(timeline_tsv(999.5, halves))
+    work = report.rows(tmp_path)[0]["stage_work"]
+    assert work["source"] == "timeline" and work["seconds"] == 2.5 and work["halves"] == 5
+    assert abs(work["llm_busy"] - 0.6) < 1e-9 and abs(work["vocoder_busy"] - 0.6) < 1e-9
+    assert abs(work["llm_step_ms"] - 12) < 1e-6 and abs(work["llm_batch"] - 20) < 1e-6
+    assert abs(work["vocoder_windows_per_call"] - 8) < 1e-6 and abs(work["audio_per_vocoder_second"] - 5) < 1e-6
+    assert (work["halves_llm_busy"], work["halves_vocoder_busy"], work["halves_both_busy"]) == (0.6, 0.6, 0.4)
+    text = report.work_table([{"gateway": "a", "load": "poisson_30", "stage_work": work}])
+    assert text.splitlines()[1].split()[2:4] == ["timeline", "2.5"] and text.rstrip().endswith("60%/60%/40%")
+    # a timeline that stops before the load ends does not cover it: no stage work from it
+    assert report.timeline_work(report.read_timeline(g / "timeline.tsv"), 1000.2, 1004.0) is None
+
+
+def test_without_the_stages_counters_in_the_timeline_the_scrapes_beside_the_gateways_give_the_work(tmp_path):
+    """An older run (its timeline has the gateway's gauges only; bench.json no started_unix): the stages' scrapes
+    before and after the load over its wall seconds, with no half seconds."""
+    g = tmp_path / "a"
+    (g / "ramp_256").mkdir(parents=True)
+    (g / "ramp_256" / "bench.json").write_text(json.dumps({"levels": {"256 streams": {"summary": SUMMARY | {
+        "wall_seconds": 20.0}}}}))
+    (g / "timeline.tsv").write_text("t\tgateway_admission_limit\tgateway_active_requests\tgateway_queued_turns\n"
+                                    "1.0\t48\t0\t0\n")
+    (g / "metrics_00_start.txt").write_text(slack(0, 100))
+    (g / "metrics_01_ramp_256.txt").write_text(slack(5, 200))
+    # each stage's page as it serves it, and a counter of the other's name on it (a stage's own page is what counts)
+    (g / "metrics_llm_00_start.txt").write_text(stage_page(0, 0, 0, 0, 99, 9, 9, 9))
+    (g / "metrics_vocoder_00_start.txt").write_text(stage_page(99, 9, 9, 9, 0, 0, 0, 0))
+    (g / "metrics_llm_01_ramp_256.txt").write_text(stage_page(8.0, 640, 12800, 15.0, 0, 0, 0, 0))
+    (g / "metrics_vocoder_01_ramp_256.txt").write_text(stage_page(0, 0, 0, 0, 14.0, 200, 1300, 1450.0))
+    row = report.rows(tmp_path)[0]
+    work = row["stage_work"]
+    assert work["source"] == "scrapes" and "halves" not in work
+    assert work["llm_busy"] == 0.4 and work["llm_batch"] == 20 and abs(work["llm_step_ms"] - 12.5) < 1e-9
+    assert work["vocoder_busy"] == 0.7 and work["vocoder_windows_per_call"] == 6.5 and work["audio_x_realtime"] == 72.5
+    line = report.work_table([row]).splitlines()[1]
+    assert line.split()[2] == "scrapes" and line.rstrip().endswith("-")
+    # no stage scrapes either: no row in that table
+    for p in g.glob("metrics_[lv]*"):
+        p.unlink()
+    assert report.rows(tmp_path)[0]["stage_work"] is None
+    assert report.work_table(report.rows(tmp_path)) == "(no stage counters)"

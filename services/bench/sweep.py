@@ -8,6 +8,7 @@ import dataclasses
 import datetime
 import json
 import sys
+import time
 from pathlib import Path
 
 from services.bench import report
@@ -17,7 +18,7 @@ from services.bench.stream import JITTER_SECONDS
 
 async def sweep(spec: LoadSpec, concurrencies: list[int], warmup: int, checkpoint=None,
                 rates: list[float] | None = None) -> dict:
-    """→ {"levels": {label: {"summary", "streams"}}, "capacity"}. Level labels are concurrencies, or "rate R/s" (one
+    """→ {"levels": {label: {"summary", "started_unix", "streams"}}, "capacity"}. Level labels are concurrencies, or "rate R/s" (one
     level of Poisson arrivals per rate, with `rates`). checkpoint(levels) is called after each level (a long sweep cut
     short keeps what it measured)."""
     if warmup:
@@ -28,10 +29,12 @@ async def sweep(spec: LoadSpec, concurrencies: list[int], warmup: int, checkpoin
     else:
         plan = [(c, dataclasses.replace(spec, concurrency=c)) for c in concurrencies]
     for label, level_spec in plan:
+        started = time.time()  # (the wall clock, which the stages' metrics sampled beside the bench share)
         records, wall = await run_load(level_spec, label=f"{label} streams" if isinstance(label, int) else label)
         summary = report.summarize(records, wall)
         first = min((r.sent for r in records), default=0.0)
-        levels[label] = {"summary": summary, "streams": [r.to_json(level_start=first) for r in records]}
+        levels[label] = {"summary": summary, "started_unix": started,
+                         "streams": [r.to_json(level_start=first) for r in records]}
         print(f"{label}: {summary['ok']}/{summary['requests']} ok, TTFA p50 {summary['ttfa_seconds']['p50'] * 1e3:.1f} ms, "
               f"stall-free {summary['stall_free_share'] * 100:.1f}%", file=sys.stderr, flush=True)
         if checkpoint:

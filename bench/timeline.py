@@ -1,0 +1,51 @@
+"""Samples the stack's gauges and busy counters every half second into a TSV, until killed (bench/overload.sh runs
+it beside each gateway's loads): the gateway's admission limit, turns running and queued, and the llm's and the
+vocoder's running sums of their steps' and calls' time, so that bench/overload_report.py can tell how busy each stage
+was over a load and from one half second to the next, not only over the whole load.
+
+    python3 bench/timeline.py OUT.tsv GATEWAY_METRICS_PORT [LLM_METRICS_PORT VOCODER_METRICS_PORT]
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+import urllib.request
+
+GATEWAY = ("gateway_admission_limit", "gateway_active_requests", "gateway_queued_turns")
+LLM = ("llm_step_seconds_sum", "llm_step_seconds_count", "llm_batch_size_sum", "llm_paced_seconds_total")
+VOCODER = ("vocoder_batch_seconds_sum", "vocoder_batch_seconds_count", "vocoder_batch_size_sum",
+           "vocoder_audio_seconds_total")
+INTERVAL = 0.5
+
+
+def values(text: str, names: tuple[str, ...]) -> list[str]:
+    """Each unlabelled sample's value in a Prometheus text page ("" where the page has none)."""
+    found = [re.search(rf"^{name} (\S+)$", text, re.M) for name in names]
+    return [m.group(1) if m else "" for m in found]
+
+
+def scrape(port: str) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as r:
+            return r.read().decode()
+    except OSError:
+        return ""  # a stage restarting: its columns stay empty for this row
+
+
+def main(argv: list[str]) -> int:
+    path, ports = argv[1], argv[2:]
+    sources = list(zip(ports, (GATEWAY, LLM, VOCODER)))
+    with open(path, "a") as out:
+        out.write("\t".join(["t", *(n for _, names in sources for n in names)]) + "\n")
+        while True:
+            t = time.time()
+            row = [v for port, names in sources for v in values(scrape(port), names)]
+            out.write(f"{t:.2f}\t" + "\t".join(row) + "\n")
+            out.flush()
+            time.sleep(max(0.0, t + INTERVAL - time.time()))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
