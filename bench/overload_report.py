@@ -150,6 +150,15 @@ def scrapes_work(gateway: Path, before: Path, after: Path, seconds: float) -> di
     return stage_work(growth, seconds) | {"source": "scrapes"}
 
 
+def level_work(level: dict, timeline: list[dict[str, float]], gateway: Path, before: Path, after: Path) -> dict | None:
+    """A load's stage work: over its own wall time from the timeline where it has the stages' counters and bench.json
+    the load's start on the wall clock, else from the stages' scrapes around it."""
+    wall = level["summary"].get("wall_seconds", math.nan)
+    if "started_unix" in level and (work := timeline_work(timeline, level["started_unix"], level["started_unix"] + wall)):
+        return work
+    return scrapes_work(gateway, before, after, wall)
+
+
 def rows(out: Path) -> list[dict]:
     result = []
     for gateway in sorted(p for p in out.iterdir() if p.is_dir()):
@@ -172,9 +181,7 @@ def rows(out: Path) -> list[dict]:
                                "refusals_with_hint": s["refusals_with_hint"],
                                "nonfinite_windows": nonfinite_in(gateway, before, after), **shares,
                                "ttfa_bands": ttfa_bands(level.get("streams", [])),
-                               "stage_work": (timeline_work(timeline, level["started_unix"], level["started_unix"]
-                                                            + s["wall_seconds"]) if "started_unix" in level else None)
-                               or scrapes_work(gateway, before, after, s.get("wall_seconds", math.nan))})
+                               "stage_work": level_work(level, timeline, gateway, before, after)})
     return result
 
 
