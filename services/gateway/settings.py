@@ -72,8 +72,9 @@ class GatewaySettings:
                                      "turns)", type=positive(float))
     admit_growth: float = option(0.0, "--admission headroom: with room, the limit also grows each half second by this "
                                       "share of itself times how far the latest turns' TTFA p95 is under --admit-ttfa, "
-                                      "if that is more than 2 turns (0.4 was simulated, not yet measured on a GPU; 0: "
-                                      "2 turns only)", type=share)
+                                      "if that is more than 2 turns (0: 2 turns only; 0.4 paid on an H100 only for stages "
+                                      "with room to grow into, such as --flow-steps 5 --quantization fp8: README)",
+                                 type=share)
     max_turns_per_client: int | None = option(
         None, "turns one client may have running or waiting at once, each API key its own (without API keys: each "
               "client address, though behind a proxy all clients share one); beyond: RESOURCE_EXHAUSTED with a retry "
