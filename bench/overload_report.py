@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # the tree, bench/
-from timeline import LLM, VOCODER  # noqa: E402
+from timeline import LLM, VOCODER, samples  # noqa: E402
 
 from services.bench.report import slowest_tenth  # noqa: E402
 
@@ -51,11 +51,17 @@ def nonfinite_windows(text: str) -> float | None:
     return sum(map(float, counts)) if counts else None
 
 
+def stage_scrapes(gateway: Path, before: Path, after: Path, stage: str) -> tuple[Path, Path] | None:
+    """A stage's scrapes taken beside the gateway's two (metrics_<stage>_<k>_<load>.txt), None if either is missing."""
+    pages = tuple(gateway / p.name.replace("metrics_", f"metrics_{stage}_", 1) for p in (before, after))
+    return pages if all(p.exists() for p in pages) else None
+
+
 def nonfinite_in(gateway: Path, before: Path, after: Path) -> float | None:
     """Windows with NaN or inf during the load between the gateway's two scrapes (the vocoder's, taken beside them)."""
-    b, a = (gateway / p.name.replace("metrics_", "metrics_vocoder_", 1) for p in (before, after))
-    if not (b.exists() and a.exists()):
+    if not (pages := stage_scrapes(gateway, before, after, "vocoder")):
         return None
+    b, a = pages
     counts = nonfinite_windows(b.read_text()), nonfinite_windows(a.read_text())
     return None if None in counts else counts[1] - counts[0]
 
@@ -98,12 +104,6 @@ def stage_work(growth: dict[str, float], seconds: float) -> dict[str, float]:
             "audio_per_vocoder_second": ratio(d("vocoder_audio_seconds_total"), called)}
 
 
-def counters(text: str, names: tuple[str, ...]) -> dict[str, float]:
-    """The named counters found in a Prometheus text page."""
-    found = {name: re.search(rf"^{name} (\S+)$", text, re.M) for name in names}
-    return {name: float(m.group(1)) for name, m in found.items() if m}
-
-
 def read_timeline(path: Path) -> list[dict[str, float]]:
     """bench/timeline.py's rows, each with the columns it has a value for (an older timeline: the gateway's only)."""
     if not path.exists():
@@ -142,10 +142,9 @@ def scrapes_work(gateway: Path, before: Path, after: Path, seconds: float) -> di
     """The stages' work from their scrapes beside the gateway's before and after the load, over its wall seconds."""
     growth = {}
     for stage, names in (("llm", LLM), ("vocoder", VOCODER)):
-        pages = [gateway / p.name.replace("metrics_", f"metrics_{stage}_", 1) for p in (before, after)]
-        if not all(p.exists() for p in pages):
+        if not (pages := stage_scrapes(gateway, before, after, stage)):
             return None
-        b, a = (counters(p.read_text(), names) for p in pages)
+        b, a = (samples(p.read_text(), names) for p in pages)
         growth |= {n: a[n] - b[n] for n in a if n in b}
     return stage_work(growth, seconds) | {"source": "scrapes"}
 

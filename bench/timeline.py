@@ -20,10 +20,10 @@ VOCODER = ("vocoder_batch_seconds_sum", "vocoder_batch_seconds_count", "vocoder_
 INTERVAL = 0.5
 
 
-def values(text: str, names: tuple[str, ...]) -> list[str]:
-    """Each unlabelled sample's value in a Prometheus text page ("" where the page has none)."""
-    found = [re.search(rf"^{name} (\S+)$", text, re.M) for name in names]
-    return [m.group(1) if m else "" for m in found]
+def samples(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """The named unlabelled samples found in a Prometheus text page (bench/overload_report.py reads its scrapes so too)."""
+    found = {name: re.search(rf"^{name} (\S+)$", text, re.M) for name in names}
+    return {name: float(m.group(1)) for name, m in found.items() if m}
 
 
 def scrape(port: str) -> str:
@@ -41,7 +41,10 @@ def main(argv: list[str]) -> int:
         out.write("\t".join(["t", *(n for _, names in sources for n in names)]) + "\n")
         while True:
             t = time.time()
-            row = [v for port, names in sources for v in values(scrape(port), names)]
+            row = []
+            for port, names in sources:
+                page = samples(scrape(port), names)
+                row += [repr(page[n]) if n in page else "" for n in names]
             out.write(f"{t:.2f}\t" + "\t".join(row) + "\n")
             out.flush()
             time.sleep(max(0.0, t + INTERVAL - time.time()))
