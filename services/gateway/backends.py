@@ -119,10 +119,12 @@ class Pool:
         (self._any_ready.set if any(r.ready for r in self.replicas) else self._any_ready.clear)()
         metrics.BACKEND_READY.labels(self.stage).set(int(self.ready))
 
-    def mark_down(self, replica: Replica) -> None:
-        """A call found this replica unreachable: skip it until its health check passes again."""
+    def mark_down(self, replica: Replica, why: Exception | None = None) -> None:
+        """A call found this replica unreachable (`why`: how it failed, for the log): skip it until its health check
+        passes again."""
         if replica.ready:
-            self.set_ready(replica, False, "; a call failed: skipped until its health check passes")
+            failed = f"a call failed ({why})" if why is not None else "a call failed"
+            self.set_ready(replica, False, f"; {failed}: skipped until its health check passes")
 
     def pick(self, prefer: Replica | None = None) -> Replica | None:
         """`prefer` if it is ready, else the least-loaded ready replica (None: no replica is ready)."""
@@ -213,10 +215,10 @@ class Backends:
         await self._wait_ready((self.encoder,), budget)
         return self.encoder.pick()
 
-    async def replace(self, pool: Pool, failed: Replica, budget: float) -> Replica:
-        """A replica of `pool` failed a call before answering it: mark it down → another ready replica, waited
+    async def replace(self, pool: Pool, failed: Replica, budget: float, why: Exception | None = None) -> Replica:
+        """A replica of `pool` failed a call before answering it (`why`): mark it down → another ready replica, waited
         for as in acquire (the same one, once its health check passes again: a stage that restarted)."""
-        pool.mark_down(failed)
+        pool.mark_down(failed, why)
         metrics.REPLICA_RETRIES.labels(pool.stage).inc()
         await self._wait_ready((pool,), budget)
         return pool.pick()

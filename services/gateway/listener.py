@@ -167,7 +167,7 @@ class Listener:
             code, details = await final_status(call, err)
             if code != grpc.StatusCode.CANCELLED:
                 if code == grpc.StatusCode.UNAVAILABLE and self.backends.encoder is not None:
-                    self.backends.encoder.mark_down(replica)
+                    self.backends.encoder.mark_down(replica, stage_error("encoder", code, details))
                 self.done, self.utterance = True, None
                 await self.callbacks.failed(client_error(stage_error("encoder", code, details)))
         finally:

@@ -149,7 +149,7 @@ class Turn:
         except Unavailable as err:  # until its health check says otherwise, that replica gets no more calls
             leg = self.llm if err.stage == "llm" else self.vocoder
             if leg.replica is not None:
-                leg.pool.mark_down(leg.replica)
+                leg.pool.mark_down(leg.replica, err)
             raise
         finally:
             self.llm.move(None)
@@ -168,7 +168,7 @@ class Turn:
             yield gateway_pb2.SynthesizeResponse(summary=self._finish(0))
         except Unavailable as err:
             if self.llm.replica is not None and err.stage == "llm":
-                self.llm.pool.mark_down(self.llm.replica)
+                self.llm.pool.mark_down(self.llm.replica, err)
             raise
         finally:
             self.llm.move(None)
@@ -196,10 +196,10 @@ class Turn:
                 if header is grpc.aio.EOF:
                     raise Unavailable("vocoder", "stream closed before its header")
                 return header
-            except Unavailable:
+            except Unavailable as err:
                 if attempt == len(self.vocoder.pool.replicas):
                     raise
-                replica = await self.backends.replace(self.vocoder.pool, replica, self._left())
+                replica = await self.backends.replace(self.vocoder.pool, replica, self._left(), err)
 
     async def _vocoder_io(self, call, awaitable):
         """Await a read or write of the Vocode call; a failure becomes the stage's error. A write that crosses
@@ -233,7 +233,7 @@ class Turn:
                 error = stage_error("llm", err.code(), err.details())
                 if answered or not isinstance(error, Unavailable) or attempt == len(self.llm.pool.replicas):
                     raise error from None
-            self._use_llm(await self.backends.replace(self.llm.pool, self.llm.replica, self._left()))
+            self._use_llm(await self.backends.replace(self.llm.pool, self.llm.replica, self._left(), error))
 
     async def _pump(self) -> None:
         """llm token chunks → vocoder, as they arrive. On an llm error the vocoder call is cancelled
