@@ -8,7 +8,9 @@ hand-offs), and of it the vocoder's queue. The admission rule holds TTFA p95, so
 (docs/benchmarks.md, issue 23). Last, per gateway and load, the stages' work: the llm's steps (their batch, their
 time, the share of the load's time it stepped) and the vocoder's calls (their windows, their time, the share of the
 load's time they took: its first-chunk lane and its playing worker may overlap, so up to 2), the audio made, and from
-bench/timeline.py's half-second samples the share of half seconds in which each stage, and both, were busy (>= 80%).
+bench/timeline.py's half-second samples the share of half seconds in which each stage, and both, were busy (>= 80%),
+and of the half seconds in which the gateway refused a turn, the share in which both were (did it refuse while a stage
+had time to spare?).
 Loads measured before the timeline had the stages' counters take them from the stages' scrapes before and after the
 load instead ("scrapes": the first load's warm-up turns included; no half seconds).
 
@@ -118,9 +120,11 @@ def read_timeline(path: Path) -> list[dict[str, float]]:
     return rows_
 
 
-def timeline_work(timeline: list[dict[str, float]], start: float, end: float) -> dict | None:
-    """The stages' work from the last sample at or before `start` to the first at or after `end`, and the share of
-    its half seconds in which each stage was busy; None if the timeline does not cover the load with their counters."""
+def timeline_work(timeline: list[dict[str, float]], start: float, end: float, refused: list[float] = ()) -> dict | None:
+    """The stages' work from the last sample at or before `start` to the first at or after `end`, the share of its half
+    seconds in which each stage was busy, and how many half seconds held a refusal (`refused`: when each refused turn
+    was sent, on the wall clock) and the share of those in which both were; None if the timeline does not cover the
+    load with their counters."""
     samples = [r for r in timeline if all(name in r for name in STAGE_COUNTERS)]
     before = [r for r in samples if r["t"] <= start]
     after = [r for r in samples if r["t"] >= end]
@@ -129,12 +133,16 @@ def timeline_work(timeline: list[dict[str, float]], start: float, end: float) ->
     span = [r for r in samples if before[-1]["t"] <= r["t"] <= after[0]["t"]]
     work = stage_work({n: after[0][n] - before[-1][n] for n in STAGE_COUNTERS}, after[0]["t"] - before[-1]["t"])
     halves = [(ratio(b["llm_step_seconds_sum"] - a["llm_step_seconds_sum"], b["t"] - a["t"]),
-               ratio(b["vocoder_batch_seconds_sum"] - a["vocoder_batch_seconds_sum"], b["t"] - a["t"]))
+               ratio(b["vocoder_batch_seconds_sum"] - a["vocoder_batch_seconds_sum"], b["t"] - a["t"]),
+               any(a["t"] <= t < b["t"] for t in refused))
               for a, b in zip(span, span[1:])]
+    both = [llm >= BUSY and voc >= BUSY for llm, voc, _ in halves]
+    refusing = [busy for busy, (_, _, refusal) in zip(both, halves) if refusal]
     work |= {"source": "timeline", "halves": len(halves),
-             "halves_llm_busy": ratio(sum(llm >= BUSY for llm, _ in halves), len(halves)),
-             "halves_vocoder_busy": ratio(sum(voc >= BUSY for _, voc in halves), len(halves)),
-             "halves_both_busy": ratio(sum(llm >= BUSY and voc >= BUSY for llm, voc in halves), len(halves))}
+             "halves_llm_busy": ratio(sum(llm >= BUSY for llm, _, _ in halves), len(halves)),
+             "halves_vocoder_busy": ratio(sum(voc >= BUSY for _, voc, _ in halves), len(halves)),
+             "halves_both_busy": ratio(sum(both), len(halves)),
+             "refusal_halves": len(refusing), "refusal_halves_both_busy": ratio(sum(refusing), len(refusing))}
     return work
 
 
@@ -153,8 +161,11 @@ def level_work(level: dict, timeline: list[dict[str, float]], gateway: Path, bef
     """A load's stage work: over its own wall time from the timeline where it has the stages' counters and bench.json
     the load's start on the wall clock, else from the stages' scrapes around it."""
     wall = level["summary"].get("wall_seconds", math.nan)
-    if "started_unix" in level and (work := timeline_work(timeline, level["started_unix"], level["started_unix"] + wall)):
-        return work
+    if "started_unix" in level:
+        start = level["started_unix"]
+        refused = [start + x["sent_s"] for x in level.get("streams", []) if x.get("code") == "RESOURCE_EXHAUSTED"]
+        if work := timeline_work(timeline, start, start + wall, refused):
+            return work
     return scrapes_work(gateway, before, after, wall)
 
 
@@ -219,18 +230,22 @@ def bands_table(result: list[dict]) -> str:
 def work_table(result: list[dict]) -> str:
     """The stages' work per gateway and load."""
     head = ["gateway", "load", "from", "seconds", "llm steps", "batch", "step", "llm busy", "vocoder calls", "windows",
-            "call", "vocoder busy", "audio xRT", "audio per call-second", "half seconds: llm / vocoder / both busy"]
+            "call", "vocoder busy", "audio xRT", "audio per call-second", "half seconds: llm / vocoder / both busy",
+            "with a refusal: both busy"]
     lines = [head]
     for r in result:
         if not (w := r.get("stage_work")):
             continue
+        timeline = w["source"] == "timeline"
         halves = "/".join(f"{w[k] * 100:.0f}%" for k in ("halves_llm_busy", "halves_vocoder_busy", "halves_both_busy")) \
-            if w["source"] == "timeline" else "-"
+            if timeline else "-"
+        refusing = f"{w['refusal_halves_both_busy'] * 100:.0f}% of {w['refusal_halves']}" \
+            if timeline and w["refusal_halves"] else "-"
         lines.append([r["gateway"], r["load"], w["source"], f"{w['seconds']:.1f}", f"{w['llm_steps']:.0f}",
                       f"{w['llm_batch']:.1f}", f"{w['llm_step_ms']:.1f} ms", f"{w['llm_busy'] * 100:.0f}%",
                       f"{w['vocoder_calls']:.0f}", f"{w['vocoder_windows_per_call']:.1f}", f"{w['vocoder_call_ms']:.1f} ms",
                       f"{w['vocoder_busy'] * 100:.0f}%", f"{w['audio_x_realtime']:.0f}", f"{w['audio_per_vocoder_second']:.0f}",
-                      halves])
+                      halves, refusing])
     return columns(lines) if len(lines) > 1 else "(no stage counters)"
 
 

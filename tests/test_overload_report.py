@@ -98,12 +98,16 @@ def timeline_tsv(start: float, halves: list[tuple[float, float]]) -> str:
 
 def test_the_stages_work_over_a_load_and_half_second_by_half_second(tmp_path):
     """From bench/timeline.py's samples over the load's wall time (bench.json's started_unix and wall_seconds): the
-    steps' and calls' counts, sizes and time, each stage's busy share, and the half seconds each was busy (>= 80%)."""
+    steps' and calls' counts, sizes and time, each stage's busy share, the half seconds each was busy (>= 80%), and
+    of the half seconds with a refusal, those in which both were."""
     g = tmp_path / "a"
     (g / "poisson_30").mkdir(parents=True)
     summary = SUMMARY | {"wall_seconds": 2.0}
-    (g / "poisson_30" / "bench.json").write_text(json.dumps({"levels": {"rate 30/s": {"summary": summary,
-                                                                                     "started_unix": 1000.2}}}))
+    # refused at 1000.3 (a half second of the llm alone busy), 1000.7 and 1000.8 (both busy), 1002.2 (both); an
+    # admitted turn at 1001.2 (the vocoder alone) is no refusal
+    streams = [{"sent_s": t, "code": "RESOURCE_EXHAUSTED"} for t in (0.1, 0.5, 0.6, 2.0)] + [{"sent_s": 1.0, "code": "OK"}]
+    (g / "poisson_30" / "bench.json").write_text(json.dumps({"levels": {"rate 30/s": {
+        "summary": summary, "started_unix": 1000.2, "streams": streams}}}))
     (g / "metrics_00_start.txt").write_text(slack(0, 100))
     (g / "metrics_01_poisson_30.txt").write_text(slack(5, 200))
     # samples from 999.5 to 1002.5 a half second apart: the load's 1000.2-1002.2 is counted from 1000.0 to 1002.5, five
@@ -116,8 +120,9 @@ def test_the_stages_work_over_a_load_and_half_second_by_half_second(tmp_path):
     assert abs(work["llm_step_ms"] - 12) < 1e-6 and abs(work["llm_batch"] - 20) < 1e-6
     assert abs(work["vocoder_windows_per_call"] - 8) < 1e-6 and abs(work["audio_per_vocoder_second"] - 5) < 1e-6
     assert (work["halves_llm_busy"], work["halves_vocoder_busy"], work["halves_both_busy"]) == (0.6, 0.6, 0.4)
+    assert work["refusal_halves"] == 3 and abs(work["refusal_halves_both_busy"] - 2 / 3) < 1e-9
     text = report.work_table([{"gateway": "a", "load": "poisson_30", "stage_work": work}])
-    assert text.splitlines()[1].split()[2:4] == ["timeline", "2.5"] and text.rstrip().endswith("60%/60%/40%")
+    assert text.splitlines()[1].split()[2:4] == ["timeline", "2.5"] and text.split()[-4:] == ["60%/60%/40%", "67%", "of", "3"]
     # a timeline that stops before the load ends does not cover it: no stage work from it
     assert report.timeline_work(report.read_timeline(g / "timeline.tsv"), 1000.2, 1004.0) is None
 
