@@ -10,8 +10,10 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -161,3 +163,39 @@ def metric_value(text: str, name: str, labels: str = "") -> float:
     pattern = rf"^{re.escape(name)}{re.escape(labels)} ([0-9.e+-]+)$" if labels else rf"^{re.escape(name)} ([0-9.e+-]+)$"
     m = re.search(pattern, text, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+class UpProcess:
+    """`moss-serve up` as a child process, its stderr read as it comes: a pipe nobody reads fills and stalls every service
+    that writes to it, and a test that waits in vain should say what up said."""
+
+    def __init__(self, flags: list[str]):
+        self.proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stderr.readline, "")), daemon=True)
+        self.reader.start()
+
+    def wait_until(self, ready: Callable[[], bool], seconds: float = 120, what: str = "came up") -> None:
+        """Until ready() (asked every 0.3 s); fails, with the end of up's stderr, if up exits or `seconds` pass first."""
+        deadline = time.monotonic() + seconds
+        while not ready():
+            if (code := self.proc.poll()) is not None:
+                raise AssertionError(f"moss-serve up exited with {code} before it {what}:\n{self.said(tail=40)}")
+            assert time.monotonic() < deadline, f"moss-serve up never {what} in {seconds:.0f} s:\n{self.said(tail=40)}"
+            time.sleep(0.3)
+
+    def said(self, tail: int | None = None) -> str:
+        """What up wrote to stderr so far (all of it once it has exited), or its last `tail` lines."""
+        if self.proc.poll() is not None:
+            self.reader.join(timeout=10)
+        return "".join(self.lines[-tail:] if tail else self.lines)
+
+    def stop(self, timeout: float = 30) -> int:
+        """Ctrl-C → up's exit code."""
+        self.proc.send_signal(2)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+

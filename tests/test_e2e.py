@@ -11,7 +11,7 @@ import wave
 import grpc
 import numpy as np
 import pytest
-from conftest import metric_value, scrape
+from conftest import UpProcess, metric_value, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from services.gateway.client import synthesize
@@ -155,22 +155,16 @@ def test_moss_serve_up_starts_and_stops_cleanly(tmp_path):
     flags = ["--http-port", str(ports.http)]
     for service in ("gateway", "llm", "vocoder"):
         flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=subprocess.PIPE, text=True)
+    up = UpProcess(flags)
     try:
-        deadline = time.monotonic() + 120
-        while not is_serving(f"127.0.0.1:{ports.grpc['gateway']}"):
-            assert proc.poll() is None and time.monotonic() < deadline, "moss-serve up did not come up"
-            time.sleep(0.3)
+        up.wait_until(lambda: is_serving(f"127.0.0.1:{ports.grpc['gateway']}"))
         with urllib.request.urlopen(f"http://127.0.0.1:{ports.http}/healthz", timeout=5) as r:  # its HTTP door too
             assert r.status == 200
-        proc.send_signal(2)  # Ctrl-C
-        assert proc.wait(timeout=30) == 0
-        said = proc.stderr.read()
-        assert "RANDOM weights" in said
+        assert up.stop() == 0
+        assert "RANDOM weights" in up.said()
         assert not any(is_serving(f"127.0.0.1:{ports.grpc[s]}", timeout=0.5) for s in ("gateway", "llm", "vocoder"))
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        up.kill()
 
 
 def test_a_request_sets_the_vocoders_lookahead(stack):

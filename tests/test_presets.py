@@ -3,14 +3,11 @@ options from `moss-serve llm` and `moss-serve up` down to the engine. The real-s
 built here (9.1B parameters); its tokenizer is."""
 
 import asyncio
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
 import torch
-from conftest import metric_value, scrape
+from conftest import UpProcess, metric_value, scrape
 from moss.speech.v1 import common_pb2
 
 from services.cli import parser
@@ -195,32 +192,24 @@ def test_moss_serve_up_runs_the_engine_it_was_given():
     flags += ["--http-port", "0"]
     flags += ["--preset", "tiny", "--kv-cache-gb", "0.05", "--block-size", "64", "--dtype", "bfloat16", "--max-num-seqs", "3",
               "--no-encoder"]
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=subprocess.PIPE, text=True)
-    lines = []  # stderr as it comes: `up` says where each service is only once its own wait for them has ended
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
-    reader.start()
+    up = UpProcess(flags)
     try:
-        deadline = time.monotonic() + 120
-        while not (all(is_serving(f"127.0.0.1:{ports.grpc[s]}") for s in ("llm", "vocoder", "gateway"))
-                   and any("Ctrl-C stops" in line for line in lines)):
-            assert proc.poll() is None and time.monotonic() < deadline, "moss-serve up did not come up"
-            time.sleep(0.3)
+        # `up` says where each service is only once its own wait for them has ended
+        up.wait_until(lambda: all(is_serving(f"127.0.0.1:{ports.grpc[s]}") for s in ("llm", "vocoder", "gateway"))
+                      and "Ctrl-C stops" in up.said())
         # bfloat16 halves tiny's float32 KV bytes: 0.05 GB holds 1638 blocks of 64, not 3276 (defaults) or 819
         bf16 = tiny_config().kv_bytes_per_token // 2
         assert metric_value(scrape(ports.metrics["llm"]), "llm_kv_blocks_free") == int(0.05 * (1 << 30)) // (64 * bf16) == 1638
         result = asyncio.run(synthesize(f"127.0.0.1:{ports.grpc['gateway']}", "Hi",
                                         sampling=common_pb2.SamplingParams(max_new_tokens=6, seed=3)))
         assert result.summary.audio_tokens == 6
-        proc.send_signal(2)  # Ctrl-C
-        assert proc.wait(timeout=30) == 0
-        reader.join(timeout=10)
-        err = "".join(lines)
+        assert up.stop() == 0
+        err = up.said()
         assert "llm serves the 'tiny' preset with RANDOM weights" in err
         assert "vocoder serves the 'tiny-codec' preset with RANDOM weights" in err
         assert "vocoder on" in err and "encoder on" not in err  # --no-encoder: none started
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        up.kill()
 
 
 def test_up_admits_by_headroom_and_starts_turns_a_few_at_a_time_on_a_gpu_only():

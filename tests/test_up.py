@@ -3,7 +3,6 @@ from one directory of certificates, runs llm and vocoder replicas (one per GPU w
 daemon that died again, then the GPU services that were its clients."""
 
 import asyncio
-import signal
 import socket
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from conftest import metric_value, scrape
+from conftest import UpProcess, metric_value, scrape
 from moss.speech.v1 import common_pb2
 from test_mps import stand_in  # noqa: F401  (a fixture: the stand-in MPS daemon)
 from test_tls import make_ca, make_leaf, write
@@ -115,15 +114,12 @@ def test_moss_serve_up_runs_replicas_over_tls(tls_dir):
         flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
     flags += ["--http-port", "0"]
     flags += ["--replicas", "2", "--tls-dir", str(tls_dir), "--max-turns", "5", "--no-encoder"]
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=subprocess.PIPE, text=True)
+    up = UpProcess(flags)
     tls = StackTls(str(tls_dir))
     gateway = f"127.0.0.1:{ports.grpc['gateway']}"
     llm_2 = f"127.0.0.1:{ports.grpc['llm'] + 10}"
     try:
-        deadline = time.monotonic() + 120
-        while not (is_serving(gateway, tls=tls.client(mutual=False)) and is_serving(llm_2, tls=tls.client(mutual=True))):
-            assert proc.poll() is None and time.monotonic() < deadline, "moss-serve up did not come up"
-            time.sleep(0.3)
+        up.wait_until(lambda: is_serving(gateway, tls=tls.client(mutual=False)) and is_serving(llm_2, tls=tls.client(mutual=True)))
         assert not is_serving(llm_2, timeout=0.5, tls=tls.client(mutual=False))  # no client certificate: refused
         gateway_metrics = ports.metrics["gateway"]
         deadline = time.monotonic() + 10
@@ -145,11 +141,9 @@ def test_moss_serve_up_runs_replicas_over_tls(tls_dir):
 
         # the gateway's own options as given (--max-turns 5; test_admission.py holds the gateway to them)
         assert metric_value(scrape(gateway_metrics), "gateway_admission_limit") == 5
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+        assert up.stop() == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        up.kill()
 
 
 class FakeProc:
