@@ -141,7 +141,7 @@ def test_a_stream_broken_under_a_write_is_the_stage_unavailable():
 
 def test_a_write_that_crosses_the_turns_deadline_is_the_deadline_not_a_broken_stream():
     """gRPC core gives a write that crosses the call's deadline the same bare INTERNAL as one that crosses the peer's
-    death (~1.5% of writes made at the deadline on loopback). Read as a broken stream it marked a healthy vocoder
+    death (1.5-2% of writes made at the deadline on loopback). Read as a broken stream it marked a healthy vocoder
     down, and the next turns were refused UNAVAILABLE ('not ready ... within 0.0 s', a flaky tests/test_load_cleanup.py).
     Once the turn's time is up, the failure is the deadline's; before, it is still the stage's."""
     from services.common.errors import DeadlineExceeded, Unavailable

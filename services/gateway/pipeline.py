@@ -44,7 +44,7 @@ HOLD_CALL_SECONDS = 2.0  # for the llm to answer a Hold
 
 # gRPC core's own status for an operation on a stream whose connection broke under it (a write racing the peer's
 # death): the stage went away, it did not fail the call itself (which would carry its own message). A write that
-# crosses the call's deadline gets the same status (~1.5% of writes made at the deadline on loopback), which is why
+# crosses the call's deadline gets the same status (1.5-2% of writes made at the deadline on loopback), which is why
 # Turn._stage_error asks the turn's clock first.
 BROKEN_STREAM = "Internal error from Core"
 
