@@ -3,16 +3,16 @@ admitted played, and how close to a stall their chunks ran (the slack histogram'
 gateway's metrics before and after the load), and the vocoder's windows with NaN or inf in that load (its metrics'
 vocoder_nonfinite_windows_total; "-" for a vocoder that does not count them). Then, per gateway and load, where first
 audio went for the admitted streams in TTFA's fastest half and its slowest tenth (the bench's per-stream stages): the
-llm's first chunk at the gateway, the rest of TTFA (the vocoder's side: its wait for a call and its call, and the
-hand-offs), and of it the vocoder's queue. The admission rule holds TTFA p95, so the slowest tenth is what it sees
-(docs/benchmarks.md, issue 23). Last, per gateway and load, the stages' work: the llm's steps (their batch, their
-time, the share of the load's time it stepped) and the vocoder's calls (their windows, their time, the share of the
-load's time they took: its first-chunk lane and its playing worker may overlap, so up to 2), the audio made, and from
-bench/timeline.py's half-second samples the share of half seconds in which each stage, and both, were busy (>= 80%),
-and of the half seconds in which the gateway refused a turn, the share in which both were (did it refuse while a stage
-had time to spare?).
-Loads measured before the timeline had the stages' counters take them from the stages' scrapes before and after the
-load instead ("scrapes": the first load's warm-up turns included; no half seconds).
+turn's wait for a place and a start slot, the llm's first chunk at the gateway after that, the rest of TTFA (the
+vocoder's side: its wait for a call and its call, and the hand-offs), and of it the vocoder's queue. The admission
+rule holds TTFA p95, so the slowest tenth is what it sees (docs/benchmarks.md, issue 23). Last, per gateway and load,
+the stages' work: the llm's steps (their batch, their time, the share of the load's time it stepped) and the
+vocoder's calls (their windows, their time, the share of the load's time they took: its first-chunk lane and its
+playing worker may overlap, so up to 2), the audio made, and from bench/timeline.py's half-second samples the share
+of half seconds in which each stage, and both, were busy (>= 80%), and of the half seconds in which the gateway
+refused a turn, the share in which both were (did it refuse while a stage had time to spare?). Loads measured before
+the timeline had the stages' counters take them from the stages' scrapes before and after the load instead
+("scrapes": the first load's warm-up turns included; no half seconds).
 
     python3 bench/overload_report.py OUT_DIR        # prints the tables, writes OUT_DIR/overload.json
 """
@@ -75,14 +75,19 @@ def mean(values) -> float:
 
 
 def ttfa_bands(streams: list[dict]) -> dict[str, dict[str, float]]:
-    """The admitted streams' stages by TTFA band → band → means in seconds: ttfa, llm (its first chunk at the gateway),
-    vocoder_side (TTFA less that), vocoder_queue (a first chunk's wait in the vocoder; nan where not reported)."""
+    """The admitted streams' stages by TTFA band → band → means in seconds: ttfa, admission (the turn's wait for a place
+    and a start slot; 0 before the bench recorded it), llm (its first chunk at the gateway, after admission),
+    vocoder_side (TTFA less those), vocoder_queue (a first chunk's wait in the vocoder; nan where not reported)."""
     ok = sorted((x["stages"] for x in streams if x.get("code") == "OK" and "ttfa_seconds" in x.get("stages", {})),
                 key=lambda st: st["ttfa_seconds"])
     bands = {"fastest half": ok[: max(1, len(ok) // 2)] if ok else [],
              "slowest tenth": slowest_tenth(ok, ttfa=lambda st: st["ttfa_seconds"])}  # the bench's own tenth
+    def waited(st: dict) -> float:
+        return st.get("admission_wait_seconds", 0.0)
     return {name: {"streams": len(part), "ttfa": mean([st["ttfa_seconds"] for st in part]),
-                   "llm": mean([st.get("llm_first_chunk_seconds") for st in part]),
+                   "admission": mean([waited(st) for st in part]),
+                   "llm": mean([st["llm_first_chunk_seconds"] - waited(st) for st in part
+                                if st.get("llm_first_chunk_seconds") is not None]),
                    "vocoder_side": mean([st["ttfa_seconds"] - st["llm_first_chunk_seconds"] for st in part
                                          if st.get("llm_first_chunk_seconds") is not None]),
                    "vocoder_queue": mean([st.get("vocoder_first_chunk_queue_seconds") for st in part])}
@@ -218,12 +223,13 @@ def table(result: list[dict]) -> str:
 
 def bands_table(result: list[dict]) -> str:
     """Where first audio went, per gateway, load and TTFA band (ms)."""
-    head = ["gateway", "load", "band", "streams", "TTFA", "llm first chunk", "vocoder side", "its queue"]
+    head = ["gateway", "load", "band", "streams", "TTFA", "admission wait", "llm first chunk", "vocoder side", "its queue"]
     lines = [head]
+    parts = ("ttfa", "admission", "llm", "vocoder_side", "vocoder_queue")
     for r in result:
         for band, b in r.get("ttfa_bands", {}).items():
             lines.append([r["gateway"], r["load"], band, str(b["streams"]),
-                          *(f"{b[k] * 1e3:.1f} ms" for k in ("ttfa", "llm", "vocoder_side", "vocoder_queue"))])
+                          *(f"{b.get(k, math.nan) * 1e3:.1f} ms" for k in parts)])
     return columns(lines)
 
 

@@ -308,3 +308,38 @@ def test_a_turn_of_an_ongoing_session_goes_ahead_of_a_new_call(stack, tmp_path):
         turn, later_done, new_audio = asyncio.run(scenario())
         assert turn.summary is not None and turn.summary.audio_tokens == 6
         assert new_audio > later_done  # the new call started only once the session's turn had its place back
+
+
+def test_a_queued_turns_wait_counts_in_its_time_to_first_audio(stack, tmp_path):
+    """TTFA runs from the turn's arrival at the gateway (shared/DESIGN.md §6), so a turn that waited for a place has
+    that wait in its summary's TTFA, llm first chunk and total, in admission_wait_seconds, and in the gateway's TTFA
+    histogram: what its caller waited, not only the stages' part."""
+    with gateway_stack(stack, tmp_path, "--max-turns", "1", "--max-queued-turns", "2") as s:
+        target, metrics_port = s.target("gateway"), s.ports.metrics["gateway"]
+
+        async def read_all(call) -> list:
+            out = []
+            while (msg := await call.read()) is not grpc.aio.EOF:
+                out.append(msg)
+            return out
+
+        async def scenario():
+            async with grpc.aio.insecure_channel(target) as channel:
+                stub = gateway_pb2_grpc.GatewayStub(channel)
+                sampling = common_pb2.SamplingParams(max_new_tokens=40, min_new_tokens=40, seed=1)
+                first = stub.Synthesize(gateway_pb2.SynthesizeRequest(text="first", sampling=sampling), timeout=60)
+                await first.read()  # its metadata: it holds the one place
+                sent = time.perf_counter()
+                queued = stub.Synthesize(gateway_pb2.SynthesizeRequest(text="second", sampling=sampling), timeout=60)
+                first_summary = (await read_all(first))[-1].summary
+                waited = time.perf_counter() - sent  # the queued turn had no place until the first one ended
+                return first_summary, (await read_all(queued))[-1].summary, waited
+
+        ttfa_sum = metric_value(scrape(metrics_port), "gateway_ttfa_seconds_sum", '{protocol="grpc"}')
+        first, second, waited = asyncio.run(scenario())
+        assert first.admission_wait_seconds < 0.05
+        assert second.admission_wait_seconds > 0.5 * waited > 0.05
+        for part in (second.ttfa_seconds, second.llm_first_chunk_seconds, second.total_seconds):
+            assert part > second.admission_wait_seconds
+        grew = metric_value(scrape(metrics_port), "gateway_ttfa_seconds_sum", '{protocol="grpc"}') - ttfa_sum
+        assert grew == pytest.approx(first.ttfa_seconds + second.ttfa_seconds, abs=1e-6)

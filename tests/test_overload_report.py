@@ -70,6 +70,13 @@ def test_first_audio_by_ttfa_band_from_the_admitted_streams_stages():
     # a stack whose vocoder reports no queue: nan, printed as such; no admitted stream: empty bands
     assert math.isnan(report.ttfa_bands([stream(200, 100)])["slowest tenth"]["vocoder_queue"])
     assert report.ttfa_bands([])["fastest half"]["streams"] == 0
+    # a turn that waited for a place: its wait is a part of TTFA and of the llm's first chunk at the gateway, and
+    # comes out of the llm's; a stream recorded before the bench had the field waited nothing
+    waited = stream(300, 160, 5)
+    waited["stages"]["admission_wait_seconds"] = 0.1
+    band = report.ttfa_bands([waited, stream(200, 60, 5)])["slowest tenth"]
+    assert abs(band["admission"] - 0.1) < 1e-9 and abs(band["llm"] - 0.06) < 1e-9 and abs(band["vocoder_side"] - 0.14) < 1e-9
+    assert report.ttfa_bands([stream(200, 60)])["fastest half"]["admission"] == 0.0
     text = report.bands_table([{"gateway": "a", "load": "poisson_30", "ttfa_bands": bands}])
     assert "slowest tenth  2        285.0 ms" in text and "225.0 ms" in text
 

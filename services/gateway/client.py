@@ -242,6 +242,7 @@ def print_timings(result: SynthesisResult, path: str | None) -> None:
     rows = [
         ("time to first audio (client)", result.client_ttfa),
         ("time to first audio (gateway)", s.ttfa_seconds),
+        ("admission wait", s.admission_wait_seconds),
         ("llm queue", s.llm_queue_seconds),
         ("llm prefill", s.llm_prefill_seconds),
         ("llm first chunk at gateway", s.llm_first_chunk_seconds),

@@ -6,7 +6,9 @@ Two signals, both at the gateway, on the listener's clock (services/common/playb
 - slack: how early each chunk of a playing stream leaves the gateway, before its listener would run out of audio
   (the llm paces itself to 1.5 s of audio ahead on CUDA). When the vocoder or the llm falls behind, slack shrinks
   before any stall;
-- time to first audio of the turns that started lately: the other half of what an admitted stream is promised.
+- time to first audio of the turns that started lately: the other half of what an admitted stream is promised. It
+  counts from the turn's admission (pipeline.Turn.admitted_at): a wait for a place or a start slot is the gateway's
+  queue, which the limit itself sets, not the stages' answer to more turns.
 
 The rule, an additive-increase / multiplicative-decrease limit on the turns running at once (as TCP's window, or the
 adaptive concurrency limits of RPC servers), updated every `period` seconds from the last `window` seconds:

@@ -92,20 +92,28 @@ class Turn:
     def __init__(self, req, backends: Backends, limits: TurnLimits, timeout: float | None,
                  session: Session | None = None, on_text: Callable[[str], None] | None = None,
                  spoken: Spoken | None = None, text_reply: bool = False, headroom: Headroom | None = None,
-                 place: Place | None = None, client: ClientWrites | None = None, protocol: str = "grpc"):
+                 place: Place | None = None, client: ClientWrites | None = None, protocol: str = "grpc",
+                 received: float | None = None):
         """spoken: a spoken turn (its clock starts when the speech ended); text_reply: the reply is text alone;
         headroom: told each chunk's slack and the turn's TTFA (admission by headroom); place: told when the first
         audio is out (the turn's start slot frees); client: whether the client takes what is written to it (a
-        Converse session's; default: the turn's own writes); protocol: the door it came through (its metrics' label)."""
-        self.start = spoken.ended_at if spoken is not None else time.perf_counter()
+        Converse session's; default: the turn's own writes); protocol: the door it came through (its metrics' label);
+        received: when the gateway received the turn (perf_counter; default: now), before it waited for a place and a
+        start slot. The summary's times and TTFA count from then (shared/DESIGN.md §6: what the caller waited); the
+        headroom rule reads TTFA from the turn's admission, the stages' part."""
+        admitted = time.perf_counter()
+        received = admitted if received is None else received
+        self.summary = gateway_pb2.SynthesisSummary(admission_wait_seconds=admitted - received)
+        self.start = spoken.ended_at if spoken is not None else received
+        # the headroom rule's TTFA and the deadline count from here (a spoken turn's: from its speech's end)
+        self.admitted_at = spoken.ended_at if spoken is not None else admitted
         self.spoken, self.text_reply = spoken, text_reply
         self.headroom, self.place, self.protocol = headroom, place, protocol
         self.req = req
         self.session, self.on_text = session, on_text
         self.backends = backends
         self.limits = limits
-        self.deadline = self.start + (timeout if timeout is not None else limits.default_timeout)
-        self.summary = gateway_pb2.SynthesisSummary()
+        self.deadline = self.admitted_at + (timeout if timeout is not None else limits.default_timeout)
         self.first_tokens_sent: float | None = None
         self.stalls = 0
         self.turn_tokens: llm_pb2.PromptTokens | None = None  # a session's turn: what it added to the history
@@ -349,7 +357,7 @@ class Turn:
                     if playing:
                         self.headroom.observe_slack(now, -late)
                     else:
-                        self.headroom.observe_ttfa(now, self.summary.ttfa_seconds)
+                        self.headroom.observe_ttfa(now, now - self.admitted_at)
                 with self.client.writing() if self.marks_writes else contextlib.nullcontext():
                     yield gateway_pb2.SynthesizeResponse(audio=gateway_pb2.AudioChunk(
                         pcm=msg.pcm, sample_offset=msg.sample_offset, num_samples=msg.num_samples))
