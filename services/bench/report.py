@@ -12,9 +12,9 @@ QUANTILES = (50, 90, 95, 99)
 CAPACITY_STALL_FREE = 0.99
 CAPACITY_TTFA_P95 = 0.300
 # The gateway's summary fields averaged per level (a spoken turn's ttfa runs from its speech's end).
-STAGES = ("encoder_finish_seconds", "admission_wait_seconds", "llm_queue_seconds", "llm_prefill_seconds", "llm_first_chunk_in_llm_seconds",
-          "llm_first_chunk_seconds", "vocoder_first_chunk_queue_seconds", "vocoder_first_chunk_seconds",
-          "vocoder_first_chunk_in_vocoder_seconds", "ttfa_seconds", "total_seconds")
+STAGES = ("encoder_finish_seconds", "admission_wait_seconds", "llm_queue_seconds", "llm_prefill_seconds",
+          "llm_first_chunk_in_llm_seconds", "llm_first_chunk_seconds", "vocoder_first_chunk_queue_seconds",
+          "vocoder_first_chunk_seconds", "vocoder_first_chunk_in_vocoder_seconds", "ttfa_seconds", "total_seconds")
 
 
 def quantile(values: list[float], q: float) -> float:

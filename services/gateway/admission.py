@@ -53,10 +53,11 @@ def client_id(key: str | None, peer: str) -> str:
 
 class Place:
     """A turn's hold on its admission, handed to the turn: `started()` once its first audio is out, which frees its
-    start slot (--max-starting-turns) for the next turn to start."""
+    start slot (--max-starting-turns) for the next turn to start. asked_at: when the turn asked for it (perf_counter),
+    so that the turn's times count its wait for a place and a start slot (pipeline.Turn)."""
 
-    def __init__(self, starting: asyncio.Semaphore | None):
-        self.starting = starting
+    def __init__(self, starting: asyncio.Semaphore | None, asked_at: float):
+        self.starting, self.asked_at = starting, asked_at
 
     def started(self) -> None:
         if self.starting is not None:
@@ -140,13 +141,14 @@ class Admission:
 
     @contextlib.asynccontextmanager
     async def _place(self, deadline: float | None, ongoing: bool = False):
+        asked = time.perf_counter()  # (the turn asked just now: nothing suspends between turn() and here)
         if self.running >= self.max_turns or self.waiting:  # (a queue slot is free: _refuse_if_full said so)
             await self._wait(deadline, ongoing)
         else:
             self.running += 1
         start = time.perf_counter()
         try:
-            place = Place(await self._start_slot(deadline))
+            place = Place(await self._start_slot(deadline), asked)
             try:
                 yield place
             finally:

@@ -258,7 +258,6 @@ class Conversation:
     async def _run_turn(self, n: int, req: gateway_pb2.SynthesizeRequest, spoken: Spoken | None = None,
                         text_reply: bool = False) -> None:
         put = self.outbox.put_nowait
-        received = time.perf_counter()
         try:
             # a session answered before goes ahead of new ones (admission.py)
             async with self.admission.turn(self.time_left(), self.client, ongoing=bool(self.answered)) as place:
@@ -267,7 +266,7 @@ class Conversation:
                     turn = Turn(req, self.backends, self.limits, self.time_left(), self.session,
                                 on_text=lambda piece: put(gateway_pb2.ConverseResponse(turn=n, text=gateway_pb2.TextPiece(text=piece))),
                                 spoken=spoken, text_reply=text_reply, headroom=self.admission.headroom,
-                                place=place, client=self.writes, protocol=self.protocol, received=received)
+                                place=place, client=self.writes, protocol=self.protocol)
                     async for msg in turn.run():
                         kind = msg.WhichOneof("kind")
                         if kind == "summary":  # the turn is the client's now: it joins the history

@@ -92,17 +92,15 @@ class Turn:
     def __init__(self, req, backends: Backends, limits: TurnLimits, timeout: float | None,
                  session: Session | None = None, on_text: Callable[[str], None] | None = None,
                  spoken: Spoken | None = None, text_reply: bool = False, headroom: Headroom | None = None,
-                 place: Place | None = None, client: ClientWrites | None = None, protocol: str = "grpc",
-                 received: float | None = None):
+                 place: Place | None = None, client: ClientWrites | None = None, protocol: str = "grpc"):
         """spoken: a spoken turn (its clock starts when the speech ended); text_reply: the reply is text alone;
         headroom: told each chunk's slack and the turn's TTFA (admission by headroom); place: told when the first
-        audio is out (the turn's start slot frees); client: whether the client takes what is written to it (a
-        Converse session's; default: the turn's own writes); protocol: the door it came through (its metrics' label);
-        received: when the gateway received the turn (perf_counter; default: now), before it waited for a place and a
-        start slot. The summary's times and TTFA count from then (shared/DESIGN.md §6: what the caller waited); the
-        headroom rule reads TTFA from the turn's admission, the stages' part."""
+        audio is out (the turn's start slot frees; the turn's times count from when it asked for its place:
+        shared/DESIGN.md §6, what the caller waited, while the headroom rule reads TTFA from its admission, the
+        stages' part); client: whether the client takes what is written to it (a Converse session's; default: the
+        turn's own writes); protocol: the door it came through (its metrics' label)."""
         admitted = time.perf_counter()
-        received = admitted if received is None else received
+        received = place.asked_at if place is not None else admitted
         self.summary = gateway_pb2.SynthesisSummary(admission_wait_seconds=admitted - received)
         self.start = spoken.ended_at if spoken is not None else received
         # the headroom rule's TTFA and the deadline count from here (a spoken turn's: from its speech's end)

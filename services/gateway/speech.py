@@ -5,7 +5,6 @@ turns-in-progress gauge. The doors differ only in how they read the request and 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 
 from moss.speech.v1 import gateway_pb2
@@ -27,13 +26,12 @@ class Speech:
         per-client limit's key: admission.client_id); time_left(): seconds to the caller's deadline (None: the
         gateway's default); protocol: the door, for the metrics. Closed early (the caller left), the turn stops in
         every stage."""
-        received = time.perf_counter()
         # waits for a place, or RESOURCE_EXHAUSTED
         async with self.admission.turn(time_left(), client) as place:
             metrics.ACTIVE.inc()
             try:
                 turn = Turn(request, self.backends, self.limits, time_left(), headroom=self.admission.headroom,
-                            place=place, protocol=protocol, received=received)
+                            place=place, protocol=protocol)
                 async with contextlib.aclosing(turn.run()) as replies:
                     async for msg in replies:
                         yield msg
