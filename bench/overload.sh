@@ -4,7 +4,7 @@
 # client's loads, replies of 2 to 20 s (REPLY, default 2-20):
 #   Poisson arrivals at RATES per second (default 20,30,40; none: ""), ARRIVAL_SECONDS of arrivals each (default 20);
 #   LEVELS streams started over 6 s, one request each (default 192,256; none: "");
-#   BURST streams started at the same instant (default 128; 0: none);
+#   BURST streams started at the same instant (default 128; 0: none; a list: one burst each, on the idle stack);
 #   REFUSALS (default 0: none): after the loads, a burst of that many at a full gateway (bench/refusal_floor.py);
 #   REFUSAL_FLAGS: flag sets for that full gateway, separated by ";" (one run of bursts each; default: its defaults);
 #   HTTP_TTFB (default 0: none): after the loads, that many rounds of bench/http_ttfb.py on the idle stack (its gRPC
@@ -73,7 +73,9 @@ load() {
   for level in ${levels//,/ }; do
     run "ramp_$level" --concurrency "$level" --requests "$level" --ramp 6 --warmup 0
   done
-  [ "${burst:-0}" -gt 0 ] && run "burst_$burst" --concurrency "$burst" --requests "$burst" --warmup 0
+  for b in ${burst//,/ }; do
+    [ "$b" -gt 0 ] && run "burst_$b" --concurrency "$b" --requests "$b" --warmup 0
+  done
   kill "$SAMPLER_PID" 2> /dev/null
 }
 

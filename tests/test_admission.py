@@ -127,7 +127,7 @@ def test_ongoing_sessions_turns_wait_ahead_of_new_ones_and_may_use_the_headroom_
         assert not adm.waiting and not adm.ongoing_waiting and adm.running == 0
 
         # by headroom: at the limit a new session is refused, an ongoing one's turn still runs (the reserve)
-        headroom = Headroom(HeadroomRule(initial_limit=10, min_limit=1))
+        headroom = Headroom(HeadroomRule(initial_limit=10, min_limit=1, burst_turns=0))
         adm = Admission(max_turns=64, max_queued=0, headroom=headroom)
         adm.running = 10
         with pytest.raises(ResourceExhausted, match="no headroom"):

@@ -11,7 +11,7 @@ from services.gateway.admission import RETRY_MAX, RETRY_MIN, Admission
 from services.gateway.headroom import Headroom, HeadroomRule
 
 RULE = HeadroomRule(initial_limit=8, min_limit=2, max_limit=64, low_slack=0.05, high_slack=0.25, slack_quantile=0.02,
-                    ttfa_target=0.3, window=2.0, period=0.5, increase=2, decrease=0.9)
+                    ttfa_target=0.3, window=2.0, period=0.5, increase=2, decrease=0.9, burst_turns=0)
 
 
 def test_the_limit_grows_only_while_it_holds_turns_back_and_every_stream_is_ahead():
@@ -170,9 +170,70 @@ def test_with_first_audio_far_under_its_promise_the_limit_reaches_a_large_capaci
     assert 0.9 * capacity <= min(limits[300:]) and max(limits[300:]) <= 1.1 * capacity
 
 
+def test_a_burst_on_an_idle_stack_runs_up_to_its_own_cap_over_the_limit_and_only_within_its_window():
+    h = Headroom(dataclasses.replace(RULE, burst_turns=20, burst_window=0.25))  # the limit: 8
+    admitted = [h.admits(10.0 + i * 0.001, running=i) for i in range(24)]  # 24 at once on an idle stack
+    assert admitted == [True] * 20 + [False] * 4 and h.limit == 8   # 20 run: 12 over the limit; it is unchanged
+    assert h.admits(10.2, running=19) and h.over_limit              # a place freed within the window: taken
+    assert not h.admits(10.3, running=19) and not h.over_limit      # past the window: the limit holds them back
+    assert h.admits(10.3, running=7) and not h.over_limit           # under the limit: as ever
+    # a stack that is not idle opens no window: turns arriving at once beside one running meet the limit
+    busy = Headroom(dataclasses.replace(RULE, burst_turns=20))
+    assert [busy.admits(20.0, running=i) for i in range(1, 10)] == [True] * 7 + [False] * 2
+    # and none at all with --admit-burst-turns 0
+    off = Headroom(RULE)
+    assert [off.admits(30.0, running=i) for i in range(10)] == [True] * 8 + [False] * 2
+
+
+def test_arrivals_spread_out_meet_the_limit_from_an_idle_start():
+    """90 turns a second (three times the limit's capacity here) from an idle stack: the window of the first arrival
+    holds ~22 of them, under the limit, so the burst lets none in over it: the start is the rule's, as without it."""
+    def admitted_over(burst_turns):
+        h = Headroom(dataclasses.replace(RULE, initial_limit=48, max_limit=256, burst_turns=burst_turns))
+        running, over = 0, 0
+        for k in range(900):  # 10 s at 90 a second; each turn runs 3 s
+            now = k / 90
+            if h.admits(now, running):
+                running += 1
+                over += h.over_limit
+            running -= running // 270  # turns end at their pace
+        return over, h.limit
+
+    assert admitted_over(128) == admitted_over(0) and admitted_over(128)[0] == 0
+
+
+def test_a_refusal_past_a_burst_hints_at_the_turns_that_must_end_before_the_limit_admits_again():
+    async def scenario():
+        rule = HeadroomRule(initial_limit=4, min_limit=1, burst_turns=12, burst_window=60)
+        adm = Admission(max_turns=16, max_queued=0, headroom=Headroom(rule))
+        adm.recent.extend([2.0] * 8)  # turns lately held their places 2 s
+        hold = asyncio.Event()
+
+        async def turn():
+            async with adm.turn(None):
+                await hold.wait()
+
+        held = [asyncio.create_task(turn()) for _ in range(12)]  # a burst on an idle stack: 12 in, 8 over the limit
+        await asyncio.sleep(0)
+        assert adm.running == 12
+        with pytest.raises(ResourceExhausted) as in_window:
+            await turn()  # the burst's cap: a place frees when one turn ends, but by then its window may be gone
+        adm.headroom.burst_until = 0.0  # the window has passed
+        with pytest.raises(ResourceExhausted) as past:
+            await turn()
+        # past the window, 9 of the 12 must end before the limit of 4 lets one in: 9/12 of a turn's 2 s
+        assert past.value.retry_after == pytest.approx(2.0 * 9 / 12)
+        assert in_window.value.retry_after == pytest.approx(2.0 * 9 / 12)
+        hold.set()
+        await asyncio.gather(*held)
+
+    asyncio.run(scenario())
+
+
 def test_admission_refuses_at_once_past_the_limit_with_a_hint():
     async def scenario():
-        adm = Admission(max_turns=16, max_queued=16, headroom=Headroom(HeadroomRule(initial_limit=2, min_limit=1)))
+        rule = HeadroomRule(initial_limit=2, min_limit=1, burst_turns=0)
+        adm = Admission(max_turns=16, max_queued=16, headroom=Headroom(rule))
         hold = asyncio.Event()
 
         async def turn():
@@ -201,9 +262,9 @@ def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on
     from conftest import left_held, metric_value, own_gateway, scrape
 
     # a gateway of its own in front of the shared stack, admitting by headroom from 2 turns at once (it learns more
-    # only from streams playing ahead)
+    # only from streams playing ahead), without a burst's allowance (the next test's)
     with own_gateway(stack, tmp_path, "--admission", "headroom", "--admit-initial-turns", "2", "--admit-ttfa", "5",
-                     "--max-turns", "8") as gateway:
+                     "--max-turns", "8", "--admit-burst-turns", "0") as gateway:
         proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "--no-progress", "--target",
                                gateway.target, "--concurrency", "6", "--requests", "12", "--max-new-tokens", "20",
                                "--warmup", "0", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240)
@@ -221,4 +282,34 @@ def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on
     # every chunk after a stream's first went into the slack histogram
     chunks = sum(len(x["chunk_samples"]) - 1 for x in streams if x["code"] == "OK")
     assert chunks > 0 and metric_value(text, "gateway_playback_slack_seconds_count") == chunks
+    assert not any(held.values())
+
+
+def test_a_burst_on_an_idle_gateway_is_let_in_up_to_its_cap_and_plays_on_time(stack, tmp_path):
+    """8 turns sent at the same instant to an idle gateway whose limit is 4 (the rule's least) and whose burst may
+    run 6: 6 play, on time, 2 of them over the limit; 2 are refused at once with a hint; nothing is left held."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import left_held, metric_value, own_gateway, scrape
+
+    # (a window of 5 s: the 8 calls arrive within it however slow the machine, and the 6 turns outlast them)
+    with own_gateway(stack, tmp_path, "--admission", "headroom", "--admit-initial-turns", "2", "--admit-ttfa", "5",
+                     "--max-turns", "8", "--admit-burst-turns", "6", "--admit-burst-window", "5") as gateway:
+        proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "--no-progress", "--target",
+                               gateway.target, "--concurrency", "8", "--requests", "8", "--max-new-tokens", "80",
+                               "--warmup", "0", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240)
+        text = scrape(gateway.metrics)
+        held = left_held(gateway, stack)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    level = json.loads((tmp_path / "bench.json").read_text())["levels"]["8"]
+    s, streams = level["summary"], level["streams"]
+    assert (s["ok"], s["refused"]) == (6, 2), s
+    assert s["refusals_with_hint"] == 2 and all("no headroom" in x["error"] for x in streams
+                                                if x["code"] == "RESOURCE_EXHAUSTED")
+    assert s["stall_free_share"] == 1.0
+    assert metric_value(text, "gateway_burst_admissions_total") == 2
+    assert metric_value(text, "gateway_headroom_refusals_total") == 2
+    assert metric_value(text, "gateway_admission_limit") == 4  # the burst did not move the limit
     assert not any(held.values())

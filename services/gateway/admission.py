@@ -114,16 +114,24 @@ class Admission:
             admitted = self.headroom.admits(now, self.running, reserve=ONGOING_RESERVE if ongoing else 0.0)
             metrics.HEADROOM_LIMIT.set(self.headroom.limit)
             self._log_limit(now)
+            if self.headroom.over_limit:
+                metrics.BURST_ADMITTED.inc()
             if not admitted:
                 metrics.HEADROOM_REFUSED.inc()
                 raise ResourceExhausted(f"no headroom: {self.running} turns running, as many as the stages serve in "
                                         f"time now ({self.headroom.last_reason}; --admission headroom)",
-                                        retry_after=self.retry_after(ahead=1 / max(self.running, 1)))
+                                        retry_after=self.retry_after(ahead=self._ahead_of_headroom()))
         if (self.running >= self.max_turns or self.waiting) and len(self.waiting) >= self.max_queued:
             metrics.ADMISSIONS_REFUSED.inc()
             raise ResourceExhausted(f"gateway busy: {self.running} turns running and {len(self.waiting)} waiting "
                                     f"(--max-turns {self.max_turns}, --max-queued-turns {self.max_queued})",
                                     retry_after=self.retry_after())
+
+    def _ahead_of_headroom(self) -> float:
+        """Turns to end, per turn running, before the headroom limit lets one more in: one at the limit; more where
+        the turns running are over it (a burst let in, a limit that has fallen)."""
+        over = self.running - int(self.headroom.limit) + 1
+        return max(1, over) / max(self.running, 1)
 
     @contextlib.asynccontextmanager
     async def _turn(self, deadline: float | None, client: str | None, ongoing: bool):

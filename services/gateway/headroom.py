@@ -21,7 +21,19 @@ adaptive concurrency limits of RPC servers), updated every `period` seconds from
   and streams are playing with that quantile of slack over `high_slack`: the limit grows by `increase`, or, when the
   window holds enough turns for its TTFA quantile to mean something, by `growth` x the limit x (1 - TTFA /
   `ttfa_target`) if that is more (TTFA is then within its target: near the limit, over it is a fall);
-- a turn is admitted while fewer than the limit run; otherwise RESOURCE_EXHAUSTED, at once, with a retry hint.
+- a turn is admitted while fewer than the limit run; otherwise RESOURCE_EXHAUSTED, at once, with a retry hint;
+- except in a burst on an idle stack: a turn that arrives with none running opens a window of `burst_window` seconds
+  in which up to `burst_turns` may run, over the limit.
+
+Why a burst on an idle stack is let in over the limit (`--admit-burst-turns`): the limit is what the stages serve in
+time under sustained arrivals, and before any signal it is a guess (48, an H100's). 128 turns sent at the same instant
+to an idle stack met it: 80 refused while both stages idled. Let in, the same 128 played 100% stall-free, the start
+limit (admission.py's max_starting) starting them 16 at a time: on an H200 under this rule, on an H100 under count
+admission (docs/benchmarks.md, 2026-11-28 and 2026-11-26). Their first audio came later than the promise (p95 ~2.3 s
+at the client, most of it the wait to start): the price of serving them all. A sustained overload is not let in by
+it: its arrivals come spread out (90 a second, three times an H100's knee, bring ~22 in a window of 0.25 s, under the
+limit anyway; at Poisson 30 and on a ramp of 256 it let none in), and once the window has passed every arrival meets
+the limit, which turns running over it hold back until they end.
 
 A low quantile, not the least slack: a stream's chunks grow (4, 5, 10, then 20 tokens), and the chunk that completes a
 large one leaves the gateway only ~0.1-0.2 s before it is due even on an idle H100 (docs/benchmarks.md, issue 23), so
@@ -65,6 +77,8 @@ class HeadroomRule:
     growth: float = 0.0            # ... and this share of the limit x (1 - TTFA / ttfa_target) (--admit-growth)
     decrease: float = 0.9          # the limit after a decision without room, as a share of the turns running...
     max_fall: float = 0.5          # ... but never under this share of the limit before it
+    burst_turns: int = 128         # turns a burst on an idle stack may run at once, over the limit (--admit-burst-turns)
+    burst_window: float = 0.25     # seconds after a turn arrives at an idle stack that its burst lasts
 
 
 class Headroom:
@@ -77,6 +91,8 @@ class Headroom:
         self.last_reason = "no signal yet"
         self.fall_reason = "none yet"  # the latest decision that lowered the limit
         self.held_back = False  # a turn was refused for the limit since the last decision
+        self.burst_until = -math.inf  # the end of the window a turn arriving at an idle stack opened
+        self.over_limit = False  # the last turn admitted was let in over the limit, as part of a burst
 
     def observe_slack(self, now: float, slack: float) -> None:
         """A playing stream's chunk left the gateway `slack` seconds before its listener needed it (< 0: late)."""
@@ -123,7 +139,11 @@ class Headroom:
         """May one more turn start, with `running` turns running? reserve: a share of the limit this turn may go
         over (ongoing sessions' turns: admission.py)."""
         self.update(now, running)
-        admitted = running < int(self.limit * (1 + reserve))
+        if running == 0:  # an idle stack: a burst may start with this turn
+            self.burst_until = now + self.rule.burst_window
+        within_limit = running < int(self.limit * (1 + reserve))
+        self.over_limit = not within_limit and now < self.burst_until and running < self.rule.burst_turns
+        admitted = within_limit or self.over_limit
         self.held_back |= not admitted
         return admitted
 

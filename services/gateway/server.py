@@ -84,4 +84,5 @@ def headroom(s: GatewaySettings) -> Headroom | None:
                                  min_limit=min(HeadroomRule.min_limit, s.max_turns), low_slack=s.admit_low_slack,
                                  high_slack=(s.admit_high_slack if s.admit_high_slack is not None
                                              else max(HeadroomRule.high_slack, 2 * s.admit_low_slack)), ttfa_target=s.admit_ttfa,
-                                 growth=s.admit_growth))
+                                 growth=s.admit_growth, burst_turns=min(s.admit_burst_turns, s.max_turns),
+                                 burst_window=s.admit_burst_window))
