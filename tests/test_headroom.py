@@ -252,26 +252,37 @@ def test_admission_refuses_at_once_past_the_limit_with_a_hint():
     asyncio.run(scenario())
 
 
-def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on_time(stack, tmp_path):
-    """More streams offered than the limit: the admitted play on time, the rest are refused at once with a hint,
-    and nothing is left held."""
+def _bench_through_own_gateway(stack, tmp_path, gateway_flags, concurrency, requests, tokens):
+    """`moss-serve bench` of `requests` turns, `concurrency` at once, through a gateway of its own in front of the
+    shared stack (admitting by headroom with `gateway_flags`) → (its level in bench.json, the gateway's metrics after
+    it, what the stages still hold)."""
     import json
     import subprocess
     import sys
 
-    from conftest import left_held, metric_value, own_gateway, scrape
+    from conftest import left_held, own_gateway, scrape
 
-    # a gateway of its own in front of the shared stack, admitting by headroom from 2 turns at once (it learns more
-    # only from streams playing ahead), without a burst's allowance (the next test's)
-    with own_gateway(stack, tmp_path, "--admission", "headroom", "--admit-initial-turns", "2", "--admit-ttfa", "5",
-                     "--max-turns", "8", "--admit-burst-turns", "0") as gateway:
+    with own_gateway(stack, tmp_path, "--admission", "headroom", "--admit-ttfa", "5", "--max-turns", "8",
+                     *gateway_flags) as gateway:
         proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "--no-progress", "--target",
-                               gateway.target, "--concurrency", "6", "--requests", "12", "--max-new-tokens", "20",
-                               "--warmup", "0", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240)
+                               gateway.target, "--concurrency", str(concurrency), "--requests", str(requests),
+                               "--max-new-tokens", str(tokens), "--warmup", "0", "--out", str(tmp_path)],
+                              capture_output=True, text=True, timeout=240)
         text = scrape(gateway.metrics)
         held = left_held(gateway, stack)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    level = json.loads((tmp_path / "bench.json").read_text())["levels"]["6"]
+    return json.loads((tmp_path / "bench.json").read_text())["levels"][str(concurrency)], text, held
+
+
+def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on_time(stack, tmp_path):
+    """More streams offered than the limit: the admitted play on time, the rest are refused at once with a hint,
+    and nothing is left held."""
+    from conftest import metric_value
+
+    # admitting from its least limit (4; it learns more only from streams playing ahead), without a burst's allowance
+    # (the next test's)
+    level, text, held = _bench_through_own_gateway(stack, tmp_path, ["--admit-initial-turns", "2",
+                                                                      "--admit-burst-turns", "0"], 6, 12, 20)
     s, streams = level["summary"], level["streams"]
     assert s["refused"] >= 1 and s["ok"] >= 2 and s["ok"] + s["refused"] == 12
     assert s["refusals_with_hint"] == s["refused"] and s["refusal_seconds"]["max"] < 1.0
@@ -288,22 +299,11 @@ def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on
 def test_a_burst_on_an_idle_gateway_is_let_in_up_to_its_cap_and_plays_on_time(stack, tmp_path):
     """8 turns sent at the same instant to an idle gateway whose limit is 4 (the rule's least) and whose burst may
     run 6: 6 play, on time, 2 of them over the limit; 2 are refused at once with a hint; nothing is left held."""
-    import json
-    import subprocess
-    import sys
-
-    from conftest import left_held, metric_value, own_gateway, scrape
+    from conftest import metric_value
 
     # (a window of 5 s: the 8 calls arrive within it however slow the machine, and the 6 turns outlast them)
-    with own_gateway(stack, tmp_path, "--admission", "headroom", "--admit-initial-turns", "2", "--admit-ttfa", "5",
-                     "--max-turns", "8", "--admit-burst-turns", "6", "--admit-burst-window", "5") as gateway:
-        proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "--no-progress", "--target",
-                               gateway.target, "--concurrency", "8", "--requests", "8", "--max-new-tokens", "80",
-                               "--warmup", "0", "--out", str(tmp_path)], capture_output=True, text=True, timeout=240)
-        text = scrape(gateway.metrics)
-        held = left_held(gateway, stack)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    level = json.loads((tmp_path / "bench.json").read_text())["levels"]["8"]
+    level, text, held = _bench_through_own_gateway(stack, tmp_path, ["--admit-initial-turns", "2", "--admit-burst-turns",
+                                                                      "6", "--admit-burst-window", "5"], 8, 8, 80)
     s, streams = level["summary"], level["streams"]
     assert (s["ok"], s["refused"]) == (6, 2), s
     assert s["refusals_with_hint"] == 2 and all("no headroom" in x["error"] for x in streams
