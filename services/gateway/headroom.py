@@ -92,7 +92,7 @@ class Headroom:
         self.fall_reason = "none yet"  # the latest decision that lowered the limit
         self.held_back = False  # a turn was refused for the limit since the last decision
         self.burst_until = -math.inf  # the end of the window a turn arriving at an idle stack opened
-        self.over_limit = False  # the last turn admitted was let in over the limit, as part of a burst
+        self.over_limit = False  # the last turn asked about (admits) was let in over the limit, as part of a burst
 
     def observe_slack(self, now: float, slack: float) -> None:
         """A playing stream's chunk left the gateway `slack` seconds before its listener needed it (< 0: late)."""

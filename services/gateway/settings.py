@@ -63,25 +63,30 @@ class GatewaySettings:
     admit_initial_turns: int = option(HeadroomRule.initial_limit, "--admission headroom: turns at once before the "
                                                                   "signals say more or fewer", type=positive(int))
     admit_burst_turns: int = option(HeadroomRule.burst_turns, "--admission headroom: turns a burst may run at once, "
-                                    "over the limit, when it arrives at an idle stack (none running) within "
-                                    "--admit-burst-window seconds: the start limit starts them a few at a time, and they "
-                                    "play stall-free at the price of later first audio (README; 0: none)", type=count)
+                                                              "over the limit, when it arrives at an idle stack (none "
+                                                              "running) within --admit-burst-window seconds: the start "
+                                                              "limit starts them a few at a time, and they play "
+                                                              "stall-free at the price of later first audio (README; 0: "
+                                                              "none)", type=count)
     admit_burst_window: float = option(HeadroomRule.burst_window, "--admission headroom: seconds after a turn arrives "
                                                                   "at an idle stack that its burst may still arrive",
                                        type=seconds)
-    admit_low_slack: float = option(HeadroomRule.low_slack, "--admission headroom: seconds before their listeners run out below which "
-                                          "the lowest 2 percent of the chunks mean too many turns", type=seconds)
+    admit_low_slack: float = option(HeadroomRule.low_slack, "--admission headroom: seconds before their listeners run "
+                                                            "out below which the lowest 2 percent of the chunks mean too "
+                                                            "many turns", type=seconds)
     admit_high_slack: float | None = option(
         None, "--admission headroom: seconds before their listeners run out above which the lowest 2 percent of the "
               "chunks mean room for more turns (default: 0.1, or twice --admit-low-slack if more)", type=seconds,
         show_default=False)
-    admit_ttfa: float = option(HeadroomRule.ttfa_target, "--admission headroom: TTFA p95 of the latest turns above which there are too "
-                                     "many turns (a margin under a 300 ms promise: a 2 s window holds a few dozen "
-                                     "turns)", type=positive(float))
-    admit_growth: float = option(HeadroomRule.growth, "--admission headroom: with room, the limit also grows each half second by this "
-                                      "share of itself times how far the latest turns' TTFA p95 is under --admit-ttfa, "
-                                      "if that is more than 2 turns (0: 2 turns only; 0.4 paid on an H100 only for stages "
-                                      "with room to grow into, such as --flow-steps 5 --quantization fp8: README)",
+    admit_ttfa: float = option(HeadroomRule.ttfa_target, "--admission headroom: TTFA p95 of the latest turns above "
+                                                         "which there are too many turns (a margin under a 300 ms "
+                                                         "promise: a 2 s window holds a few dozen turns)",
+                               type=positive(float))
+    admit_growth: float = option(HeadroomRule.growth, "--admission headroom: with room, the limit also grows each half "
+                                                      "second by this share of itself times how far the latest turns' "
+                                                      "TTFA p95 is under --admit-ttfa, if that is more than 2 turns (0: "
+                                                      "2 turns only; 0.4 paid on an H100 only for stages with room to "
+                                                      "grow into, such as --flow-steps 5 --quantization fp8: README)",
                                  type=share)
     max_turns_per_client: int | None = option(
         None, "turns one client may have running or waiting at once, each API key its own (without API keys: each "
