@@ -190,14 +190,15 @@ def test_arrivals_spread_out_meet_the_limit_from_an_idle_start():
     holds ~22 of them, under the limit, so the burst lets none in over it: the start is the rule's, as without it."""
     def admitted_over(burst_turns):
         h = Headroom(dataclasses.replace(RULE, initial_limit=48, max_limit=256, burst_turns=burst_turns))
-        running, over = 0, 0
+        ends, over, admitted = [], 0, 0  # the running turns' ends
         for k in range(900):  # 10 s at 90 a second; each turn runs 3 s
             now = k / 90
-            if h.admits(now, running):
-                running += 1
+            ends = [end for end in ends if end > now]
+            if h.admits(now, len(ends)):
+                ends.append(now + 3.0)
                 over += h.over_limit
-            running -= running // 270  # turns end at their pace
-        return over, h.limit
+                admitted += 1
+        return over, admitted, h.limit
 
     assert admitted_over(128) == admitted_over(0) and admitted_over(128)[0] == 0
 
@@ -217,7 +218,7 @@ def test_a_refusal_past_a_burst_hints_at_the_turns_that_must_end_before_the_limi
         await asyncio.sleep(0)
         assert adm.running == 12
         with pytest.raises(ResourceExhausted) as in_window:
-            await turn()  # the burst's cap: a place frees when one turn ends, but by then its window may be gone
+            await turn()  # at the burst's cap; the hint is reckoned against the limit, which holds after the window
         adm.headroom.burst_until = 0.0  # the window has passed
         with pytest.raises(ResourceExhausted) as past:
             await turn()
