@@ -28,7 +28,7 @@ adaptive concurrency limits of RPC servers), updated every `period` seconds from
 Why a burst on an idle stack is let in over the limit (`--admit-burst-turns`): the limit is what the stages serve in
 time under sustained arrivals, and before any signal it is a guess (48, an H100's). 128 turns sent at the same instant
 to an idle stack met it: 80 refused while both stages idled. Let in, the same 128 played 100% stall-free, the start
-limit (admission.py's max_starting) starting them 16 at a time: on an H200 under this rule in three runs of four (one
+limit (admission.py's max_starting) starting them 16 at a time: on an H200 under this rule in six runs of seven (one
 93.8%: a few second chunks late), on an H100 under count admission (docs/benchmarks.md, 2026-11-28 and
 2026-11-26). Their first audio came later than the promise (p95 ~2.3 s at the client, most of it the wait to start):
 the price of serving them all. A sustained overload is not let in by it: its arrivals come spread out (90 a second,
