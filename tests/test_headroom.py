@@ -185,6 +185,19 @@ def test_a_burst_on_an_idle_stack_runs_up_to_its_own_cap_over_the_limit_and_only
     assert [off.admits(30.0, running=i) for i in range(10)] == [True] * 8 + [False] * 2
 
 
+def test_while_a_burst_drains_an_ongoing_sessions_next_turn_may_run_up_to_its_cap_a_new_session_may_not():
+    h = Headroom(dataclasses.replace(RULE, burst_turns=20, burst_window=0.25))  # the limit: 8
+    assert all(h.admits(10.0, running=i) for i in range(20))                    # a burst: 20 run, 12 over the limit
+    assert not h.admits(12.0, running=15)                                       # past its window a new one meets the limit
+    assert h.admits(12.0, running=15, reserve=0.1, ongoing=True) and h.over_limit  # a session's next turn still runs
+    assert not h.admits(12.1, running=20, reserve=0.1, ongoing=True)            # up to the burst's cap
+    assert h.admits(13.0, running=7) and not h.over_limit                       # under the limit again: drained
+    assert not h.admits(13.1, running=9, reserve=0.1, ongoing=True)             # from then on the reserve alone (8 x 1.1)
+    # no burst, no drain: a limit that fell under the turns running leaves an ongoing turn the reserve alone
+    fallen = Headroom(dataclasses.replace(RULE, burst_turns=20))
+    assert not fallen.admits(20.0, running=12, reserve=0.1, ongoing=True)
+
+
 def test_arrivals_spread_out_meet_the_limit_from_an_idle_start():
     """90 turns a second (three times the limit's capacity here) from an idle stack: the window of the first arrival
     holds ~22 of them, under the limit, so the burst lets none in over it: the start is the rule's, as without it."""

@@ -111,7 +111,8 @@ class Admission:
         taken."""
         if self.headroom is not None:
             now = time.perf_counter()
-            admitted = self.headroom.admits(now, self.running, reserve=ONGOING_RESERVE if ongoing else 0.0)
+            admitted = self.headroom.admits(now, self.running, reserve=ONGOING_RESERVE if ongoing else 0.0,
+                                            ongoing=ongoing)
             metrics.HEADROOM_LIMIT.set(self.headroom.limit)
             self._log_limit(now)
             if self.headroom.over_limit:

@@ -23,7 +23,8 @@ adaptive concurrency limits of RPC servers), updated every `period` seconds from
   `ttfa_target`) if that is more (TTFA is then within its target: near the limit, over it is a fall);
 - a turn is admitted while fewer than the limit run; otherwise RESOURCE_EXHAUSTED, at once, with a retry hint;
 - except in a burst on an idle stack: a turn that arrives with none running opens a window of `burst_window` seconds
-  in which up to `burst_turns` may run, over the limit.
+  in which up to `burst_turns` may run, over the limit; and until the turns running have fallen under the limit
+  again, an ongoing session's next turn may run up to `burst_turns` too.
 
 Why a burst on an idle stack is let in over the limit (`--admit-burst-turns`): the limit is what the stages serve in
 time under sustained arrivals, and before any signal it is a guess (48, an H100's). 128 turns sent at the same instant
@@ -33,8 +34,11 @@ limit (admission.py's max_starting) starting them 16 at a time: on an H200 under
 2026-11-26). Their first audio came later than the promise (p95 ~2.3 s at the client, most of it the wait to start):
 the price of serving them all. A sustained overload is not let in by it: its arrivals come spread out (90 a second,
 three times an H100's knee, bring ~22 in a window of 0.25 s, under the limit anyway; at Poisson 30 and on a ramp of
-256 it let none in), and once the window has passed every arrival meets the limit, which turns running over it hold
-back until they end.
+256 it let none in), and once the window has passed every new turn meets the limit, which turns running over it hold
+back until they end. Sessions started in the burst keep their places meanwhile: their next turns (a Converse
+session's turn after the first) still run up to `burst_turns` while the burst drains. Without that, 15 of 128 two-turn
+sessions started at once had their second turn refused, twice, in the seconds after their first reply: the
+admission the burst gave them would not have held for the conversation.
 
 A low quantile, not the least slack: a stream's chunks grow (4, 5, 10, then 20 tokens), and the chunk that completes a
 large one leaves the gateway only ~0.1-0.2 s before it is due even on an idle H100 (docs/benchmarks.md, issue 23), so
@@ -94,6 +98,7 @@ class Headroom:
         self.held_back = False  # a turn was refused for the limit since the last decision
         self.burst_until = -math.inf  # the end of the window a turn arriving at an idle stack opened
         self.over_limit = False  # the last turn asked about (admits) was let in over the limit, as part of a burst
+        self.draining = False  # a burst let turns in over the limit, and the turns running have not fallen under it
 
     def observe_slack(self, now: float, slack: float) -> None:
         """A playing stream's chunk left the gateway `slack` seconds before its listener needed it (< 0: late)."""
@@ -136,14 +141,18 @@ class Headroom:
             return 0.0
         return r.growth * self.limit * max(0.0, 1 - ttfa / r.ttfa_target)
 
-    def admits(self, now: float, running: int, reserve: float = 0.0) -> bool:
+    def admits(self, now: float, running: int, reserve: float = 0.0, ongoing: bool = False) -> bool:
         """May one more turn start, with `running` turns running? reserve: a share of the limit this turn may go
-        over (ongoing sessions' turns: admission.py)."""
+        over; ongoing: the turn is an ongoing session's (both: admission.py)."""
         self.update(now, running)
         if running == 0:  # an idle stack: a burst may start with this turn
             self.burst_until = now + self.rule.burst_window
+        if running < self.limit:
+            self.draining = False
         within_limit = running < int(self.limit * (1 + reserve))
-        self.over_limit = not within_limit and now < self.burst_until and running < self.rule.burst_turns
+        in_burst = now < self.burst_until or (ongoing and self.draining)
+        self.over_limit = not within_limit and in_burst and running < self.rule.burst_turns
+        self.draining |= self.over_limit
         admitted = within_limit or self.over_limit
         self.held_back |= not admitted
         return admitted

@@ -66,7 +66,8 @@ HEADROOM_LIMIT = Gauge("gateway_admission_limit", "Turns the stages serve in tim
 HEADROOM_REFUSED = Counter("gateway_headroom_refusals_total", "Turns refused RESOURCE_EXHAUSTED by --admission "
                            "headroom: as many turns ran as the stages serve in time")
 BURST_ADMITTED = Counter("gateway_burst_admissions_total", "Turns --admission headroom let in over its limit, as part "
-                         "of a burst on an idle stack (--admit-burst-turns)")
+                         "of a burst on an idle stack, or as an ongoing session's next turn while one drains "
+                         "(--admit-burst-turns)")
 START_WAIT = Histogram("gateway_start_wait_seconds", "How long admitted turns waited to start while "
                        "--max-starting-turns turns were starting (prefill, first audio)", buckets=LATENCY_BUCKETS)
 QUEUED_TURNS = Gauge("gateway_queued_turns", "Turns waiting for a place (admission control)")
