@@ -29,7 +29,7 @@ adaptive concurrency limits of RPC servers), updated every `period` seconds from
 Why a burst on an idle stack is let in over the limit (`--admit-burst-turns`): the limit is what the stages serve in
 time under sustained arrivals, and before any signal it is a guess (48, an H100's). 128 turns sent at the same instant
 to an idle stack met it: 80 refused while both stages idled. Let in, the same 128 played 100% stall-free, the start
-limit (admission.py's max_starting) starting them 16 at a time: on an H200 under this rule in six runs of seven (one
+limit (admission.py's max_starting) starting them 16 at a time: on an H200 under this rule in eight runs of nine (one
 93.8%: a few second chunks late), on an H100 under count admission (docs/benchmarks.md, 2026-11-28 and
 2026-11-26). Their first audio came later than the promise (p95 ~2.3 s at the client, most of it the wait to start):
 the price of serving them all. A sustained overload is not let in by it: its arrivals come spread out (90 a second,
@@ -37,8 +37,8 @@ three times an H100's knee, bring ~22 in a window of 0.25 s, under the limit any
 256 it let none in), and once the window has passed every new turn meets the limit, which turns running over it hold
 back until they end. Sessions started in the burst keep their places meanwhile: their next turns (a Converse
 session's turn after the first) still run up to `burst_turns` while the burst drains. Without that, 15 of 128 two-turn
-sessions started at once had their second turn refused, twice, in the seconds after their first reply: the
-admission the burst gave them would not have held for the conversation.
+sessions started at once had their second turn refused, twice, in the seconds after their first reply; with it, none,
+twice, all 256 turns stall-free (docs/benchmarks.md, 2026-11-28).
 
 A low quantile, not the least slack: a stream's chunks grow (4, 5, 10, then 20 tokens), and the chunk that completes a
 large one leaves the gateway only ~0.1-0.2 s before it is due even on an idle H100 (docs/benchmarks.md, issue 23), so
