@@ -229,7 +229,7 @@ def bands_table(result: list[dict]) -> str:
     for r in result:
         for band, b in r.get("ttfa_bands", {}).items():
             lines.append([r["gateway"], r["load"], band, str(b["streams"]),
-                          *(f"{b.get(k, math.nan) * 1e3:.1f} ms" for k in parts)])
+                          *(f"{b[k] * 1e3:.1f} ms" for k in parts)])
     return columns(lines)
 
 
