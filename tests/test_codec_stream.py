@@ -230,6 +230,43 @@ def test_flow_graphs_on_cuda_are_the_eager_flow_and_rows_stay_apart():
         assert snr(mel.cpu().numpy(), alone.cpu().numpy()) > 30
 
 
+def test_serve_marks_each_workers_graphs_apart():
+    """TokenVocoder.serve (the server, after the warm-up) turns a worker's flow and generator graphs to serving: from
+    then on a shape they lack runs eagerly. A lane's graphs are its own, marked by its own serve."""
+    v = load_vocoder(None, "tiny-codec")
+    lane = v.lane()
+    v.serve()
+    assert v.runner.serving and v.decoder.graphs.serving
+    assert not lane.runner.serving and not lane.decoder.graphs.serving
+    lane.serve()
+    assert lane.runner.serving and lane.decoder.graphs.serving
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs of the flow: needs a GPU")
+def test_flow_calls_of_a_shape_not_captured_run_eagerly_once_serving(caplog):
+    """Once serving (TokenVocoder.serve), a call shape the warm-up missed is not captured beside the other worker's
+    calls: it runs eagerly, gives the eager decoder's frames, and is logged once (flow_graphs.py)."""
+    cpu = load_vocoder(None, "tiny-codec")
+    voice = cpu.voices["default"]
+    device = torch.device("cuda")
+    graphs = FlowTokenDecoder(cpu.decoder.flow, device)
+    eager = FlowTokenDecoder(load_vocoder(None, "tiny-codec").decoder.flow, device, graphs=False)
+    one = [FlowState(voice, tuple(codes(13, seed=1)), 0, 0)]
+    three = [FlowState(voice, tuple(codes(n, seed=n)), 0, 0) for n in (8, 13, 21)]
+    graphs.decode_chunks([([], s) for s in one])  # captured at its first use: not serving yet
+    captured = set(graphs.graphs)
+    assert captured
+    graphs.graphs.serving = True
+    with caplog.at_level("WARNING", logger="services.vocoder.codec.flow_graphs"):
+        together = graphs.decode_chunks([([], s) for s in three])  # another batch bucket
+        graphs.decode_chunks([([], s) for s in three])
+    assert set(graphs.graphs) == captured
+    assert caplog.text.count("run eagerly") == 1
+    for s, (mel, _) in zip(three, together):
+        reference = eager.decode_chunks([([], s)])[0][0]
+        assert mel.shape == reference.shape and snr(mel.cpu().numpy(), reference.cpu().numpy()) > 30
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the real-size codec on a GPU")
 def test_real_size_codec_streams_on_cuda():
     v = load_vocoder(None, "moss-speech", "cuda")

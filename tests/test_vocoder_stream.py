@@ -196,18 +196,28 @@ def test_cuda_last_windows_of_the_captured_exact_length_replay_a_graph():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_a_graph_captured_while_serving_is_logged_one_captured_in_the_warm_up_is_not(caplog):
-    """A capture after the first replay holds up its call: the log says which shape the warm-up missed."""
+def test_cuda_a_shape_the_warm_up_missed_runs_eagerly_once_serving_and_is_logged_once(caplog):
+    """Once serving, a shape the warm-up did not capture is not captured (the other worker's calls would fail beside
+    the capture: flow_graphs.py): it runs eagerly, gives the graph's samples, and the log names it once."""
     from services.vocoder.runner import GeneratorRunner
 
     runner = GeneratorRunner(gen.build_generator(config("moss-speech", 64), seed=1), 480, torch.device("cuda"))
     runner.warm_up((1,))
     g = torch.Generator().manual_seed(7)
+    mels = [torch.randn(80, 20, generator=g) - 5 for _ in range(2)]
     with caplog.at_level("WARNING", logger="services.vocoder.runner"):
-        runner([torch.randn(80, 20, generator=g) - 5])  # batch 1, 24 frames: warmed
-        assert "captured while serving" not in caplog.text
-        runner([torch.randn(80, 20, generator=g) - 5 for _ in range(2)])  # batch 2: not warmed
-    assert "a generator graph captured while serving (2 windows of 24 frames)" in caplog.text
+        runner.serving = True  # what the server's TokenVocoder.serve does after the warm-up
+        runner(mels[:1])  # batch 1, 24 frames: warmed
+        assert "eagerly" not in caplog.text
+        captured = set(runner.graphs)
+        eager = runner(mels)  # batch 2: not warmed
+        runner(mels)
+    assert set(runner.graphs) == captured  # nothing captured while serving
+    assert caplog.text.count("generator calls of 2 windows of 24 frames run eagerly") == 1
+    fresh = GeneratorRunner(gen.build_generator(config("moss-speech", 64), seed=1), 480, torch.device("cuda"))
+    fresh.warm_up((1, 2))  # the same shape captured before serving
+    for a, b in zip(eager, fresh(mels)):
+        assert snr_db(b.numpy(), a.numpy()) > 30
 
 
 @pytest.mark.parametrize("schedule", [[3, 3, 6, 12, 20, 1], [1] * 12, [40]], ids=["default", "1-token", "whole"])

@@ -74,7 +74,10 @@ class GeneratorRunner:
         self.exact_frames: set[int] = set()  # last-window lengths that run in graphs (warm_up)
         self.exact_batch = 0                 # the most last windows of one length a graph takes (warm_up)
         self.pool = None
-        self.serving = False  # a graph has been replayed: a capture now holds up a call (and is logged)
+        # Serving (set by TokenVocoder.serve once the server's warm-up is over): a shape the warm-up missed runs
+        # eagerly, not captured (_run says why), and is logged once. Before (tests, benches): captured at first use.
+        self.serving = False
+        self.eager_shapes: set[tuple[int, int]] = set()
         # A conditioned generator's further inputs per row (dtype, shape after the batch axis): what warm_up
         # captures graphs with. HiFT: its source's phase at an anchor frame, that frame, the frame whose phase
         # it returns, the window's first sample (codec/hift.py).
@@ -84,6 +87,7 @@ class GeneratorRunner:
         """The same runner for a second worker thread: the generator shared, graphs of its own (worker.py)."""
         other = copy.copy(self)
         other.graphs, other.pool, other.exact_frames, other.exact_batch, other.serving = {}, None, set(), 0, False
+        other.eager_shapes = set()
         return other
 
     @property
@@ -104,7 +108,6 @@ class GeneratorRunner:
         """The (batch, frames) graph: (graph, [static mel, static conditions...], static output)."""
         key = (batch, frames)
         if key not in self.graphs:
-            started = time.perf_counter()
             static_in = [self._input(batch, frames)]
             static_in += [torch.zeros(batch, *shape, dtype=dtype, device=self.device)
                           for dtype, shape in zip(cond_dtypes or self.cond_dtypes, cond_shapes or self.cond_shapes)]
@@ -115,10 +118,6 @@ class GeneratorRunner:
                 static_out = self.generator(*static_in)
             self.pool = graph.pool()  # one pool: a batch's samples are copied out before the next replay
             self.graphs[key] = (graph, static_in, static_out)
-            if self.serving:
-                log.warning("vocoder: a generator graph captured while serving (%d windows of %d frames): %.0f ms this "
-                            "call waited; the warm-up did not cover its shape", batch, frames,
-                            1000 * (time.perf_counter() - started))
         return self.graphs[key]
 
     @torch.inference_mode()
@@ -217,6 +216,15 @@ class GeneratorRunner:
         (batch bucket, frames) graph, when graphs are on."""
         graph = graph and self.use_graphs
         batch = smallest(self.batch_buckets, len(mels)) if graph else len(mels)
+        if graph and self.serving and (batch, frames) not in self.graphs:
+            # Not captured now: a capture syncs the device and forbids other threads' CUDA calls meanwhile, and the
+            # other worker (worker.py's lane) is serving. On an H200 the flow's captures while serving failed the
+            # lane's calls and then the vocoder (docs/benchmarks.md, issue 23). Eagerly, this call takes longer.
+            graph = False
+            if (batch, frames) not in self.eager_shapes:
+                self.eager_shapes.add((batch, frames))
+                log.warning("vocoder: generator calls of %d windows of %d frames run eagerly: the warm-up did not "
+                            "capture their shape", batch, frames)
         x = self._input(batch, frames)
         rows = x[:, :, 0, :] if self.channels_last else x  # [batch, num_mels, frames], a view
         for row, mel in enumerate(mels):
@@ -229,7 +237,6 @@ class GeneratorRunner:
             static_in[0].copy_(x)
             for static, e in zip(static_in[1:], extra):
                 static.copy_(e)
-            self.serving = True
             cuda_graph.replay()
             y = static_out
         else:

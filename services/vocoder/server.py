@@ -73,6 +73,8 @@ async def run(s: VocoderSettings) -> None:
         lane.runner.warm_up([b for b in batches if b <= FIRST_CHUNK_LANE_BATCH])
         if flow:
             lane.decoder.warm_up(list(vocoder.voices.values()), FIRST_CHUNK_LANE_BATCH, first_calls=True)
+    for v in [vocoder] + ([lane] if lane is not None else []):
+        v.serve()
     if vocoder.runner.graphs:
         parts = [vocoder] + ([lane] if lane is not None else [])
         flow_graphs = sum(len(getattr(v.decoder, "graphs", {})) for v in parts) + len(solve.graphs if solve else {})

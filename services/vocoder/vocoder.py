@@ -108,6 +108,13 @@ class TokenVocoder:
             other.stream = torch.cuda.Stream(self.device, priority=-1)
         return other
 
+    def serve(self) -> None:
+        """Its warm-up is over and the worker threads start: from now on a call whose shape was not captured runs
+        eagerly instead of being captured beside the other worker's calls (flow_graphs.py says why)."""
+        self.runner.serving = True
+        if (graphs := getattr(self.decoder, "graphs", None)) is not None:
+            graphs.serving = True
+
     def running(self):
         """The context a worker thread calls this vocoder in: its CUDA stream, if it has one."""
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()

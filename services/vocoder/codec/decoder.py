@@ -379,8 +379,8 @@ class FlowTokenDecoder:
                 if self.history is None:
                     self.graphs.capture(B, T, self.prefix if self._prefixed(B, voices) else None)
                     continue
-                # With a history every stream decodes through it while slots last; a window call after that
-                # runs eagerly (the streams beyond history_streams).
+                # With a history every stream decodes through it while slots last; a window call after that (the
+                # streams beyond history_streams) runs eagerly once serving (flow_graphs.py).
                 if T not in self.history_token_buckets or (first_calls and T != self.history_token_buckets[0]):
                     continue
                 for N in self.solve_buckets[:1] if first_calls else self.solve_buckets:

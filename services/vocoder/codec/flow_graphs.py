@@ -4,17 +4,23 @@ that feed them.
 A flow call at the real size is ~6,000 kernels (the encoder and every Euler step); launched one by one from Python
 they would take longer than the GPU takes to run them. So each shape a call can take, (B rows, T tokens, whether
 it reads the prompt prefix, N frames solved per row for a stream-history call), is captured once
-(`FlowTokenDecoder.warm_up`, before the vocoder serves; a shape it missed is captured at its first call, which
-waits for it, and logged) and replayed: a call copies its inputs into the graph's
-static ones (`copy_into`) and replays it. The output mel [B, 80, frames] is the graph's own tensor, overwritten by
-the next replay: callers copy out what they keep.
+(`FlowTokenDecoder.warm_up`, before the vocoder serves; outside a server, a shape is captured at its first call)
+and replayed: a call copies its inputs into the graph's static ones (`copy_into`) and replays it. The output mel
+[B, 80, frames] is the graph's own tensor, overwritten by the next replay: callers copy out what they keep.
+
+Once serving, a shape the warm-up missed is not captured but run eagerly (slower, logged once a shape): a capture
+syncs the device and forbids CUDA calls from the process's other threads until it ends, and the vocoder's other
+worker (worker.py: the first-chunk lane, or the playing streams') is serving on its own thread. On an H200, with the
+streams past the stream history's 128 slots decoding over windows, such a capture failed the lane's event query, the
+capture with it, and the device-side assert that followed restarted the vocoder, failing every stream (CUDA's
+thread-local capture mode did not save it: the capture's own device sync fails beside another capture;
+docs/benchmarks.md, issue 23).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 
 import torch
 
@@ -34,7 +40,8 @@ class FlowGraphs:
         self.ratio, self.num_mels = frames_per_token, num_mels
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, FlowBatch, torch.Tensor]] = {}
         self.pool = None
-        self.serving = False  # a graph has been replayed: a capture now holds up a call (and is logged)
+        self.serving = False  # TokenVocoder.serve, after the server's warm-up: a shape not captured runs eagerly
+        self.eager_shapes: set[tuple] = set()
 
     def __len__(self) -> int:
         return len(self.graphs)
@@ -48,17 +55,23 @@ class FlowGraphs:
         """A call of B rows of T tokens (batch: its inputs, on the device) → the graph's mel [B, 80, frames].
         prefix: the prompt prefix or the stream history the call reads (None: neither); solved: a history call's
         frames per row; scratch: the history's scratch slot (the capture's own run writes there)."""
+        key = (B, T, prefix is not None, solved)
+        if self.serving and key not in self.graphs:
+            if key not in self.eager_shapes:
+                self.eager_shapes.add(key)
+                log.warning("vocoder: flow calls of %d rows, %d tokens (%s, %s frames solved) run eagerly: the warm-up "
+                            "did not capture their shape", B, T,
+                            "history" if solved is not None else "prefix" if prefix is not None else "no prefix", solved)
+            return self.flow(batch, streaming=True, prefix=prefix)
         graph, static, out = self.capture(B, T, prefix, solved, scratch)
-        self.serving = True
         copy_into(static, batch)
         graph.replay()
         return out
 
     def capture(self, B: int, T: int, prefix, solved: int | None = None, scratch: int | None = None):
-        """The graph of a call's shape, captured at its first use → (graph, static inputs, output)."""
+        """The graph of a call's shape, captured at its first use (before serving) → (graph, static inputs, output)."""
         key = (B, T, prefix is not None, solved)
         if key not in self.graphs:
-            started = time.perf_counter()
             static = self.empty(B, T, solved, scratch)
             self.flow(static, streaming=True, prefix=prefix)  # warm-up outside capture (cuBLAS and cuDNN choices)
             torch.cuda.synchronize(self.device)
@@ -67,11 +80,6 @@ class FlowGraphs:
                 out = self.flow(static, streaming=True, prefix=prefix)
             self.pool = graph.pool()
             self.graphs[key] = (graph, static, out)
-            if self.serving:
-                log.warning("vocoder: a flow graph captured while serving (%d rows, %d tokens, %s, %s frames solved): "
-                            "%.0f ms this call waited; the warm-up did not cover its shape", B, T,
-                            "history" if solved is not None else "prefix" if prefix is not None else "no prefix",
-                            solved, 1000 * (time.perf_counter() - started))
         return self.graphs[key]
 
     def empty(self, B: int, T: int, solved: int | None = None, scratch: int | None = None) -> FlowBatch:
