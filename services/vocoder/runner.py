@@ -2,9 +2,9 @@
 
 On CUDA: bfloat16 weights, the fused anti-aliased activation (activation.py), channels-last activations
 (channels_last.py: no layout transforms around cuDNN's NHWC convolutions) and one CUDA graph per
-(batch bucket, frames bucket). The server captures them all with `warm_up` before it serves; a graph it did
-not capture is captured on first use, which holds up that batch (and is logged). On CPU: the same padding and
-grouping, eager, float32.
+(batch bucket, frames bucket). The server captures them all with `warm_up` before it serves; once it serves, a
+shape it did not capture runs eagerly (logged: `_run` says why); outside a server a shape is captured at its first
+use. On CPU: the same padding and grouping, eager, float32.
 
 **Padding never mixes streams.** A window is padded to the smallest frames bucket that holds it by
 repeating its last frame, so its padded content is a function of the window alone; only windows of the
