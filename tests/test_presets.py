@@ -12,11 +12,13 @@ from moss.speech.v1 import common_pb2
 
 from services.cli import parser
 from services.gateway.client import synthesize
+from services.gateway.settings import DEFAULT_MAX_TURNS, GatewaySettings
 from services.llm.model.config import NUM_SPECIAL_TEXT_TOKENS, preset, tiny_config
 from services.llm.model.prompt import PromptBuilder
 from services.llm.model.tokenizer import preset_tokenizer, tiny_tokenizer
 from services.llm.server import build_engine, resolve_dtype
 from services.llm.settings import CUDA_AUDIO_LEAD, CUDA_FIRST_AUDIO_HOLD, LlmSettings, audio_lead, first_audio_hold
+from services.settings import from_args
 from services.stack import Ports, is_serving
 from services.up import GPU_STARTING_TURNS, up_service_args
 
@@ -220,6 +222,20 @@ def test_up_admits_by_headroom_and_starts_turns_a_few_at_a_time_on_a_gpu_only():
     assert (cpu.admission, cpu.max_starting_turns) == (None, None)  # the gateway's own: count, no start limit
     given = gateway("--device", "cuda", "--admission", "count", "--max-starting-turns", "0")
     assert (given.admission, given.max_starting_turns) == ("count", 0)
+
+
+def test_up_keeps_the_turns_running_on_a_gpu_within_the_flows_history_slots():
+    """On a GPU, `up` makes the gateway's --max-turns the vocoders' stream-history slots (past them a stream decodes
+    eagerly and slowly); one given wins, a history of none caps nothing, and without a GPU the gateway's own holds."""
+    def gateway(*argv):
+        return parser().parse_args(["gateway", *up_service_args(parser().parse_args(["up", *argv]))["gateway"]])
+    assert gateway("--device", "cuda").max_turns == 128 < DEFAULT_MAX_TURNS
+    assert gateway("--device", "cuda", "--flow-history-streams", "48").max_turns == 48
+    assert gateway("--device", "cuda", "--flow-history-streams", "48", "--gpus", "0,1").max_turns == 96  # per replica
+    assert gateway("--device", "cuda", "--max-turns", "200").max_turns == 200
+    assert gateway("--device", "cuda", "--flow-history-streams", "0").max_turns is None  # the gateway's own
+    assert gateway().max_turns is None
+    assert from_args(GatewaySettings, gateway()).turns_at_once() == DEFAULT_MAX_TURNS
 
 
 def test_up_runs_the_vocoders_first_chunk_lane_on_a_gpu_unless_told_otherwise():

@@ -29,9 +29,9 @@ async def run(s: GatewaySettings) -> None:
         log.warning("gateway: no API keys (--api-keys-file, $%s): any client may call it", KEYS_ENV)
     per_client = s.max_turns_per_client
     if per_client is None:  # keys name clients; addresses may not (a proxy, a NAT): no limit of their own by default
-        per_client = max(1, s.max_turns // 2) if api_keys else 0
+        per_client = max(1, s.turns_at_once() // 2) if api_keys else 0
     speech = Speech(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
-                    Admission(s.max_turns, s.max_queued_turns, per_client, headroom(s), s.max_starting_turns or 0))
+                    Admission(s.turns_at_once(), s.max_queued_turns, per_client, headroom(s), s.max_starting_turns or 0))
     servicer = GatewayServicer(speech, s.session_idle_seconds)
     ready = [False]  # as the gRPC health check says (readiness below), for the HTTP door's /readyz
 
@@ -80,9 +80,10 @@ async def run(s: GatewaySettings) -> None:
 def headroom(s: GatewaySettings) -> Headroom | None:
     if s.admission != "headroom":
         return None
-    return Headroom(HeadroomRule(initial_limit=min(s.admit_initial_turns, s.max_turns), max_limit=s.max_turns,
-                                 min_limit=min(HeadroomRule.min_limit, s.max_turns), low_slack=s.admit_low_slack,
+    turns = s.turns_at_once()
+    return Headroom(HeadroomRule(initial_limit=min(s.admit_initial_turns, turns), max_limit=turns,
+                                 min_limit=min(HeadroomRule.min_limit, turns), low_slack=s.admit_low_slack,
                                  high_slack=(s.admit_high_slack if s.admit_high_slack is not None
                                              else max(HeadroomRule.high_slack, 2 * s.admit_low_slack)), ttfa_target=s.admit_ttfa,
-                                 growth=s.admit_growth, burst_turns=min(s.admit_burst_turns, s.max_turns),
+                                 growth=s.admit_growth, burst_turns=min(s.admit_burst_turns, turns),
                                  burst_window=s.admit_burst_window))

@@ -27,6 +27,7 @@ LLM_TARGET = f"127.0.0.1:{GRPC_PORTS['llm']}"
 VOCODER_TARGET = f"127.0.0.1:{GRPC_PORTS['vocoder']}"
 ENCODER_TARGET = f"127.0.0.1:{GRPC_PORTS['encoder']}"
 HEALTH_CHECK_SECONDS = 0.5  # how often a ready replica's health is asked (backends.py)
+DEFAULT_MAX_TURNS = 256  # --max-turns when none is given (services/up.py gives one on a GPU)
 
 
 @dataclass
@@ -49,7 +50,9 @@ class GatewaySettings:
                                          type=positive(float))
     api_keys_file: str | None = option(None, "a file of API keys, one per line; clients send one as 'authorization: "
                                              "Bearer <key>' (more keys: $MOSS_API_KEYS, comma-separated; none: open)")
-    max_turns: int = option(256, "turns running at once", type=positive(int))
+    max_turns: int | None = option(None, f"turns running at once (default: {DEFAULT_MAX_TURNS}; where moss-serve up runs the "
+                                         "stack on a GPU, the vocoders' stream-history slots, 128 a vocoder)",
+                                   type=positive(int), show_default=False)
     max_queued_turns: int = option(256, "turns waiting for a place, each within its deadline; beyond: "
                                         "RESOURCE_EXHAUSTED with a retry hint", type=count)
     max_starting_turns: int | None = option(
@@ -106,3 +109,7 @@ class GatewaySettings:
     default_timeout: float = 120.0
     tls: ServerTls | None = None          # TLS for clients
     backend_tls: ChannelTls | None = None  # TLS (mutual, with a certificate) to llm and vocoder
+
+    def turns_at_once(self) -> int:
+        """--max-turns, or the gateway's own default where none was given (`up` on a GPU gives one)."""
+        return self.max_turns or DEFAULT_MAX_TURNS
