@@ -242,6 +242,33 @@ def test_serve_marks_each_workers_graphs_apart():
     assert lane.runner.serving and lane.decoder.graphs.serving
 
 
+@pytest.mark.parametrize("history", [0, 4], ids=["windows", "history"])
+def test_a_serving_decoder_runs_shapes_it_has_no_graph_for_eagerly_and_unpadded(caplog, history):
+    """The choice itself, on the CPU: a decoder told it has graphs, serving, with none captured, must not capture (on a
+    CPU that would fail) but decode eagerly, unpadded: the frames of a decoder without graphs; logged once a shape."""
+    flow = load_vocoder(None, "tiny-codec").decoder.flow
+    voice = load_vocoder(None, "tiny-codec").voices["default"]
+    cpu = torch.device("cpu")
+    serving = FlowTokenDecoder(flow, cpu, history_streams=history)
+    eager = FlowTokenDecoder(flow, cpu, history_streams=history, graphs=False)
+    for d in (serving, eager):
+        d.set_voices([voice])
+    serving.use_graphs, serving.graphs.serving = True, True
+    streams = [tuple(codes(n, seed=n)) for n in (8, 13, 21)]
+    with caplog.at_level("WARNING", logger="services.vocoder.codec.flow_graphs"):
+        for _ in range(2):
+            got, want = ([d.decode_chunks([(list(c), d.start(voice)) for c in streams])
+                          for d in (serving, eager)])
+            for (a, _), (b, _) in zip(got, want):
+                assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
+            for d, out in ((serving, got), (eager, want)):
+                for _, state in out:
+                    d.release(state)
+    assert not serving.graphs.graphs and "run eagerly" in caplog.text
+    logged = [r for r in caplog.records if r.name == "services.vocoder.codec.flow_graphs"]
+    assert len(logged) == len(serving.graphs.eager_shapes)  # once a shape
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs of the flow: needs a GPU")
 def test_flow_calls_of_a_shape_not_captured_run_eagerly_once_serving(caplog):
     """Once serving (TokenVocoder.serve), a call shape the warm-up missed is not captured beside the other worker's

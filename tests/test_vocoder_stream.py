@@ -195,6 +195,25 @@ def test_cuda_last_windows_of_the_captured_exact_length_replay_a_graph():
     torch.testing.assert_close(graphs([other], [True])[0], eager([other], [True])[0], rtol=0.0, atol=2e-2)
 
 
+def test_a_serving_runner_runs_shapes_it_has_no_graph_for_eagerly_and_unpadded(caplog):
+    """The choice itself, on the CPU: a runner told it has graphs, serving, with none captured, must not capture (on
+    a CPU that would fail) but run eagerly, unpadded: the samples of a runner without graphs; logged once a shape."""
+    from services.vocoder.runner import GeneratorRunner, smallest
+
+    generator = gen.build_generator(config("moss-speech", 64), seed=1)
+    serving = GeneratorRunner(generator, 480, torch.device("cpu"), graphs=True)
+    plain = GeneratorRunner(generator, 480, torch.device("cpu"), graphs=False)
+    serving.serving = True
+    g = torch.Generator().manual_seed(7)
+    mels = [torch.randn(80, 20, generator=g) - 5 for _ in range(3)]
+    with caplog.at_level("WARNING", logger="services.vocoder.runner"):
+        for _ in range(2):
+            for a, b in zip(serving(mels), plain(mels)):
+                assert torch.equal(a, b)
+    bucket = smallest(serving.batch_buckets, 3)
+    assert not serving.graphs and caplog.text.count(f"generator calls of {bucket} windows of 24 frames run eagerly") == 1
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_a_shape_the_warm_up_missed_runs_eagerly_once_serving_and_is_logged_once(caplog):
     """Once serving, a shape the warm-up did not capture is not captured (the other worker's calls would fail beside

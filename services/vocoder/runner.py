@@ -215,16 +215,17 @@ class GeneratorRunner:
         copies (the graphs share one memory pool: the next replay may overwrite their outputs). graph: run in the
         (batch bucket, frames) graph, when graphs are on."""
         graph = graph and self.use_graphs
-        batch = smallest(self.batch_buckets, len(mels)) if graph else len(mels)
-        if graph and self.serving and (batch, frames) not in self.graphs:
+        bucket = smallest(self.batch_buckets, len(mels))
+        if graph and self.serving and (bucket, frames) not in self.graphs:
             # Not captured now: a capture syncs the device and forbids other threads' CUDA calls meanwhile, and the
             # other worker (worker.py's lane) is serving. On an H200 the flow's captures while serving failed the
-            # lane's calls and then the vocoder (docs/benchmarks.md, issue 23). Eagerly, this call takes longer.
+            # lane's calls and then the vocoder (docs/benchmarks.md, issue 23). Eagerly, unpadded, this call takes longer.
             graph = False
-            if (batch, frames) not in self.eager_shapes:
-                self.eager_shapes.add((batch, frames))
+            if (bucket, frames) not in self.eager_shapes:
+                self.eager_shapes.add((bucket, frames))
                 log.warning("vocoder: generator calls of %d windows of %d frames run eagerly: the warm-up did not "
-                            "capture their shape", batch, frames)
+                            "capture their shape", bucket, frames)
+        batch = bucket if graph else len(mels)
         x = self._input(batch, frames)
         rows = x[:, :, 0, :] if self.channels_last else x  # [batch, num_mels, frames], a view
         for row, mel in enumerate(mels):

@@ -269,10 +269,13 @@ class FlowTokenDecoder:
         """Rows → each row's kept frames, mel [80, n] float32, on the device."""
         lengths = [len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows]
         longest = max(lengths)
+        voices = [s.voice for s, _ in rows]
         graph = self.use_graphs and smallest(TOKEN_BUCKETS, longest) is not None and len(rows) <= BATCH_BUCKETS[-1]
-        T = smallest(TOKEN_BUCKETS, longest) if graph else longest
-        B = smallest(BATCH_BUCKETS, len(rows)) if graph else len(rows)
-        prefixed = self._prefixed(B, [s.voice for s, _ in rows])
+        if graph:  # (padded to its buckets, unless that shape runs eagerly: FlowGraphs.ready)
+            B, T = smallest(BATCH_BUCKETS, len(rows)), smallest(TOKEN_BUCKETS, longest)
+            graph = self.graphs.ready(B, T, self._prefixed(B, voices))
+        B, T = (B, T) if graph else (len(rows), longest)
+        prefixed = self._prefixed(B, voices)
         batch = self._batch(rows, B, T, prefixed)
         if graph:
             mel = self.graphs.replay(batch, B, T, self.prefix if prefixed else None)
@@ -293,6 +296,7 @@ class FlowTokenDecoder:
         longest, most = max(lengths), max(b - a for a, b, _ in spans)
         T, N = smallest(self.history_token_buckets, longest), smallest(self.solve_buckets, most)
         graph = self.use_graphs and T is not None and N is not None and len(rows) <= BATCH_BUCKETS[-1]
+        graph = graph and self.graphs.ready(smallest(BATCH_BUCKETS, len(rows)), T, True, N)
         T, N = (T, N) if graph else (longest, most)
         B = smallest(BATCH_BUCKETS, len(rows)) if graph else len(rows)
         batch = self.history_batch(rows, B, T, N)

@@ -8,13 +8,13 @@ it reads the prompt prefix, N frames solved per row for a stream-history call), 
 and replayed: a call copies its inputs into the graph's static ones (`copy_into`) and replays it. The output mel
 [B, 80, frames] is the graph's own tensor, overwritten by the next replay: callers copy out what they keep.
 
-Once serving, a shape the warm-up missed is not captured but run eagerly (slower, logged once a shape): a capture
-syncs the device and forbids CUDA calls from the process's other threads until it ends, and the vocoder's other
-worker (worker.py: the first-chunk lane, or the playing streams') is serving on its own thread. On an H200, with the
-streams past the stream history's 128 slots decoding over windows, such a capture failed the lane's event query, the
-capture with it, and the device-side assert that followed restarted the vocoder, failing every stream (CUDA's
-thread-local capture mode did not save it: the capture's own device sync fails beside another capture;
-docs/benchmarks.md, issue 23).
+Once serving, a shape the warm-up missed is not captured: `ready` says so (logged once a shape), and the caller runs
+that call eagerly, unpadded (slower). A capture syncs the device and forbids CUDA calls from the process's other
+threads until it ends, and the vocoder's other worker (worker.py: the first-chunk lane, or the playing streams') is
+serving on its own thread. On an H200, with the streams past the stream history's 128 slots decoding over windows,
+such a capture failed the lane's event query, the capture with it, and the device-side assert that followed restarted
+the vocoder, failing every stream (CUDA's thread-local capture mode did not save it: the capture's own device sync
+fails beside another capture; docs/benchmarks.md, issue 23).
 """
 
 from __future__ import annotations
@@ -55,18 +55,24 @@ class FlowGraphs:
         """A call of B rows of T tokens (batch: its inputs, on the device) → the graph's mel [B, 80, frames].
         prefix: the prompt prefix or the stream history the call reads (None: neither); solved: a history call's
         frames per row; scratch: the history's scratch slot (the capture's own run writes there)."""
-        key = (B, T, prefix is not None, solved)
-        if self.serving and key not in self.graphs:
-            if key not in self.eager_shapes:
-                self.eager_shapes.add(key)
-                log.warning("vocoder: flow calls of %d rows, %d tokens (%s, %s frames solved) run eagerly: the warm-up "
-                            "did not capture their shape", B, T,
-                            "history" if solved is not None else "prefix" if prefix is not None else "no prefix", solved)
-            return self.flow(batch, streaming=True, prefix=prefix)
         graph, static, out = self.capture(B, T, prefix, solved, scratch)
         copy_into(static, batch)
         graph.replay()
         return out
+
+    def ready(self, B: int, T: int, reads: bool, solved: int | None = None) -> bool:
+        """Whether a call of B rows of T tokens (reads: a prefix or the history; solved: a history call's frames per
+        row) replays a graph: captured, or not serving yet (then captured at its first call). Once serving, a shape
+        not captured is logged once and the caller runs the call eagerly, unpadded (the module docstring says why)."""
+        key = (B, T, reads, solved)
+        if key in self.graphs or not self.serving:
+            return True
+        if key not in self.eager_shapes:
+            self.eager_shapes.add(key)
+            log.warning("vocoder: flow calls of %d rows, %d tokens (%s, %s frames solved) run eagerly: the warm-up did "
+                        "not capture their shape", B, T,
+                        "history" if solved is not None else "prefix" if reads else "no prefix", solved)
+        return False
 
     def capture(self, B: int, T: int, prefix, solved: int | None = None, scratch: int | None = None):
         """The graph of a call's shape, captured at its first use (before serving) → (graph, static inputs, output)."""
