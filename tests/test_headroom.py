@@ -327,3 +327,20 @@ def test_a_burst_on_an_idle_gateway_is_let_in_up_to_its_cap_and_plays_on_time(st
     assert metric_value(text, "gateway_headroom_refusals_total") == 2
     assert metric_value(text, "gateway_admission_limit") == 4  # the burst did not move the limit
     assert not any(held.values())
+
+
+def test_the_gateway_says_at_start_what_it_admits_by():
+    """`moss-serve up` chooses --max-turns on a GPU (the vocoders' history slots): the gateway's first lines say it."""
+    from services.cli import parser
+    from services.gateway import server
+    from services.gateway.settings import GatewaySettings
+    from services.settings import from_args
+
+    given = from_args(GatewaySettings, parser().parse_args(
+        ["gateway", "--admission", "headroom", "--max-turns", "128", "--max-starting-turns", "16"]))
+    line = server.admission_line(given, per_client=64)
+    initial = min(HeadroomRule.initial_limit, 128)
+    assert line == (f"admission by headroom, from {initial} turns; at most 128 turns running (--max-turns), "
+                    f"{given.max_queued_turns} waiting, 16 starting, 64 per client")
+    bare = server.admission_line(from_args(GatewaySettings, parser().parse_args(["gateway"])), per_client=0)
+    assert bare.startswith("admission by count; at most 256 turns running") and bare.endswith("no limit of its own per client")

@@ -32,6 +32,7 @@ async def run(s: GatewaySettings) -> None:
         per_client = max(1, s.turns_at_once() // 2) if api_keys else 0
     speech = Speech(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
                     Admission(s.turns_at_once(), s.max_queued_turns, per_client, headroom(s), s.max_starting_turns or 0))
+    log.info("gateway: %s", admission_line(s, per_client))
     servicer = GatewayServicer(speech, s.session_idle_seconds)
     ready = [False]  # as the gRPC health check says (readiness below), for the HTTP door's /readyz
 
@@ -75,6 +76,16 @@ async def run(s: GatewaySettings) -> None:
         write_timeout=s.client_stall_seconds or None,
         on_stalled=metrics.observe_stalled,
     )
+
+
+def admission_line(s: GatewaySettings, per_client: int) -> str:
+    """The limits this gateway admits turns by, for its start-up log: `moss-serve up` chooses some of them (on a GPU
+    --max-turns is the vocoders' stream-history slots), and an operator should not have to read its code to know."""
+    turns = s.turns_at_once()
+    rule = (f"by headroom, from {min(s.admit_initial_turns, turns)} turns" if s.admission == "headroom"
+            else "by count")
+    return (f"admission {rule}; at most {turns} turns running (--max-turns), {s.max_queued_turns} waiting, "
+            f"{s.max_starting_turns or 'any number'} starting, {per_client or 'no limit of its own'} per client")
 
 
 def headroom(s: GatewaySettings) -> Headroom | None:
