@@ -73,10 +73,10 @@ async def run(s: VocoderSettings) -> None:
         lane.runner.warm_up([b for b in batches if b <= FIRST_CHUNK_LANE_BATCH])
         if flow:
             lane.decoder.warm_up(list(vocoder.voices.values()), FIRST_CHUNK_LANE_BATCH, first_calls=True)
-    for v in [vocoder] + ([lane] if lane is not None else []):
+    parts = [vocoder] + ([lane] if lane is not None else [])  # the workers' vocoders, each with graphs of its own
+    for v in parts:
         v.serve()
     if vocoder.runner.graphs:
-        parts = [vocoder] + ([lane] if lane is not None else [])
         flow_graphs = sum(len(getattr(v.decoder, "graphs", {})) for v in parts) + len(solve.graphs if solve else {})
         log.info("vocoder: %d CUDA graphs captured in %.1f s (%d of the flow%s)",
                  sum(len(v.runner.graphs) for v in parts) + flow_graphs, time.perf_counter() - started, flow_graphs,

@@ -295,10 +295,9 @@ class FlowTokenDecoder:
         spans = [self._solved(s, p) for s, p in rows]
         longest, most = max(lengths), max(b - a for a, b, _ in spans)
         T, N = smallest(self.history_token_buckets, longest), smallest(self.solve_buckets, most)
-        graph = self.use_graphs and T is not None and N is not None and len(rows) <= BATCH_BUCKETS[-1]
-        graph = graph and self.graphs.ready(smallest(BATCH_BUCKETS, len(rows)), T, True, N)
-        T, N = (T, N) if graph else (longest, most)
-        B = smallest(BATCH_BUCKETS, len(rows)) if graph else len(rows)
+        B = smallest(BATCH_BUCKETS, len(rows))
+        graph = self.use_graphs and None not in (T, N, B) and self.graphs.ready(B, T, True, N)
+        B, T, N = (B, T, N) if graph else (len(rows), longest, most)
         batch = self.history_batch(rows, B, T, N)
         if graph:
             mel = self.graphs.replay(batch, B, T, self.history, N, self.history.scratch)
