@@ -65,6 +65,105 @@ def test_a_held_request_gets_no_steps_keeps_its_blocks_and_says_the_same_once_re
     assert [s.audio_ids for s in seqs] == [a.audio_ids for a in alone] and engine.load().held == 0
 
 
+def greedy_requests(n: int, max_new: int = 40, prefix: str = "r") -> list[GenerationRequest]:
+    return [GenerationRequest(f"{prefix}{i}", SamplingSettings(temperature=0.0, max_new_tokens=max_new, min_new_tokens=0),
+                              ChunkSettings(), text=f"question number {i}") for i in range(n)]
+
+
+def test_held_requests_take_no_running_place_from_requests_that_can_run(model):
+    """Twice max_num_seqs held (clients that stopped reading), then requests that can run: these run to their end
+    beside the held ones (no "cache full" with the pool nearly empty), and the held ones, released, say what they
+    would have said alone."""
+    held_reqs, others = greedy_requests(4, prefix="held"), greedy_requests(2, prefix="other")
+    alone = {r.request_id: run(make_engine(model), [r])[0][0] for r in held_reqs + others}
+    engine = make_engine(model, max_num_seqs=2)
+    held = [engine.make_sequence(r) for r in held_reqs]
+    for seq in held:
+        engine.add(seq)
+    while any(seq.num_steps < 3 for seq in held[:2]):
+        engine.step()
+    for seq in held:  # two running, two still waiting for a place
+        assert engine.hold(seq.request_id, True)
+    engine.step()  # (a step launched ahead before the holds may still land)
+    assert engine.scheduler.running == [] and engine.load().held == 4 and not engine.has_work()
+    assert all(seq.block_table for seq in held[:2]) and not any(seq.block_table for seq in held[2:])
+    steps = [seq.num_steps for seq in held]
+    seqs = [engine.make_sequence(r) for r in others]
+    for seq in seqs:
+        engine.add(seq)
+    while engine.has_work():
+        engine.step()
+    assert all(seq.finished for seq in seqs) and [seq.num_steps for seq in held] == steps
+    assert engine.load().running == 0 and engine.load().waiting == 0 and engine.load().held == 4
+    for seq in held:
+        engine.hold(seq.request_id, False)
+    while engine.has_work():
+        engine.step()
+        assert len(engine.scheduler.running) <= 2
+    for seq in held + seqs:
+        assert (seq.text_ids, seq.audio_ids) == (alone[seq.request_id].text_ids, alone[seq.request_id].audio_ids)
+    assert engine.block_manager.num_used == 0 and engine.load().held == 0
+
+
+def test_held_requests_give_up_their_blocks_before_a_running_request_is_preempted(model):
+    """A pool that fits two requests: two held ones keep theirs until a newcomer needs them; then the newest held
+    gives its blocks up (not a running request), and recomputes them once released, saying the same."""
+    prompts = [[i] + [7] * 30 + [CFG.sosp_token_id] for i in range(3)]  # 2 blocks each, ~4 at their end
+
+    def requests():
+        return [GenerationRequest(f"r{i}", SamplingSettings(temperature=0.0, max_new_tokens=40, min_new_tokens=0),
+                                  ChunkSettings(), text_ids=p) for i, p in enumerate(prompts)]
+
+    alone = [run(make_engine(model), [r])[0][0] for r in requests()]
+    engine = make_engine(model, kv_cache_bytes=9 * 16 * CFG.kv_bytes_per_token, max_num_seqs=4)
+    seqs = [engine.make_sequence(r) for r in requests()]
+    for seq in seqs[:2]:
+        engine.add(seq)
+    while any(seq.num_steps < 20 for seq in seqs[:2]):
+        engine.step()
+    for seq in seqs[:2]:
+        engine.hold(seq.request_id, True)
+    engine.step()
+    kept = [list(seq.block_table) for seq in seqs[:2]]
+    assert all(kept) and engine.block_manager.num_free < 4
+    engine.add(seqs[2])
+    preempted = engine.scheduler.num_preemptions
+    while engine.has_work():
+        engine.step()
+        assert seqs[2] in engine.scheduler.running or seqs[2].finished  # never preempted itself
+    assert seqs[2].finished and engine.scheduler.num_preemptions > preempted
+    assert seqs[0].block_table == kept[0] and not seqs[1].block_table  # the newest held gave its blocks up
+    for seq in seqs[:2]:
+        engine.hold(seq.request_id, False)
+    while engine.has_work():
+        engine.step()
+    assert [(s.text_ids, s.audio_ids) for s in seqs] == [(a.text_ids, a.audio_ids) for a in alone]
+    assert engine.block_manager.num_used == 0
+
+
+def test_a_request_released_while_the_batch_is_full_runs_when_a_place_frees(model):
+    engine = make_engine(model, max_num_seqs=1)
+    first, second = (engine.make_sequence(r) for r in greedy_requests(2, max_new=20))
+    engine.add(first)
+    while first.num_steps < 2:
+        engine.step()
+    engine.hold(first.request_id, True)
+    engine.add(second)
+    while second.num_steps < 2:
+        engine.step()
+    engine.hold(first.request_id, False)  # the one place is second's: first waits, its blocks kept
+    engine.step()
+    assert engine.scheduler.running == [second] and first.block_table and engine.load().waiting == 1
+    assert engine.hold_seconds() == 0.0
+    while not second.finished:
+        engine.step()
+    engine.step()
+    assert engine.scheduler.running == [first]
+    while engine.has_work():
+        engine.step()
+    assert first.finished and engine.block_manager.num_used == 0
+
+
 def test_blocks_return_after_finish_and_abort(model):
     engine = make_engine(model)
     seqs, _ = run(engine, [GenerationRequest("a", GREEDY, ChunkSettings(), text="hello")])

@@ -341,6 +341,12 @@ def test_the_gateway_says_at_start_what_it_admits_by():
     line = server.admission_line(given, per_client=64)
     initial = min(HeadroomRule.initial_limit, 128)
     assert line == (f"admission by headroom, from {initial} turns; at most 128 turns running (--max-turns), "
-                    f"{given.max_queued_turns} waiting, 16 starting, 64 per client")
-    bare = server.admission_line(from_args(GatewaySettings, parser().parse_args(["gateway"])), per_client=0)
-    assert bare.startswith("admission by count; at most 256 turns running") and bare.endswith("no limit of its own per client")
+                    f"{given.max_queued_turns} waiting, 16 starting, 64 per client (an API key, else an address "
+                    f"other than this host's)")
+    bare = from_args(GatewaySettings, parser().parse_args(["gateway"]))
+    assert server.per_client_limit(bare, keyed=True) == 128 and server.per_client_limit(bare, keyed=False) == 32
+    assert server.per_client_limit(given, keyed=False) == 16
+    none = from_args(GatewaySettings, parser().parse_args(["gateway", "--max-turns-per-client", "0"]))
+    assert server.per_client_limit(none, keyed=False) == 0
+    assert server.admission_line(none, per_client=0).startswith("admission by count; at most 256 turns running")
+    assert "no limit of its own per client" in server.admission_line(none, per_client=0)

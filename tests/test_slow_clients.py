@@ -197,13 +197,22 @@ def test_a_client_over_its_own_limit_is_refused_and_holds_nothing():
 @pytest.mark.parametrize("metadata, peer, client", [
     ((("authorization", "Bearer s3cret"),), "ipv4:127.0.0.1:5555", "key:"),
     ((("authorization", "bearer  s3cret"),), "ipv4:127.0.0.1:5555", "key:"),  # as auth takes it: any case, spaces
+    ((("authorization", "Bearer s3cret"),), "unix:/tmp/sock", "key:"),
     ((), "ipv4:10.0.0.7:51234", "ipv4:10.0.0.7"),
-    ((), "ipv6:[::1]:40000", "ipv6:[::1]"),
-    ((("user-agent", "x"),), "unix:/tmp/sock", "unix:/tmp/sock"),
+    ((), "ipv6:[2001:db8::7]:40000", "ipv6:[2001:db8::7]"),
+    # this host's own, without a key (a local proxy, the bench): no one client, not counted
+    ((), "ipv4:127.0.0.1:5555", None),
+    ((), "ipv4:127.3.2.1:5555", None),
+    ((), "ipv6:[::1]:40000", None),
+    ((), "ipv6:[::ffff:127.0.0.1]:40000", None),
+    ((("user-agent", "x"),), "unix:/tmp/sock", None),
 ])
 def test_who_a_client_is(metadata, peer, client):
     context = SimpleNamespace(invocation_metadata=lambda: metadata, peer=lambda: peer)
     got = client_of(context)
+    if client is None:
+        assert got is None
+        return
     assert got.startswith(client) and "s3cret" not in got
     other = SimpleNamespace(invocation_metadata=lambda: (("authorization", "Bearer other"),), peer=lambda: peer)
     assert client_of(other) != client_of(SimpleNamespace(invocation_metadata=lambda: (("authorization", "Bearer s3cret"),),

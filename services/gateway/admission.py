@@ -1,7 +1,12 @@
 """Admission control: at most `max_turns` turns run at once, at most `max_queued` more wait for a place
 (first come, first served, each within its own deadline), and any beyond that are refused at once with
 RESOURCE_EXHAUSTED and a retry hint, never left hanging. One client (an API key, or an address: `client_of`) may
-have at most `max_per_client` turns running or waiting, so that it cannot take every place.
+have at most `max_per_client` turns running or waiting, so that it cannot take every place. A client without a key
+on a loopback address (a proxy on the host, the bench) is no one client: it is not counted.
+
+A turn held because its client stopped reading (pipeline.Turn._client_reading) keeps its place: its vocoder stream
+and its KV blocks stay its own, it may go on at any moment and then needs them at once, and --client-stall-seconds
+ends it soon (10 s by default). At the llm it takes no running place (services/llm/engine/scheduler.py).
 
 Ongoing sessions first: a turn of a Converse session that has been answered before (`ongoing`) waits ahead of every
 new one (a Synthesize call, a session's first turn), and under admission by headroom it may run up to `ONGOING_RESERVE`
@@ -18,6 +23,7 @@ import asyncio
 import collections
 import contextlib
 import hashlib
+import ipaddress
 import logging
 import math
 import time
@@ -35,20 +41,31 @@ LOG_EVERY = 5.0  # seconds between log lines of the headroom limit falling
 log = logging.getLogger(__name__)
 
 
-def client_of(context) -> str:
+def client_of(context) -> str | None:
     """Who a gRPC call is from, for --max-turns-per-client: client_id of its key and its peer."""
     return client_id(api_key(context.invocation_metadata()), context.peer() or "")
 
 
-def client_id(key: str | None, peer: str) -> str:
+def client_id(key: str | None, peer: str) -> str | None:
     """A client's identity at any door: its API key (a digest: keys are not kept or logged), else its address without
-    the port (gRPC's peer form, e.g. "ipv4:10.0.0.7:51234" → "ipv4:10.0.0.7")."""
+    the port (gRPC's peer form, e.g. "ipv4:10.0.0.7:51234" → "ipv4:10.0.0.7"). None, not counted, for a client
+    without a key on this host (a loopback address, a unix socket): a proxy or the bench, speaking for many."""
     if key is not None:
         return "key:" + hashlib.sha256(key.encode()).hexdigest()[:16]
     kind, _, address = peer.partition(":")
     if kind in ("ipv4", "ipv6"):
-        return f"{kind}:{address.rsplit(':', 1)[0]}"
-    return peer
+        host = address.rsplit(":", 1)[0]
+        return None if is_loopback(host.strip("[]")) else f"{kind}:{host}"
+    return None if kind == "unix" else peer
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
 
 
 class Place:

@@ -68,7 +68,7 @@ def check_config(config: gateway_pb2.SessionConfig, limits: TurnLimits, voices: 
 
 
 class Conversation:
-    def __init__(self, backends: Backends, limits: TurnLimits, admission: Admission, idle_seconds: float, client: str,
+    def __init__(self, backends: Backends, limits: TurnLimits, admission: Admission, idle_seconds: float, client: str | None,
                  time_left: Callable[[], float | None], protocol: str = "grpc"):
         """client: who calls (admission.client_id: its turns count against --max-turns-per-client); time_left():
         seconds to the call's deadline (None: none); protocol: the door (grpc, websocket), its turns' metrics label."""

@@ -217,7 +217,7 @@ def presented_key(request: web.Request) -> tuple[tuple[str, str], ...]:
     return ()
 
 
-def client_of(request: web.Request) -> str:
+def client_of(request: web.Request) -> str | None:
     """Who an HTTP request is from, for --max-turns-per-client (admission.client_id)."""
     return client_id(api_key(presented_key(request)), peer_of(request))
 

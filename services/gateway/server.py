@@ -14,7 +14,7 @@ from services.gateway.admission import Admission
 from services.gateway.backends import Backends
 from services.gateway.headroom import Headroom, HeadroomRule
 from services.gateway.servicer import GatewayServicer
-from services.gateway.settings import GatewaySettings
+from services.gateway.settings import ADDRESS_SHARE, GatewaySettings
 from services.gateway.speech import Speech
 from services.gateway.turn_request import TurnLimits
 
@@ -27,9 +27,7 @@ async def run(s: GatewaySettings) -> None:
     api_keys = load_keys(s.api_keys_file)
     if not api_keys:
         log.warning("gateway: no API keys (--api-keys-file, $%s): any client may call it", KEYS_ENV)
-    per_client = s.max_turns_per_client
-    if per_client is None:  # keys name clients; addresses may not (a proxy, a NAT): no limit of their own by default
-        per_client = max(1, s.turns_at_once() // 2) if api_keys else 0
+    per_client = per_client_limit(s, keyed=bool(api_keys))
     speech = Speech(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
                     Admission(s.turns_at_once(), s.max_queued_turns, per_client, headroom(s), s.max_starting_turns or 0))
     log.info("gateway: %s", admission_line(s, per_client))
@@ -78,6 +76,14 @@ async def run(s: GatewaySettings) -> None:
     )
 
 
+def per_client_limit(s: GatewaySettings, keyed: bool) -> int:
+    """--max-turns-per-client, or its default: a key names one client; an address may be many (a NAT), so it gets a
+    smaller share (this host's own addresses are not counted at all: admission.client_id)."""
+    if s.max_turns_per_client is not None:
+        return s.max_turns_per_client
+    return max(1, s.turns_at_once() // (2 if keyed else ADDRESS_SHARE))
+
+
 def admission_line(s: GatewaySettings, per_client: int) -> str:
     """The limits this gateway admits turns by, for its start-up log: `moss-serve up` chooses some of them (on a GPU
     --max-turns is the vocoders' stream-history slots), and an operator should not have to read its code to know."""
@@ -85,7 +91,8 @@ def admission_line(s: GatewaySettings, per_client: int) -> str:
     rule = (f"by headroom, from {min(s.admit_initial_turns, turns)} turns" if s.admission == "headroom"
             else "by count")
     return (f"admission {rule}; at most {turns} turns running (--max-turns), {s.max_queued_turns} waiting, "
-            f"{s.max_starting_turns or 'any number'} starting, {per_client or 'no limit of its own'} per client")
+            f"{s.max_starting_turns or 'any number'} starting, {per_client or 'no limit of its own'} per client "
+            f"(an API key, else an address other than this host's)")
 
 
 def headroom(s: GatewaySettings) -> Headroom | None:

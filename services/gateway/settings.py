@@ -28,6 +28,7 @@ VOCODER_TARGET = f"127.0.0.1:{GRPC_PORTS['vocoder']}"
 ENCODER_TARGET = f"127.0.0.1:{GRPC_PORTS['encoder']}"
 HEALTH_CHECK_SECONDS = 0.5  # how often a ready replica's health is asked (backends.py)
 DEFAULT_MAX_TURNS = 256  # --max-turns when none is given (services/up.py gives one on a GPU)
+ADDRESS_SHARE = 8  # without API keys, one address may have 1/8 of --max-turns at once by default (32 of 256, 16 of 128)
 
 
 @dataclass
@@ -92,9 +93,10 @@ class GatewaySettings:
                                                       "grow into, such as --flow-steps 5 --quantization fp8: README)",
                                  type=share)
     max_turns_per_client: int | None = option(
-        None, "turns one client may have running or waiting at once, each API key its own (without API keys: each "
-              "client address, though behind a proxy all clients share one); beyond: RESOURCE_EXHAUSTED with a retry "
-              "hint (default: half of --max-turns with API keys, none without; 0: none)", type=count)
+        None, "turns one client may have running or waiting at once, each API key its own; without a key, each client "
+              "address, but this host's own (loopback: a local proxy, the bench) not at all, and clients behind one "
+              "proxy or NAT share its address; beyond: RESOURCE_EXHAUSTED with a retry hint (default: half of "
+              f"--max-turns per key, 1/{ADDRESS_SHARE} per address; 0: none)", type=count, show_default=False)
     client_stall_seconds: float = option(10.0, "a streaming call whose client takes no message for this long (it stopped "
                                                "reading) ends CANCELLED, freeing its place and its stages (0: never)",
                                          type=seconds)

@@ -20,7 +20,7 @@ class Speech:
     def __init__(self, backends: Backends, limits: TurnLimits, admission: Admission):
         self.backends, self.limits, self.admission = backends, limits, admission
 
-    async def synthesize(self, request: gateway_pb2.SynthesizeRequest, client: str,
+    async def synthesize(self, request: gateway_pb2.SynthesizeRequest, client: str | None,
                          time_left: Callable[[], float | None], protocol: str):
         """→ Synthesize's messages: the stream's metadata, its audio chunks, the summary. client: who asks (the
         per-client limit's key: admission.client_id); time_left(): seconds to the caller's deadline (None: the

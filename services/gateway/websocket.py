@@ -46,7 +46,7 @@ class WebSocketConverse:
         self.speech, self.idle_seconds = speech, idle_seconds
         self.max_message_bytes, self.stall_seconds = max_message_bytes, stall_seconds
 
-    async def handle(self, request: web.Request, client: str) -> web.WebSocketResponse:
+    async def handle(self, request: web.Request, client: str | None) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(max_msg_size=self.max_message_bytes, compress=False)
         await ws.prepare(request)
         bound_send_buffer(request.transport)

@@ -183,7 +183,7 @@ class LLMEngine:
         lead falls to the bound. Likewise for `first_audio_hold` seconds after a stream's first audio window
         was sent, while the vocoder makes its first audio (pacing.py). The driver (async_engine.py) waits;
         `step` itself never does."""
-        if self.inflight is not None or self.scheduler.waiting or not self.scheduler.running:
+        if self.inflight is not None or self.scheduler.num_queued() or not self.scheduler.running:
             return 0.0
         return self._hold_for(self.scheduler.running, time.perf_counter() if now is None else now)
 
@@ -194,17 +194,20 @@ class LLMEngine:
         return hold_for(stepping, now, c.max_audio_lead, c.audio_token_seconds, c.first_audio_hold)
 
     def load(self) -> EngineLoad:
-        bm = self.block_manager
-        return EngineLoad(len(self.scheduler.running), len(self.scheduler.waiting), bm.num_used, bm.num_free, len(self.pins),
-                          sum(seq.held for seq in self.scheduler.running))
+        bm, sched = self.block_manager, self.scheduler
+        return EngineLoad(len(sched.running), sched.num_queued(), bm.num_used, bm.num_free, len(self.pins),
+                          sum(seq.held for seq in sched.parked))
 
     def hold(self, request_id: str, held: bool) -> bool:
-        """Hold a request (no steps for it, its blocks kept), or release it, while its listener is not taking audio
-        (the gateway asks: a client that stopped reading). Greedy or seeded, it says the same once released.
-        False if no such request runs or waits."""
+        """Hold a request, or release it, while its listener is not taking audio (the gateway asks: a client that
+        stopped reading). Held, it takes no steps and no running place, and keeps its blocks unless the pool needs
+        them (scheduler.py). Greedy or seeded, it says the same once released. False if no such request runs or
+        waits."""
         for seq in self.sequences.values():
             if seq.request_id == request_id:
-                seq.held = held
+                if seq.held != held:
+                    seq.held = held
+                    (self.scheduler.hold if held else self.scheduler.release)(seq)
                 return True
         return False
 
@@ -237,12 +240,14 @@ class LLMEngine:
         start, marks = time.perf_counter(), self._marks()
         self.upload.reset()
         batch = self.scheduler.schedule(start)
-        for seq in self.scheduler.take_preempted():
+        for seq in self.scheduler.take_left():  # preempted or held: their sampler slots go to the sequences that run
             self.sampler.release(seq)
         self.sampler.assign(batch.seqs)
-        if not batch.seqs:  # work queued but none admissible: unreachable while every request fits
-            if self.scheduler.has_work():  # the pool alone (make_sequence checks), but never spin on it
-                raise ResourceExhausted("KV cache: the next request cannot be admitted")
+        if not batch.seqs:  # nothing runs, and the head of the queue did not fit the pool with every pin and parked
+            if self.scheduler.waiting:  # sequence's blocks given up: unreachable (make_sequence checks), never spun on
+                bm = self.block_manager
+                raise ResourceExhausted(f"KV cache: the next request needs {bm.blocks_needed(len(self.scheduler.waiting[0]))} "
+                                        f"blocks, {bm.num_free} of {bm.num_blocks} are free")
             return None
         return self._launch(batch, start, marks)
 
@@ -252,7 +257,7 @@ class LLMEngine:
         for admission, the pool has the blocks, and pacing would not hold it (judged before `current`'s
         samples land, which can only add lead: at worst one step more runs before a hold)."""
         seqs, bm = current.batch.seqs, self.block_manager
-        if (not self.config.overlap or self.on_logits is not None or current.void or self.scheduler.waiting
+        if (not self.config.overlap or self.on_logits is not None or current.void or self.scheduler.num_queued()
                 or len(current.seqs) != len(seqs) or any(seq.held for seq in seqs)
                 or self._hold_for(seqs, time.perf_counter()) > 0):
             return None

@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class EngineLoad:
-    running: int
-    waiting: int
+    running: int   # requests that step (held ones are not)
+    waiting: int   # requests that would step if there were room
     blocks_used: int
     blocks_free: int
     sessions: int
-    held: int = 0  # running requests held (their listeners stopped taking audio)
+    held: int = 0  # requests held (their listeners stopped taking audio): no steps, no running place
 
 
 @dataclass
