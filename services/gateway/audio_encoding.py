@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, echo
 from services.gateway.time_stretch import TimeStretch
 
 CONTENT_TYPES = {"pcm": "audio/pcm", "wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg",
@@ -229,7 +229,7 @@ def check_format(name: str, field: str = "response_format") -> str:
     """A format a client asked for → its name, or InvalidArgument saying which are served."""
     if name in CONTENT_TYPES:
         return name
-    raise InvalidArgument(field, f"{name!r}: unknown format; use one of {', '.join(FORMATS)}")
+    raise InvalidArgument(field, f"{echo(name)}: unknown format; use one of {', '.join(FORMATS)}")
 
 
 class Stretched:

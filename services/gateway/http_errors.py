@@ -42,7 +42,9 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    retry_after: float | None = None) -> web.Response:
-    headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
+    headers = {"X-Content-Type-Options": "nosniff"}  # JSON, never sniffed as a page: the message may quote the client
+    if retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
     return web.json_response(error_body(status, message, param, code), status=status, headers=headers,
                              dumps=json.dumps)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from google.protobuf import json_format
 from moss.speech.v1 import common_pb2, gateway_pb2
 
-from services.common.errors import InvalidArgument, NotFound
+from services.common.errors import InvalidArgument, NotFound, echo
 from services.common.sampling import PLAYBACK_SPEEDS
 from services.gateway.audio_encoding import check_format
 from services.gateway.turn_request import TurnLimits, validate_text
@@ -74,7 +74,7 @@ def parse_speech(body: object, limits: TurnLimits) -> SpeechRequest:
             raise InvalidArgument(name, f"unknown field; this endpoint takes {', '.join(FIELDS)}")
     model = _string(body, "model")
     if model not in (MODEL, *OPENAI_MODELS):
-        raise NotFound("model", f"the model {model!r} is not served here; use {MODEL!r} (GET /v1/models)")
+        raise NotFound("model", f"the model {echo(model)} is not served here; use {MODEL!r} (GET /v1/models)")
     text = _string(body, "input")
     validate_text(text, limits, field="input")
     voice = _string(body, "voice")
@@ -86,7 +86,7 @@ def parse_speech(body: object, limits: TurnLimits) -> SpeechRequest:
         raise InvalidArgument("speed", f"{speed} is outside {PLAYBACK_SPEEDS[0]}-{PLAYBACK_SPEEDS[1]}")
     stream_format = _string(body, "stream_format", "audio")
     if stream_format not in STREAM_FORMATS:
-        raise InvalidArgument("stream_format", f"{stream_format!r}: use one of {', '.join(STREAM_FORMATS)}")
+        raise InvalidArgument("stream_format", f"{echo(stream_format)}: use one of {', '.join(STREAM_FORMATS)}")
     if _string(body, "instructions", ""):
         raise InvalidArgument("instructions", "not supported: the voice is chosen by `voice` alone")
     request = gateway_pb2.SynthesizeRequest(text=text, voice="" if voice in OPENAI_VOICES else voice,

@@ -5,7 +5,7 @@ A voice conditions the vocoder's flow decoder only; the llm's system prompt is t
 
 from __future__ import annotations
 
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, echo, listed
 
 DEFAULT = "default"
 
@@ -15,5 +15,5 @@ def resolve_voice(name: str, known: tuple[str, ...] | None) -> str:
     did not say (it checks the name itself when its stream opens)."""
     name = name or DEFAULT
     if known is not None and name not in known:
-        raise InvalidArgument("voice", f"unknown voice {name!r}; known voices: {', '.join(sorted(known))}")
+        raise InvalidArgument("voice", f"unknown voice {echo(name)}; known voices: {listed(sorted(known))}")
     return name

@@ -31,7 +31,7 @@ from aiohttp import WSMsgType, web
 from google.protobuf import json_format
 from moss.speech.v1 import gateway_pb2
 
-from services.common.errors import Cancelled, InvalidArgument, ServiceError
+from services.common.errors import Cancelled, InvalidArgument, ServiceError, clip
 from services.common.stall import ClientStalled, bound_send_buffer, write_within
 from services.gateway import metrics
 from services.gateway.conversation import Conversation
@@ -66,7 +66,7 @@ class WebSocketConverse:
             if not isinstance(exc, Cancelled) or not ws.closed:
                 with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
                     await asyncio.wait_for(ws.send_str(json.dumps(ws_error(exc))), 1.0)
-            await ws.close(code=ws_close_code(exc), message=str(exc)[:120].encode())
+            await ws.close(code=ws_close_code(exc), message=clip(str(exc), 123).encode())  # (a close reason: 123 bytes)
         except ConnectionError:  # the client went away mid-write: the session ended with the loop above
             pass
         return ws

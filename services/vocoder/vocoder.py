@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, echo, listed
 from services.vocoder import generator as gen
 from services.vocoder.codec import checkpoint as codec_checkpoint
 from services.vocoder.codec import config as codec_config
@@ -169,7 +169,7 @@ class TokenVocoder:
         """A stream's decoder state in this voice ("": the default), or InvalidArgument listing the known ones."""
         name = voice or DEFAULT
         if name not in self.voice_names():
-            raise InvalidArgument("voice", f"unknown voice {name!r}; known voices: {', '.join(self.voice_names())}")
+            raise InvalidArgument("voice", f"unknown voice {echo(name)}; known voices: {listed(self.voice_names())}")
         return self.decoder.start(self.voices.get(name))
 
     def release(self, state) -> None:
