@@ -69,9 +69,9 @@ async def call(target: str, messages, pause: float = 0.0) -> list[encoder_pb2.En
 
 
 async def refused(target: str, *messages: encoder_pb2.EncodeRequest) -> grpc.aio.AioRpcError:
-    """The status of a call that writes `messages`, the last the one the service refuses, and then nothing while it
-    waits (not even its half-close): the error the service ends it with. (A write racing the service's refusal can end
-    a call INTERNAL in grpc's client, its status lost: none here.)"""
+    """The status of a call that writes `messages`, the last the one the service refuses, then nothing until it has
+    read the refusal (EncodeRefused: said before the status, so that no write races it), then its half-close: the
+    error the service ends it with, which says what the refusal said."""
     async with grpc.aio.insecure_channel(target) as channel:
         hold = asyncio.Event()
 
@@ -80,9 +80,13 @@ async def refused(target: str, *messages: encoder_pb2.EncodeRequest) -> grpc.aio
                 yield message
             await hold.wait()
 
+        said = None
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            async for _ in encoder_pb2_grpc.EncoderStub(channel).Encode(requests(), timeout=60):
-                pass
+            async for reply in encoder_pb2_grpc.EncoderStub(channel).Encode(requests(), timeout=60):
+                if reply.WhichOneof("kind") == "refused":
+                    said = reply.refused
+                    hold.set()  # the half-close: the status follows at once
+        assert said is not None and (said.code, said.message) == (err.value.code().name, err.value.details())
         return err.value
 
 
@@ -139,7 +143,10 @@ def test_silence_alone_gives_no_codes(encoder):
     ([config(16000), END], "audio: the turn has no audio"),
     ([config(16000), audio(pcm16(np.zeros(16000 * 9)))], "audio: the turn is longer than 8 s"),
     ([config(16000), config(16000)], "config: only audio or end may follow the config"),
-    ([config(16000, detect=True, end_silence=-1)], "config.end_silence_seconds: must be 0 or more seconds, got -1.0"),
+    ([config(16000, detect=True, end_silence=-1)],
+     "config.end_silence_seconds: -1 s; give 0 (the encoder's default) to 10 s"),
+    ([config(16000, detect=True, end_silence=11)],
+     "config.end_silence_seconds: 11 s; give 0 (the encoder's default) to 10 s"),
 ])
 def test_bad_audio_is_refused_naming_the_field(encoder, messages, field):
     err = asyncio.run(refused(encoder.target("encoder"), *messages))

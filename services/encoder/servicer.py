@@ -11,25 +11,27 @@ speaker's place back through the worker (never under a model call that may still
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import numpy as np
 import torch
 from moss.speech.v1 import encoder_pb2, encoder_pb2_grpc
 
-from services.common.errors import InvalidArgument, ResourceExhausted
+from services.common.errors import InvalidArgument, ResourceExhausted, ServiceError
 from services.encoder import metrics
 from services.encoder.config import SAMPLE_RATE
 from services.encoder.kv_pool import KVPool, PoolFull
 from services.encoder.settings import EncoderSettings
 from services.encoder.speech_gate import SpeechGate
-from services.encoder.speech_input import SpeechInput
+from services.encoder.speech_input import SpeechInput, check_end_silence
 from services.encoder.stream import EncoderStream
 from services.encoder.vad import VadStream, VadWorker
 from services.encoder.whisper_vq import WhisperVQEncoder
 from services.encoder.worker import EncoderWorker, Job
 
 RETRY_AFTER_SECONDS = 1.0   # a refused speaker's hint: turns last seconds
+REFUSED_SECONDS = 5.0      # a refused call's client has this long to let go before the status ends the call
 LISTEN_SECONDS = 3600.0     # with detection, audio a call may send in all (its speech is bounded by max_turn_seconds)
 
 
@@ -39,9 +41,8 @@ class Turn:
     def __init__(self, servicer: EncoderServicer, config: encoder_pb2.EncodeConfig):
         s = servicer.settings
         self.servicer = servicer
-        if config.end_silence_seconds < 0 or not np.isfinite(config.end_silence_seconds):
-            raise InvalidArgument("config.end_silence_seconds", f"must be 0 or more seconds, got {config.end_silence_seconds}")
         try:
+            check_end_silence(config.end_silence_seconds)
             self.input = SpeechInput(config.sample_rate, config.format,
                                      LISTEN_SECONDS if config.detect_speech else s.max_turn_seconds)
         except InvalidArgument as err:
@@ -142,29 +143,51 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServicer):
         self.vad.stop()
 
     async def Encode(self, request_iterator, context):
-        if self.calls >= self.settings.max_listeners:
-            raise ResourceExhausted(f"the encoder has {self.calls} calls open (--max-listeners)", RETRY_AFTER_SECONDS)
+        open_before = self.calls
         self.calls += 1
         metrics.CALLS.inc()
         turn = None
         try:
             first = await anext(aiter(request_iterator), None)
-            if first is None or first.WhichOneof("kind") != "config":
-                raise InvalidArgument("config", "the first message of an Encode call must be a config")
-            turn = Turn(self, first.config)
-            async for req in request_iterator:
-                kind = req.WhichOneof("kind")
-                if kind == "end":
-                    break
-                if kind != "audio":
-                    raise InvalidArgument(kind or "kind", "only audio or end may follow the config")
-                for event in await turn.audio(req.audio.pcm):
-                    yield event
-                if turn.done:  # the speech ended: the turn is over, whatever else the client sends
-                    break
-            yield await turn.end()
+            try:
+                if open_before >= self.settings.max_listeners:
+                    raise ResourceExhausted(f"the encoder has {open_before} calls open (--max-listeners)",
+                                            RETRY_AFTER_SECONDS)
+                if first is None or first.WhichOneof("kind") != "config":
+                    raise InvalidArgument("config", "the first message of an Encode call must be a config")
+                turn = Turn(self, first.config)
+                async for req in request_iterator:
+                    kind = req.WhichOneof("kind")
+                    if kind == "end":
+                        break
+                    if kind != "audio":
+                        raise InvalidArgument(kind or "kind", "only audio or end may follow the config")
+                    for event in await turn.audio(req.audio.pcm):
+                        yield event
+                    if turn.done:  # the speech ended: the turn is over, whatever else the client sends
+                        break
+                yield await turn.end()
+            except ServiceError as err:  # said first, then the status once the client stops sending (encoder.proto)
+                if turn is not None:
+                    turn.close()  # (its place goes back now, not after the wait)
+                    turn = None
+                yield encoder_pb2.EncodeResponse(refused=encoder_pb2.EncodeRefused(
+                    code=err.code, message=str(err), retry_after_seconds=getattr(err, "retry_after", None) or 0.0))
+                await until_the_client_lets_go(request_iterator)
+                raise
         finally:
             if turn is not None:
                 turn.close()
             self.calls -= 1
             metrics.CALLS.dec()
+
+
+async def until_the_client_lets_go(request_iterator) -> None:
+    """Read (and drop) what a refused call's client still sends until it half-closes or cancels, REFUSED_SECONDS at
+    most: the gateway cancels the call as soon as it reads the refusal."""
+    async def drain():
+        async for _ in request_iterator:
+            pass
+
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(drain(), REFUSED_SECONDS)

@@ -16,6 +16,15 @@ from services.common.errors import InvalidArgument
 from services.encoder.config import SAMPLE_RATE
 
 MIN_RATE, MAX_RATE = 8_000, 192_000
+MAX_END_SILENCE_SECONDS = 10.0  # a pause longer than this is not the end of a turn anyone waits for
+
+
+def check_end_silence(seconds: float) -> None:
+    """InvalidArgument for a silence that ends speech under detection that the encoder does not take (0: its default;
+    the gateway checks a SpeechInput's with it, as check_rate)."""
+    if not 0 <= seconds <= MAX_END_SILENCE_SECONDS:  # (NaN too)
+        raise InvalidArgument("end_silence_seconds", f"{seconds:g} s; give 0 (the encoder's default) to "
+                                                     f"{MAX_END_SILENCE_SECONDS:g} s")
 
 
 def check_rate(sample_rate: int) -> None:

@@ -25,13 +25,14 @@ import grpc
 from moss.speech.v1 import encoder_pb2, gateway_pb2
 
 from services.common.audio import BYTES_PER_SAMPLE, resolve_format
-from services.common.errors import InvalidArgument, ServiceError
-from services.encoder.speech_input import check_rate
+from services.common.errors import InvalidArgument, ResourceExhausted, ServiceError, StageError
+from services.encoder.speech_input import check_end_silence, check_rate
 from services.gateway.backends import Backends, Replica
 from services.gateway.pipeline import BROKEN_STREAM, STATUS_SECONDS, stage_error
 from services.gateway.turn_request import Spoken
 
 FIELDS = {"config.": "speech."}  # the encoder's field names → the client's (SpeechInput is the Encode call's config)
+NO_SPEECH = InvalidArgument("audio", "no speech was heard before EndOfSpeech (speech.detect_speech)")
 
 
 @dataclass(eq=False)
@@ -59,9 +60,16 @@ def client_error(err: ServiceError) -> ServiceError:
     return err
 
 
+def refusal(refused: encoder_pb2.EncodeRefused) -> ServiceError:
+    """The encoder's refusal as the error its status would have been."""
+    if refused.code == "RESOURCE_EXHAUSTED":
+        return ResourceExhausted(f"encoder: {refused.message}", refused.retry_after_seconds or None)
+    return StageError("encoder", refused.code, refused.message)
+
+
 async def final_status(call, err: grpc.aio.AioRpcError) -> tuple[grpc.StatusCode, str]:
-    """Why the call ended. A read that races the encoder's refusal of the audio we were still writing may fail with
-    gRPC core's bare INTERNAL; the call's own status then says what the encoder said (e.g. INVALID_ARGUMENT)."""
+    """Why the call ended. A read that races the encoder's end may fail with gRPC core's bare INTERNAL; the call's
+    own status then may say what the encoder said. (A refusal comes as a message first: EncodeRefused.)"""
     if err.code() == grpc.StatusCode.INTERNAL and err.details() == BROKEN_STREAM:
         with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError):
             code = await asyncio.wait_for(call.code(), STATUS_SECONDS)
@@ -77,6 +85,7 @@ class Listener:
         long as its utterance, or the session)."""
         try:  # (as the encoder checks them: refused here, before any audio goes anywhere)
             check_rate(speech.sample_rate)
+            check_end_silence(speech.end_silence_seconds)
             fmt = resolve_format(speech.format, "format")
         except InvalidArgument as err:
             raise err.within("speech") from None
@@ -90,6 +99,7 @@ class Listener:
         self.readers: set[asyncio.Task] = set()
         self.done = False                 # ended (EndOfSpeech, or a failure): audio is no longer taken
         self.ended = False                # by EndOfSpeech
+        self.heard = False                # with detection: the encoder found speech since SpeechInput
 
     async def audio(self, pcm: bytes) -> None:
         if self.done:
@@ -100,12 +110,17 @@ class Listener:
         await self._write(self.utterance, encoder_pb2.EncodeRequest(audio=encoder_pb2.AudioData(pcm=pcm)))
 
     async def end(self) -> None:
-        """EndOfSpeech: the utterance in progress is the turn (none in progress, with detection: nothing)."""
+        """EndOfSpeech: the utterance in progress is the turn (none in progress, with detection: nothing more, or,
+        if no speech was heard since SpeechInput, a failed turn saying so)."""
         if self.done:
             return
         self.done = self.ended = True
         if self.utterance is None:
-            if self.speech.detect_speech or not await self._opened():
+            if self.speech.detect_speech:
+                if not self.heard:
+                    await self.callbacks.failed(NO_SPEECH)
+                return
+            if not await self._opened():
                 return  # (no audio at all, without detection: the encoder says so, as for any turn)
         utterance, self.utterance = self.utterance, None
         utterance.ended_at = time.perf_counter()
@@ -154,6 +169,7 @@ class Listener:
             async for reply in call:
                 kind = reply.WhichOneof("kind")
                 if kind == "started":
+                    self.heard = True
                     await self.callbacks.started(utterance.offset + reply.started.audio_seconds)
                 elif kind == "ended":
                     utterance.ended_at = time.perf_counter()
@@ -163,6 +179,12 @@ class Listener:
                     turn = reply.turn
                     await self.callbacks.spoken(Spoken(list(turn.codes), utterance.ended_at or time.perf_counter(),
                                                        turn.finish_seconds, turn.audio_seconds))
+                elif kind == "turn" and not self.heard:  # EndOfSpeech with detection, the audio silence throughout
+                    await self.callbacks.failed(NO_SPEECH)
+                elif kind == "refused":  # bad audio, no place: said before the call ends (encoder.proto)
+                    self.done, self.utterance = True, None
+                    await self.callbacks.failed(client_error(refusal(reply.refused)))
+                    return
         except grpc.aio.AioRpcError as err:
             code, details = await final_status(call, err)
             if code != grpc.StatusCode.CANCELLED:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from moss.speech.v1 import common_pb2 as moss_dot_speech_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmoss/speech/v1/encoder.proto\x12\x0emoss.speech.v1\x1a\x1bmoss/speech/v1/common.proto\"\x84\x01\n\x0c\x45ncodeConfig\x12\x13\n\x0bsample_rate\x18\x01 \x01(\r\x12+\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1b.moss.speech.v1.AudioFormat\x12\x15\n\rdetect_speech\x18\x03 \x01(\x08\x12\x1b\n\x13\x65nd_silence_seconds\x18\x04 \x01(\x01\"\x18\n\tAudioData\x12\x0b\n\x03pcm\x18\x01 \x01(\x0c\"\x0b\n\tEndOfTurn\"\x9d\x01\n\rEncodeRequest\x12.\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1c.moss.speech.v1.EncodeConfigH\x00\x12*\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x19.moss.speech.v1.AudioDataH\x00\x12(\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x19.moss.speech.v1.EndOfTurnH\x00\x42\x06\n\x04kind\"&\n\rSpeechStarted\x12\x15\n\raudio_seconds\x18\x01 \x01(\x01\"$\n\x0bSpeechEnded\x12\x15\n\raudio_seconds\x18\x01 \x01(\x01\"\x80\x01\n\x0b\x45ncodedTurn\x12\r\n\x05\x63odes\x18\x01 \x03(\x05\x12\x15\n\raudio_seconds\x18\x02 \x01(\x01\x12\x16\n\x0e\x66inish_seconds\x18\x03 \x01(\x01\x12\x17\n\x0fspeech_detected\x18\x04 \x01(\x08\x12\x1a\n\x12reencoded_segments\x18\x05 \x01(\r\"\xa5\x01\n\x0e\x45ncodeResponse\x12\x30\n\x07started\x18\x01 \x01(\x0b\x32\x1d.moss.speech.v1.SpeechStartedH\x00\x12,\n\x05\x65nded\x18\x02 \x01(\x0b\x32\x1b.moss.speech.v1.SpeechEndedH\x00\x12+\n\x04turn\x18\x03 \x01(\x0b\x32\x1b.moss.speech.v1.EncodedTurnH\x00\x42\x06\n\x04kind2V\n\x07\x45ncoder\x12K\n\x06\x45ncode\x12\x1d.moss.speech.v1.EncodeRequest\x1a\x1e.moss.speech.v1.EncodeResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmoss/speech/v1/encoder.proto\x12\x0emoss.speech.v1\x1a\x1bmoss/speech/v1/common.proto\"\x84\x01\n\x0c\x45ncodeConfig\x12\x13\n\x0bsample_rate\x18\x01 \x01(\r\x12+\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1b.moss.speech.v1.AudioFormat\x12\x15\n\rdetect_speech\x18\x03 \x01(\x08\x12\x1b\n\x13\x65nd_silence_seconds\x18\x04 \x01(\x01\"\x18\n\tAudioData\x12\x0b\n\x03pcm\x18\x01 \x01(\x0c\"\x0b\n\tEndOfTurn\"\x9d\x01\n\rEncodeRequest\x12.\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1c.moss.speech.v1.EncodeConfigH\x00\x12*\n\x05\x61udio\x18\x02 \x01(\x0b\x32\x19.moss.speech.v1.AudioDataH\x00\x12(\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x19.moss.speech.v1.EndOfTurnH\x00\x42\x06\n\x04kind\"&\n\rSpeechStarted\x12\x15\n\raudio_seconds\x18\x01 \x01(\x01\"$\n\x0bSpeechEnded\x12\x15\n\raudio_seconds\x18\x01 \x01(\x01\"\x80\x01\n\x0b\x45ncodedTurn\x12\r\n\x05\x63odes\x18\x01 \x03(\x05\x12\x15\n\raudio_seconds\x18\x02 \x01(\x01\x12\x16\n\x0e\x66inish_seconds\x18\x03 \x01(\x01\x12\x17\n\x0fspeech_detected\x18\x04 \x01(\x08\x12\x1a\n\x12reencoded_segments\x18\x05 \x01(\r\"K\n\rEncodeRefused\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x1b\n\x13retry_after_seconds\x18\x03 \x01(\x01\"\xd7\x01\n\x0e\x45ncodeResponse\x12\x30\n\x07started\x18\x01 \x01(\x0b\x32\x1d.moss.speech.v1.SpeechStartedH\x00\x12,\n\x05\x65nded\x18\x02 \x01(\x0b\x32\x1b.moss.speech.v1.SpeechEndedH\x00\x12+\n\x04turn\x18\x03 \x01(\x0b\x32\x1b.moss.speech.v1.EncodedTurnH\x00\x12\x30\n\x07refused\x18\x04 \x01(\x0b\x32\x1d.moss.speech.v1.EncodeRefusedH\x00\x42\x06\n\x04kind2V\n\x07\x45ncoder\x12K\n\x06\x45ncode\x12\x1d.moss.speech.v1.EncodeRequest\x1a\x1e.moss.speech.v1.EncodeResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,8 +46,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SPEECHENDED']._serialized_end=487
   _globals['_ENCODEDTURN']._serialized_start=490
   _globals['_ENCODEDTURN']._serialized_end=618
-  _globals['_ENCODERESPONSE']._serialized_start=621
-  _globals['_ENCODERESPONSE']._serialized_end=786
-  _globals['_ENCODER']._serialized_start=788
-  _globals['_ENCODER']._serialized_end=874
+  _globals['_ENCODEREFUSED']._serialized_start=620
+  _globals['_ENCODEREFUSED']._serialized_end=695
+  _globals['_ENCODERESPONSE']._serialized_start=698
+  _globals['_ENCODERESPONSE']._serialized_end=913
+  _globals['_ENCODER']._serialized_start=915
+  _globals['_ENCODER']._serialized_end=1001
 # @@protoc_insertion_point(module_scope)

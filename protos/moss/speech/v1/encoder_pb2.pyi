@@ -65,12 +65,24 @@ class EncodedTurn(_message.Message):
     reencoded_segments: int
     def __init__(self, codes: _Optional[_Iterable[int]] = ..., audio_seconds: _Optional[float] = ..., finish_seconds: _Optional[float] = ..., speech_detected: _Optional[bool] = ..., reencoded_segments: _Optional[int] = ...) -> None: ...
 
+class EncodeRefused(_message.Message):
+    __slots__ = ("code", "message", "retry_after_seconds")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    retry_after_seconds: float
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., retry_after_seconds: _Optional[float] = ...) -> None: ...
+
 class EncodeResponse(_message.Message):
-    __slots__ = ("started", "ended", "turn")
+    __slots__ = ("started", "ended", "turn", "refused")
     STARTED_FIELD_NUMBER: _ClassVar[int]
     ENDED_FIELD_NUMBER: _ClassVar[int]
     TURN_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     started: SpeechStarted
     ended: SpeechEnded
     turn: EncodedTurn
-    def __init__(self, started: _Optional[_Union[SpeechStarted, _Mapping]] = ..., ended: _Optional[_Union[SpeechEnded, _Mapping]] = ..., turn: _Optional[_Union[EncodedTurn, _Mapping]] = ...) -> None: ...
+    refused: EncodeRefused
+    def __init__(self, started: _Optional[_Union[SpeechStarted, _Mapping]] = ..., ended: _Optional[_Union[SpeechEnded, _Mapping]] = ..., turn: _Optional[_Union[EncodedTurn, _Mapping]] = ..., refused: _Optional[_Union[EncodeRefused, _Mapping]] = ...) -> None: ...

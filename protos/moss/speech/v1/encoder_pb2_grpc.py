@@ -54,7 +54,10 @@ class EncoderServicer:
         Errors: INVALID_ARGUMENT naming the field (config first; a sample rate outside 8-192 kHz; bytes that are not
         whole samples; a NaN or infinite float; a turn longer than the service's --max-turn-seconds; a turn with no
         audio); RESOURCE_EXHAUSTED with a retry hint when every speaker's place is taken or the service has
-        --max-listeners open. The call ends with the codes: messages after `end` (or after the speech ended) are not read.
+        --max-listeners open. Each error comes first as a `refused` message; the call then ends with its status once the
+        client stops sending (half-closes or cancels), so that audio still on its way never races the refusal (a write
+        that crosses a call's end turns its status into gRPC core's bare INTERNAL). The call ends with the codes: messages
+        after `end` (or after the speech ended) are not read.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
