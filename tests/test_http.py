@@ -173,8 +173,8 @@ def test_bad_requests_get_openai_errors_naming_the_field(gateway, change, status
     ("GET", "/v1/voices/nowhere", None, 404, "Not Found"),
 ])
 def test_malformed_http_gets_a_clear_status(gateway, method, path, body, status, says):
-    r = httpx.request(method, base_url(gateway) + path, content=body, headers={"Authorization": f"Bearer {KEY}"},
-                      timeout=30)
+    r = httpx.request(method, base_url(gateway) + path, content=body, timeout=30,
+                      headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     assert r.status_code == status
     assert says in r.json()["error"]["message"]
 

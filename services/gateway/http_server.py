@@ -18,7 +18,18 @@ client sees as a truncated response.
 
 A client that takes no bytes for --client-stall-seconds is ended as a gRPC client is (the turn stops in every
 stage, its place frees; gateway_stalled_calls_total{method="speech"}, or "websocket"); one that disconnects ends
-its turn at once.
+its turn at once. One that sends slowly is ended too: a connection has --http-request-seconds to send a request's
+headers (from its opening, or the end of its last response: aiohttp's keep-alive timer, which closes a connection
+waiting for a whole request), and a speech request as long again for its body (408), so that connections held open
+by trickled bytes (slowloris) cannot pile up. A request aiohttp's parser refuses (malformed: any client can send
+one) is counted (gateway_http_malformed_requests_total) and logged at debug, once a minute per peer; a request cut
+short by its client is counted under status 499.
+
+A WebSocket's `Origin`, where a browser sends one, must be the page's own (its host and port as the request's Host)
+or one of --allowed-origins: otherwise any web page in a local browser could drive a stack that has no keys
+(cross-site WebSocket hijacking). Clients that are not browsers send none. The speech endpoint takes only
+`Content-Type: application/json`, which a cross-site page cannot send without asking first (CORS), and this door
+answers no such question.
 """
 
 from __future__ import annotations
@@ -28,13 +39,18 @@ import base64
 import contextlib
 import json
 import logging
+import math
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from services.common.auth import api_key, refusal
-from services.common.errors import ServiceError
+from services.common.errors import ServiceError, echo
 from services.common.server import GRACE_SECONDS
 from services.common.stall import ClientStalled, bound_send_buffer, write_within
 from services.gateway import metrics
@@ -53,16 +69,28 @@ OPEN_PATHS = ("/", "/healthz", "/readyz")  # the page (it asks for the key) and 
 PAGE = Path(__file__).with_name("web") / "index.html"
 
 
+MALFORMED_LOG_SECONDS = 60.0  # a peer's malformed requests: one debug line a minute at most
+
+
+@dataclass(frozen=True)
+class DoorLimits:
+    """The HTTP door's limits (the gateway's flags of the same names)."""
+
+    max_body_bytes: int = 1 << 20          # a larger body (or WebSocket message) is refused
+    stall_seconds: float | None = 10.0     # a write may wait this long for its client (None: as long as it takes)
+    request_seconds: float = 15.0          # to send a request's headers, and a speech request's body again
+    session_idle_seconds: float = 300.0    # a WebSocket session with nothing from its client and no turn running ends
+    allowed_origins: tuple[str, ...] = ()  # WebSocket origins taken besides the page's own ("*": any)
+
+
 class HttpDoor:
-    def __init__(self, speech: Speech, keys: list[bytes], max_body_bytes: int, stall_seconds: float | None,
-                 ready: Callable[[], bool], session_idle_seconds: float = 300.0):
-        """keys: API keys (none: open); max_body_bytes: a larger body (or WebSocket message) is refused; stall_seconds:
-        how long a write may wait for its client (None: as long as it takes); ready(): every stage ready;
-        session_idle_seconds: a WebSocket session with nothing from its client and no turn running ends."""
-        self.speech, self.keys, self.stall_seconds, self.ready = speech, keys, stall_seconds, ready
-        self.max_body_bytes = max_body_bytes
-        self.converse_door = WebSocketConverse(speech, session_idle_seconds, max_body_bytes, stall_seconds)
-        self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._errors, self._auth])
+    def __init__(self, speech: Speech, keys: list[bytes], limits: DoorLimits, ready: Callable[[], bool]):
+        """keys: API keys (none: open); ready(): every stage ready."""
+        self.speech, self.keys, self.limits, self.ready = speech, keys, limits, ready
+        self.stall_seconds, self.max_body_bytes = limits.stall_seconds, limits.max_body_bytes
+        self.converse_door = WebSocketConverse(speech, limits.session_idle_seconds, limits.max_body_bytes,
+                                               limits.stall_seconds)
+        self.app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[self._errors, self._auth])
         self.app.add_routes([web.post(SPEECH_ROUTE, self.synthesize), web.get(CONVERSE_ROUTE, self.converse),
                              web.get("/v1/models", self.models), web.get("/v1/audio/voices", self.voices),
                              web.get("/", self.page),
@@ -72,7 +100,10 @@ class HttpDoor:
     async def start(self, host: str, port: int, ssl_context=None) -> None:
         # handler_cancellation: a client that disconnects cancels its handler, and so its turn, at once
         # shutdown_timeout: at a stop, requests (an open WebSocket session) get gRPC's grace, not aiohttp's 60 s
-        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None, shutdown_timeout=GRACE_SECONDS)
+        # keepalive_timeout: a connection waiting for a whole request is closed after it (slowloris: module docstring)
+        # logger: malformed requests are the client's, not errors of ours (MalformedRequestLog)
+        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None, shutdown_timeout=GRACE_SECONDS,
+                                    keepalive_timeout=self.limits.request_seconds, logger=MalformedRequestLog(log))
         await self.runner.setup()
         try:
             await web.TCPSite(self.runner, host, port, ssl_context=ssl_context, reuse_port=False).start()
@@ -89,6 +120,7 @@ class HttpDoor:
     @web.middleware
     async def _errors(self, request: web.Request, handler):
         """Every failure → OpenAI's error body with its status; every request counted by route and status."""
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
         try:
             response = await handler(request)
         except ServiceError as exc:
@@ -97,7 +129,9 @@ class HttpDoor:
             message = (f"the body is over the limit of {self.max_body_bytes} bytes (--max-message-bytes)"
                        if exc.status == 413 else exc.reason)
             response = error_response(exc.status, message)
-        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+        except asyncio.CancelledError:  # the client left before the response was whole: nginx's 499
+            metrics.HTTP_REQUESTS.labels(route, "499").inc()
+            raise
         metrics.HTTP_REQUESTS.labels(route, str(response.status)).inc()
         return response
 
@@ -132,8 +166,15 @@ class HttpDoor:
             {"id": MODEL, "object": "model", "created": 0, "owned_by": "moss-speech-serve"}]})
 
     async def synthesize(self, request: web.Request) -> web.StreamResponse:
+        if request.content_type != "application/json":
+            return error_response(415, f"Content-Type {echo(request.content_type)}: send application/json")
         try:
-            body = json.loads(await request.read())
+            raw = await asyncio.wait_for(request.read(), self.limits.request_seconds)
+        except TimeoutError:
+            return await answer_and_close(request, error_response(
+                408, f"the body did not arrive within {self.limits.request_seconds:g} s (--http-request-seconds)"))
+        try:
+            body = json.loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # (RecursionError: nested past Python's stack)
             return error_response(400, f"the body is not JSON: {exc}")
         spec = parse_speech(body, self.speech.limits)
@@ -180,6 +221,10 @@ class HttpDoor:
             return response
 
     async def converse(self, request: web.Request) -> web.StreamResponse:
+        if (origin := request.headers.get("Origin")) is not None and not origin_allowed(origin, request,
+                                                                                        self.limits.allowed_origins):
+            return error_response(403, f"Origin {echo(origin)} is not allowed: a page of this host "
+                                       f"({echo(request.host)}), or one of --allowed-origins")
         return await self.converse_door.handle(request, client_of(request))
 
     async def _send(self, response: web.StreamResponse, spec: SpeechRequest, data: bytes) -> None:
@@ -226,3 +271,58 @@ def peer_of(request: web.Request) -> str:
     """The client's address in gRPC's peer form (admission.client_id)."""
     host = request.remote or ""
     return f"ipv6:[{host}]:0" if ":" in host else f"ipv4:{host}:0" if host else "http"
+
+
+def origin_allowed(origin: str, request: web.Request, allowed: tuple[str, ...]) -> bool:
+    """A browser's Origin header: the page's own (its host and port are the request's Host), or one of `allowed`
+    (scheme://host[:port] as browsers send it, or "*")."""
+    if "*" in allowed or origin.rstrip("/").lower() in {a.rstrip("/").lower() for a in allowed}:
+        return True
+    try:
+        netloc = urlsplit(origin).netloc
+    except ValueError:
+        return False
+    return bool(netloc) and netloc.lower() == request.host.lower()
+
+
+async def answer_and_close(request: web.Request, response: web.Response) -> web.Response:
+    """Send `response`, then close the connection at once: what is left of the body is not read (aiohttp would read
+    it for up to 10 s more before closing)."""
+    await response.prepare(request)
+    await response.write_eof()
+    if request.protocol is not None:
+        request.protocol.force_close()  # (the transport sends what was written before it closes)
+    return response
+
+
+class MalformedRequestLog:
+    """aiohttp's server logger for the HTTP door. A request its parser refuses (bad request line, header, encoding:
+    any client can send one) is counted (gateway_http_malformed_requests_total) and logged at debug, once per peer
+    every MALFORMED_LOG_SECONDS, instead of as an ERROR with a traceback each; anything else (a handler's own failure:
+    a bug of ours) stays an ERROR."""
+
+    def __init__(self, logger: logging.Logger):
+        self.logger = logger
+        self.last: dict[str, float] = {}  # peer → when its last line was logged
+
+    def debug(self, msg, *args, exc_info=None, **kw) -> None:
+        if isinstance(exc_info, HttpProcessingError):  # (aiohttp's own choice for a first request's bad method)
+            self._malformed(args, exc_info)
+        else:
+            self.logger.debug(msg, *args, exc_info=exc_info, **kw)
+
+    def exception(self, msg, *args, exc_info=None, **kw) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            self._malformed(args, exc_info)
+        else:
+            self.logger.exception(msg, *args, exc_info=exc_info or True, **kw)
+
+    def _malformed(self, args: tuple, exc_info: HttpProcessingError) -> None:
+        metrics.HTTP_MALFORMED.inc()
+        now, peer = time.monotonic(), str(args[0]) if args else "?"
+        if now - self.last.get(peer, -math.inf) >= MALFORMED_LOG_SECONDS:
+            if len(self.last) > 1024:  # (a crowd of peers: forget the ones whose minute has passed)
+                self.last = {p: t for p, t in self.last.items() if now - t < MALFORMED_LOG_SECONDS}
+            self.last[peer] = now
+            self.logger.debug("gateway: HTTP: a malformed request from %s: %s (more from it this minute: not logged)",
+                              peer, str(exc_info).splitlines()[0] if str(exc_info) else type(exc_info).__name__)

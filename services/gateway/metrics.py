@@ -88,7 +88,10 @@ SESSION_MOVES = Counter("gateway_session_moves_total", "Converse sessions moved 
 READY_WAIT = Histogram("gateway_ready_wait_seconds", "How long turns waited for a backend that was not ready "
                        "(turns that found both ready are not counted)", buckets=LATENCY_BUCKETS)
 REQUESTS = Counter("gateway_requests_total", "Finished calls, by gRPC status code", ["code"])
-HTTP_REQUESTS = Counter("gateway_http_requests_total", "Finished HTTP requests, by route and HTTP status", ["route", "status"])
+HTTP_REQUESTS = Counter("gateway_http_requests_total", "Finished HTTP requests, by route and HTTP status (499: cut "
+                        "short by its client)", ["route", "status"])
+HTTP_MALFORMED = Counter("gateway_http_malformed_requests_total", "HTTP requests the parser refused (a bad request "
+                         "line, header or encoding): answered 400 and the connection closed")
 HTTP_REQUESTS.labels("/v1/audio/speech", "200")  # exported from the start, at 0
 
 

@@ -46,10 +46,11 @@ async def run(s: GatewaySettings) -> None:
 
     http = None
     if s.http_port:
-        from services.gateway.http_server import HttpDoor  # (aiohttp: ~0.5 s of imports, only where HTTP is on)
+        from services.gateway.http_server import DoorLimits, HttpDoor  # (aiohttp: ~0.5 s of imports, only where on)
 
-        http = HttpDoor(speech, api_keys, s.max_message_bytes, s.client_stall_seconds or None, lambda: ready[0],
-                        s.session_idle_seconds)
+        limits = DoorLimits(s.max_message_bytes, s.client_stall_seconds or None, s.http_request_seconds,
+                            s.session_idle_seconds, s.origins())
+        http = HttpDoor(speech, api_keys, limits, lambda: ready[0])
         await http.start(s.host, s.http_port, s.tls.ssl_context() if s.tls else None)
 
     async def stop() -> None:

@@ -100,6 +100,14 @@ class GatewaySettings:
     client_stall_seconds: float = option(10.0, "a streaming call whose client takes no message for this long (it stopped "
                                                "reading) ends CANCELLED, freeing its place and its stages (0: never)",
                                          type=seconds)
+    http_request_seconds: float = option(15.0, "the HTTP door: seconds a connection has to send a request's headers "
+                                               "(from its opening, or its last response's end), and a speech "
+                                               "request's body again; slower ones are closed (slowloris)",
+                                         type=positive(float))
+    allowed_origins: str | None = option(None, "the WebSocket: origins of web pages (scheme://host[:port], "
+                                               "comma-separated; '*': any) that may open sessions besides the "
+                                               "gateway's own page (a browser's WebSocket from any other is refused "
+                                               "403; clients that are not browsers send no Origin)")
     max_message_bytes: int = option(1 << 20, "largest request message taken, in bytes (a request is text and a few "
                                              "fields); larger: RESOURCE_EXHAUSTED", type=positive(int))
     max_streams_per_connection: int = option(256, "calls one client connection may have open at once; more wait on "
@@ -111,6 +119,9 @@ class GatewaySettings:
     default_timeout: float = 120.0
     tls: ServerTls | None = None          # TLS for clients
     backend_tls: ChannelTls | None = None  # TLS (mutual, with a certificate) to llm and vocoder
+
+    def origins(self) -> tuple[str, ...]:
+        return tuple(o.strip() for o in (self.allowed_origins or "").split(",") if o.strip())
 
     def turns_at_once(self) -> int:
         """--max-turns, or the gateway's own default where none was given (`up` on a GPU gives one)."""
