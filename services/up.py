@@ -32,8 +32,6 @@ def up_service_args(args) -> dict[str, list[str]]:
         gateway += [*(["--admission", "headroom"] if args.admission is None else []),
                     *(["--max-starting-turns", str(GPU_STARTING_TURNS)] if args.max_starting_turns is None else [])]
         vocoder += ["--first-chunk-lane", "on"] if args.first_chunk_lane is None and args.flow_solve != "on" else []
-        if args.max_turns is None and (slots := flow_history_slots(args)):
-            gateway += ["--max-turns", str(slots)]
     if args.model_dir:
         llm += ["--model-dir", args.model_dir]
     if args.vocoder_dir:
@@ -46,19 +44,6 @@ def up_service_args(args) -> dict[str, list[str]]:
         encoder += tls.server_flags(mutual=True)
         gateway += tls.server_flags(mutual=False) + tls.backend_flags()
     return {"llm": llm, "vocoder": vocoder, "encoder": encoder, "gateway": gateway}
-
-
-def flow_history_slots(args) -> int:
-    """Streams the vocoders' flow histories hold at once, every replica's (0: none kept). `up` on a GPU makes it the
-    gateway's --max-turns unless given: a stream past them is decoded over its windows in calls the warm-up did not
-    capture, eagerly and slowly (on an H200 with 8 slots, 64 streams over 6 s: the vocoder's calls 386 ms, 30% of
-    them stall-free), and with the opt-in trades the headroom limit grew to 138 turns (docs/benchmarks.md, issue 23).
-    At the defaults the limit stays far under it; with every trade, 128 turns served Poisson 30 and a 256-stream ramp
-    whole on an H200."""
-    from services.vocoder.codec.decoder import DEFAULT_HISTORY_STREAMS  # (torch: imported here, not for --help)
-
-    per_vocoder = DEFAULT_HISTORY_STREAMS if args.flow_history_streams is None else args.flow_history_streams
-    return per_vocoder * replicas(args)
 
 
 def http_url(args) -> str:

@@ -343,3 +343,38 @@ def test_a_queued_turns_wait_counts_in_its_time_to_first_audio(stack, tmp_path):
             assert part > second.admission_wait_seconds
         grew = metric_value(scrape(metrics_port), "gateway_ttfa_seconds_sum", '{protocol="grpc"}') - ttfa_sum
         assert grew == pytest.approx(first.ttfa_seconds + second.ttfa_seconds, abs=1e-6)
+
+
+def test_the_turns_at_once_follow_the_vocoders_stream_slots():
+    """cap_turns: fewer slots than --max-turns lower the limit (and a headroom rule's ceiling and burst with it); more
+    slots, or none reported, bring --max-turns back, and the turns waiting meanwhile get the places made."""
+    from services.gateway.headroom import Headroom, HeadroomRule
+
+    async def scenario():
+        adm = Admission(max_turns=4, max_queued=8)
+        adm.cap_turns(2)
+        assert adm.max_turns == 2
+        hold = asyncio.Event()
+
+        async def turn():
+            async with adm.turn(None):
+                await hold.wait()
+
+        tasks = [asyncio.create_task(turn()) for _ in range(4)]
+        await asyncio.sleep(0.01)
+        assert adm.running == 2 and len(adm.waiting) == 2
+        adm.cap_turns(None)  # (no limit of the vocoders': --max-turns again)
+        await asyncio.sleep(0.01)
+        assert adm.max_turns == 4 and adm.running == 4 and not adm.waiting
+        hold.set()
+        await asyncio.gather(*tasks)
+        assert adm.running == 0
+
+        room = Headroom(HeadroomRule(initial_limit=48, max_limit=256, burst_turns=128))
+        adm = Admission(max_turns=256, max_queued=0, headroom=room)
+        adm.cap_turns(32)
+        assert (room.rule.max_limit, room.rule.burst_turns, room.limit) == (32, 32, 32)
+        adm.cap_turns(300)
+        assert (room.rule.max_limit, room.rule.burst_turns, adm.max_turns) == (256, 128, 256)
+
+    asyncio.run(scenario())

@@ -41,6 +41,25 @@ def test_vocoder_lists_its_voices(codec_stack):
     assert list(reply.voices) == ["alto", "default"]
 
 
+def test_the_gateway_runs_no_more_turns_than_the_vocoder_has_stream_slots(codec_stack, tmp_path):
+    """The vocoder says in ListVoices how many streams its flow's stream history holds (sized to its device's memory,
+    or as given); the gateway (--max-turns 256 by default) then admits no more turns at once than that. A vocoder
+    without a history (codec_stack's two voices share no prompt prefix) sets no limit."""
+    from conftest import metric_value, scrape
+
+    def slots_and_limit(s):
+        with grpc.insecure_channel(s.target("vocoder")) as channel:
+            reply = vocoder_pb2_grpc.VocoderStub(channel).ListVoices(vocoder_pb2.ListVoicesRequest(), timeout=10)
+        return reply.stream_slots, metric_value(scrape(s.ports.metrics["gateway"]), "gateway_admission_limit")
+
+    assert slots_and_limit(codec_stack) == (0, 256)
+    with Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path,
+               extra_args={"vocoder": ["--preset", "tiny-codec", "--flow-history-streams", "3"]}) as small:
+        assert slots_and_limit(small) == (3, 3)
+        assert "admission: at most 3 turns running (the vocoders' 3 stream slots, under --max-turns 256)" in \
+            (tmp_path / "gateway.log").read_text()
+
+
 def test_each_voice_speaks_every_token(codec_stack):
     """Every token becomes 80 ms of audio through flow blocks and HiFT windows, and the voices differ."""
     results = {voice: asyncio.run(synthesize(codec_stack.target("gateway"), "Say something.", voice=voice,

@@ -224,16 +224,13 @@ def test_up_admits_by_headroom_and_starts_turns_a_few_at_a_time_on_a_gpu_only():
     assert (given.admission, given.max_starting_turns) == ("count", 0)
 
 
-def test_up_keeps_the_turns_running_on_a_gpu_within_the_flows_history_slots():
-    """On a GPU, `up` makes the gateway's --max-turns the vocoders' stream-history slots (past them a stream decodes
-    eagerly and slowly); one given wins, a history of none caps nothing, and without a GPU the gateway's own holds."""
+def test_up_leaves_the_turns_running_to_the_gateway_and_its_vocoders():
+    """`up` gives the gateway --max-turns only where it was given one: the gateway caps the turns running at the
+    stream-history slots its vocoders report, which they size to their devices' memory (tests/test_memory.py)."""
     def gateway(*argv):
         return parser().parse_args(["gateway", *up_service_args(parser().parse_args(["up", *argv]))["gateway"]])
-    assert gateway("--device", "cuda").max_turns == 128 < DEFAULT_MAX_TURNS
-    assert gateway("--device", "cuda", "--flow-history-streams", "48").max_turns == 48
-    assert gateway("--device", "cuda", "--flow-history-streams", "48", "--gpus", "0,1").max_turns == 96  # per replica
+    assert gateway("--device", "cuda").max_turns is None
     assert gateway("--device", "cuda", "--max-turns", "200").max_turns == 200
-    assert gateway("--device", "cuda", "--flow-history-streams", "0").max_turns is None  # the gateway's own
     assert gateway().max_turns is None
     assert from_args(GatewaySettings, gateway()).turns_at_once() == DEFAULT_MAX_TURNS
 

@@ -21,6 +21,11 @@ class PoolFull(RuntimeError):
 
 
 class KVPool:
+    @staticmethod
+    def bytes_per_slot(cfg: WhisperVQConfig, dtype: torch.dtype, frames: int | None = None) -> int:
+        """What one slot costs (keys and values of every layer), for sizing `slots` before allocating them."""
+        return 2 * cfg.quantize_position * (frames or cfg.max_source_positions) * cfg.d_model * dtype.itemsize
+
     def __init__(self, cfg: WhisperVQConfig, slots: int, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, frames: int | None = None, scratch: bool = False):
         """frames: positions a slot holds (default: a whole segment's); scratch: a slot more, `self.scratch`, that

@@ -8,6 +8,7 @@ import time
 import torch
 from moss.speech.v1 import encoder_pb2, encoder_pb2_grpc
 
+from services.common.memory import Pool, size_pool
 from services.common.metrics import start_metrics_server
 from services.common.server import serve
 from services.encoder import metrics
@@ -15,7 +16,7 @@ from services.encoder.checkpoint import load_tokenizer, random_tokenizer
 from services.encoder.config import SAMPLE_RATE, glm4_voice, tiny
 from services.encoder.kv_pool import KVPool
 from services.encoder.servicer import EncoderServicer
-from services.encoder.settings import EncoderSettings
+from services.encoder.settings import DEFAULT_SPEAKERS, EncoderSettings
 from services.encoder.stream import EncoderStream
 from services.encoder.whisper_vq import WhisperVQEncoder
 
@@ -47,11 +48,17 @@ def warm_up(servicer: EncoderServicer) -> None:
     log.info("encoder: warmed up in %.1f s", time.perf_counter() - started)
 
 
+PLACES = Pool("encoder", "the speakers' keys and values", "--max-speakers", "speakers")
+
+
 def speaker_places(model: WhisperVQEncoder, s: EncoderSettings) -> KVPool:
-    """The speakers' keys and values (--max-speakers places) and, on CUDA, the layers' graphs over them."""
+    """The speakers' keys and values (--max-speakers places, or as many as the device's memory holds: memory.py) and,
+    on CUDA, the layers' graphs over them."""
     w = model.codebook.weight
     graphs = w.is_cuda and s.cuda_graphs == "on"
-    pool = KVPool(model.cfg, s.max_speakers, w.device, w.dtype, scratch=graphs)
+    per_place = KVPool.bytes_per_slot(model.cfg, w.dtype)
+    places = size_pool(PLACES, per_place, s.max_speakers, DEFAULT_SPEAKERS, w.device)
+    pool = KVPool(model.cfg, places, w.device, w.dtype, scratch=graphs)
     if graphs:
         started = time.perf_counter()
         model.capture(pool, s.speakers_per_call)

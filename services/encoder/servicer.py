@@ -61,7 +61,7 @@ class Turn:
         try:
             return EncoderStream(self.servicer.model, self.servicer.pool)
         except PoolFull:
-            raise ResourceExhausted(f"every one of the encoder's {self.servicer.settings.max_speakers} speaker places "
+            raise ResourceExhausted(f"every one of the encoder's {self.servicer.pool.slots} speaker places "
                                     f"is taken", RETRY_AFTER_SECONDS) from None
 
     def _encode(self, samples: np.ndarray) -> None:
@@ -131,12 +131,13 @@ class Turn:
 
 class EncoderServicer(encoder_pb2_grpc.EncoderServicer):
     def __init__(self, model: WhisperVQEncoder, settings: EncoderSettings, pool: KVPool, vad: VadWorker | None = None):
-        """pool: the speakers' places (settings.max_speakers), the one the model's graphs are over if it has any."""
+        """pool: the speakers' places (--max-speakers, or as many as fit), the one the model's graphs are over if it has
+        any."""
         self.model, self.settings, self.pool = model, settings, pool
         self.worker = EncoderWorker(settings.speakers_per_call, on_batch=metrics.observe_batch)
         self.vad = vad if vad is not None else VadWorker(on_batch=metrics.observe_vad_batch)
         self.calls = 0
-        metrics.watch_speakers(self.pool, settings.max_speakers)
+        metrics.watch_speakers(self.pool, self.pool.slots)
 
     def stop(self) -> None:
         self.worker.stop()

@@ -21,6 +21,9 @@ def probability(text: str) -> float:
     return value
 
 
+DEFAULT_SPEAKERS = 32
+
+
 @dataclass
 class EncoderSettings:
     host: str = host_option()
@@ -32,9 +35,12 @@ class EncoderSettings:
     preset: str = option("tiny", "moss-speech: the Whisper-VQ encoder at its real size (16 layers of 1280); tiny: a "
                                  "small one", choices=PRESETS, scope=OWN)
     device: str = option("cpu", "cpu or cuda", scope=OWN)
-    max_speakers: int = option(32, "speakers encoded at once (each holds 30 s of keys and values: 123 MB at the "
-                                   "real size in bf16); a turn whose speech starts when all are taken: "
-                                   "RESOURCE_EXHAUSTED", type=positive(int))
+    max_speakers: int | None = option(None, f"speakers encoded at once (each holds 30 s of keys and values: 123 MB "
+                                            f"at the real size in bf16, twice that in float32); a turn whose speech "
+                                            f"starts when all are taken: RESOURCE_EXHAUSTED (default: "
+                                            f"{DEFAULT_SPEAKERS}, or as many as fit in half the device's free memory; "
+                                            f"given, they must fit or the encoder refuses to start)",
+                                      type=positive(int), show_default=False)
     max_listeners: int = option(256, "Encode calls open at once, those still listening for speech included; more: "
                                  "RESOURCE_EXHAUSTED", type=positive(int))
     speakers_per_call: int = option(64, "speakers whose new audio is encoded in one model call", type=positive(int))

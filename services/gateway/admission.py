@@ -91,6 +91,7 @@ class Admission:
         order, within their deadlines (0: no limit). A burst then starts as a quick ramp: every stage's start-up work
         (the llm's prefills, the vocoder's first chunks) comes in batches it serves in time, not all at once."""
         self.max_turns, self.max_queued, self.max_per_client = max_turns, max_queued, max_per_client
+        self.given_max_turns = max_turns  # --max-turns; max_turns is less where the vocoders have fewer slots
         self.headroom = headroom
         self.starting = asyncio.Semaphore(max_starting) if max_starting else None
         metrics.HEADROOM_LIMIT.set(headroom.limit if headroom else max_turns)
@@ -100,6 +101,27 @@ class Admission:
         self.recent = collections.deque(maxlen=RECENT_TURNS)  # seconds each recent turn held its place
         self.by_client: collections.Counter[str] = collections.Counter()  # turns running or waiting, per client
         self.logged = (-math.inf, headroom.limit if headroom else 0.0)  # (when, limit) of the last log line
+
+    def cap_turns(self, slots: int | None) -> None:
+        """The vocoders decode `slots` streams at full speed (None: no limit of theirs): no more turns than that run at
+        once, whatever --max-turns says (a turn past them would decode slowly, and stall)."""
+        before = self.max_turns
+        self.max_turns = min(self.given_max_turns, slots) if slots else self.given_max_turns
+        if self.headroom is not None:
+            self.headroom.cap(self.max_turns)
+            metrics.HEADROOM_LIMIT.set(self.headroom.limit)
+        else:
+            metrics.HEADROOM_LIMIT.set(self.max_turns)
+        if self.max_turns != before:
+            log.info("admission: at most %d turns running (%s)", self.max_turns,
+                     f"the vocoders' {slots} stream slots, under --max-turns {self.given_max_turns}"
+                     if self.max_turns < self.given_max_turns else f"--max-turns {self.given_max_turns}")
+        while self.waiting and self.running < self.max_turns:  # room made: the first waiters run
+            place = self.waiting.popleft()
+            if not place.done():
+                self.running += 1
+                place.set_result(None)
+        metrics.QUEUED_TURNS.set(len(self.waiting))
 
     def retry_after(self, ahead: float | None = None) -> float:
         """ahead: turns to finish before a place frees, per place (default: the queue's, over every place)."""

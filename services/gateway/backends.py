@@ -57,6 +57,7 @@ class Replica:
         self.calls = 0     # calls in progress: turns on an llm, streams on a vocoder
         self.sessions = 0  # Converse sessions whose last turn ran here (their KV blocks pinned for the next)
         self.voices: tuple[str, ...] | None = None  # a vocoder's ListVoices (None: not known, or not a vocoder)
+        self.stream_slots = 0  # a vocoder's streams at full speed (ListVoices; 0: no limit of its own, or not known)
 
     def __repr__(self) -> str:
         return f"{self.stage} at {self.target}"
@@ -69,12 +70,12 @@ class Replica:
         serving = reply.status == health_pb2.HealthCheckResponse.SERVING
         if serving and self.stage == "vocoder" and not self.ready:  # (again) ready: what voices does it have now?
             try:
-                self.voices = tuple((await self.stub.ListVoices(vocoder_pb2.ListVoicesRequest(),
-                                                                timeout=CHECK_TIMEOUT)).voices)
+                listed = await self.stub.ListVoices(vocoder_pb2.ListVoicesRequest(), timeout=CHECK_TIMEOUT)
+                self.voices, self.stream_slots = tuple(listed.voices), listed.stream_slots
             except grpc.aio.AioRpcError as err:
                 if err.code() != grpc.StatusCode.UNIMPLEMENTED:  # (a vocoder without it checks names itself)
                     return False
-                self.voices = None
+                self.voices, self.stream_slots = None, 0
         return serving
 
     def add_calls(self, n: int) -> None:
@@ -184,13 +185,23 @@ class Backends:
         known = [r.voices for r in self.vocoder.replicas if r.ready and r.voices is not None]
         return tuple(sorted(set().union(*known))) if known else None
 
-    async def watch(self, on_change: Callable[[bool], Awaitable[None]]) -> None:
+    def stream_slots(self) -> int | None:
+        """The streams the ready vocoders decode at full speed, all together; None where they set no limit (none
+        ready, or one without a flow history)."""
+        slots = [r.stream_slots for r in self.vocoder.replicas if r.ready]
+        return sum(slots) if slots and all(slots) else None
+
+    async def watch(self, on_change: Callable[[bool], Awaitable[None]],
+                    on_slots: Callable[[int | None], None] = lambda slots: None) -> None:
         """Ask the replicas' health checks until cancelled: a ready replica every `health_check_seconds`, one that
         is not every RECOVERY_CHECK_SECONDS at most (so that one starting or back is used within a moment);
-        on_change(every stage ready) whenever that flips."""
-        serving = None
+        on_change(every stage ready) whenever that flips, on_slots(stream_slots()) whenever that changes."""
+        serving, slots = None, None
         while True:
             await asyncio.gather(*(pool.poll(self.health_check_seconds) for pool in self.all_pools))
+            if (now_slots := self.stream_slots()) != slots:
+                slots = now_slots
+                on_slots(slots)
             now_serving = all(pool.ready for pool in self.pools)
             if now_serving != serving:
                 serving = now_serving

@@ -62,6 +62,7 @@ Pure arithmetic on recorded signals: no clock of its own (every call takes `now`
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -88,7 +89,7 @@ class HeadroomRule:
 
 class Headroom:
     def __init__(self, rule: HeadroomRule = HeadroomRule()):
-        self.rule = rule
+        self.rule = self.given = rule
         self.limit = float(min(max(rule.initial_limit, rule.min_limit), rule.max_limit))
         self.slack: collections.deque[tuple[float, float]] = collections.deque()  # (when, seconds early)
         self.ttfa: collections.deque[tuple[float, float]] = collections.deque()   # (when, seconds)
@@ -99,6 +100,14 @@ class Headroom:
         self.burst_until = -math.inf  # the end of the window a turn arriving at an idle stack opened
         self.over_limit = False  # the last turn asked about (admits) was let in over the limit, as part of a burst
         self.draining = False  # a burst let turns in over the limit, and the turns running have not fallen under it
+
+    def cap(self, most: int) -> None:
+        """At most `most` turns at once, a burst's too (the vocoders' stream slots: Admission.cap_turns); the rule as
+        given where `most` is over it."""
+        g = self.given
+        self.rule = dataclasses.replace(g, max_limit=min(g.max_limit, most), burst_turns=min(g.burst_turns, most),
+                                        min_limit=min(g.min_limit, most))
+        self.limit = min(max(self.limit, self.rule.min_limit), self.rule.max_limit)
 
     def observe_slack(self, now: float, slack: float) -> None:
         """A playing stream's chunk left the gateway `slack` seconds before its listener needed it (< 0: late)."""

@@ -40,7 +40,7 @@ async def run(s: GatewaySettings) -> None:
             await set_serving(serving)
 
         try:
-            await backends.watch(both)
+            await backends.watch(both, on_slots=speech.admission.cap_turns)
         finally:  # stopping: /readyz says so at once, as gRPC's health does, so that balancers drain this gateway
             ready[0] = False
 

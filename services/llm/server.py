@@ -14,6 +14,7 @@ from moss.speech.v1 import llm_pb2, llm_pb2_grpc
 
 from services.common.device import fatal_signal
 from services.common.device import lost as device_lost
+from services.common.memory import GiB, Pool, check_weights, size_gib
 from services.common.metrics import start_metrics_server
 from services.common.server import serve
 from services.llm import metrics
@@ -21,7 +22,7 @@ from services.llm.async_engine import AsyncEngine
 from services.llm.engine.engine import EngineConfig, LLMEngine
 from services.llm.engine.warmup import warm_up
 from services.llm.model.checkpoint import DTYPES, load_pretrained, random_model
-from services.llm.model.config import preset
+from services.llm.model.config import MossSpeechConfig, preset
 from services.llm.model.model import MossSpeechForCausalLM
 from services.llm.model.tokenizer import load_tokenizer, preset_tokenizer
 from services.llm.model.trtllm_checkpoint import read_config
@@ -40,17 +41,23 @@ def resolve_dtype(name: str, device: torch.device, model_dir: str | None) -> tor
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+KV_POOL = Pool("llm", "the KV cache", "--kv-cache-gb", "GiB")
+DEFAULT_KV_CACHE_GB = EngineConfig.kv_cache_bytes / GiB
+
+
 def build_engine(s: LlmSettings) -> LLMEngine:
     device = torch.device(s.device)
     config = EngineConfig(
-        kv_cache_bytes=int(s.kv_cache_gb * (1 << 30)), block_size=s.block_size, max_num_seqs=s.max_num_seqs,
+        kv_cache_bytes=int((s.kv_cache_gb or DEFAULT_KV_CACHE_GB) * GiB), block_size=s.block_size, max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, max_audio_lead=audio_lead(s),
         first_audio_window=s.first_audio_window, first_audio_hold=first_audio_hold(s), quantization=s.quantization,
         runner=s.runner, engine_dir=s.engine_dir,
     )
     if s.runner == "trt":
-        return _trt_engine(s, config, device)
+        return _trt_engine(s, _sized_kv(s, config, device), device)
     dtype = resolve_dtype(s.dtype, device, s.model_dir)
+    check_weights_fit(MossSpeechConfig.from_json(Path(s.model_dir) / "config.json") if s.model_dir else preset(s.preset),
+                      dtype, device)
     if s.model_dir:
         model = load_pretrained(s.model_dir, device=device, dtype=dtype)
         tokenizer = load_tokenizer(s.model_dir)
@@ -62,7 +69,25 @@ def build_engine(s: LlmSettings) -> LLMEngine:
         log.warning("no --model-dir: serving the %r preset with RANDOM weights (speech will be noise)", s.preset)
     _match_config_dtype(model)
     log.info("weights and KV cache in %s", next(model.parameters()).dtype)
-    return LLMEngine(model, tokenizer, config)
+    return LLMEngine(model, tokenizer, _sized_kv(s, config, device))
+
+
+def check_weights_fit(cfg: MossSpeechConfig, dtype: torch.dtype | None, device: torch.device) -> None:
+    """NotEnoughMemory, before a byte of them is allocated, where the weights do not fit the device's free memory."""
+    dtype = dtype or DTYPES.get(cfg.torch_dtype, torch.float32)
+    with torch.device("meta"):
+        n = sum(p.numel() for p in MossSpeechForCausalLM(cfg).parameters())
+    name = {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype))
+    advice = ("give --dtype bfloat16 (half of float32's), or serve it on a GPU (--device cuda)"
+              if device.type == "cpu" and dtype == torch.float32 else "serve it on a device with more memory")
+    check_weights("llm", f"the weights ({n / 1e9:.2f} B parameters in {name})", n * dtype.itemsize, device, advice)
+
+
+def _sized_kv(s: LlmSettings, config: EngineConfig, device: torch.device) -> EngineConfig:
+    """The KV pool's budget, the weights in place: --kv-cache-gb if it fits (else NotEnoughMemory), or the default
+    where half the free memory holds it (less where not: services/common/memory.py)."""
+    gib = size_gib(KV_POOL, s.kv_cache_gb, DEFAULT_KV_CACHE_GB, device)
+    return dataclasses.replace(config, kv_cache_bytes=int(gib * GiB))
 
 
 def _trt_engine(s: LlmSettings, config: EngineConfig, device: torch.device) -> LLMEngine:

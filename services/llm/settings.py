@@ -47,7 +47,10 @@ class LlmSettings:
     quantization: str = option(ENGINE.quantization, "the layers' GEMM weights and inputs: none (in --dtype) or fp8 "
                                "(e4m3, scaled per channel and per row: half the bytes a decode step reads; H100 or "
                                "newer on CUDA; the heads, attention and K/V stay in --dtype)", choices=["none", "fp8"])
-    kv_cache_gb: float = option(ENGINE.kv_cache_bytes / (1 << 30), "memory budget of the KV-cache pool, GiB", type=positive(float))
+    kv_cache_gb: float | None = option(None, f"memory budget of the KV-cache pool, GiB (default: "
+                                             f"{ENGINE.kv_cache_bytes / (1 << 30):g}, or half the device's free memory "
+                                             "after the weights if less; given, it must fit or the llm refuses to "
+                                             "start)", type=positive(float), show_default=False)
     block_size: int = option(ENGINE.block_size, "positions per KV-cache block", type=power_of_two)
     max_num_seqs: int = option(ENGINE.max_num_seqs, "requests in the running batch", type=positive(int))
     max_num_batched_tokens: int = option(ENGINE.max_num_batched_tokens, "positions per engine step; longer prompts are prefilled in chunks",

@@ -30,7 +30,7 @@ def flow_options(s: VocoderSettings) -> FlowOptions:
     return FlowOptions(block_tokens=s.flow_block_tokens or defaults.block_tokens,
                        max_context_tokens=s.flow_context_tokens or defaults.max_context_tokens,
                        n_timesteps=s.flow_steps, cfg_rate=s.flow_cfg_rate,
-                       history_streams=defaults.history_streams if s.flow_history_streams is None else s.flow_history_streams,
+                       history_streams=s.flow_history_streams,
                        history_frames=s.flow_history_frames or defaults.history_frames)
 
 

@@ -98,7 +98,9 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
             raise InvalidArgument(extra.WhichOneof("kind") or "kind", "no message may follow end")
 
     async def ListVoices(self, request, context):
-        return vocoder_pb2.ListVoicesResponse(voices=self.vocoder.voice_names())
+        history = getattr(self.vocoder.decoder, "history", None)
+        return vocoder_pb2.ListVoicesResponse(voices=self.vocoder.voice_names(),
+                                              stream_slots=history.streams if history is not None else 0)
 
     async def Vocode(self, request_iterator, context):
         first = await anext(aiter(request_iterator), None)

@@ -65,8 +65,10 @@ class VocoderSettings:
     flow_context_tokens: int | None = option(None, "latest tokens a block is decoded with, itself and its look-ahead "
                                                    "included (default 40)", type=positive(int))
     flow_history_streams: int | None = option(None, "streams whose solved frames the flow keeps, so that each call "
-                                                    "solves only their new frames (default 128; 0: none, every block "
-                                                    "over its window; GPU memory: docs/codec.md)", type=count)
+                                                    "solves only their new frames (default: 128, or as many as fit in "
+                                                    "half the device's free memory; given, it must fit or the vocoder "
+                                                    "refuses to start; 0: none, every block over its window; memory: "
+                                                    "docs/codec.md)", type=count)
     flow_history_frames: int | None = option(None, "a stream's latest frames kept for its next blocks to read "
                                                    "(default 40)", type=positive(int))
     flow_solve: str = option("off", "the flow's solve batched at the Euler step (on: a stream's block joins the running "

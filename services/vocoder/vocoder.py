@@ -25,7 +25,6 @@ from services.vocoder.codec import checkpoint as codec_checkpoint
 from services.vocoder.codec import config as codec_config
 from services.vocoder.codec.decoder import (
     DEFAULT_BLOCK_TOKENS,
-    DEFAULT_HISTORY_STREAMS,
     DEFAULT_MAX_CONTEXT_TOKENS,
     FlowTokenDecoder,
 )
@@ -62,7 +61,8 @@ class FlowOptions:
     max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS
     n_timesteps: int | None = None     # None: the checkpoint's (10)
     cfg_rate: float | None = None      # None: the checkpoint's (0.7)
-    history_streams: int = DEFAULT_HISTORY_STREAMS   # streams whose solved frames are kept (codec/history.py)
+    history_streams: int | None = None  # streams whose solved frames are kept (codec/history.py); None: as many as
+                                        # fit in the device's free memory, up to DEFAULT_HISTORY_STREAMS
     history_frames: int = DEFAULT_RING_FRAMES        # each one's latest frames kept
 
 

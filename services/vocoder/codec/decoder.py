@@ -42,6 +42,7 @@ import itertools
 
 import torch
 
+from services.common.memory import Pool, size_pool
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
 from services.vocoder.codec.flow_graphs import FlowGraphs, on_device
 from services.vocoder.codec.flow_state import FlowState, Plan
@@ -58,14 +59,17 @@ DEFAULT_MAX_CONTEXT_TOKENS = 40
 PREFIX_MIN_ROWS = 4  # measured: 1 row slower with the prefix, 4 and 16 faster; 2 and 3 not measured
 SOLVE_BLOCKS = 4     # a history row's frames per call, at most: the gateway's chunks of 20 tokens (4 blocks)
 DEFAULT_HISTORY_STREAMS = 128  # streams that hold a history slot (memory: history.py)
+HISTORY_POOL = Pool("vocoder", "the flow's stream history", "--flow-history-streams", "streams")
 
 
 class FlowTokenDecoder:
     def __init__(self, flow: CausalMaskedDiffWithXvec, device: torch.device, dtype: torch.dtype | None = None,
                  block_tokens: int = DEFAULT_BLOCK_TOKENS, max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
                  n_timesteps: int | None = None, cfg_rate: float | None = None, graphs: bool | None = None,
-                 prefix_min_rows: int = PREFIX_MIN_ROWS, history_streams: int = DEFAULT_HISTORY_STREAMS,
+                 prefix_min_rows: int = PREFIX_MIN_ROWS, history_streams: int | None = DEFAULT_HISTORY_STREAMS,
                  history_frames: int = DEFAULT_RING_FRAMES):
+        """history_streams: streams whose solved frames are kept (history.py; 0: none; None: as many as fit in the
+        device's free memory, up to DEFAULT_HISTORY_STREAMS: services/common/memory.py)."""
         cfg = flow.cfg
         if block_tokens < 1:
             raise ValueError(f"flow decoder: block_tokens must be >= 1, got {block_tokens}")
@@ -87,7 +91,7 @@ class FlowTokenDecoder:
         self.graphs = self._new_graphs()
         self.prefix: PromptPrefix | None = None
         self.prefix_min_rows = prefix_min_rows
-        if history_streams < 0 or history_frames < 1:
+        if (history_streams is not None and history_streams < 0) or history_frames < 1:
             raise ValueError(f"flow decoder: history_streams ({history_streams}) must be >= 0 and history_frames "
                              f"({history_frames}) >= 1")
         self.history_streams, self.history_frames = history_streams, history_frames
@@ -102,7 +106,7 @@ class FlowTokenDecoder:
         self.graphs = self._new_graphs()  # graphs read the prefix's tensors: captured again
         self.history = None
         chunk = self.flow.cfg.estimator.static_chunk_size
-        if self.prefix is not None and self.history_streams and (self.block * self.ratio) % chunk == 0:
+        if self.prefix is not None and self.history_streams != 0 and (self.block * self.ratio) % chunk == 0:
             # A history row's first call solves the prompt's frames after the prefix and its first block: the cap
             # holds them, in whole blocks' frames.
             frames = self.block * self.ratio
@@ -110,8 +114,12 @@ class FlowTokenDecoder:
                         for v in voices)
             first = -(-first // frames) * frames
             self.solve_cap = max(self.solve_cap, first)
-            self.history = StreamHistory(self.flow.decoder.estimator, prefix, self.history_streams,
-                                         self.history_frames)
+            estimator = self.flow.decoder.estimator
+            streams = size_pool(HISTORY_POOL, StreamHistory.bytes_per_stream(estimator, prefix, self.history_frames),
+                                self.history_streams, DEFAULT_HISTORY_STREAMS, self.device, least=0)
+            if not streams:  # (no room for one: every stream decodes over its window)
+                return
+            self.history = StreamHistory(estimator, prefix, streams, self.history_frames)
             # A history call's graphs: its rows padded to a first call's frames or the cap, their windows to a
             # first call's tokens or a whole window. Few graphs: each takes ~1 s to capture at the real size, and
             # the vocoder captures every one before it serves.

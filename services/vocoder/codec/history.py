@@ -51,6 +51,17 @@ class HistoryRows:
 class StreamHistory:
     recording = False  # (flow.py tells a PromptPrefix's Recorder by it)
 
+    @staticmethod
+    def bytes_per_stream(estimator, prefix: PromptPrefix, ring: int = DEFAULT_RING_FRAMES) -> int:
+        """What one slot costs (the layout above: a CPU in float32 pays twice a GPU's bf16), for sizing `streams`
+        before any is allocated (services/common/memory.py)."""
+        p = prefix.keys[0]
+        attn = estimator.slots(Attention)[0]
+        d = attn.to_q.out_features // attn.heads
+        keys_values = 2 * len(prefix.keys) * prefix.steps * 2 * attn.heads * ring * d  # a CFG pair's rows
+        lefts = sum(prefix.steps * 4 * stacked[0, 0].numel() for stacked in prefix.lefts)  # two banks of a pair
+        return (keys_values + lefts) * p.element_size()
+
     def __init__(self, estimator, prefix: PromptPrefix, streams: int, ring: int = DEFAULT_RING_FRAMES):
         """estimator: the flow's (its attentions' sizes); prefix: the voices' (a stream's first call reads it)."""
         if streams < 1 or ring < 1:

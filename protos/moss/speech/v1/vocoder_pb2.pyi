@@ -12,10 +12,12 @@ class ListVoicesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListVoicesResponse(_message.Message):
-    __slots__ = ("voices",)
+    __slots__ = ("voices", "stream_slots")
     VOICES_FIELD_NUMBER: _ClassVar[int]
+    STREAM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     voices: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, voices: _Optional[_Iterable[str]] = ...) -> None: ...
+    stream_slots: int
+    def __init__(self, voices: _Optional[_Iterable[str]] = ..., stream_slots: _Optional[int] = ...) -> None: ...
 
 class VocodeConfig(_message.Message):
     __slots__ = ("request_id", "format", "lookahead_frames", "voice", "playback_speed")

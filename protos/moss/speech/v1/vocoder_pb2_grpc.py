@@ -61,7 +61,8 @@ class VocoderServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListVoices(self, request, context):
-        """The voices a Vocode config may name (the gateway checks a request's voice against them).
+        """The voices a Vocode config may name (the gateway checks a request's voice against them), and how many
+        streams this vocoder decodes at full speed (the gateway admits no more turns than its vocoders have).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
