@@ -180,6 +180,49 @@ def test_bad_audio_fails_its_turn_and_the_session_goes_on(stack, messages, code,
     assert after.num_samples > 0  # the session goes on
 
 
+def test_an_audio_message_over_the_limit_fails_its_turn_and_the_session_goes_on(stack):
+    """A 3 MB UserAudio (the gateway takes 1 MB messages) fails the speech it belongs to, once, and the rest of that
+    speech is dropped; the session answers a typed turn after it. (gRPC's own limit used to end the whole call.)"""
+    async def session():
+        async with converse(stack.target("gateway"), sampling=SHORT, timeout=60) as conv:
+            await conv.call.write(gateway_pb2.ConverseRequest(speech=gateway_pb2.SpeechInput(sample_rate=16000)))
+            await conv.call.write(gateway_pb2.ConverseRequest(audio=gateway_pb2.UserAudio(pcm=b"\0\0" * 1_500_000)))
+            await conv.call.write(gateway_pb2.ConverseRequest(audio=gateway_pb2.UserAudio(pcm=b"\0\0" * 1600)))
+            await conv.call.write(gateway_pb2.ConverseRequest(end_of_speech=gateway_pb2.EndOfSpeech()))
+            await conv.call.write(gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text="Still there?")))
+            kinds, failed = [], []
+            while True:
+                msg = await conv.call.read()
+                assert msg is not grpc.aio.EOF
+                kinds.append(msg.WhichOneof("kind"))
+                if kinds[-1] == "failed":
+                    failed.append(msg.failed)
+                if kinds[-1] == "summary":
+                    return failed, msg.summary
+
+    failed, summary = run(session())
+    assert [(f.code, f.message) for f in failed] == [(
+        "INVALID_ARGUMENT", "audio.pcm: a message of 3000010 bytes is over the limit of 1048576 (--max-message-bytes): "
+                            "send the audio in smaller messages")]
+    assert summary.num_samples > 0
+
+
+def test_a_typed_turn_over_the_limit_ends_the_call_saying_so(stack):
+    async def session():
+        async with grpc.aio.insecure_channel(stack.target("gateway")) as channel:
+            call = gateway_pb2_grpc.GatewayStub(channel).Converse(timeout=60)
+            await call.write(gateway_pb2.ConverseRequest(config=gateway_pb2.SessionConfig()))
+            await call.write(gateway_pb2.ConverseRequest(turn=gateway_pb2.UserTurn(text="x" * 2_000_000)))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                while (await call.read()) is not grpc.aio.EOF:
+                    pass
+            return err.value
+
+    err = run(session())
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert err.details() == "turn: 2000008 bytes is over the limit of 1048576 (--max-message-bytes)"
+
+
 def test_a_refusal_of_bad_audio_is_never_the_encoder_unavailable(stack):
     """Audio the encoder refuses while more is on its way: the refusal comes first as a message (EncodeRefused), so
     no write races it into gRPC core's bare INTERNAL. Reported as the status it ended with, 7 of 30 tries came out

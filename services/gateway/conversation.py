@@ -40,7 +40,7 @@ from services.gateway.client_writes import ClientWrites
 from services.gateway.listener import Callbacks, Listener
 from services.gateway.pipeline import Turn
 from services.gateway.session import Session
-from services.gateway.turn_request import Spoken, TurnLimits, validate_text
+from services.gateway.turn_request import Spoken, TurnLimits, check_size, validate_text
 from services.gateway.voices import resolve_voice
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ class Conversation:
         first = await anext(requests, None)
         if first is None or first.WhichOneof("kind") != "config":
             raise InvalidArgument("config", "the first message of a Converse call must be a config")
+        check_size(first, self.limits, "config")
         check_config(first.config, self.limits, self.backends.voices())
         self.config = first.config
         self.session.system_prompt = first.config.system_prompt
@@ -131,6 +132,10 @@ class Conversation:
             async for req in requests:
                 self.last_activity = time.monotonic()
                 kind = req.WhichOneof("kind")
+                if kind == "audio" and req.ByteSize() > self.limits.max_message_bytes:
+                    await self._oversized_audio(req.ByteSize())
+                    continue
+                check_size(req, self.limits, kind or "request")
                 if kind == "turn":
                     self._check_turn(req.turn)
                     await self._cancel_turn()
@@ -214,6 +219,19 @@ class Conversation:
         except InvalidArgument as err:  # a rate or format no encoder takes: this speech fails, its audio is dropped
             self.refused_audio = True
             self._fail_speech(err)
+
+    async def _oversized_audio(self, size: int) -> None:
+        """A UserAudio message over --max-message-bytes: the speech it belongs to fails (its audio is not all there),
+        once, and the session goes on; the client sends SpeechInput to speak again."""
+        if self.refused_audio:
+            return  # (its speech failed already: dropped, as any audio after that failure)
+        if self.listener is not None:
+            await self.listener.close()
+            self.listener = None
+        self.refused_audio = True
+        self._fail_speech(InvalidArgument("audio.pcm", f"a message of {size} bytes is over the limit of "
+                                                       f"{self.limits.max_message_bytes} (--max-message-bytes): "
+                                                       "send the audio in smaller messages"))
 
     def _listening(self, field: str) -> bool:
         """Whether audio (or its end) now goes to the listener. Audio with no speech open (none yet, or after

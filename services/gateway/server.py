@@ -16,7 +16,7 @@ from services.gateway.headroom import Headroom, HeadroomRule
 from services.gateway.servicer import GatewayServicer
 from services.gateway.settings import ADDRESS_SHARE, GatewaySettings
 from services.gateway.speech import Speech
-from services.gateway.turn_request import TurnLimits
+from services.gateway.turn_request import TRANSPORT_SLACK, TurnLimits
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ async def run(s: GatewaySettings) -> None:
     if not api_keys:
         log.warning("gateway: no API keys (--api-keys-file, $%s): any client may call it", KEYS_ENV)
     per_client = per_client_limit(s, keyed=bool(api_keys))
-    speech = Speech(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout),
+    speech = Speech(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout, s.max_message_bytes),
                     Admission(s.turns_at_once(), s.max_queued_turns, per_client, headroom(s), s.max_starting_turns or 0))
     log.info("gateway: %s", admission_line(s, per_client))
     servicer = GatewayServicer(speech, s.session_idle_seconds)
@@ -69,7 +69,7 @@ async def run(s: GatewaySettings) -> None:
         on_stop=stop,
         readiness=readiness,
         api_keys=api_keys,
-        max_message_bytes=s.max_message_bytes,
+        max_message_bytes=TRANSPORT_SLACK * s.max_message_bytes,  # (the gateway answers those over the limit itself)
         max_streams_per_connection=s.max_streams_per_connection,
         tls=s.tls,
         write_timeout=s.client_stall_seconds or None,

@@ -109,7 +109,9 @@ class GatewaySettings:
                                                "gateway's own page (a browser's WebSocket from any other is refused "
                                                "403; clients that are not browsers send no Origin)")
     max_message_bytes: int = option(1 << 20, "largest request message taken, in bytes (a request is text and a few "
-                                             "fields); larger: RESOURCE_EXHAUSTED", type=positive(int))
+                                             "fields); larger: RESOURCE_EXHAUSTED, but a Converse audio message "
+                                             "fails its spoken turn only, the session going on (up to 4 times the "
+                                             "limit; beyond that gRPC ends the call)", type=positive(int))
     max_streams_per_connection: int = option(256, "calls one client connection may have open at once; more wait on "
                                                   "the client's side (in a burst over it, a few may be refused "
                                                   "UNAVAILABLE: never started, safe to retry)", type=positive(int))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from moss.speech.v1 import common_pb2, gateway_pb2, llm_pb2
 
 from services.common.audio import resolve_format
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.sampling import resolve_chunking, resolve_sampling, sampling_to_fields
 from services.gateway.session import Session
 
@@ -25,11 +25,24 @@ class Spoken:
     audio_seconds: float = 0.0
 
 
+# gRPC's transport takes messages up to this many times --max-message-bytes, so that one over the limit is the
+# gateway's to answer (a spoken turn's audio: that turn fails, the session goes on) instead of gRPC's (the call ends)
+TRANSPORT_SLACK = 4
+
+
 @dataclass(frozen=True)
 class TurnLimits:
     max_text_chars: int = 2000
     max_new_tokens: int = 2048
     default_timeout: float = 120.0  # seconds, when the client sets no deadline
+    max_message_bytes: int = 1 << 20  # a request message, at most (--max-message-bytes)
+
+
+def check_size(message, limits: TurnLimits, what: str = "request") -> None:
+    """ResourceExhausted for a message over --max-message-bytes, as gRPC itself would say, with the sizes."""
+    if (size := message.ByteSize()) > limits.max_message_bytes:
+        raise ResourceExhausted(f"{what}: {size} bytes is over the limit of {limits.max_message_bytes} "
+                                "(--max-message-bytes)")
 
 
 def validate_text(text: str, limits: TurnLimits, field: str = "text") -> None:
@@ -45,6 +58,7 @@ def validate(req: gateway_pb2.SynthesizeRequest, limits: TurnLimits, session: Se
     session: the turn continues that session (its system prompt replaces the voice's). spoken: the user's turn is
     these codes, not req.text. text_reply: the reply is text alone.
     → (the llm request, the resolved audio format)."""
+    check_size(req, limits)
     if spoken is None:
         validate_text(req.text, limits)
     user = {"audio": llm_pb2.SpokenTurn(codes=spoken.codes)} if spoken is not None else {"text": req.text}

@@ -37,6 +37,7 @@ from services.gateway import metrics
 from services.gateway.conversation import Conversation
 from services.gateway.http_errors import raise_cut, ws_close_code, ws_error
 from services.gateway.speech import Speech
+from services.gateway.turn_request import TRANSPORT_SLACK
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,8 @@ class WebSocketConverse:
         self.max_message_bytes, self.stall_seconds = max_message_bytes, stall_seconds
 
     async def handle(self, request: web.Request, client: str | None) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=self.max_message_bytes, compress=False)
+        # (a frame over the limit, up to TRANSPORT_SLACK times it, is the conversation's to answer: audio fails its turn)
+        ws = web.WebSocketResponse(max_msg_size=TRANSPORT_SLACK * self.max_message_bytes, compress=False)
         await ws.prepare(request)
         bound_send_buffer(request.transport)
         s = self.speech
