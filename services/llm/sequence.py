@@ -99,7 +99,7 @@ class Sequence:
     num_text: int = 0
     chunks_sent: int = 0
     window_sent: float | None = None  # when its first audio window (EngineConfig.first_audio_window tokens) was sent
-    held: bool = False           # its listener stopped taking audio: no steps (its blocks kept) until released (hold)
+    held: bool = False           # its listener stopped taking audio: parked, no steps, until released (scheduler.py)
     noise_seed: int = 0          # the sampler's noise key: the request's seed, or a random one
     slot: int | None = None      # the sampler's seen-token row while running
     seen_upto: int = 0           # positions already recorded in that row
