@@ -73,6 +73,9 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.prompts = PromptBuilder(tokenizer, self.cfg)
         self.turn_end = self.prompts.turn_end()
+        if config.max_model_len > self.cfg.max_position_embeddings:
+            raise ValueError(f"--max-model-len {config.max_model_len} is over the model's max_position_embeddings "
+                             f"({self.cfg.max_position_embeddings}: the positions its RoPE was trained over)")
         device = device or next(model.parameters()).device
         num_blocks = max(1, config.kv_cache_bytes // (config.block_size * bytes_per_position(self.cfg, config, device)))
         self.block_manager = BlockManager(num_blocks, config.block_size)

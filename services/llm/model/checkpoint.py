@@ -1,4 +1,8 @@
-"""HF-format checkpoints: config.json + safetensors (one file or shards with an index), official keys."""
+"""HF-format checkpoints: config.json + safetensors (one file or shards with an index), official keys.
+
+Keys are matched strictly by name (a missing or unexpected one is refused, listed). Each path through the model is a
+Qwen3 model: qwen3_map.py maps a Qwen3ForCausalLM's names to ours, path by path, for a reader with Qwen3-shaped
+weights; tests/test_llm_reference.py holds our logits to transformers' Qwen3 through that map."""
 
 from __future__ import annotations
 

@@ -85,6 +85,8 @@ class MossSpeechConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "MossSpeechConfig":
+        d = _rope_theta_read(d)
+        refuse_unsupported(d)
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in d.items() if k in names}
         derived = ("model_type", "architectures", "num_hidden_layers", "tie_word_embeddings")
@@ -105,6 +107,38 @@ class MossSpeechConfig:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def _rope_theta_read(d: dict) -> dict:
+    """config.json's RoPE base: `rope_theta`, or transformers 5's `rope_parameters` ({"rope_type", "rope_theta"})."""
+    params = d.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" in params:
+        if "rope_theta" in d and d["rope_theta"] != params["rope_theta"]:
+            raise ValueError(f"config.json: rope_theta {d['rope_theta']} and rope_parameters.rope_theta "
+                             f"{params['rope_theta']} disagree")
+        d = {**d, "rope_theta": params["rope_theta"]}
+    return d
+
+
+def refuse_unsupported(d: dict) -> None:
+    """ValueError naming a config.json setting this model does not implement, where it is set to anything but what
+    a plain Qwen3 has (kept silently, it would change every logit): RoPE scaling (linear, dynamic, YaRN, ...), an
+    activation other than SiLU, attention biases, sliding-window attention."""
+    scaling = d.get("rope_scaling") or {}
+    params = d.get("rope_parameters") or {}
+    for name, rope in (("rope_scaling", scaling), ("rope_parameters", params)):
+        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+        if kind not in ("default", None):
+            raise ValueError(f"config.json: {name} {rope!r} is not supported (only plain RoPE: rope_type default)")
+    checks = {"hidden_act": ("silu", d.get("hidden_act", "silu")), "attention_bias": (False, d.get("attention_bias", False)),
+              "use_sliding_window": (False, d.get("use_sliding_window", False)),
+              "mlp_bias": (False, d.get("mlp_bias", False))}
+    for name, (supported, value) in checks.items():
+        if value != supported:
+            raise ValueError(f"config.json: {name} {value!r} is not supported (only {supported!r}, as Qwen3's)")
+    if any(kind != "full_attention" for kind in d.get("layer_types") or []):
+        raise ValueError(f"config.json: layer_types {sorted(set(d['layer_types']))} is not supported (only "
+                         "full_attention)")
 
 
 def tiny_config() -> MossSpeechConfig:
