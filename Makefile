@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install protos demo test tools up clean
+.PHONY: install protos demo test tools check-tools up clean
 
 install: $(STAMP)
 
@@ -42,12 +42,15 @@ up: $(STAMP)
 # ruff first (pyproject.toml's [tool.ruff]: pyflakes, pycodestyle, import order): a lint error fails fast.
 # compileall: the project's own modules as .pyc (this environment sets PYTHONDONTWRITEBYTECODE, so no process writes
 # them, and each of the suite's ~150 service processes would compile them again; Python still reads fresh ones).
-# The venv and Debian's tools install side by side (-j2): pip and apt-get wait on different things.
+# The venv and Debian's tools install side by side (-j2): pip and apt-get wait on different things. In CI (CI=true) a
+# tool that could not be installed fails the run (check-tools) instead of skipping a whole feature's tests; -rs lists
+# every skip with its reason.
 test:
 	@$(MAKE) --no-print-directory -j2 install tools
+	@$(MAKE) --no-print-directory check-tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m compileall -q services protos tests > /dev/null
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -rs --durations=25
 
 # Debian's prometheus package (the server and promtool) for the deploy checks and the Prometheus
 # integration test; espeak-ng (test speech for spoken turns) and sox; chromium (headless: the web page's
@@ -68,6 +71,15 @@ tools:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
 	      || echo "make tools: apt-get install chromium failed; the web page's browser tests will skip"; \
 	  else echo "make tools: no root/apt to install chromium; the web page's browser tests will skip"; fi; }
+
+# The tools the suite's feature tests need (the web page, spoken turns, the deploy checks): a note where one is
+# missing, and in CI (CI=true) an error, so that no feature passes as a row of skips.
+TOOLS := promtool prometheus espeak-ng sox chromium
+check-tools:
+	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$CI" = true ]; then echo "make test: missing in CI:$$missing (make tools installs them as root)" >&2; exit 1; \
+	  else echo "make test: missing:$$missing; their tests will skip (make tools installs them as root)"; fi; fi
 
 clean:
 	rm -rf $(VENV) demo.wav

@@ -20,9 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0   # e4m3fn's largest finite value
-TINY = 1e-12      # a row of zeros (padding rows) keeps a finite scale and quantizes to zeros
+from services.llm.runner.fp8_format import FP8, FP8_MAX, TINY
 
 
 @dataclass

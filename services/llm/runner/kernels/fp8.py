@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from services.llm.runner.fp8 import FP8, FP8_MAX, TINY
+from services.llm.runner.fp8_format import FP8, FP8_MAX, TINY
 
 
 @triton.jit
