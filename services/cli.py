@@ -21,11 +21,19 @@ from services.encoder.settings import EncoderSettings
 from services.gateway.settings import ENCODER_TARGET, LLM_TARGET, VOCODER_TARGET, GatewaySettings
 from services.llm.settings import LlmSettings
 from services.settings import (
+    ADMISSION,
+    DOORS,
+    ENCODER,
     FORWARDED,
     GRPC_PORTS,
     HTTP_PORT,
+    LLM,
     METRICS_PORTS,
+    PROCESSES,
+    SECURITY,
+    VOCODER,
     add_flags,
+    argument_group,
     from_args,
     gpu_list,
     positive,
@@ -33,13 +41,22 @@ from services.settings import (
 )
 from services.vocoder.settings import VocoderSettings
 
+GROUP_ORDER = (PROCESSES, LLM, VOCODER, ENCODER, ADMISSION, DOORS, SECURITY)  # as --help lists them
+
+
+def _groups_in_order(p: argparse.ArgumentParser, titles=GROUP_ORDER) -> None:
+    for title in titles:
+        argument_group(p, title)
+
 
 def _service(p: argparse.ArgumentParser, settings) -> None:
     """A service's command: its declared options (services/<service>/settings.py), logging and TLS."""
+    own = {settings.GROUP, *getattr(settings, "GROUPS", {})}
+    _groups_in_order(p, [t for t in GROUP_ORDER if t in own or t in (PROCESSES, SECURITY)])
     add_flags(p, settings)
-    p.add_argument("--log-level", default="INFO")
-    tls = p.add_argument_group("TLS on the gRPC port (services/common/tls.py)")
-    tls.add_argument("--tls-cert", help="PEM certificate chain: serve TLS")
+    argument_group(p, PROCESSES).add_argument("--log-level", default="INFO", help="the log's level (default INFO)")
+    tls = argument_group(p, SECURITY)
+    tls.add_argument("--tls-cert", help="PEM certificate chain: serve TLS on the gRPC port (services/common/tls.py)")
     tls.add_argument("--tls-key", help="PEM private key of --tls-cert")
     tls.add_argument("--tls-client-ca", help="PEM CA: require client certificates it signed (mutual TLS)")
 
@@ -53,66 +70,70 @@ def parser() -> argparse.ArgumentParser:
     _service(sub.add_parser("encoder", help="the speech encoder service (spoken turns → audio codes)"), EncoderSettings)
     gw = sub.add_parser("gateway", help="the public gateway")
     _service(gw, GatewaySettings)
-    gw.add_argument("--llm-target", type=targets, action="extend", dest="llm_targets", metavar="HOST:PORT[,...]",
+    backends, gw_tls = argument_group(gw, DOORS), argument_group(gw, SECURITY)
+    backends.add_argument("--llm-target", type=targets, action="extend", dest="llm_targets", metavar="HOST:PORT[,...]",
                     help="llm replicas (repeat the flag, or separate with commas): a Converse session stays on one, new "
                          "sessions go to the least loaded, one that fails its health checks is skipped until it "
                          f"recovers (default {LLM_TARGET})")
-    gw.add_argument("--vocoder-target", type=targets, action="extend", dest="vocoder_targets", metavar="HOST:PORT[,...]",
+    backends.add_argument("--vocoder-target", type=targets, action="extend", dest="vocoder_targets", metavar="HOST:PORT[,...]",
                     help=f"vocoder replicas, as --llm-target; each stream goes to the least loaded (default {VOCODER_TARGET})")
-    gw.add_argument("--encoder-target", type=targets, action="extend", dest="encoder_targets", metavar="HOST:PORT[,...]",
+    backends.add_argument("--encoder-target", type=targets, action="extend", dest="encoder_targets", metavar="HOST:PORT[,...]",
                     help=f"encoder replicas for spoken turns, as --llm-target; each turn goes to the least loaded "
                          f"(default {ENCODER_TARGET})")
-    gw.add_argument("--backend-ca", help="PEM CA: reach llm and vocoder over TLS, checking their certificates")
-    gw.add_argument("--backend-cert", help="PEM certificate the gateway presents to llm and vocoder (mutual TLS)")
-    gw.add_argument("--backend-key", help="PEM private key of --backend-cert")
+    gw_tls.add_argument("--backend-ca", help="PEM CA: reach llm and vocoder over TLS, checking their certificates")
+    gw_tls.add_argument("--backend-cert", help="PEM certificate the gateway presents to llm and vocoder (mutual TLS)")
+    gw_tls.add_argument("--backend-key", help="PEM private key of --backend-cert")
 
     up = sub.add_parser("up", help="start llm, vocoder, encoder and gateway as separate processes")
-    up.add_argument("--host", default="127.0.0.1")
+    _groups_in_order(up)
+    processes = argument_group(up, PROCESSES)
+    processes.add_argument("--host", default="127.0.0.1", help="the address every service binds (default 127.0.0.1)")
     for service in ("gateway", "llm", "vocoder", "encoder"):
-        up.add_argument(f"--{service}-port", type=int, default=GRPC_PORTS[service])
-        up.add_argument(f"--{service}-metrics-port", type=int, default=METRICS_PORTS[service])
-    up.add_argument("--http-port", type=int, default=HTTP_PORT,
-                    help="the gateway's HTTP door: OpenAI's /v1/audio/speech, /healthz, /readyz (0: off)")
-    up.add_argument("--no-encoder", action="store_true",
+        processes.add_argument(f"--{service}-port", type=int, default=GRPC_PORTS[service],
+                               help=f"the {service}'s gRPC port (default {GRPC_PORTS[service]})")
+        processes.add_argument(f"--{service}-metrics-port", type=int, default=METRICS_PORTS[service],
+                               help=f"the {service}'s Prometheus /metrics port (default {METRICS_PORTS[service]})")
+    argument_group(up, DOORS).add_argument(
+        "--http-port", type=int, default=HTTP_PORT,
+        help="the gateway's HTTP door: OpenAI's /v1/audio/speech, /healthz, /readyz (0: off)")
+    processes.add_argument("--no-encoder", action="store_true",
                     help="start no speech encoder: typed turns only (a spoken turn fails UNAVAILABLE), its start-up "
                          "and GPU memory saved")
-    up.add_argument("--start-timeout", type=positive(float), default=300.0, metavar="SECONDS",
+    processes.add_argument("--start-timeout", type=positive(float), default=300.0, metavar="SECONDS",
                     help="how long every service may take to say SERVING (a vocoder on a GPU captures its CUDA graphs "
                          "first: ~90 s at the real size); one that exits is reported at once (default 300)")
-    up.add_argument("--model-dir", help="the llm's checkpoint; without it: the --preset with random weights")
-    up.add_argument("--vocoder-dir", help="the vocoder's BigVGAN-v2 directory; without it: the vocoder preset matching "
-                                          "the llm (--preset, or moss-speech with --model-dir) with random weights")
-    up.add_argument("--encoder-dir", help="the speech encoder's directory (GLM-4-Voice's tokenizer: config.json, "
+    argument_group(up, LLM).add_argument("--model-dir", help="the llm's checkpoint; without it: the --preset with random weights")
+    argument_group(up, VOCODER).add_argument(
+        "--vocoder-dir", help="the vocoder's directory (the codec's flow + HiFT, or BigVGAN-v2); without it: the vocoder "
+                              "preset matching the llm (--preset, or moss-speech with --model-dir) with random weights")
+    argument_group(up, ENCODER).add_argument("--encoder-dir", help="the speech encoder's directory (GLM-4-Voice's tokenizer: config.json, "
                                           "model*.safetensors); without it: the encoder preset matching the llm with "
                                           "random weights")
-    up.add_argument("--device", default="cpu", help="cpu or cuda, for llm, vocoder and encoder")
-    up.add_argument("--mps", action=argparse.BooleanOptionalAction, default=None,
+    processes.add_argument("--device", default="cpu", help="cpu or cuda, for llm, vocoder and encoder")
+    processes.add_argument("--mps", action=argparse.BooleanOptionalAction, default=None,
                     help="run llm and vocoder as clients of a CUDA MPS daemon of the stack's own, so that their kernels "
                          "share the GPU instead of taking turns (needs nvidia-cuda-mps-control). Default: on with "
                          "--device cuda where the daemon is installed, with a warning where it is not")
-    up.add_argument("--mps-llm-threads", type=int, default=25, metavar="PERCENT",
+    processes.add_argument("--mps-llm-threads", type=int, default=25, metavar="PERCENT",
                     help="with --mps: the share of the GPU's multiprocessors the llm's kernels may occupy at once "
                          "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), leaving the rest to the vocoder (default 25; on an H100 "
                          "cuBLAS's products were wrong at 35-45, 55-75: a service refuses to start on such a share, "
                          "services/common/matmul_check.py)")
-    up.add_argument("--mps-vocoder-threads", type=int, default=100, metavar="PERCENT",
+    processes.add_argument("--mps-vocoder-threads", type=int, default=100, metavar="PERCENT",
                     help="with --mps: the share the vocoder's kernels may occupy at once; with --mps-llm-threads "
                          "summing to 100 or less, neither takes the other's multiprocessors (default 100: no cap)")
-    up.add_argument("--replicas", type=positive(int), default=1,
+    processes.add_argument("--replicas", type=positive(int), default=1,
                     help="llm and vocoder processes each, behind the one gateway; replica k serves on the ports given "
                          "plus 10 x (k - 1) (default 1)")
-    up.add_argument("--gpus", type=gpu_list, metavar="LIST",
+    processes.add_argument("--gpus", type=gpu_list, metavar="LIST",
                     help="with --device cuda: one llm and one vocoder on each of these GPUs (CUDA indices, "
                          "comma-separated, e.g. 0,1); sets --replicas to their number")
-    up.add_argument("--tls-dir", metavar="DIR",
+    argument_group(up, SECURITY).add_argument("--tls-dir", metavar="DIR",
                     help="TLS for the gateway's clients and mutual TLS between the services, from the files "
                          "deploy/docker-compose.tls.yml reads: ca.pem, server.pem + server.key (every service; its "
                          "names must cover --host), gateway-client.pem + .key (the gateway's, for llm and vocoder)")
-    add_flags(up.add_argument_group("llm engine (as in `moss-serve llm`)"), LlmSettings, FORWARDED)
-    add_flags(up.add_argument_group("vocoder worker and codec decoder (as in `moss-serve vocoder`)"), VocoderSettings,
-              FORWARDED)
-    add_flags(up.add_argument_group("speech encoder (as in `moss-serve encoder`)"), EncoderSettings, FORWARDED)
-    add_flags(up.add_argument_group("gateway (as in `moss-serve gateway`)"), GatewaySettings, FORWARDED)
+    for settings in (LlmSettings, VocoderSettings, EncoderSettings, GatewaySettings):  # (each in its groups, as in its
+        add_flags(up, settings, FORWARDED)                                           # own command's --help)
 
     add_say(sub)
     add_chat(sub)

@@ -19,6 +19,16 @@ from dataclasses import MISSING, Field, field
 FORWARDED = "forwarded"
 OWN = "own"
 
+# The groups every command's --help shows its flags in, by stage and concern (`moss-serve up --help` shows them all;
+# each service's own --help, its own). A settings class puts its options in its GROUP, but for those its GROUPS name.
+PROCESSES = "processes: addresses, devices, supervision"
+LLM = "llm: weights and engine"
+VOCODER = "vocoder and codec decoder"
+ENCODER = "speech encoder"
+ADMISSION = "gateway admission: who gets a place"
+DOORS = "sessions and doors: requests, sessions, clients, backends"
+SECURITY = "security: keys, TLS, origins"
+
 # Every service's default ports, gRPC and Prometheus, in one place (the settings, `up`, the stack helpers and the
 # gateway's default targets read them; tests/test_settings.py checks the compose file and the docs against them).
 GRPC_PORTS = {"gateway": 50051, "llm": 50052, "vocoder": 50053, "encoder": 50054}
@@ -155,8 +165,23 @@ def default(cls, name: str):
     return f.default if f.default is not MISSING else f.default_factory()
 
 
+def group_of(cls, name: str) -> str:
+    """The --help group of `cls`'s option `name`: the one its GROUPS names it in, else its GROUP."""
+    return next((title for title, names in getattr(cls, "GROUPS", {}).items() if name in names),
+                getattr(cls, "GROUP", PROCESSES))
+
+
+def argument_group(parser: argparse.ArgumentParser, title: str):
+    """The parser's argument group of this title, made at its first use (argparse would make a second of the same
+    title otherwise)."""
+    groups = parser.__dict__.setdefault("_moss_groups", {})
+    if title not in groups:
+        groups[title] = parser.add_argument_group(title)
+    return groups[title]
+
+
 def add_flags(parser, cls, scope: str | None = None) -> None:
-    """Each declared option of `cls` (of `scope`, or all) as a flag of `parser` (a parser or an argument group)."""
+    """Each declared option of `cls` (of `scope`, or all) as a flag of `parser`, in its --help group (group_of)."""
     for f in options(cls, scope):
         meta = f.metadata
         help = meta["help"]
@@ -166,7 +191,7 @@ def add_flags(parser, cls, scope: str | None = None) -> None:
         for key in ("type", "choices", "metavar"):
             if meta[key] is not None:
                 kwargs[key] = meta[key]
-        parser.add_argument(flag(f.name), **kwargs)
+        argument_group(parser, group_of(cls, f.name)).add_argument(flag(f.name), **kwargs)
 
 
 def from_args(cls, args: argparse.Namespace, **given):

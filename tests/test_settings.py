@@ -129,3 +129,25 @@ def test_the_command_line_and_the_gateway_start_without_torch():
             "print(sorted(m for m in ('torch', 'triton', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_every_flag_of_up_and_the_services_stands_in_a_group():
+    """--help lists every flag under its stage or concern (services/settings.py's groups): none under argparse's
+    catch-all 'options' but --help itself, and each service's flags under the same titles as up's."""
+    from services.cli import GROUP_ORDER, parser
+
+    commands = parser()._subparsers._group_actions[0].choices
+    up_titles = {}
+    for name in ("up", "llm", "vocoder", "encoder", "gateway"):
+        command = commands[name]
+        for group in command._action_groups:
+            flags = [a.option_strings[0] for a in group._group_actions if a.option_strings]
+            if group.title not in GROUP_ORDER:
+                assert flags in ([], ["-h"]), (name, group.title, flags)
+            elif name == "up":
+                up_titles.update(dict.fromkeys(flags, group.title))
+            else:
+                for flag in flags:
+                    if flag in up_titles:  # (a flag up hands on: the same group in both)
+                        assert up_titles[flag] == group.title, (name, flag)
+    assert len(up_titles) > 80

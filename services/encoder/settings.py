@@ -4,9 +4,9 @@ all, `moss-serve up` the FORWARDED ones, which it hands on."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from services.settings import OWN, host_option, metrics_port_option, option, port_option, positive, seconds
+from services.settings import ENCODER, OWN, PROCESSES, host_option, metrics_port_option, option, port_option, positive, seconds
 
 if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
     from services.common.tls import ServerTls
@@ -26,6 +26,9 @@ DEFAULT_SPEAKERS = 32
 
 @dataclass
 class EncoderSettings:
+    GROUP: ClassVar[str] = ENCODER
+    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {PROCESSES: ("host", "port", "metrics_port", "device")}
+
     host: str = host_option()
     port: int = port_option("encoder")
     metrics_port: int = metrics_port_option("encoder")

@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from services.gateway.headroom import HeadroomRule
 from services.settings import (
+    ADMISSION,
+    DOORS,
     GRPC_PORTS,
+    PROCESSES,
+    SECURITY,
     count,
     host_option,
     http_port_option,
@@ -33,6 +37,15 @@ ADDRESS_SHARE = 8  # without API keys, one address may have 1/8 of --max-turns a
 
 @dataclass
 class GatewaySettings:
+    GROUP: ClassVar[str] = DOORS
+    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
+        PROCESSES: ("host", "port", "metrics_port"),
+        ADMISSION: ("max_turns", "max_queued_turns", "max_starting_turns", "admission", "admit_initial_turns",
+                    "admit_burst_turns", "admit_burst_window", "admit_low_slack", "admit_high_slack", "admit_ttfa",
+                    "admit_growth", "max_turns_per_client"),
+        SECURITY: ("api_keys_file", "allowed_origins"),
+    }
+
     host: str = host_option()
     port: int = port_option("gateway")
     metrics_port: int = metrics_port_option("gateway")

@@ -4,11 +4,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from services.llm.engine.config import EngineConfig
 from services.llm.model.config import PRESETS
-from services.settings import OWN, count, host_option, metrics_port_option, option, port_option, positive, power_of_two, seconds
+from services.settings import (
+    LLM,
+    OWN,
+    PROCESSES,
+    count,
+    host_option,
+    metrics_port_option,
+    option,
+    port_option,
+    positive,
+    power_of_two,
+    seconds,
+)
 
 # Pacing's default on CUDA, seconds of audio a stream may have sent beyond what its listener has heard: when a
 # stream falls to it, its next chunk (up to 20 steps) and that chunk's vocoding must fit in what is left, under
@@ -27,6 +39,9 @@ if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
 
 @dataclass
 class LlmSettings:
+    GROUP: ClassVar[str] = LLM
+    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {PROCESSES: ("host", "port", "metrics_port", "device")}
+
     host: str = host_option()
     port: int = port_option("llm")
     metrics_port: int = metrics_port_option("llm")

@@ -4,9 +4,9 @@ all, `moss-serve up` the FORWARDED ones (the worker's and the codec decoder's), 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from services.settings import OWN, count, host_option, metrics_port_option, option, port_option, positive, seconds
+from services.settings import OWN, PROCESSES, VOCODER, count, host_option, metrics_port_option, option, port_option, positive, seconds
 from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_GENERATE_WAIT, DEFAULT_SOLVE_ROWS
 from services.vocoder.worker import DEFAULT_FIRST_CHUNK_BUDGET, FLOW_LIMITS, STAND_IN_LIMITS, CallLimits
 
@@ -18,6 +18,9 @@ PRESETS = ("tiny", "tiny-codec", "moss-speech")  # services/vocoder/vocoder.py's
 
 @dataclass
 class VocoderSettings:
+    GROUP: ClassVar[str] = VOCODER
+    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {PROCESSES: ("host", "port", "metrics_port", "device")}
+
     host: str = host_option()
     port: int = port_option("vocoder")
     metrics_port: int = metrics_port_option("vocoder")
