@@ -156,4 +156,4 @@ def test_every_flag_of_up_and_the_services_stands_in_a_group():
                 handed_on = {flag(f.name) for f in options(settings[name], FORWARDED)}
                 for one in set(flags) & handed_on:  # (a flag up hands on: in the same group in both)
                     assert up_titles[one] == group.title, (name, one)
-    assert len(up_titles) > 80
+    assert len(up_titles) > 70  # (up has ~80 flags)
