@@ -79,7 +79,8 @@ def voices():
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
-    """llm + vocoder + gateway on the tiny presets, shared by the tests that only send requests."""
+    """llm + vocoder + encoder + gateway on the tiny presets, shared by the tests that only send requests: the path
+    users are served by (the vocoder's default, the codec's flow + HiFT at their tiny size)."""
     with Stack(Ports.free(), log_dir=tmp_path_factory.mktemp("stack-logs")) as s:
         yield s
 

@@ -28,8 +28,9 @@ class VocoderSettings:
         None, "the codec decoder's directory (codec.json, flow.pt, hift.pt, voices/), or a BigVGAN-v2 directory for the "
               "stand-in decoder (config.json, bigvgan_generator.pt[, token_decoder.*]); without it: the --preset with "
               "random weights", scope=OWN)
-    preset: str = option("tiny", "moss-speech: the codec's flow + HiFT at their real size; tiny-codec: the same, small; "
-                                 "tiny: the stand-in decoder and a small BigVGAN (24 kHz, 80 bands, hop 480 all)",
+    preset: str = option("tiny-codec", "moss-speech: the codec's flow + HiFT at their real size; tiny-codec: the same, "
+                                       "small (the tiny llm's codes); tiny: a stand-in decoder and a small BigVGAN "
+                                       "(24 kHz, 80 bands, hop 480 all), for tests of the vocoder's own streaming",
                          choices=PRESETS, scope=OWN)
     device: str = option("cpu", "cpu or cuda", scope=OWN)
     left_context: int | None = option(None, "mel frames of left context per chunk (default: the generator's receptive "
