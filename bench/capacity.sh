@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end capacity at the real size on one GPU (issue 9): the three services with random weights at the
+# End-to-end capacity at the real size on one GPU: the three services with random weights at the
 # MOSS-Speech dimensions and the 24 kHz / 80-band / hop-480 vocoder, then `moss-serve bench` sweeping
 # concurrency, each request ~6 s of audio (75 tokens). Expects the wheels of bench/gpu_smoke.sh in .whl/.
 #   bash bench/capacity.sh [concurrencies [moss-serve up flags...]]   # default 1,4,16,32,64,128,192,256

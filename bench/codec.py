@@ -13,7 +13,7 @@ and the flow alone. Cells:
 - aggregate at 8, 32, 64, 128 streams: every stream with a block due (5 tokens, 0.4 s of audio) in a saturated
   window (--context tokens) → samples; ours batches the streams in calls of --max-batch (as the vocoder's
   worker does), the reference decodes them one after another (it has no batching): seconds of audio per second.
-Targets (issue 20): flow at 64 streams ≥ 5x the reference's eager aggregate.
+Targets: flow at 64 streams ≥ 5x the reference's eager aggregate.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What keeping each stream's solved frames buys the flow (codec/history.py, issue 20), on one GPU in one run.
+"""What keeping each stream's solved frames buys the flow (codec/history.py), on one GPU in one run.
 
     python bench/codec_history.py --streams 1,16,32,64 --json out.json
 
@@ -20,9 +20,8 @@ import json
 from pathlib import Path
 
 import torch
-from codec_estimator import matmul_rate, timed
 
-from measure import gpu_record, snr_db
+from measure import gpu_record, matmul_rate, snr_db, timed
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder

@@ -1,5 +1,5 @@
 """The speech encoder at the real size (random weights): speakers encoded as they talk, the way the service does it,
-against encoding each turn once it has ended (the reference's way), on one GPU in one run (issue 22).
+against encoding each turn once it has ended (the reference's way), on one GPU in one run.
 
     python bench/encoder.py --speakers 1,16,64 --seconds 8 --chunk-ms 100,500 --graphs on,off --json out.json
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A session's llm replica killed under load, at the real size on one GPU (issue 10): `moss-serve up --replicas 2`
+# A session's llm replica killed under load, at the real size on one GPU: `moss-serve up --replicas 2`
 # (two llm and two vocoder processes behind one gateway, sharing the GPU through MPS), SESSIONS Converse sessions
 # of TURNS turns each (moss-serve bench --turns), and llm-2 SIGKILLed KILL_AFTER seconds in. A session whose turn
 # ran on it gets TurnFailed UNAVAILABLE for that turn (the bench ends such a session there); one that was

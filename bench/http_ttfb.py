@@ -1,4 +1,4 @@
-"""The HTTP door against gRPC on one stack (issue 24): time to the first audio byte at the client, side by side.
+"""The HTTP door against gRPC on one stack: time to the first audio byte at the client, side by side.
 
 Each round sends the same seeded turn through gRPC's Synthesize, then POST /v1/audio/speech as pcm, as wav and as
 sse, one at a time, and takes the time from sending to the first audio byte (gRPC: the first AudioChunk; HTTP: the

@@ -53,3 +53,29 @@ def gpu_record(**fields) -> dict:
     """The head of a GPU benchmark's JSON: when, on what, with which torch, the bench's own fields; its cells to fill."""
     return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__, **fields, "cells": {}}
+
+
+def timed(fn, reps: int = 20) -> float:
+    fn()
+    if not torch.cuda.is_available():  # a smoke run on CPU: wall time
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - start) / reps
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def matmul_rate() -> float:
+    """The GPU's bf16 matrix rate (FLOP/s), measured on an 8192³ product."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    return 2 * 8192 ** 3 / timed(lambda: a @ b, 10)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Overload at the real size on one GPU (issue 23): the stack as capacity.sh starts it, plus a second gateway in front
+# Overload at the real size on one GPU: the stack as capacity.sh starts it, plus a second gateway in front
 # of the same llm and vocoder, so that two admission rules meet the same loads on one stack. Each gets the outside
 # client's loads, replies of 2 to 20 s (REPLY, default 2-20):
 #   Poisson arrivals at RATES per second (default 20,30,40; none: ""), ARRIVAL_SECONDS of arrivals each (default 20);

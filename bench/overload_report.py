@@ -5,7 +5,7 @@ vocoder_nonfinite_windows_total; "-" for a vocoder that does not count them). Th
 audio went for the admitted streams in TTFA's fastest half and its slowest tenth (the bench's per-stream stages): the
 turn's wait for a place and a start slot, the llm's first chunk at the gateway after that, the rest of TTFA (the
 vocoder's side: its wait for a call and its call, and the hand-offs), and of it the vocoder's queue. The admission
-rule holds TTFA p95, so the slowest tenth is what it sees (docs/benchmarks.md, issue 23). Last, per gateway and load,
+rule holds TTFA p95, so the slowest tenth is what it sees (docs/benchmarks.md). Last, per gateway and load,
 the stages' work: the llm's steps (their batch, their time, the share of the load's time it stepped) and the
 vocoder's calls (their windows, their time, the share of the load's time they took: its first-chunk lane and its
 playing worker may overlap, so up to 2), the audio made, and from bench/timeline.py's half-second samples the share

@@ -1,4 +1,4 @@
-"""How fast a full gateway refuses a burst, against gRPC Python's own floor (issue 23: every refusal within 50 ms).
+"""How fast a full gateway refuses a burst, against gRPC Python's own floor (every refusal within 50 ms).
 
 A burst of N Synthesize calls sent at once from one client process, each timed from sending to its status, as
 `moss-serve bench` times refusals. Side by side, from the same client:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Spoken turns at the real size on one GPU (issue 22): the four services with random weights at the MOSS-Speech
+# Spoken turns at the real size on one GPU: the four services with random weights at the MOSS-Speech
 # dimensions, then `moss-serve bench --speech WAV`: Converse sessions whose turns are the WAV streamed as it would be
 # spoken (100 ms chunks, in real time: the encoder works while it plays), then its end; each turn's time to first
 # audio runs from the end of the speech. The same stack answers typed turns first, the baseline.

@@ -12,7 +12,7 @@ layout):
   all streams' windows vocoded together (the package batched too, one padded batch: its best case);
   seconds of audio kept per second of wall time.
 - quality: our bf16 output against the package's float32 output for the same window (SNR, dB).
-Targets (issue 8): first chunk of 2 tokens ≤ 3 ms; ≥ 2x the package at 32 streams; ≥ 250x real time at 64.
+Targets: first chunk of 2 tokens ≤ 3 ms; ≥ 2x the package at 32 streams; ≥ 250x real time at 64.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-# Sourced by the scripts run on a lent GPU machine (bench/gpu_smoke.sh, codec_gpu.sh, nonfinite.sh): OUT (default
+# Sourced by the scripts run on a lent GPU machine (bench/gpu_smoke.sh and the calls in docs/results/): OUT (default
 # /tmp/out) made, the wheels of .whl/ installed into a temporary directory for this run only (SITE, removed at exit),
 # PYTHONPATH set to them and the tree, and the GPU written to $OUT/gpu.txt. (bench/stack.sh keeps its own: its exit
 # trap also stops the stack.)

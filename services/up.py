@@ -19,7 +19,7 @@ SERVICES_ON_GPU = ("llm", "vocoder", "encoder")
 GPU_STARTING_TURNS = 16  # --max-starting-turns on a GPU: a burst of 128 at once on an H100 played 100% stall-free
 # On a GPU the vocoder's first chunks run on a lane of their own (--first-chunk-lane on): under headroom admission on an
 # H100 it admitted 14-16% more turns at Poisson 30-40 a second and 27% more of a 256-stream ramp, all stall-free, with
-# TTFA p95 282-293 ms against 287-312 ms (docs/benchmarks.md, issue 23).
+# TTFA p95 282-293 ms against 287-312 ms (docs/benchmarks.md).
 
 
 def up_service_args(args) -> dict[str, list[str]]:
@@ -28,7 +28,7 @@ def up_service_args(args) -> dict[str, list[str]]:
     vocoder = ["--device", args.device, "--preset", vocoder_preset(args), *forward(args, VocoderSettings)]
     encoder = ["--device", args.device, "--preset", encoder_preset(args), *forward(args, EncoderSettings)]
     gateway = forward(args, GatewaySettings)
-    if args.device == "cuda":  # admission measured on an H100 (docs/benchmarks.md, issue 23); a bare gateway: count
+    if args.device == "cuda":  # admission measured on an H100 (docs/benchmarks.md); a bare gateway: count
         gateway += [*(["--admission", "headroom"] if args.admission is None else []),
                     *(["--max-starting-turns", str(GPU_STARTING_TURNS)] if args.max_starting_turns is None else [])]
         vocoder += ["--first-chunk-lane", "on"] if args.first_chunk_lane is None and args.flow_solve != "on" else []

@@ -1,4 +1,4 @@
-"""The gateway's HTTP door (issue 24): OpenAI's POST /v1/audio/speech, driven by the official `openai` package, in
+"""The gateway's HTTP door: OpenAI's POST /v1/audio/speech, driven by the official `openai` package, in
 every response format and both stream formats, decoded back; errors in OpenAI's shape with the right statuses;
 the same API keys, admission and metrics as gRPC; nothing held after a client leaves or stops reading."""
 

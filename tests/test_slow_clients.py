@@ -1,4 +1,4 @@
-"""Slow and silent clients cannot hold capacity (issue 23): a call whose client stops reading ends CANCELLED after
+"""Slow and silent clients cannot hold capacity: a call whose client stops reading ends CANCELLED after
 --client-stall-seconds, freeing its place and its stages; one client (an API key) has at most
 --max-turns-per-client turns running or waiting, and is refused RESOURCE_EXHAUSTED with a retry hint beyond them,
 while other clients still get places."""

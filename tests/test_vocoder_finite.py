@@ -1,4 +1,4 @@
-"""bench/vocoder_finite.py's plumbing on a CPU: the vocoder started per variant, streams played through it, its
+"""bench/studies/vocoder_finite.py's plumbing on a CPU: the vocoder started per variant, streams played through it, its
 NaN counters read back (none on the tiny codec), streams played again alone and compared, a row and a JSON per
 variant."""
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_each_variant_plays_its_streams_and_reads_the_vocoders_nan_counters(tmp_path):
     out = tmp_path / "finite.json"
-    done = subprocess.run([sys.executable, "bench/vocoder_finite.py", "--device", "cpu", "--preset", "tiny-codec",
+    done = subprocess.run([sys.executable, "bench/studies/vocoder_finite.py", "--device", "cpu", "--preset", "tiny-codec",
                            "--streams", "5", "--concurrency", "3", "--reply", "1-2", "--pace", "0.01", "--alone", "3",
                            "--variant", "defaults=", "--variant", "no-history=--flow-history-streams 0",
                            "--log-dir", str(tmp_path), "--json", str(out)],
@@ -38,7 +38,8 @@ def test_agreement_finds_the_one_window_that_went_wrong():
 
     import numpy as np
 
-    spec = importlib.util.spec_from_file_location("vocoder_finite", ROOT / "bench" / "vocoder_finite.py")
+    sys.path.insert(0, str(ROOT / "bench" / "studies"))  # (its bench_path)
+    spec = importlib.util.spec_from_file_location("vocoder_finite", ROOT / "bench" / "studies" / "vocoder_finite.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     rng = np.random.default_rng(0)

@@ -258,14 +258,16 @@ def test_window_frames_foretells_the_window_prepare_returns(vocoder, schedule):
 def test_a_streams_frames_made_on_the_lane_stay_whole_while_the_playing_stream_still_reads_them(preset):
     """A stream's first chunk on the first-chunk lane's CUDA stream, its next on the playing worker's, queued behind a
     long kernel there: the lane's next allocations must not get (and write over) the memory of the mel frames the
-    playing stream's queued work is still to read (streamer.used_here). The race is bench/lane_hazard.py's trial,
+    playing stream's queued work is still to read (streamer.used_here). The race is bench/studies/lane_hazard.py's trial,
     which also shows it going wrong with used_here patched out."""
     import importlib.util
+    import sys
 
     from services.vocoder.vocoder import load_vocoder
 
-    spec = importlib.util.spec_from_file_location("lane_hazard", Path(__file__).resolve().parents[1] / "bench" /
-                                                  "lane_hazard.py")
+    studies = Path(__file__).resolve().parents[1] / "bench" / "studies"
+    sys.path.insert(0, str(studies))  # (its bench_path)
+    spec = importlib.util.spec_from_file_location("lane_hazard", studies / "lane_hazard.py")
     hazard = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hazard)
     vocoder = load_vocoder(None, preset, "cuda")

@@ -1,4 +1,4 @@
-"""The gateway's web page (GET /, issue 24) in a real browser: Debian's chromium, headless, driven through the Chrome
+"""The gateway's web page (GET /) in a real browser: Debian's chromium, headless, driven through the Chrome
 DevTools Protocol (its own WebSocket; no browser download, no Playwright). A person's steps: type the key and a
 sentence, press Enter, hear it (Web Audio: the chunks scheduled back to back), see the TTFA the gateway measured;
 press Escape mid-reply; talk into the microphone (chromium's fake capture device plays espeak-ng's speech) and hear

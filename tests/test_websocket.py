@@ -1,4 +1,4 @@
-"""The HTTP door's WebSocket /v1/converse (issue 24): Converse for browsers, driven by aiohttp's client. A session's
+"""The HTTP door's WebSocket /v1/converse: Converse for browsers, driven by aiohttp's client. A session's
 turns and history, barge-in, a spoken turn, bad frames, the API key as a query parameter, and nothing held after a
 session ends however it ends."""
 

@@ -29,7 +29,7 @@ def quantile(values: list[float], q: float) -> float:
 
 def summarize(records: list[StreamRecord], wall: float, jitter: float = JITTER_SECONDS) -> dict:
     """One level's figures. Streams that failed count in `requests` and `errors`, not in the latency figures.
-    Goodput (issue 23): offered load is the requests over the time they were sent in; goodput the stall-free streams
+    Goodput: offered load is the requests over the time they were sent in; goodput the stall-free streams
     over the level's wall time; refusals (RESOURCE_EXHAUSTED) are timed from sending to the status, and counted with
     and without a retry hint."""
     ok = [r for r in records if r.ok]
@@ -65,7 +65,7 @@ def stage_means(records: list[StreamRecord]) -> dict:
 def slowest_tenth(ok: list, ttfa=lambda r: r.ttfa) -> list:
     """The tenth of the streams with the longest time to first audio (`ttfa` of a stream; by default a StreamRecord's,
     at the client), at least one: where a level's stage means and its tail part, the stage that makes the tail shows
-    (docs/benchmarks.md, issue 23). bench/overload_report.py takes the same tenth of a bench.json's streams."""
+    (docs/benchmarks.md). bench/overload_report.py takes the same tenth of a bench.json's streams."""
     return sorted(ok, key=ttfa)[-math.ceil(len(ok) / 10):] if ok else []
 
 

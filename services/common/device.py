@@ -1,7 +1,7 @@
 """Whether the accelerator a service computes on still works.
 
 A CUDA error such as an illegal memory access is sticky: every later call on that context fails too. Seen on
-an H100 (docs/benchmarks.md, issue 10): one llm replica SIGKILLed under load, and the other, a client of the
+an H100 (docs/benchmarks.md): one llm replica SIGKILLed under load, and the other, a client of the
 same MPS server, failed every step after it while its health check still said SERVING. So a service whose
 work fails asks `lost()` (and so does one idle for PROBE_SECONDS); if its device is gone, it fails what it holds
 with DeviceLost (UNAVAILABLE: the

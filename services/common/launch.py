@@ -1,15 +1,15 @@
 """Programmatic dependent launch (PDL) for our Triton kernels, on GPUs that have it (compute capability 9+).
 
 A flow call of the vocoder is ~6,000 kernels of a few microseconds each, and an llm decode step ~360, one after
-another in CUDA graphs (docs/benchmarks.md, issue 23). Between two of them the GPU waits for the first to drain,
+another in CUDA graphs (docs/benchmarks.md). Between two of them the GPU waits for the first to drain,
 then launches the second and schedules its programs; beside the other service's work under MPS that gap grows with
 every kernel. With PDL a kernel is launched while the one before it still runs: its programs start, wait
 (`griddepcontrol.wait`) until the kernel before has finished and its writes are visible, then let the next kernel
 launch (`griddepcontrol.launch_dependents`). Only kernels that both wait and are launched this way overlap, so
 `pdl()` decides both: a kernel launched with it must call `inputs_ready(PDL)` before its first load.
 
-Measured on an H100 (docs/benchmarks.md, issue 23): alone a flow call is no faster (the gap between two kernels in a
-graph is under a microsecond), but beside the llm it is: a 6-window call 77-78 → 74 ms (bench/gpu_sharing.py
+Measured on an H100 (docs/benchmarks.md): alone a flow call is no faster (the gap between two kernels in a
+graph is under a microsecond), but beside the llm it is: a 6-window call 77-78 → 74 ms (bench/studies/gpu_sharing.py
 --flow-variant), in the stack ~77 → ~69 ms a call, and 15-22% more turns admitted at Poisson 30/s. The products
 stay cuBLAS's: Triton's, launched the same way so that every kernel overlaps, were slower at these sizes. The llm's
 kernels launch so too (its norms, q/k norm with RoPE, attention, activation, sampling).
@@ -31,7 +31,7 @@ try:
 except ImportError:  # pragma: no cover (CI installs triton; the PyTorch forms need none)
     triton = None
 
-ENABLED = True   # False: plain launches (bench/codec_flow_profile.py and bench/gpu_sharing.py compare, per process)
+ENABLED = True   # False: plain launches (bench/studies/codec_flow_profile.py and bench/studies/gpu_sharing.py compare, per process)
 
 
 def pdl(x: torch.Tensor) -> bool:

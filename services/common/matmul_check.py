@@ -3,7 +3,7 @@
 Under CUDA MPS a client capped to a share of the multiprocessors (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE: `moss-serve up
 --mps-llm-threads`, `--mps-vocoder-threads`) sees fewer of them, and on an H100 (driver 580.159.04, torch 2.11 with
 CUDA 13.0) cuBLAS's bf16 products came out wrong, NaN or 20-40% off, at 35, 40, 45, 55, 60 and 75% of its 132
-multiprocessors; right at 25, 50 and 100% and without MPS (docs/benchmarks.md, issue 23). The llm then failed every
+multiprocessors; right at 25, 50 and 100% and without MPS (docs/benchmarks.md). The llm then failed every
 request with non-finite logits (what looked like a hang), and a vocoder would make noise of any weights. So each GPU
 service multiplies a few bf16 matrices of the model's sizes against float32 before it serves, and refuses to start
 when they disagree, naming the share it ran on.

@@ -32,7 +32,7 @@ class ChunkSettings:
     # (services/vocoder/codec/decoder.py; more for a voice whose prompt is not whole blocks). A smaller first chunk
     # makes no audio and costs the stream a vocoder call before the one that does: under load on an H100, 8
     # against 4 took TTFA p50 at 48 streams from 342-374 to 241 ms, p95 from 437-501 to 321 ms, and none at one
-    # stream (docs/benchmarks.md, issue 20). Its audio less the vocoder's look-ahead (320 ms) is the buffer the
+    # stream (docs/benchmarks.md). Its audio less the vocoder's look-ahead (320 ms) is the buffer the
     # second chunk must arrive in.
     first_chunk_tokens: int = 8
     # The second chunk, and where the doubling starts: the codec decoder's block of 5 tokens, all that it needs for

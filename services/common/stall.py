@@ -2,7 +2,7 @@
 
 A voice stream is written faster than it plays, so a client that stops reading fills the buffers between us and it,
 and our next write waits. Each write waits at most the gateway's --client-stall-seconds; past that the call ends
-with ClientStalled, and its turn stops in every stage, freeing its place (issue 23: silent clients cannot hold
+with ClientStalled, and its turn stops in every stage, freeing its place (silent clients cannot hold
 capacity).
 
 The kernel's send buffer counts as "read": Linux grows a TCP socket's buffer up to tcp_wmem's maximum (4 MB, ~40 s of

@@ -41,9 +41,9 @@ sessions started at once had their second turn refused, twice, in the seconds af
 twice, all 256 turns stall-free (docs/benchmarks.md, 2026-11-28).
 
 A low quantile, not the least slack: a stream's chunks grow (4, 5, 10, then 20 tokens), and the chunk that completes a
-large one leaves the gateway only ~0.1-0.2 s before it is due even on an idle H100 (docs/benchmarks.md, issue 23), so
+large one leaves the gateway only ~0.1-0.2 s before it is due even on an idle H100 (docs/benchmarks.md), so
 the least of a few hundred chunks says little. A stall-free stream needs every chunk on time, so the quantile is low.
-TTFA's target is the promise itself (p95 <= 300 ms, issue 23) less a margin: more turns at once make every stage's
+TTFA's target is the promise itself (p95 <= 300 ms) less a margin: more turns at once make every stage's
 share of first audio longer (the llm's steps, the vocoder's calls that a first chunk waits for), and on an H100, at
 the 40-60 turns where the slack alone held the limit, first audio came at p95 ~340 ms. A 2 s window holds a few
 dozen turns, so its p95 is rough: a 0.3 s target gave 294-310 ms over whole loads, 0.28 s gave 280-299 ms

@@ -24,11 +24,11 @@ from services.settings import (
 
 # Pacing's default on CUDA, seconds of audio a stream may have sent beyond what its listener has heard: when a
 # stream falls to it, its next chunk (up to 20 steps) and that chunk's vocoding must fit in what is left, under
-# load too (docs/benchmarks.md, issue 9).
+# load too (docs/benchmarks.md).
 CUDA_AUDIO_LEAD = 1.5
 # The first-audio hold's defaults: the codec decoder's first window at the real size (a first block of 5 tokens and
 # its 3 look-ahead tokens, for prompts of whole blocks: services/vocoder/codec/decoder.py), and about the time it
-# takes to vocode alone on an H100 (docs/benchmarks.md, issue 20).
+# takes to vocode alone on an H100 (docs/benchmarks.md).
 FIRST_AUDIO_WINDOW = 8
 CUDA_FIRST_AUDIO_HOLD = 0.04
 ENGINE = EngineConfig()  # the engine's defaults, which the engine's options take

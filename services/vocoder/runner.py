@@ -219,7 +219,7 @@ class GeneratorRunner:
         if graph and self.serving and (bucket, frames) not in self.graphs:
             # Not captured now: a capture syncs the device and forbids other threads' CUDA calls meanwhile, and the
             # other worker (worker.py's lane) is serving. On an H200 the flow's captures while serving failed the
-            # lane's calls and then the vocoder (docs/benchmarks.md, issue 23). Eagerly, unpadded, this call takes longer.
+            # lane's calls and then the vocoder (docs/benchmarks.md). Eagerly, unpadded, this call takes longer.
             graph = False
             if (bucket, frames) not in self.eager_shapes:
                 self.eager_shapes.add((bucket, frames))

@@ -39,7 +39,7 @@ async def run(s: VocoderSettings) -> None:
                            generator=s.generator or "hift")
     # On CUDA: capture every (batch, frames) graph before serving. A capture on first use stalls every stream
     # in that batch: at the real size, the first sweep to reach 16 streams saw first chunks of ~0.5 s
-    # (docs/benchmarks.md, issue 9).
+    # (docs/benchmarks.md).
     # Streams end with a window of the held-back lookahead, its left context and what the token decoder held at the
     # end (the flow: up to 7 tokens): those lengths run in graphs too.
     started = time.perf_counter()

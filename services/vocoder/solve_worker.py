@@ -15,11 +15,11 @@ Each turn of the loop:
   their streams: at once if one of them is urgent, or else once the oldest has waited `generate_wait` seconds, so that
   the playing streams' windows of several admissions share a call.
 
-**Measured, and off by default** (`--flow-solve off`; docs/benchmarks.md, issue 20): on an H100 at 128 streams beside
+**Measured, and off by default** (`--flow-solve off`; docs/benchmarks.md): on an H100 at 128 streams beside
 the llm (MPS), the solve's turns are bound by the device (a tick of ~17-32 rows 6-8.5 ms there, ~21 ms of wall per turn
 with the admissions and HiFT calls between ticks), so a first block's 10 ticks take longer than the call it would have
 waited for: vocoder first chunk 160-257 ms and 97.5% stall-free at best, against 89 ms and 99.6% with flow calls.
-Driving the first-chunk lane's first chunks only (issue 23, 2026-11-28, measured and taken out): ticks of ~1.9 rows
+Driving the first-chunk lane's first chunks only (2026-11-28, measured and taken out): ticks of ~1.9 rows
 took ~6 ms beside the llm, a first chunk's vocoder side the same on average as the lane's calls with their wait, and the
 admission rule let in as many turns (worker.py's lane paragraph).
 

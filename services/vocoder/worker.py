@@ -14,7 +14,7 @@ of buffer) waiting behind several calls. A job waits for company at most `max_wa
 first chunk or a chunk with less slack than that is queued. Why not longer, to fill calls: on an H100 at Poisson 30
 turns a second, chunks held until 0.4-0.8 s of slack was left (and a stream's second chunk on the lane below, so that
 it starts no call) made the vocoder's calls 18-25% fewer (and, the second time, turns' first audio sooner on
-average), but the admission rule let in 6-20% fewer turns (docs/benchmarks.md, issue 23, twice).
+average), but the admission rule let in 6-20% fewer turns (docs/benchmarks.md, twice).
 
 A call that carries a first chunk holds at most `first_chunk_batch_frames` mel frames: its samples are
 time to first audio, and a call's time grows with its frames. The playing streams it leaves for the next
@@ -31,20 +31,20 @@ first chunk then waits for neither, and the playing streams' calls need no cap f
 run one at a time, its first on one lane and the rest on the other. Off in the vocoder, on where `moss-serve up` runs
 the stack on a GPU (it admits by headroom there). Under count admission on an H100 with the codec's decoder it took
 TTFA p95 at 128 streams from ~460 to ~400-450 ms, but the playing streams' early chunks, now in larger calls and
-beside the lane's, stalled more (48 streams 97% → 60% stall-free; docs/benchmarks.md, issue 20). Under headroom
+beside the lane's, stalled more (48 streams 97% → 60% stall-free; docs/benchmarks.md). Under headroom
 admission, which stops admitting before streams stall, first chunks waited 63 ms for a call instead of 79 and the
-limit admitted 14-27% more turns, all stall-free (issue 23). Why one worker on the lane: with two (graphs and a CUDA
+limit admitted 14-27% more turns, all stall-free. Why one worker on the lane: with two (graphs and a CUDA
 stream each, a first chunk to the idle one) a first chunk's mean wait for a call fell from ~21 to ~10 ms at Poisson 30
 turns a second, but the slowest tenth still waited ~50 ms (both in calls, each slower beside the other) and the
-playing streams' slack shrank, so the rule admitted 18-21% fewer (an H100 and an H200; docs/benchmarks.md, issue 23).
+playing streams' slack shrank, so the rule admitted 18-21% fewer (an H100 and an H200; docs/benchmarks.md).
 Nor the flow's solve on the lane (codec/solve.py: a first chunk joining the lane's running solve at the next Euler
 step, at 0648f5c): the wait went (the slowest tenth's 50-65 → ~8 ms) but a first chunk's own solve took ~20 ms longer
 than a call (ticks of ~6 ms beside the llm, other first chunks' admissions and generator calls between them), and in
-three pairs the rule admitted -3.5%, +3% and +2% (+7%, -2% on the ramp), one run 98.9% stall-free (issue 23, 2026-11-28).
+three pairs the rule admitted -3.5%, +3% and +2% (+7%, -2% on the ramp), one run 98.9% stall-free (2026-11-28).
 
 Why one worker for the playing streams, not several: a flow call is mostly a fixed cost (~26 ms alone on an H100 at
 the real size, +1.5 ms a window), and two calls side by side on two CUDA streams overlap only partly, so one call of
-both is faster than two of half; at the real size a second playing worker admitted 44% fewer streams (issue 23).
+both is faster than two of half; at the real size a second playing worker admitted 44% fewer streams.
 
 No asyncio here: `submit` returns a concurrent future; the servicer wraps it (asyncio.wrap_future), so
 the gRPC event loop never blocks on the model.
@@ -118,7 +118,7 @@ STAND_IN_LIMITS = CallLimits(max_batch=16, max_batch_frames=1024, first_chunk_ba
 # The codec's flow costs more per call and less per window (~25 ms a call, ~2.2 ms a window on an H100): with the
 # stand-in's limits (6 windows a call) the vocoder falls behind past 80 streams; with these, 128 streams started over
 # 6 s play 100% stall-free at TTFA p95 270-282 ms on an H100 (768 first-chunk frames: 303-309 ms). ~190 listeners
-# (~31 arrivals a second) need 768 to keep up: most calls then carry a first chunk (docs/benchmarks.md, issue 20).
+# (~31 arrivals a second) need 768 to keep up: most calls then carry a first chunk (docs/benchmarks.md).
 FLOW_LIMITS = CallLimits(max_batch=32, max_batch_frames=4096, first_chunk_batch_frames=512)
 DEFAULT_MAX_BATCH = STAND_IN_LIMITS.max_batch
 DEFAULT_MAX_BATCH_FRAMES = STAND_IN_LIMITS.max_batch_frames

@@ -10,8 +10,8 @@ def hold_for(seqs: list[Sequence], now: float, bound: float, token_seconds: floa
     """How long steps may wait for `seqs`: the least of what each can spare, 0 if any can spare nothing. A stream
     spares its audio lead over `bound` seconds (pacing; 0: off), or, for `first_audio_hold` seconds after its
     first audio window was sent (Sequence.window_sent), what is left of them: the vocoder is making its first
-    audio, which the llm's steps on the same GPU slow down (H100: 61 → 41 ms with the llm held; docs/benchmarks.md,
-    issue 20), and the stream's next tokens are not due for hundreds of milliseconds."""
+    audio, which the llm's steps on the same GPU slow down (H100: 61 → 41 ms with the llm held; docs/benchmarks.md),
+    and the stream's next tokens are not due for hundreds of milliseconds."""
     if bound <= 0 and first_audio_hold <= 0:
         return 0.0
     least = float("inf")

@@ -5,7 +5,7 @@ A query at frame i of a row with `length` valid frames reads the keys j < min(le
 frames are whole chunks before the row's first. In PyTorch that is an additive mask over [T, T] per row and
 the prefix's keys and values gathered and concatenated before the row's, for each of the 56 attentions and
 10 Euler steps of a flow call; on an H100 the masked attention and the concatenation took 40% of a saturated
-call (docs/benchmarks.md, issue 20). On CUDA a Triton kernel does it in one pass instead: the chunk rule and
+call (docs/benchmarks.md). On CUDA a Triton kernel does it in one pass instead: the chunk rule and
 the lengths in the kernel, the prefix read where it lies (its voice's rows of the cache), the output written
 in the [B, T, heads·d] layout the output projection reads. Elsewhere (CPU) the PyTorch form runs.
 
@@ -20,7 +20,7 @@ A call of a few streams has few programs (a query block of a row and head each: 
 by side (the prefix in two spans, the ring, the row's own: 4 programs where there was one), each part's running max,
 sum and output kept in float32, and a second kernel combines them as one walk would have (flash-decoding's split).
 On an H100 that is 12-13% faster at 1-3 streams' steady calls, no faster for a first call (40 frames: a few blocks
-of 64 keys), and 18% slower at 6 streams, whose programs already fill the GPU (tiles(); docs/benchmarks.md, issue 23).
+of 64 keys), and 18% slower at 6 streams, whose programs already fill the GPU (tiles(); docs/benchmarks.md).
 
 Shapes: q, k, v [B, heads, T, d] (any strides, d contiguous); lengths [B] int; prefix keys and values
 [R, heads, F, d] with rows [B] (each row's in R); history: ring keys and values [S, heads, ring, d], rows [B]
@@ -89,7 +89,7 @@ def chunk_attention(q, k, v, lengths, chunk: int, prefix=None, history=None):
 
 def tiles(B: int, H: int, T: int, before: int = 0, history: bool = False) -> dict:
     """Queries and keys per step of the kernel (before: prefix and kept frames every query reads). Measured on an
-    H100 (bench/codec_kernels.py, docs/benchmarks.md): 64 queries by 32 keys for a saturated call (29.3 us against
+    H100 (bench/studies/codec_kernels.py, docs/benchmarks.md): 64 queries by 32 keys for a saturated call (29.3 us against
     30.8 with 64 by 64); for a first block alone, whose few programs leave most of the GPU idle, 32 by 64 (5.7
     against 7.2 us). A few queries after many keys (a stream history's first call): 16 by 64. With a history, from
     SMALL_TILES_FROM rows x heads (32 streams), 16 by 16 with one warp: 25.8 against 33.5 us (at 16 streams the
@@ -106,7 +106,7 @@ def tiles(B: int, H: int, T: int, before: int = 0, history: bool = False) -> dic
 
 def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None, history=None):
     """The Triton kernel (on CPU tensors: Triton's interpreter, for the tests). config: BLOCK_M, BLOCK_N and
-    launch options (bench/codec_kernels.py times them)."""
+    launch options (bench/studies/codec_kernels.py times them)."""
     B, H, T, d = q.shape
     out = torch.empty(B, T, H, d, device=q.device, dtype=q.dtype)
     if prefix is None:

@@ -24,7 +24,7 @@ call is a CUDA graph (the encoder and all Euler steps: flow_graphs.py), captured
 same in every call; `set_voices` computes them once, and calls of `prefix_min_rows` rows or more whose voices are
 all known solve only the frames after them (at the real size, 180 of a saturated row's 320 frames). Smaller
 calls solve every frame: they are bound by the latency of their kernels, not their work (H100: 16 rows 78 -> 58 ms
-with the prefix, 4 rows 35 -> 32 ms, 1 row 26 -> 27 ms; docs/benchmarks.md, issue 20).
+with the prefix, 4 rows 35 -> 32 ms, 1 row 26 -> 27 ms; docs/benchmarks.md).
 
 **A stream's own frames, solved once** (history.py): a stream started with `start` takes a slot of the stream
 history at its first call (while one is free, and when its blocks are whole attention chunks), and from then on a

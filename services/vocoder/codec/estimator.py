@@ -12,7 +12,7 @@ Layout: activations are [B, T, C] (frames, then channels) from end to end, where
 the transformer blocks and the per-frame LayerNorms want rows of channels, and a causal convolution is then one
 matrix product over each frame with the frames before it (unfolded), so nothing changes layout between the
 blocks. On an H100 the reference's layout spent more time transposing, normalising transposed rows and in
-elementwise kernels over strided tensors than in its matrix products (docs/benchmarks.md, issue 20).
+elementwise kernels over strided tensors than in its matrix products (docs/benchmarks.md).
 
 Kernels: what lies between two matrix products is one kernel (frame_ops.py): a resnet block's norm, Mish and time
 term; a residual with the next block's LayerNorm; the feed-forward's GELU runs in its first product's kernel

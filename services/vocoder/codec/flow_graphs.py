@@ -14,7 +14,7 @@ threads until it ends, and the vocoder's other worker (worker.py: the first-chun
 serving on its own thread. On an H200, with the streams past the stream history's 128 slots decoding over windows,
 such a capture failed the lane's event query, the capture with it, and the device-side assert that followed restarted
 the vocoder, failing every stream (CUDA's thread-local capture mode did not save it: the capture's own device sync
-fails beside another capture; docs/benchmarks.md, issue 23).
+fails beside another capture; docs/benchmarks.md).
 """
 
 from __future__ import annotations

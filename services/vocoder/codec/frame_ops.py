@@ -3,7 +3,7 @@
 Between two matrix products the estimator only works frame by frame: a LayerNorm over a frame's channels, Mish,
 a residual or a time term added, the frames a causal convolution reads gathered. In PyTorch each of those is a
 kernel of its own (a resnet block ~19, a transformer block 10), and a first block's flow call, ~11,000 kernels
-over its 10 Euler steps, is bound by running them one after another (docs/benchmarks.md, issue 20). Here:
+over its 10 Euler steps, is bound by running them one after another (docs/benchmarks.md). Here:
 
 - `frame_norm`: [LayerNorm → Mish] → + a per-row term or a residual → [a second LayerNorm of the sum], one
   kernel where PyTorch takes up to six;

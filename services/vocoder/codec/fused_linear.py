@@ -1,14 +1,14 @@
 """The feed-forward's first product with its GELU in one kernel: GELU(x @ weight.T + bias), the exact (erf) GELU
 of the reference, on tiles of the product as cuBLAS's (tiles(): 32-64 frames by 64-128 channels a program).
 
-A steady flow call is ~6,000 kernels of a few microseconds each (docs/benchmarks.md, issue 23), 56 of them a GELU
+A steady flow call is ~6,000 kernels of a few microseconds each (docs/benchmarks.md), 56 of them a GELU
 in every Euler step. cuBLASLt's own GELU epilogue is the tanh approximation, not the reference's. So here the
 product is Triton's, with the GELU on its float32 sum before the one rounding: on an H100 at the stack's call sizes
 (256 → 1024; 160, 960 and 1,920 frames: calls of 1, 6 and 12 streams) 0.71x, 0.81x and 0.93x the time of cuBLAS's
 product and PyTorch's GELU: ~0.7 ms of a ~30 ms flow call, predicted; whole calls measured 0-2.4 ms faster, within
-their run-to-run spread (bench/codec_fused_linear.py, bench/codec_flow_profile.py; docs/benchmarks.md).
+their run-to-run spread (bench/studies/codec_fused_linear.py, bench/studies/codec_flow_profile.py; docs/benchmarks.md).
 
-Not fused, measured and left (docs/benchmarks.md, issue 23): the LayerNorms. After a product, a norm needs a
+Not fused, measured and left (docs/benchmarks.md): the LayerNorms. After a product, a norm needs a
 program to own whole output frames, which then streams all of the weight alone (1.3-1.8x slower than cuBLAS and a
 per-frame kernel); before one, normalising each tile of the input as it is read keeps the tensor cores waiting
 (q|k|v 2.1x, the feed-forward 1.4x at 960 frames). Nor with the norm taken out of the product (rstd · (x @ (W·gamma).T
@@ -37,9 +37,9 @@ except ImportError:  # pragma: no cover (CI installs triton; the PyTorch form ne
 else:
     from services.common.launch import inputs_ready
 
-FUSED = True     # False: PyTorch's product, then its GELU (bench/codec_flow_profile.py compares)
+FUSED = True     # False: PyTorch's product, then its GELU (bench/studies/codec_flow_profile.py compares)
 BLOCK_K = 64
-TILE = None      # (frames, channels, warps) per program; None: tiles() (bench/codec_fused_linear.py sweeps them)
+TILE = None      # (frames, channels, warps) per program; None: tiles() (bench/studies/codec_fused_linear.py sweeps them)
 
 
 def linear_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -3,7 +3,7 @@
 HiFT runs 72 of them per call (12 resnet blocks of 3 dilations, each two activations). In PyTorch each is seven
 kernels (α·x, sin, square, α + 1e-9, its reciprocal, the product, the sum), over half of the ~810 kernels of a
 HiFT call; a call of a few windows is bound by running them one after another, not by its arithmetic
-(docs/benchmarks.md, issue 20). Here the activation reads x once and writes it once, in float32 between, rounding
+(docs/benchmarks.md). Here the activation reads x once and writes it once, in float32 between, rounding
 once where PyTorch rounds after every op.
 
 Shapes: x [B, C, T] (any strides), α [C]; the output is [B, C, T] contiguous, in x's dtype.

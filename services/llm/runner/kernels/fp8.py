@@ -41,13 +41,13 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # ---- decode products: FP8 weights streamed, few rows ------------------------------------------------------------
 # cuBLASLt's FP8 product is slow at decode's few rows: the audio path's four layer products took 4.5 ms at 1-64 rows
 # on a whole H100 (bf16: 5.3 ms), and 7.0 ms on the llm's 32 multiprocessors under MPS, slower than bf16's 6.0
-# (bench/fp8_gemm.py). A decode product is bound by reading its weight once: here each program streams a
+# (bench/studies/fp8_gemm.py). A decode product is bound by reading its weight once: here each program streams a
 # [BLOCK_N, K] strip of FP8 weight and multiplies the few quantized rows against it on FP8 tensor cores: 3.3-3.7 ms
 # whole, 4.6-6.1 ms under MPS. (Widening the weight to bf16 instead, to keep the rows unquantized, cost more
 # than it saved under MPS: 9-15 ms, the widening being ALU work on every weight element.)
 
 def decode_configs():
-    """The decode kernel's autotuning space (bench/gpu_neighbors.py's bf16 stand-in tunes over the same)."""
+    """The decode kernel's autotuning space (bench/studies/gpu_neighbors.py's bf16 stand-in tunes over the same)."""
     return [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=4, num_stages=s)
             for bn in (32, 64, 128) for bk in (128, 256) for s in (3, 5)]
 

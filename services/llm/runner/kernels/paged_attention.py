@@ -16,7 +16,7 @@ not launched. SLICES depends only on the batch size (`decode_slices`: about TARG
 slice's length on its sequence's context, so a call can be captured in a CUDA graph and replayed with new lengths.
 Why not fixed-length slices over the longest context a graph allows: at the stack's contexts (~256-512) nearly all
 of those programs had nothing to do, and under MPS at 25% of an H100 the 8,192 programs of a batch of 32 made the
-attention 3.7x its KV traffic (docs/benchmarks.md, issue 23).
+attention 3.7x its KV traffic (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale
 
     q [B, H, D]; block_tables [B, max_blocks] int32; context_lens [B] int32 (0: padding row → zeros);
     slices: a sequence's context is cut into at most this many (default `decode_slices`; tests force others);
-    tiles: the first kernel's BLOCK_N, num_warps, num_stages (bench/llm_attention.py compares)
+    tiles: the first kernel's BLOCK_N, num_warps, num_stages (bench/studies/llm_attention.py compares)
     → out [B, H, D] in q's dtype.
     """
     batch, heads, head_dim = q.shape
@@ -276,7 +276,7 @@ def paged_decode_attention(q, kv_cache, layer, block_tables, context_lens, scale
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty((*part_m.shape, head_dim), dtype=torch.float32, device=q.device)
     block_n, _, _ = _tiles(q)
-    tiles = {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3, **(tiles or {})}  # (3: bench/llm_attention.py)
+    tiles = {"BLOCK_N": block_n, "num_warps": 4, "num_stages": 3, **(tiles or {})}  # (3: bench/studies/llm_attention.py)
     group_pad = max(16, triton.next_power_of_2(group))
     pdl = launch.pdl(q)
     s = kv_cache.stride()
@@ -314,7 +314,7 @@ def paged_prefill_attention(q, kv_cache, layer, block_tables, cu_seqlens_q, cont
     q [N, H, D]: the new rows of S sequences back to back; cu_seqlens_q [S+1] int32; context_lens [S] int32
     (positions after this step: sequence s's rows sit at context_lens[s] - q_len_s .. context_lens[s] - 1,
     their K/V already in the pool); block_tables [S, max_blocks] int32;
-    tiles: BLOCK_M, BLOCK_N (bench/llm_attention.py compares; default `prefill_block_m` and `_tiles`)
+    tiles: BLOCK_M, BLOCK_N (bench/studies/llm_attention.py compares; default `prefill_block_m` and `_tiles`)
     → out [N, H, D] in q's dtype.
     """
     rows, heads, head_dim = q.shape

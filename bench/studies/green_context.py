@@ -1,5 +1,5 @@
 """A process's CUDA work on a fixed set of multiprocessors: a CUDA green context, made current before PyTorch starts
-(for `bench/gpu_sharing.py --green-llm-sms`).
+(for `bench/studies/gpu_sharing.py --green-llm-sms`).
 
 Under MPS a client's share (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) limits how many multiprocessors its kernels occupy at
 once, not which: the llm's kernels and the vocoder's land on the same ones and slow each other (a neighbor that only
@@ -17,6 +17,8 @@ is confined; other threads would start on the primary context.
 from __future__ import annotations
 
 import ctypes
+
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 
 CU_DEV_RESOURCE_TYPE_SM = 1
 CU_GREEN_CTX_DEFAULT_STREAM = 1

@@ -5,8 +5,8 @@ With --join N, also what a step costs when a new request's last N prompt positio
 step, as each arrival brings in the stack), against the decode steps around it, and the kernels of each kind of step
 side by side (where the mixed step's extra time goes).
 
-    python bench/llm_step_profile.py --preset moss-speech --device cuda --batches 1,64 --context 512
-    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 python bench/llm_step_profile.py --batches 1,16,32 --context 256 --join 16
+    python bench/studies/llm_step_profile.py --preset moss-speech --device cuda --batches 1,64 --context 512
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 python bench/studies/llm_step_profile.py --batches 1,16,32 --context 256 --join 16
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import statistics
 import time
 from collections import defaultdict
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import torch
 from llm_timing import Prompts, timed_step
 from torch.profiler import ProfilerActivity, profile

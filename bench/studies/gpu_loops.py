@@ -1,10 +1,11 @@
-"""The two loops `bench/gpu_sharing.py` runs side by side, each in a child process: the llm's decode steps and the
-vocoder's steady flow calls; or in the llm's place one of bench/gpu_neighbors.py's stand-ins."""
+"""The two loops `bench/studies/gpu_sharing.py` runs side by side, each in a child process: the llm's decode steps and the
+vocoder's steady flow calls; or in the llm's place one of bench/studies/gpu_neighbors.py's stand-ins."""
 
 from __future__ import annotations
 
 import time
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import torch
 
 from measure import sync
@@ -103,7 +104,7 @@ class VocoderLoop:
 
 
 def neighbor_loop(args, device: torch.device):
-    """The llm's loop, or a stand-in for it (bench/gpu_neighbors.py)."""
+    """The llm's loop, or a stand-in for it (bench/studies/gpu_neighbors.py)."""
     if args.neighbor == "llm":
         return LlmLoop(args.size, device, args.batch, args.context, args.kv_gb, args.quantization)
     import gpu_neighbors

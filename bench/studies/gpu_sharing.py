@@ -1,4 +1,4 @@
-"""How the llm and the vocoder share one GPU (issue 23): the llm's decode steps and the vocoder's steady flow calls,
+"""How the llm and the vocoder share one GPU: the llm's decode steps and the vocoder's steady flow calls,
 each alone and both at once, arranged four ways:
 
 - mps: two processes, clients of one CUDA MPS daemon, as `moss-serve up` runs them: the llm's share capped at
@@ -7,20 +7,20 @@ each alone and both at once, arranged four ways:
   priority, the llm's at high priority, or the vocoder's at high priority.
 
 MPS arms can also cap the vocoder (--mps-vocoder-threads), put each process on a green context of its own
-multiprocessors (--green-llm-sms: the llm on that many, the vocoder on the rest; bench/green_context.py), and put a
-stand-in in the llm's place that keeps one property of its step (--neighbors: bench/gpu_neighbors.py). Each child
+multiprocessors (--green-llm-sms: the llm on that many, the vocoder on the rest; bench/studies/green_context.py), and put a
+stand-in in the llm's place that keeps one property of its step (--neighbors: bench/studies/gpu_neighbors.py). Each child
 checks its bf16 products (some MPS shares make cuBLAS wrong) and each phase records the SM clock and power.
 
 Why: beside the vocoder under MPS the llm's step takes 12-16 ms against 6.4 alone, and each of the two runs 2-3x
 slower beside the other than alone; in one context no share is fixed, and a stream's priority puts its kernels'
 blocks ahead of the other's as multiprocessors free up.
 
-    python bench/gpu_sharing.py --json out.json                         # real size: one H100/H200, ~4 minutes
-    python bench/gpu_sharing.py --quantization fp8 --no-one-process     # the llm's products in FP8, under MPS only
-    python bench/gpu_sharing.py --size tiny --device cpu --seconds 1 --kv-gb 0.05 --batch 4 --windows 2   # a smoke run (no MPS)
-    python bench/gpu_sharing.py --no-one-process --mps-llm-threads 25 --neighbors llm,read,read-evict-first,spin
-                                                # what in the llm's step slows the vocoder (bench/gpu_neighbors.py)
-    python bench/gpu_sharing.py --no-one-process --mps-llm-threads 100 --green-llm-sms 32 --neighbors llm,spin,read
+    python bench/studies/gpu_sharing.py --json out.json                         # real size: one H100/H200, ~4 minutes
+    python bench/studies/gpu_sharing.py --quantization fp8 --no-one-process     # the llm's products in FP8, under MPS only
+    python bench/studies/gpu_sharing.py --size tiny --device cpu --seconds 1 --kv-gb 0.05 --batch 4 --windows 2   # a smoke run (no MPS)
+    python bench/studies/gpu_sharing.py --no-one-process --mps-llm-threads 25 --neighbors llm,read,read-evict-first,spin
+                                                # what in the llm's step slows the vocoder (bench/studies/gpu_neighbors.py)
+    python bench/studies/gpu_sharing.py --no-one-process --mps-llm-threads 100 --green-llm-sms 32 --neighbors llm,spin,read
                                                 # the same with the two on separate multiprocessors
 
 The llm: --batch sequences of --context positions, all decoding, steps back to back (LLMEngine.step(), bf16, its
@@ -42,9 +42,8 @@ import threading
 import time
 from pathlib import Path
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/: measure.py, llm_engine.py, codec_flow_profile.py
 from gpu_loops import LlmLoop, VocoderLoop, neighbor_loop  # noqa: E402
 
 ARMS_ONE_PROCESS = ("same priority", "llm high", "vocoder high")
@@ -310,10 +309,10 @@ def main() -> None:
     p.add_argument("--no-one-process", action="store_true", help="leave out the one-process arms")
     p.add_argument("--mps-vocoder-threads", default="100", help="MPS arms: the vocoder's shares (100: uncapped)")
     p.add_argument("--neighbors", default="llm",
-                   help="MPS arms: what runs at the llm's share beside the vocoder (bench/gpu_neighbors.py)")
+                   help="MPS arms: what runs at the llm's share beside the vocoder (bench/studies/gpu_neighbors.py)")
     p.add_argument("--green-llm-sms", type=int, default=0,
                    help="MPS arms: the llm on a green context of this many multiprocessors, the vocoder on one of the "
-                        "rest (bench/green_context.py; 0: none)")
+                        "rest (bench/studies/green_context.py; 0: none)")
     p.add_argument("--neighbor", default="llm", help=argparse.SUPPRESS)
     p.add_argument("--green", default="", help=argparse.SUPPRESS)
     p.add_argument("--flow-variant", default="defaults", help="the vocoder's flow kernels: a codec_flow_profile variant")

@@ -1,4 +1,4 @@
-"""What one MPS client's death does to the others, on a real GPU (issue 10).
+"""What one MPS client's death does to the others, on a real GPU.
 
 Bare clients (default): under an MPS daemon of its own, client A runs matrix products without pause, client B
 sits idle and asks its device every 0.5 s whether it still works (services/common/device.py's `lost`). A is
@@ -10,7 +10,7 @@ stop the survivors at once): two llm replicas (the llm's kernels on 25% of the S
 MPS daemon, Synthesize calls or Converse sessions through the gateway, llm-2 SIGKILLed mid-load. Reports what
 each survivor logged (a lost GPU?) and how the calls ended.
 
-    python3 bench/mps_fault.py [--stack synthesize|sessions] [--json out.json]
+    python3 bench/studies/mps_fault.py [--stack synthesize|sessions] [--json out.json]
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 
 BUSY = """
 import torch, sys

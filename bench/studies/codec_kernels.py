@@ -1,14 +1,14 @@
 """The estimator's attention kernel (codec/chunk_attention.py) by tile configuration, against PyTorch's form (an
-additive mask and scaled_dot_product_attention), at the real shapes (issue 20). One run, one GPU:
+additive mask and scaled_dot_product_attention), at the real shapes. One run, one GPU:
 
-    python bench/codec_kernels.py --json out.json
+    python bench/studies/codec_kernels.py --json out.json
 
 Shapes: 8 heads of 64, static chunks of 20 frames; a first block alone (2 CFG rows of 192 frames, no prefix), 16 and
 32 streams after the prompt prefix (32 and 64 rows of 180 frames reading 140 prefix frames); and with a stream history
 (codec/history.py): a first call (40 frames after the prefix, no kept frames), steady calls (80 new frames after the
 prefix and a full ring of 40) of 1, 3, 6, 16 and 32 streams. Each cell is the op replayed 50 times from one CUDA
 graph (as the vocoder runs it), per op. The configurations: tiles of queries by keys, each program walking all of its
-keys, or (`pN`) its keys in N parts side by side and then a combine (issue 23). The row marked `default` is what
+keys, or (`pN`) its keys in N parts side by side and then a combine. The row marked `default` is what
 chunk_attention.tiles() picks; the table says whether it is the best.
 """
 
@@ -18,6 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import torch
 
 from measure import gpu_record, graph_time
@@ -26,12 +27,12 @@ from services.vocoder.codec import chunk_attention
 REPS = 50
 SHAPES = {"first block": (2, 192, 0, 0), "16 streams": (32, 180, 140, 0), "32 streams": (64, 180, 140, 0),  # rows, T,
           "history first": (2, 40, 140, 0), "history 1": (2, 80, 140, 40),                                 # prefix, ring
-          "history 3": (6, 80, 140, 40), "history 6": (12, 80, 140, 40),  # the stack's calls under load (issue 23)
+          "history 3": (6, 80, 140, 40), "history 6": (12, 80, 140, 40),  # the stack's calls under load
           "history 16": (32, 80, 140, 40), "history 32": (64, 80, 140, 40)}
 CONFIGS = {f"{m}x{n} w{w}": dict(BLOCK_M=m, BLOCK_N=n, num_warps=w)
            for m, n, w in ((64, 64, 4), (32, 64, 4), (64, 32, 4), (128, 64, 8), (64, 128, 4), (32, 32, 2), (16, 64, 2),
                            (16, 32, 2), (16, 16, 1), (16, 128, 4), (16, 128, 2), (32, 128, 4))}
-# the keys in parts side by side, then combined (issue 23): PARTS 3 (the prefix whole, the ring, the row's own) or 4
+# the keys in parts side by side, then combined: PARTS 3 (the prefix whole, the ring, the row's own) or 4
 CONFIGS.update({f"{m}x{n} w{w} p{p}": dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, PARTS=p)
                 for m, n, w, p in ((64, 32, 4, 4), (64, 32, 4, 3), (32, 32, 2, 4), (64, 64, 4, 4), (32, 64, 4, 4),
                                    (16, 64, 2, 4))})

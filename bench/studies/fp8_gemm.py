@@ -1,4 +1,4 @@
-"""The llm's decode products in each arithmetic, alone and in a CUDA MPS client at the llm's share (issue 23): what
+"""The llm's decode products in each arithmetic, alone and in a CUDA MPS client at the llm's share: what
 `--quantization fp8` can gain where the llm really runs, beside the vocoder on a quarter of the multiprocessors.
 
 For each setting (no MPS; MPS at each --shares), a child process holds 4 layers of the real model's four products
@@ -9,7 +9,7 @@ replays them from one CUDA graph at each row count, in each arithmetic:
   fp8 decode    the rows quantized, kernels/fp8.py's decode kernel (what decode uses).
 The floor: the weight bytes read once at the copy bandwidth measured in the same process. Prints a table, writes JSON.
 
-    python3 bench/fp8_gemm.py --shares 25 [--rows 1,16,32,64] [--json out.json]
+    python3 bench/studies/fp8_gemm.py --shares 25 [--rows 1,16,32,64] [--json out.json]
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
+
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 CHILD = r"""
 import json, statistics, sys, torch, torch.nn.functional as F
-sys.path.insert(0, "bench")
 from llm_floor import copy_bandwidth
 from measure import times
 from services.llm.runner import fp8

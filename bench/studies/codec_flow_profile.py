@@ -1,7 +1,7 @@
-"""Where the flow's time goes, by kernel, with the defaults and with one of this stop's kernels off (issue 23), on
+"""Where the flow's time goes, by kernel, with the defaults and with one of the flow's fused kernels off, on
 one GPU in one run.
 
-    python bench/codec_flow_profile.py --streams 6,12 --json out.json
+    python bench/studies/codec_flow_profile.py --streams 6,12 --json out.json
 
 The flow at the real size (random weights, bf16), with each stream's history (codec/history.py), as the vocoder
 calls it: a stream's first call (8 tokens; part of time to first audio) and a steady call of N streams (20 tokens
@@ -22,10 +22,10 @@ import datetime
 import json
 from pathlib import Path
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import torch
-from codec_estimator import timed
 
-from measure import snr_db
+from measure import snr_db, timed
 from services.common import launch
 from services.vocoder.codec import chunk_attention, fused_linear
 from services.vocoder.codec.checkpoint import random_codec

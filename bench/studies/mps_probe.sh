@@ -3,7 +3,7 @@
 # on 2026-11-26, 35 and 45 hung it: every service up, no request finished. For each share: start the stack at the
 # real size, wait until it is up and warm, send one `say`, then have every service write its threads' Python stacks
 # (SIGUSR1) into the log, whether the request finished or not.
-#   bash bench/mps_probe.sh 25 45 ...     → $OUT/probe_<share>.{up,say}.log
+#   bash bench/studies/mps_probe.sh 25 45 ...     → $OUT/probe_<share>.{up,say}.log
 set -uo pipefail
 source "$(dirname "$0")/stack.sh"
 for share in "$@"; do

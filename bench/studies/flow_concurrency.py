@@ -1,10 +1,10 @@
-"""Two flow calls side by side against one call of both (issue 23): is a steady call of a few windows bound by its
+"""Two flow calls side by side against one call of both: is a steady call of a few windows bound by its
 kernels' latency (the GPU idle under it: two calls side by side take about the time of one) or by their work (two
 side by side take as long as one call of both)? At the real size, random weights, bf16, each stream's history on, as
 the vocoder's workers run them: each call from its own thread, with graphs of its own (FlowTokenDecoder.lane) and its
 own CUDA stream.
 
-    python bench/flow_concurrency.py --windows 3,6 --json out.json
+    python bench/studies/flow_concurrency.py --windows 3,6 --json out.json
 
 For each N: one call of N windows; one call of 2N; two calls of N one after the other; two calls of N side by side.
 Prints a table (median wall ms of each, from the host, over --reps) and writes JSON.
@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import torch
 from codec_flow_profile import CHUNK, WARM_CHUNKS, steady_rows
 

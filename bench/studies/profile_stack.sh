@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Where the time goes in the real-size stack under load (issue 9): while `moss-serve bench` holds one
+# Where the time goes in the real-size stack under load: while `moss-serve bench` holds one
 # concurrency level, sample each service with py-spy (Python stacks, all threads), the GPU with
 # `nvidia-smi dmon` and the processes' CPU with top; scrape every service's /metrics before and after. Out:
 # $OUT/profile.tgz (py-spy's collapsed stacks, one line per stack and its sample count; the bench's files; the
 # scrapes: subtract before from after for the level's counts and sums). Expects the wheels of
 # bench/gpu_smoke.sh and py-spy's in .whl/.
-#   bash bench/profile_stack.sh [concurrency] [requests] [moss-serve up flags...]
+#   bash bench/studies/profile_stack.sh [concurrency] [requests] [moss-serve up flags...]
 set -uo pipefail
 source "$(dirname "$0")/stack.sh"
 LEVEL=${1:-128}

@@ -1,7 +1,7 @@
 """HiFT as the vocoder runs it (real size, random weights, bf16, CUDA graphs), its Snake as PyTorch's ops against one
-kernel (codec/snake.py, issue 20), side by side in one run.
+kernel (codec/snake.py), side by side in one run.
 
-    python bench/codec_hift.py --json out.json
+    python bench/studies/codec_hift.py --json out.json
 
 Cells: one graph replay per (windows, mel frames) the stack's calls hold (a first chunk's window is 20 frames, bucket
 24; the second's 40, bucket 48; the third's 63, bucket 64; a steady 20-token chunk's 103, bucket 128), a whole call of
@@ -17,11 +17,11 @@ import argparse
 import json
 import time
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import torch
-from codec_estimator import matmul_rate, timed
 from torch import nn
 
-from measure import gpu_record, median_time, snr_db
+from measure import gpu_record, matmul_rate, median_time, snr_db, timed
 from services.vocoder.codec import hift as hift_module
 from services.vocoder.codec import snake
 from services.vocoder.codec.config import moss_speech

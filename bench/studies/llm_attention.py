@@ -3,8 +3,8 @@
 context, by variant (slices a sequence, key tile, warps, pipeline stages). The floor is the KV bytes a step reads
 at this process's copy bandwidth; run it as an MPS client to see the stack's share:
 
-    python bench/llm_attention.py --batches 1,8,16,32,64 --contexts 256,512,1024
-    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 python bench/llm_attention.py ...   (under an MPS daemon)
+    python bench/studies/llm_attention.py --batches 1,8,16,32,64 --contexts 256,512,1024
+    CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 python bench/studies/llm_attention.py ...   (under an MPS daemon)
 
 With --packed N, the mixed step's attention instead: B decode rows and one turn's N new rows in one packed prefill
 call, padded as a graph pads it (rows to the runner's bucket, sequences to --max-num-seqs), by query tile
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import torch
 from llm_floor import copy_bandwidth
 

@@ -1,7 +1,7 @@
 """The feed-forward's first product with its GELU in one kernel (codec/fused_linear.py) against cuBLAS's product and
-PyTorch's GELU, by tile, at the stack's call sizes (issue 23). One run, one GPU:
+PyTorch's GELU, by tile, at the stack's call sizes. One run, one GPU:
 
-    python bench/codec_fused_linear.py --json out.json
+    python bench/studies/codec_fused_linear.py --json out.json
 
 256 → 1024 channels (bf16), the frames of steady calls of 1, 2, 6, 12 and 32 streams (2 CFG rows of 80 frames each).
 Each cell is the op replayed 50 times from one CUDA graph, per op; `max err` is the largest difference from PyTorch's
@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import torch
 import torch.nn.functional as F
 from codec_kernels import per_op

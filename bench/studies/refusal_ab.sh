@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A full gateway's refusal bursts, this tree against another one (OLD_TREE: a directory holding that tree's services/,
 # protos/ and bench/, e.g. `git archive REV services protos bench | tar -x -C DIR`), on one real-size stack of this
-# tree (issue 23: every refusal within 50 ms). For each of ROUNDS rounds (default 2), this tree's gateway and then the
+# tree (every refusal within 50 ms). For each of ROUNDS rounds (default 2), this tree's gateway and then the
 # other's take port 50071 in turn, are made full (--max-turns 4, --max-queued-turns 0, 4 long calls held), and get
 # REPS bursts of 128 (default 6) with gRPC's floor measured beside them (bench/refusal_floor.py); then each tree's
-# bench/refusal_path.py (its own work for one refusal, in process). Results: $OUT/ab_<tree>_<round>.json, a table.
-#   OLD_TREE=/path/to/old bash bench/refusal_ab.sh [moss-serve up flags...]   (STACK_FLAGS: "--kv-cache-gb 32 --max-num-seqs 256")
+# bench/studies/refusal_path.py (its own work for one refusal, in process). Results: $OUT/ab_<tree>_<round>.json, a table.
+#   OLD_TREE=/path/to/old bash bench/studies/refusal_ab.sh [moss-serve up flags...]   (STACK_FLAGS: "--kv-cache-gb 32 --max-num-seqs 256")
 set -uo pipefail
 source "$(dirname "$0")/stack.sh"
 OLD_TREE=$(cd "${OLD_TREE:?OLD_TREE: the tree to compare against}" && pwd)
@@ -29,8 +29,8 @@ done
 for tree in new old; do
   dir=$([ $tree = new ] && echo "$NEW_TREE" || echo "$OLD_TREE")
   echo "the $tree tree's own work for a refusal:"
-  [ -f "$dir/bench/refusal_path.py" ] || cp "$NEW_TREE/bench/refusal_path.py" "$dir/bench/"  # (it imports its own tree)
-  (cd "$dir" && PYTHONPATH=$WORK/site:$dir:$dir/protos python3 "$dir/bench/refusal_path.py" --calls 20000 --reps 5 \
+  [ -f "$dir/bench/studies/refusal_path.py" ] || cp "$NEW_TREE/bench/studies/refusal_path.py" "$dir/bench/"  # (it imports its own tree)
+  (cd "$dir" && PYTHONPATH=$WORK/site:$dir:$dir/protos python3 "$dir/bench/studies/refusal_path.py" --calls 20000 --reps 5 \
     --json "$OUT/path_$tree.json" 2>&1 | tail -3)
 done
 stop_stack

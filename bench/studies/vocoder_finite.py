@@ -11,12 +11,12 @@ still got (there should be none). With --alone N it then plays the first N strea
 the same codes give the same samples to float error however they are batched, so a stream whose 0.1 s windows
 disagree somewhere has had its audio go wrong under load, NaN or not. Writes --json.
 
-  python3 bench/vocoder_finite.py --device cuda --preset moss-speech --alone 20 --variant as-up="--first-chunk-lane on" \\
+  python3 bench/studies/vocoder_finite.py --device cuda --preset moss-speech --alone 20 --variant as-up="--first-chunk-lane on" \\
       --variant no-lane= --variant no-history="--first-chunk-lane on --flow-history-streams 0"
 
 (`moss-serve up` runs the vocoder with `--first-chunk-lane on` on a GPU; a bare vocoder has it off.) Without MPS and
 the llm beside it: a NaN that needs their company will not show here.
-  python3 bench/vocoder_finite.py --device cpu --preset tiny-codec --streams 4   # the plumbing
+  python3 bench/studies/vocoder_finite.py --device cpu --preset tiny-codec --streams 4   # the plumbing
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import numpy as np
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "protos")]
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[2] / "protos")]
 
 import grpc  # noqa: E402
 from moss.speech.v1 import common_pb2, vocoder_pb2, vocoder_pb2_grpc  # noqa: E402
@@ -122,7 +123,7 @@ def run_variant(name: str, flags: list[str], args, log_dir: Path) -> dict:
            "--metrics-port", str(metrics_port), "--preset", args.preset, "--device", args.device, *flags]
     log_path = log_dir / f"vocoder_{name}.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[2], stdout=log, stderr=subprocess.STDOUT)
     try:
         target, started = f"127.0.0.1:{port}", time.monotonic()
         while not is_serving(target):

@@ -1,8 +1,8 @@
 """A stream's first block through a running solve (codec/solve.py: rows join at the next Euler step) against today's
-calls (codec/decoder.py: all rows through all 10 steps together), at the real size on one GPU (issue 20).
+calls (codec/decoder.py: all rows through all 10 steps together), at the real size on one GPU.
 
-    python bench/codec_solve.py --streams 16 --json out.json
-    python bench/codec_solve.py --streams 16,24 --admit-every 4
+    python bench/studies/codec_solve.py --streams 16 --json out.json
+    python bench/studies/codec_solve.py --streams 16,24 --admit-every 4
 
 The flow at the real size (random weights, bf16, CUDA graphs, stream history on). N streams play in the steady state
 (chunks of 20 tokens); a new stream's first block (8 tokens) comes in.
@@ -26,6 +26,7 @@ import statistics
 import time
 from pathlib import Path
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import torch
 
 from services.vocoder.codec.checkpoint import random_codec

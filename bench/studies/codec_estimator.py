@@ -1,6 +1,6 @@
-"""Where the flow decoder's time goes, and what compiling its estimator buys (issue 20), on one GPU in one run.
+"""Where the flow decoder's time goes, and what compiling its estimator buys, on one GPU in one run.
 
-    python bench/codec_estimator.py --json out.json
+    python bench/studies/codec_estimator.py --json out.json
 
 The flow at the real size (random weights, bf16), as the vocoder calls it: one CUDA graph per (batch, token bucket)
 over the encoder and the 10 Euler steps (each a CFG pair of rows through the estimator). Two shapes: a stream's first
@@ -23,45 +23,19 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import torch
 
-from measure import gpu_record, snr_db
+from measure import gpu_record, matmul_rate, snr_db, timed
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.flow_state import FlowState
 from services.vocoder.codec.voice import random_voice
-
-
-def timed(fn, reps: int = 20) -> float:
-    fn()
-    if not torch.cuda.is_available():  # a smoke run on CPU: wall time
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - start) / reps
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
-
-
-def matmul_rate() -> float:
-    """The GPU's bf16 matrix rate (FLOP/s), measured on an 8192³ product."""
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    return 2 * 8192 ** 3 / timed(lambda: a @ b, 10)
 
 
 def before_flow(directory: str, cfg):

@@ -1,10 +1,10 @@
-"""Are bf16 matrix products right in a CUDA MPS client capped to a share of the GPU (issue 23)? On an H100 cuBLAS's came
+"""Are bf16 matrix products right in a CUDA MPS client capped to a share of the GPU? On an H100 cuBLAS's came
 out wrong at several shares, which made the llm fail every request with non-finite logits at --mps-llm-threads 35
 and 45. For each share: an MPS daemon of this script's own, a child process as its client with
 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set, running the GPU services' start-up check (services/common/matmul_check.py);
 then the same without MPS. Prints a table and writes JSON.
 
-    python3 bench/mps_matmul.py --shares 10,20,25,30,33,35,40,45,50,55,60,75,100 [--json out.json]
+    python3 bench/studies/mps_matmul.py --shares 10,20,25,30,33,35,40,45,50,55,60,75,100 [--json out.json]
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
+
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 CHILD = """

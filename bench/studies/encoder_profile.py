@@ -1,7 +1,7 @@
-"""Where the encoder's time goes when many speakers' turns end at once (issue 22): each phase of stream.finish_streams
+"""Where the encoder's time goes when many speakers' turns end at once: each phase of stream.finish_streams
 timed on its own (synchronised), then the same call under torch.profiler, its ops by host time.
 
-    python bench/encoder_profile.py --speakers 64 --seconds 8 --chunk-ms 100 --json out.json
+    python bench/studies/encoder_profile.py --speakers 64 --seconds 8 --chunk-ms 100 --json out.json
 
 Real size, random weights, bf16, the layers from CUDA graphs as the service runs them.
 """
@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import torch
 
 from services.encoder import features

@@ -1,4 +1,4 @@
-"""The gateway's own work for one refused Synthesize, without gRPC's (issue 23: every refusal within 50 ms).
+"""The gateway's own work for one refused Synthesize, without gRPC's (every refusal within 50 ms).
 
 A burst of 128 refusals is served one after another on the gateway's event loop, so each one's work delays the last.
 `bench/refusal_floor.py` times whole bursts against a bare grpc.aio server, where gRPC's own per-call work dominates
@@ -6,7 +6,7 @@ A burst of 128 refusals is served one after another on the gateway's event loop,
 error interceptor with the gateway's write timeout, the servicer, the turn, admission with every place taken) with a
 stand-in for gRPC's servicer context, against the bare server's handler (set a hint, abort) run the same way.
 
-    python3 bench/refusal_path.py [--calls 20000] [--reps 5] [--json out.json]
+    python3 bench/studies/refusal_path.py [--calls 20000] [--reps 5] [--json out.json]
 
 Prints a table (microseconds a refusal, the median of the reps) and writes JSON.
 """
@@ -21,9 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import grpc
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "protos")]
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[2] / "protos")]
 from moss.speech.v1 import common_pb2, gateway_pb2  # noqa: E402
 
 from services.common.interceptor import ErrorInterceptor  # noqa: E402

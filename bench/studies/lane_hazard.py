@@ -8,7 +8,7 @@ stream's first frames differ from what they were. tests/test_vocoder_stream.py a
 shows that the case without it goes wrong, so that the test can fail. (The stand-in decoder copies from pageable host
 memory, which waits for the device, so its window is short; the codec's flow copies through pinned memory, no wait.)
 
-  python3 bench/lane_hazard.py --trials 20 --json lane_hazard.json
+  python3 bench/studies/lane_hazard.py --trials 20 --json lane_hazard.json
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import json
 import sys
 from pathlib import Path
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import numpy as np
 import torch
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "protos")]
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[2] / "protos")]
 
 from services.vocoder import streamer as streamer_module  # noqa: E402
 from services.vocoder.streamer import MelStreamer  # noqa: E402

@@ -1,5 +1,5 @@
-"""What slows the vocoder beside the llm (issue 23): loads that stand in for the llm's decode steps, one property at
-a time, for `bench/gpu_sharing.py --neighbors`.
+"""What slows the vocoder beside the llm: loads that stand in for the llm's decode steps, one property at
+a time, for `bench/studies/gpu_sharing.py --neighbors`.
 
 Beside the llm (MPS, the llm at 25%) the vocoder's flow calls run at ~0.45 of their speed alone. A flow call is
 ~6,000 small kernels (products of 3-6 us, per-frame kernels of ~2.5 us) over the estimator's 143 MB of weights and a
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 
+import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 import torch
 import torch.nn.functional as F
 import triton
