@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The end of this stop's GPU checks on the tree (no llm, vocoder or encoder code changed since the last floor and peer
+# The end of this entry's GPU checks on the tree (no llm, vocoder or encoder code changed since the last floor and peer
 # runs: the gateway only): the llm against its floor and its peer (bench/gpu_smoke.sh bench), the flow against its
 # floor (bench/codec_history.py), the codec's parity with the reference (tests/test_codec_parity.py; .whl with
 # bench/wheels.sh --parity's wheels).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Overload at two and three times the defaults' knee with the burst rule in (issue 23's fourth target: >= 99% of the
 # admitted stall-free with TTFA p95 <= 300 ms; goodput at 2x >= 95% of the peak; every refusal within 50 ms with a
-# hint), on this stop's head: one stack at its defaults, Poisson 60/s then 90/s for 20 s each, replies of 2-20 s.
+# hint), on this entry's head: one stack at its defaults, Poisson 60/s then 90/s for 20 s each, replies of 2-20 s.
 # The knee at the defaults on an H200 was ~21.6 admitted a second (call 1: 432 of 600 at 30/s, goodput 11.2/s).
 #   bash docs/results/burst_2026-11-28/call3.sh
 #

@@ -4,7 +4,7 @@
 # is left between it and the targets is the part no flag changes. Issue 23's targets 1-2 (256 started over 6 s;
 # Poisson 30/s) are unmet at the defaults (147-149 of 256, 412-432 of 600 on an H200); with `--flow-steps 5
 # --quantization fp8` they gave 204-212 of 256 (H100s, an H200). Also gRPC's floor for a burst of 256 refusals
-# against a full gateway's (REFUSALS=256), and 256 at the same instant on the idle stack (the 59 ms of the last stop).
+# against a full gateway's (REFUSALS=256), and 256 at the same instant on the idle stack (the 59 ms of the previous entry).
 # One stack, one gateway, the outside client's loads (replies of 2-20 s); everything in $OUT/call1.tgz.
 #   bash docs/results/ceiling_2026-11-28/call1.sh
 #

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The eager fallback in its last form (6f18e06: a call of a shape the warm-up missed is chosen before its inputs are
-# padded, FlowGraphs.ready; the runner's bucket check first) on a GPU, which the last stop ran only on the CPU: its two
-# GPU tests, then the last stop's call-6 stack again (--flow-history-streams 8: from the 9th stream on, window calls
+# padded, FlowGraphs.ready; the runner's bucket check first) on a GPU, which the previous entry ran only on the CPU: its two
+# GPU tests, then the previous entry's call-6 stack again (--flow-history-streams 8: from the 9th stream on, window calls
 # of shapes the warm-up did not capture; 64 streams started over 6 s; --max-turns 64 given, as `up` would otherwise cap
 # the turns at the 8 slots).
 # Then the llm's GPU tests (bench/gpu_smoke.sh tests-llm).
@@ -9,7 +9,7 @@
 #
 # Predicted (written 2026-11-28 17:46 UTC, before the call; an H200): both tests pass; the stack logs flow calls run
 # eagerly (>= 1 shape), no ERROR or CRITICAL line, no turn failed, the gateway's command
-# with --max-turns 64; the admitted streams 20-50% stall-free (eager window calls are slow: call 6 of the last stop,
+# with --max-turns 64; the admitted streams 20-50% stall-free (eager window calls are slow: call 6 of the previous entry,
 # 30%). The llm's GPU tests all pass.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}

@@ -7,8 +7,8 @@
 #   bash docs/results/eager_2026-11-28/call2.sh
 #
 # Predicted (written 2026-11-28 17:53 UTC, before the call; an H200): every codec test passes (~300, ~300 s); the llm
-# 1.08-1.20x its floor at decode batch 1 / 64 / 128 (last stop 1.09 / 1.08 / 1.10x), the peer 5-7x; the flow's steady
-# calls at 16 / 32 streams 6-10x their floor (last stop 9.7 / 6.9x).
+# 1.08-1.20x its floor at decode batch 1 / 64 / 128 (the previous entry 1.09 / 1.08 / 1.10x), the peer 5-7x; the flow's steady
+# calls at 16 / 32 streams 6-10x their floor (the previous entry 9.7 / 6.9x).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 bash bench/gpu_smoke.sh tests-codec 2>&1 | tail -6

@@ -7,7 +7,7 @@
 #   bash docs/results/eager_2026-11-28/call3.sh
 #
 # Predicted (written 2026-11-28 17:54 UTC, before the call; an H200): the gateway's line says headroom from 48 turns,
-# at most 128 running, 16 starting; Poisson 30 405-440 of 600 and the ramp 140-155 of 256 (the last stops: 412-432 and
+# at most 128 running, 16 starting; Poisson 30 405-440 of 600 and the ramp 140-155 of 256 (the earlier entries: 412-432 and
 # 147-149), >= 99% stall-free, TTFA p95 270-290 ms; 128 at once all admitted (the burst rule), 94-100% stall-free; no
 # flow call run eagerly, no ERROR line.
 set -uo pipefail

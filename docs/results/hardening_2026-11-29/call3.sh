@@ -4,7 +4,7 @@
 # oracle's wheels (its 6 tests skip: the parity code did not change).
 #   bash docs/results/hardening_2026-11-29/call3.sh
 #
-# Predicted (written 2026-11-29 07:14 UTC, before the call; an H200): every test passes (the last stop's 302 with the
+# Predicted (written 2026-11-29 07:14 UTC, before the call; an H200): every test passes (the previous entry's 302 with the
 # oracle's wheels, less its 6 parity tests, skipped here).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}

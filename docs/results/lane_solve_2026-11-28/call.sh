@@ -11,7 +11,7 @@
 # not the tail, and their calls slowed each other (-18-21% admitted). The solve (codec/solve.py, issue 20) lets a first
 # chunk join the running solve at the next tick, an Euler step of every row in flight, with no second call beside.
 #
-# Predicted (written 2026-11-28 06:20 UTC, before the call). The calls arm as the last stops' defaults: 334-363 of 600
+# Predicted (written 2026-11-28 06:20 UTC, before the call). The calls arm as the earlier entries' defaults: 334-363 of 600
 # admitted, TTFA p95 270-282 ms, vocoder first chunk ~66 ms and its queue ~21 ms mean, ~55 the slowest tenth. The solve
 # arm: a tick of 1-4 first rows ~2.6 ms alone (a first call's 24.5 ms over 10 steps plus the rows' gathers), ~6.5 beside
 # the load; a first chunk waits <= 2 ticks queued (~7 ms), its admission (~7 ms), 10 ticks (~65 ms) and ~1-2 other
@@ -61,10 +61,10 @@ PY
   (cd "$OUT" && tar czf "$arm.tgz" "$arm" && rm -rf "$arm")
 done
 # Call 4 (not this script; written before it): python3 bench/codec_history.py --streams 1,16,32 --json
-# codec_history.json, owed since the last stop (no flow kernel or call changed since 2026-11-27's 6.6x): predicted a
+# codec_history.json, owed since the previous entry (no flow kernel or call changed since 2026-11-27's 6.6x): predicted a
 # first call alone 23-25 ms, steady calls of 16 / 32 streams 43-46 / 64-70 ms, 9.0-9.5x / 6.5-7.3x their floor.
 # Call 5 (not this script; written before it, after the review asked for it): the codec's parity with the reference
-# and the decoder against it side by side, on the head's tree (no model or GPU code changed since the last stop's
+# and the decoder against it side by side, on the head's tree (no model or GPU code changed since the previous entry's
 # call 7): python3 -m pytest -q tests/test_codec_parity.py, then python3 bench/codec.py --device cuda --streams 64
 # --reps 3. Predicted: every parity test passes (flow float32 max |diff| ~5e-4, HiFT ~2.5e-3, as served ~42 dB);
 # ours unchanged (first chunk flow + HiFT ~24-25 ms, 64 streams flow ~110x and flow + HiFT ~95x real time), the

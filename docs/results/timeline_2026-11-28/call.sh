@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Each stage's work half second by half second (bench/timeline.py, new in the last stop), at the defaults and with the
+# Each stage's work half second by half second (bench/timeline.py, new in the previous entry), at the defaults and with the
 # opt-in trades (--flow-steps 5 --quantization fp8), issue 23. Each arm is a stack of its own (moss-serve up at its
 # defaults plus the arm's flags: MPS with the llm at 25%, random weights, the codec's decoder), one gateway, loaded by
 # the outside client at Poisson 30/s for 20 s, then 256 streams started over 6 s (replies of 2-20 s); the arms in
