@@ -1,7 +1,7 @@
 """How far fewer Euler steps in the codec's flow (`--flow-steps`) move what the vocoder says, on your codec: the same
 tokens decoded with the checkpoint's steps and with fewer.
 
-`--flow-steps 5` buys capacity (README, docs/benchmarks.md) but solves the flow's ODE more coarsely, so it is off by
+`--flow-steps 5` buys capacity (docs/running.md, docs/benchmarks.md) but solves the flow's ODE more coarsely, so it is off by
 default until a codec is judged with it. This gives the numbers to judge with, and the WAVs to listen to. Every steps
 count decodes the same tokens in the same voice, offline in the served block-causal mode, from the same noise (the
 flow's noise is a fixed table, HiFT's is seeded from sample 0), so the outputs differ by the steps alone. Against the

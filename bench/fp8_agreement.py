@@ -1,6 +1,6 @@
 """How far `--quantization fp8` moves what the llm says, on your checkpoint: its replies against the model's own dtype's.
 
-FP8 layer products buy capacity beside the vocoder (README, docs/benchmarks.md) but change the model's numbers, so it
+FP8 layer products buy capacity beside the vocoder (docs/running.md, docs/benchmarks.md) but change the model's numbers, so it
 is off by default until a checkpoint is judged with it. This gives the numbers to judge with (and, with a vocoder, the
 replies to listen to). Each prompt is answered twice per sampling mode, once by an engine in the model's dtype and once
 by an FP8 engine, in the same seeded way (greedy, and the model's sampling with a fixed seed: both draw the same random

@@ -186,7 +186,7 @@ def test_cancelled_streams_give_their_history_slots_back(tmp_path, solve, lane):
 
 def test_a_seeded_reply_is_the_same_audio_again_and_differs_by_the_flow_steps_alone(codec_stack, voices_dir,
                                                                                     tmp_path_factory):
-    """README's way to hear `--flow-steps`: the same seeded reply from two stacks. Asked twice, one stack gives the
+    """docs/running.md's way to hear `--flow-steps`: the same seeded reply from two stacks. Asked twice, one stack gives the
     same samples (the llm's seeded tokens, the flow's fixed noise table, HiFT's fixed source noise); a stack with
     fewer Euler steps gives as many samples, and other ones."""
     def say(stack):

@@ -83,7 +83,7 @@ class GatewaySettings:
                                                               "over the limit, when it arrives at an idle stack (none "
                                                               "running) within --admit-burst-window seconds: the start "
                                                               "limit starts them a few at a time, and they play "
-                                                              "stall-free at the price of later first audio (README; 0: "
+                                                              "stall-free at the price of later first audio (docs/admission.md; 0: "
                                                               "none)", type=count)
     admit_burst_window: float = option(HeadroomRule.burst_window, "--admission headroom: seconds after a turn arrives "
                                                                   "at an idle stack that its burst may still arrive",
@@ -103,7 +103,7 @@ class GatewaySettings:
                                                       "second by this share of itself times how far the latest turns' "
                                                       "TTFA p95 is under --admit-ttfa, if that is more than 2 turns (0: "
                                                       "2 turns only; 0.4 paid on an H100 only for stages with room to "
-                                                      "grow into, such as --flow-steps 5 --quantization fp8: README)",
+                                                      "grow into, such as --flow-steps 5 --quantization fp8: docs/running.md)",
                                  type=share)
     max_turns_per_client: int | None = option(
         None, "turns one client may have running or waiting at once, each API key its own; without a key, each client "
