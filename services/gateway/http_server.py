@@ -70,6 +70,7 @@ PAGE = Path(__file__).with_name("web") / "index.html"
 
 
 MALFORMED_LOG_SECONDS = 60.0  # a peer's malformed requests: one debug line a minute at most
+SENT_WHOLE = "moss.sent_whole"  # request key: the status of a response sent whole (the client may leave after it)
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,8 @@ class HttpDoor:
             message = (f"the body is over the limit of {self.max_body_bytes} bytes (--max-message-bytes)"
                        if exc.status == 413 else exc.reason)
             response = error_response(exc.status, message)
-        except asyncio.CancelledError:  # the client left before the response was whole: nginx's 499
-            metrics.HTTP_REQUESTS.labels(route, "499").inc()
+        except asyncio.CancelledError:  # the client left: before the response was whole, nginx's 499
+            metrics.HTTP_REQUESTS.labels(route, str(request.get(SENT_WHOLE, 499))).inc()
             raise
         metrics.HTTP_REQUESTS.labels(route, str(response.status)).inc()
         return response
@@ -203,6 +204,7 @@ class HttpDoor:
                 if sse and summary is not None:
                     await self._write(response, event({"type": "speech.audio.done", "usage": usage(summary)}))
                 await response.write_eof()
+                request[SENT_WHOLE] = response.status  # (a client that leaves now has had it all: not a 499)
             except ClientStalled:  # (a Cancelled: before ServiceError)
                 metrics.observe_stalled("speech")
                 log.info("gateway: HTTP speech %s: the client took nothing for %g s: ended",
