@@ -12,6 +12,7 @@ import sys
 
 import grpc
 import pytest
+import torch
 from conftest import metric_value, scrape
 from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
@@ -118,3 +119,28 @@ def test_a_vocoder_sizes_its_history_to_its_memory_and_the_gateway_follows(tmp_p
         assert reply.stream_slots == 5
         assert metric_value(scrape(stack.ports.metrics["gateway"]), "gateway_admission_limit") == 5
     assert "the flow's stream history holds 5 streams, not 128" in (tmp_path / "vocoder.log").read_text()
+
+
+def test_the_sizes_planned_are_the_sizes_allocated():
+    """What the services plan with (bytes_per_stream, bytes_per_slot) is what one more stream or slot allocates."""
+    from services.encoder.checkpoint import random_tokenizer
+    from services.encoder.config import tiny as encoder_tiny
+    from services.encoder.kv_pool import KVPool
+    from services.vocoder.codec.history import StreamHistory
+    from services.vocoder.vocoder import FlowOptions, load_vocoder
+
+    decoder = load_vocoder(None, "tiny-codec", flow=FlowOptions(history_streams=1)).decoder
+    estimator, prefix = decoder.flow.decoder.estimator, decoder.prefix
+
+    def history_bytes(streams: int) -> int:
+        h = StreamHistory(estimator, prefix, streams)
+        return sum(t.numel() * t.element_size() for t in (h.keys, h.values, *h.lefts))
+
+    assert history_bytes(3) - history_bytes(2) == StreamHistory.bytes_per_stream(estimator, prefix)
+    cfg = random_tokenizer(encoder_tiny(), 0).cfg
+
+    def pool_bytes(slots: int) -> int:
+        pool = KVPool(cfg, slots)
+        return pool.k.numel() * pool.k.element_size() + pool.v.numel() * pool.v.element_size()
+
+    assert pool_bytes(3) - pool_bytes(2) == KVPool.bytes_per_slot(cfg, torch.float32)

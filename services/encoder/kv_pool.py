@@ -11,6 +11,8 @@ is kept aside for no speaker: the rows that pad a CUDA graph's bucket write ther
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from services.encoder.config import WhisperVQConfig
@@ -22,18 +24,23 @@ class PoolFull(RuntimeError):
 
 class KVPool:
     @staticmethod
+    def shape(cfg: WhisperVQConfig, slots: int, frames: int | None = None) -> tuple[int, ...]:
+        """k's and v's shape each: [layers, slots, heads, frames, head_dim]."""
+        heads = cfg.encoder_attention_heads
+        return cfg.quantize_position, slots, heads, frames or cfg.max_source_positions, cfg.d_model // heads
+
+    @staticmethod
     def bytes_per_slot(cfg: WhisperVQConfig, dtype: torch.dtype, frames: int | None = None) -> int:
         """What one slot costs (keys and values of every layer), for sizing `slots` before allocating them."""
-        return 2 * cfg.quantize_position * (frames or cfg.max_source_positions) * cfg.d_model * dtype.itemsize
+        return 2 * math.prod(KVPool.shape(cfg, 1, frames)) * dtype.itemsize
 
     def __init__(self, cfg: WhisperVQConfig, slots: int, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, frames: int | None = None, scratch: bool = False):
         """frames: positions a slot holds (default: a whole segment's); scratch: a slot more, `self.scratch`, that
         is never taken."""
-        heads = cfg.encoder_attention_heads
         self.slots = slots
         self.scratch = slots if scratch else None
-        shape = (cfg.quantize_position, slots + scratch, heads, frames or cfg.max_source_positions, cfg.d_model // heads)
+        shape = self.shape(cfg, slots + scratch, frames)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.free = list(range(slots - 1, -1, -1))

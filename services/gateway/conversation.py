@@ -132,10 +132,11 @@ class Conversation:
             async for req in requests:
                 self.last_activity = time.monotonic()
                 kind = req.WhichOneof("kind")
-                if kind == "audio" and req.ByteSize() > self.limits.max_message_bytes:
-                    await self._oversized_audio(req.ByteSize())
+                size = req.ByteSize()  # (once a message: audio comes ten times a second a speaker)
+                if kind == "audio" and size > self.limits.max_message_bytes:
+                    await self._oversized_audio(size)
                     continue
-                check_size(req, self.limits, kind or "request")
+                check_size(req, self.limits, kind or "request", size)
                 if kind == "turn":
                     self._check_turn(req.turn)
                     await self._cancel_turn()

@@ -38,9 +38,10 @@ class TurnLimits:
     max_message_bytes: int = 1 << 20  # a request message, at most (--max-message-bytes)
 
 
-def check_size(message, limits: TurnLimits, what: str = "request") -> None:
-    """ResourceExhausted for a message over --max-message-bytes, as gRPC itself would say, with the sizes."""
-    if (size := message.ByteSize()) > limits.max_message_bytes:
+def check_size(message, limits: TurnLimits, what: str = "request", size: int | None = None) -> None:
+    """ResourceExhausted for a message over --max-message-bytes, as gRPC itself would say, with the sizes (size: the
+    message's, where the caller has it already)."""
+    if (size := message.ByteSize() if size is None else size) > limits.max_message_bytes:
         raise ResourceExhausted(f"{what}: {size} bytes is over the limit of {limits.max_message_bytes} "
                                 "(--max-message-bytes)")
 

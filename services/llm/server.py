@@ -48,7 +48,7 @@ DEFAULT_KV_CACHE_GB = EngineConfig.kv_cache_bytes / GiB
 def build_engine(s: LlmSettings) -> LLMEngine:
     device = torch.device(s.device)
     config = EngineConfig(
-        kv_cache_bytes=int((s.kv_cache_gb or DEFAULT_KV_CACHE_GB) * GiB), block_size=s.block_size, max_num_seqs=s.max_num_seqs,
+        block_size=s.block_size, max_num_seqs=s.max_num_seqs,  # (the KV budget: _sized_kv, once the weights are in)
         max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, max_audio_lead=audio_lead(s),
         first_audio_window=s.first_audio_window, first_audio_hold=first_audio_hold(s), quantization=s.quantization,
         runner=s.runner, engine_dir=s.engine_dir,
