@@ -85,6 +85,16 @@ def stack(tmp_path_factory):
         yield s
 
 
+@pytest.fixture(scope="session")
+def stand_in_stack(tmp_path_factory):
+    """llm + vocoder + gateway with the vocoder's stand-in decoder (--preset tiny), for the tests that need what only
+    it gives: it vocodes exactly the tokens a chunk brings, and keeps several streams in real time on a 2-core CPU,
+    where the codec's flow + HiFT does not always (tests of the admission rule's promise to the streams it admits)."""
+    with Stack(Ports.free(), without=("encoder",), extra_args={"vocoder": ["--preset", "tiny"]},
+               log_dir=tmp_path_factory.mktemp("stand-in-logs")) as s:
+        yield s
+
+
 @contextlib.contextmanager
 def own_gateway(stack: Stack, log_dir, *flags: str, env: dict[str, str] | None = None, http: bool = False,
                 serving: bool = True):

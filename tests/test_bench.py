@@ -17,7 +17,6 @@ from services.bench import report
 from services.bench.stream import StreamRecord
 from services.bench.workload import load_prompts, poisson_arrivals
 from services.settings import span
-from services.stack import NO_SPEECH, Ports, Stack
 
 RATE = 24000
 SAMPLES_PER_TOKEN = 1920
@@ -183,17 +182,9 @@ def test_bench_on_poisson_arrivals_and_against_a_dead_target(stack, tmp_path):
     assert "UNAVAILABLE 3" in proc.stdout and math.isnan(report.quantile([], 50))
 
 
-@pytest.fixture(scope="module")
-def stand_in_stack(tmp_path_factory):
-    """A stack whose vocoder is the stand-in decoder (--preset tiny): it vocodes exactly the tokens a chunk brings, so
-    a first chunk's audio shows how many tokens the llm's first chunk had (the codec's flow decodes in blocks of 5
-    tokens after 3 of look-ahead, which hides it)."""
-    with Stack(Ports.free(), without=NO_SPEECH, extra_args={"vocoder": ["--preset", "tiny"]},
-               log_dir=tmp_path_factory.mktemp("stand-in-logs")) as s:
-        yield s
-
-
 def test_the_first_chunk_size_goes_into_the_requests(stand_in_stack, tmp_path):
+    """(The stand-in vocodes exactly the tokens a chunk brings, so a first chunk's audio shows how many tokens the llm's
+    first chunk had; the codec's flow decodes in blocks of 5 tokens after 3 of look-ahead, which hides it.)"""
     first, per_token = {}, set()
     for tokens in (2, 5):
         out = tmp_path / str(tokens)

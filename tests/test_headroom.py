@@ -268,7 +268,8 @@ def test_admission_refuses_at_once_past_the_limit_with_a_hint():
 
 def _bench_through_own_gateway(stack, tmp_path, gateway_flags, concurrency, requests, tokens):
     """`moss-serve bench` of `requests` turns, `concurrency` at once, through a gateway of its own in front of the
-    shared stack (admitting by headroom with `gateway_flags`) → (its level in bench.json, the gateway's metrics after
+    stand-in stack (conftest.py: it keeps the admitted streams in real time on a 2-core CPU, which these tests of the
+    rule's promise need; admitting by headroom with `gateway_flags`) → (its level in bench.json, the gateway's metrics after
     it, what the stages still hold)."""
     import json
     import subprocess
@@ -288,14 +289,14 @@ def _bench_through_own_gateway(stack, tmp_path, gateway_flags, concurrency, requ
     return json.loads((tmp_path / "bench.json").read_text())["levels"][str(concurrency)], text, held
 
 
-def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on_time(stack, tmp_path):
+def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on_time(stand_in_stack, tmp_path):
     """More streams offered than the limit: the admitted play on time, the rest are refused at once with a hint,
     and nothing is left held."""
     from conftest import metric_value
 
     # admitting from its least limit (4; it learns more only from streams playing ahead), without a burst's allowance
     # (the next test's)
-    level, text, held = _bench_through_own_gateway(stack, tmp_path, ["--admit-initial-turns", "2",
+    level, text, held = _bench_through_own_gateway(stand_in_stack, tmp_path, ["--admit-initial-turns", "2",
                                                                       "--admit-burst-turns", "0"], 6, 12, 20)
     s, streams = level["summary"], level["streams"]
     assert s["refused"] >= 1 and s["ok"] >= 2 and s["ok"] + s["refused"] == 12
@@ -310,13 +311,13 @@ def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on
     assert not any(held.values())
 
 
-def test_a_burst_on_an_idle_gateway_is_let_in_up_to_its_cap_and_plays_on_time(stack, tmp_path):
+def test_a_burst_on_an_idle_gateway_is_let_in_up_to_its_cap_and_plays_on_time(stand_in_stack, tmp_path):
     """8 turns sent at the same instant to an idle gateway whose limit is 4 (the rule's least) and whose burst may
     run 6: 6 play, on time, 2 of them over the limit; 2 are refused at once with a hint; nothing is left held."""
     from conftest import metric_value
 
     # (a window of 5 s: the 8 calls arrive within it however slow the machine, and the 6 turns outlast them)
-    level, text, held = _bench_through_own_gateway(stack, tmp_path, ["--admit-initial-turns", "2", "--admit-burst-turns",
+    level, text, held = _bench_through_own_gateway(stand_in_stack, tmp_path, ["--admit-initial-turns", "2", "--admit-burst-turns",
                                                                       "6", "--admit-burst-window", "5"], 8, 8, 80)
     s, streams = level["summary"], level["streams"]
     assert (s["ok"], s["refused"]) == (6, 2), s
