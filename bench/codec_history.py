@@ -10,6 +10,12 @@ Shapes: a stream's first call (8 tokens: the first block and its look-ahead; its
 audio), and calls in the steady state of 20-token chunks (after 8, 8, 16: each stream brings 20 tokens,
 4 blocks, 1.6 s of audio) for N streams at once. x RT: seconds of audio the call makes per second. Floor: the
 estimator's multiply-adds for the frames the call solves over the card's measured bf16 matrix rate.
+
+Variants (--variants): `per-block`, each transformer block's seven kernels (the default), and `megakernel`, a U-Net
+level's blocks in one persistent launch (codec/megakernel.py, off by default: slower). --kernels: each cell's kernels, counted by the profiler on
+one call run without its CUDA graph (the same kernels the graph holds), and per Euler step.
+
+    python bench/codec_history.py --streams 1,16,32 --modes history --variants per-block,megakernel --kernels
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pathlib import Path
 import torch
 
 from measure import gpu_record, matmul_rate, snr_db, timed
+from services.vocoder.codec import megakernel
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder
@@ -36,6 +43,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
     p.add_argument("--streams", default="1,16,32,64")
+    p.add_argument("--modes", default="window,history", help="window, history or both")
+    p.add_argument("--variants", default="per-block", help="per-block, megakernel or both")
+    p.add_argument("--kernels", action="store_true", help="count each cell's kernels with the profiler")
     args = p.parse_args()
     sizes = [int(n) for n in args.streams.split(",")]
     device, cfg = torch.device("cuda"), moss_speech()
@@ -47,7 +57,8 @@ def main():
     print(f"{out['gpu']}: bf16 matmul {rate / 1e12:.0f} TFLOP/s", flush=True)
     tokens = torch.randint(0, 16384, (max(sizes), sum(WARM_CHUNKS) + CHUNK), generator=g).tolist()
     mels = {}
-    for mode in ("window", "history"):
+    for variant, mode in [(v, m) for v in args.variants.split(",") for m in args.modes.split(",")]:
+        megakernel.ENABLED = variant == "megakernel"
         d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=max(sizes) if mode == "history" else 0)
         d.set_voices([voice])
         free, _ = torch.cuda.mem_get_info()
@@ -69,12 +80,16 @@ def main():
                 solved = solved_frames(d, rows, mode)
                 floor = 2 * est_params * 2 * solved * d.flow.decoder.n_timesteps / rate
                 mels.setdefault((n, shape), mel)
-                cell = {"ms": seconds * 1e3, "audio_s": frames / 50, "x_realtime": frames / 50 / seconds,
-                        "solved_frames": solved, "floor_ms": floor * 1e3, "x_floor": seconds / floor,
-                        "snr_vs_window_db": snr_db(mels[(n, shape)], mel)}
-                out["cells"][f"{mode} | {n} | {shape}"] = cell
-                print(f"{mode:8s} {n:3d} streams {shape:12s} {cell['ms']:7.2f} ms  {cell['x_realtime']:6.0f}x RT  "
-                      f"solved {solved:6d} frames  {cell['x_floor']:5.1f}x floor  SNR vs window {cell['snr_vs_window_db']:.1f} dB",
+                cell = {"variant": variant, "ms": seconds * 1e3, "audio_s": frames / 50,
+                        "x_realtime": frames / 50 / seconds, "solved_frames": solved, "floor_ms": floor * 1e3,
+                        "x_floor": seconds / floor, "snr_vs_first_db": snr_db(mels[(n, shape)], mel)}
+                if args.kernels:
+                    cell["kernels"] = count_kernels(d, rows)
+                    cell["kernels_per_step"] = cell["kernels"] / d.flow.decoder.n_timesteps
+                out["cells"][f"{variant} | {mode} | {n} | {shape}"] = cell
+                print(f"{variant:10s} {mode:8s} {n:3d} streams {shape:12s} {cell['ms']:7.2f} ms  "
+                      f"{cell['x_realtime']:6.0f}x RT  solved {solved:6d} frames  {cell['x_floor']:5.1f}x floor  "
+                      f"{cell.get('kernels', '-')} kernels  SNR vs the first cell {cell['snr_vs_first_db']:.1f} dB",
                       flush=True)
             if d.history is not None:
                 for s in states:
@@ -82,12 +97,32 @@ def main():
         d = None
         torch.cuda.empty_cache()
     print(f"\n{out['gpu']}, torch {out['torch']}, {out['date']}")
-    print(f"{'mode':8s} {'streams':>7s} {'shape':12s} {'ms':>8s} {'x RT':>6s} {'frames':>7s} {'x floor':>7s}")
+    print(f"{'variant':10s} {'mode':8s} {'streams':>7s} {'shape':12s} {'ms':>8s} {'x RT':>6s} {'frames':>7s} "
+          f"{'floor ms':>8s} {'x floor':>7s} {'kernels/step':>12s} {'SNR dB':>7s}")
     for key, c in out["cells"].items():
-        mode, n, shape = key.split(" | ")
-        print(f"{mode:8s} {n:>7s} {shape:12s} {c['ms']:8.2f} {c['x_realtime']:6.0f} {c['solved_frames']:7d} {c['x_floor']:7.1f}")
+        variant, mode, n, shape = key.split(" | ")
+        per_step = f"{c['kernels_per_step']:.0f}" if "kernels_per_step" in c else "-"
+        print(f"{variant:10s} {mode:8s} {n:>7s} {shape:12s} {c['ms']:8.2f} {c['x_realtime']:6.0f} {c['solved_frames']:7d} "
+              f"{c['floor_ms']:8.2f} {c['x_floor']:7.1f} {per_step:>12s} {c['snr_vs_first_db']:7.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
+
+
+def count_kernels(d: FlowTokenDecoder, rows) -> int:
+    """The kernels of one call of these rows, run eagerly under the profiler (the kernels its graph replays)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs, d.use_graphs = d.use_graphs, False
+    try:
+        d.decode_chunks(rows)                      # (eager shapes' first run: choices made, kernels compiled)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            d.decode_chunks(rows)
+            torch.cuda.synchronize()
+    finally:
+        d.use_graphs = graphs
+    return sum(1 for e in prof.events() if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()
+               and "memset" not in e.name.lower())
 
 
 def solved_frames(d: FlowTokenDecoder, rows, mode: str) -> int:

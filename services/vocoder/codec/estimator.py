@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.vocoder.codec import megakernel
 from services.vocoder.codec.chunk_attention import chunk_attention
 from services.vocoder.codec.config import EstimatorConfig
 from services.vocoder.codec.frame_ops import causal_unfold, frame_norm, taps_weight
@@ -193,6 +194,7 @@ class CausalConditionalDecoder(nn.Module):
         for kind in (Attention, CausalConv1d):
             for slot, module in enumerate(m for m in self.modules() if isinstance(m, kind)):
                 module.slot = slot
+        self.transformer_blocks = tuple(self.slots(BasicTransformerBlock))  # in slot order (megakernel.py's runs)
 
     def slots(self, kind: type) -> list[nn.Module]:
         """The estimator's attentions or causal convolutions, in slot order."""
@@ -218,6 +220,9 @@ class CausalConditionalDecoder(nn.Module):
         def level(resnet, blocks, x):
             term = next(terms)
             x, normed = resnet(x, term, prefix, then=blocks[0].norm1) if blocks else (resnet(x, term, prefix), None)
+            if blocks and megakernel.usable(x, prefix):  # the level's blocks in one launch
+                return megakernel.run_blocks(self.transformer_blocks, blocks[0].attn1.slot, len(blocks), x, normed,
+                                             lengths, chunk, prefix)
             for i, block in enumerate(blocks):
                 last = i == len(blocks) - 1
                 out = block(x, normed, lengths, chunk, prefix, then=None if last else blocks[i + 1].norm1)

@@ -54,11 +54,11 @@ class PromptPrefix:
         steps, rows = flow.decoder.n_timesteps, 2 * len(voices)       # rows: voice i's CFG pair at 2i, 2i + 1
         self.steps = steps
         # keys[slot], values[slot]: [steps, rows, heads, frames, head_dim]
-        self.keys, self.values = [], []
-        for attn in estimator.slots(Attention):
-            shape = (steps, rows, attn.heads, self.frames, attn.to_q.out_features // attn.heads)
-            self.keys.append(p.new_zeros(shape))
-            self.values.append(p.new_zeros(shape))
+        # (every attention's in one tensor [attentions, steps, ...]: a run of them reads slot i at a fixed stride,
+        # megakernel.py)
+        attns = estimator.slots(Attention)
+        shape = (len(attns), steps, rows, attns[0].heads, self.frames, attns[0].to_q.out_features // attns[0].heads)
+        self.keys, self.values = list(p.new_zeros(shape).unbind(0)), list(p.new_zeros(shape).unbind(0))
         # lefts[slot]: [steps, rows, kernel - 1, in channels]
         self.lefts = [p.new_zeros(steps, rows, conv.kernel_size[0] - 1, conv.in_channels)
                       for conv in estimator.slots(CausalConv1d)]
