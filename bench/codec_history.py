@@ -11,9 +11,12 @@ audio), and calls in the steady state of 20-token chunks (after 8, 8, 16: each s
 4 blocks, 1.6 s of audio) for N streams at once. x RT: seconds of audio the call makes per second. Floor: the
 estimator's multiply-adds for the frames the call solves over the card's measured bf16 matrix rate.
 
-Variants (--variants): `per-block`, each transformer block's seven kernels (the default), and `megakernel`, a U-Net
-level's blocks in one persistent launch (codec/megakernel.py, off by default: slower). --kernels: each cell's kernels, counted by the profiler on
-one call run without its CUDA graph (the same kernels the graph holds), and per Euler step.
+Variants (--variants): `per-block`, each transformer block's seven kernels (the default); `megakernel`, a U-Net
+level's blocks in one persistent launch (codec/megakernel.py, off by default: slower); `no-cascade`, the per-block
+path with every row reading its voice prefix itself (chunk_attention.CASCADE_FROM = 0; today's default), and `cascade`,
+the voice prefix read once per voice from 16 streams (off by default: slower). --kernels: each cell's
+kernels, counted by the profiler on one call run without its CUDA graph (the same kernels the graph holds), and per
+Euler step.
 
     python bench/codec_history.py --streams 1,16,32 --modes history --variants per-block,megakernel --kernels
 """
@@ -28,7 +31,7 @@ from pathlib import Path
 import torch
 
 from measure import gpu_record, matmul_rate, snr_db, timed
-from services.vocoder.codec import megakernel
+from services.vocoder.codec import chunk_attention, megakernel
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder
@@ -36,6 +39,7 @@ from services.vocoder.codec.voice import random_voice
 
 WARM_CHUNKS = (8, 8, 16, 20)   # up to the steady state (the gateway's schedule when measured; now 8, 5, 10, 20)
 CHUNK = 20
+CASCADE_FROM = 256  # the `cascade` variant's: rows x heads (16 streams) from which the prefix is read once per voice
 
 
 @torch.inference_mode()
@@ -44,7 +48,7 @@ def main():
     p.add_argument("--json")
     p.add_argument("--streams", default="1,16,32,64")
     p.add_argument("--modes", default="window,history", help="window, history or both")
-    p.add_argument("--variants", default="per-block", help="per-block, megakernel or both")
+    p.add_argument("--variants", default="per-block", help="per-block, cascade, no-cascade, megakernel: one or more")
     p.add_argument("--kernels", action="store_true", help="count each cell's kernels with the profiler")
     args = p.parse_args()
     sizes = [int(n) for n in args.streams.split(",")]
@@ -56,9 +60,10 @@ def main():
     out = gpu_record(bf16_matmul_tflops=rate / 1e12)
     print(f"{out['gpu']}: bf16 matmul {rate / 1e12:.0f} TFLOP/s", flush=True)
     tokens = torch.randint(0, 16384, (max(sizes), sum(WARM_CHUNKS) + CHUNK), generator=g).tolist()
-    mels = {}
+    mels, cascade_from = {}, chunk_attention.CASCADE_FROM
     for variant, mode in [(v, m) for v in args.variants.split(",") for m in args.modes.split(",")]:
         megakernel.ENABLED = variant == "megakernel"
+        chunk_attention.CASCADE_FROM = {"no-cascade": 0, "cascade": CASCADE_FROM}.get(variant, cascade_from)
         d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=max(sizes) if mode == "history" else 0)
         d.set_voices([voice])
         free, _ = torch.cuda.mem_get_info()

@@ -30,6 +30,12 @@ bandwidth (bytes = sum over the B sequences of the positions attended x 36 audio
 head_dim x itemsize; the positions attended are counted during the timed steps, ~C + a few). Prefill P = GEMM
 chain at P rows + writing P positions' K/V at the same bandwidth.
 
+Roofline, beside it (what no implementation beats, the products' library aside): the larger of the step's bytes over
+the copy bandwidth (the audio path's weights read once, the K/V read, and for a prefill written, once) and its FLOPs
+over the measured bf16 matrix rate (an 8192^3 product; 2 per weight per row, and the attention's 4 x heads x head_dim
+per layer and (query, key) pair). Decode at batch 1 is bound by its bytes: the cuBLAS floor above is what its GEMV
+kernels take, the roofline what reading the weights at the copy bandwidth takes.
+
 Targets (computed from the numbers, printed after the table): decode <= 1.15 x floor at batch 1 and <= 1.3 x
 floor at batch 64 (context 512); prefill 512 <= 1.5 x floor; every decode step >= 6 x faster than the peer's
 decode forward at the same batch and context.
@@ -67,14 +73,14 @@ try:
     from bench.llm_floor import audio_kv_bytes_per_position, audio_path_weights, copy_bandwidth, gemm_floor
     from bench.llm_report import build_rows, fmt, print_report, targets
     from bench.llm_timing import Prompts, abort_all, check_paged_against_dense, time_decode, time_prefill
-    from bench.measure import sync
+    from bench.measure import matmul_rate, sync
 except ImportError:  # run as a script: bench/ itself is on sys.path
     from hf_peer import measure_peer, transformers_version
     from llm_floor import audio_kv_bytes_per_position, audio_path_weights, copy_bandwidth, gemm_floor
     from llm_report import build_rows, fmt, print_report, targets
     from llm_timing import Prompts, abort_all, check_paged_against_dense, time_decode, time_prefill
 
-    from measure import sync
+    from measure import matmul_rate, sync
 
 T0 = time.perf_counter()
 
@@ -172,6 +178,9 @@ def main() -> None:
     path = audio_path_weights(model)  # the layers' then the head: FP8 holds the layers in a byte an element
     layer_bytes = 1 if args.quantization == "fp8" else path[0].element_size()
     result["audio_path_weight_bytes"] = sum(w.numel() * layer_bytes for w in path[:-1]) + path[-1].numel() * path[-1].element_size()
+    result["audio_path_params"] = sum(w.numel() for w in path)
+    result["attention_flops_per_pair"] = 4 * cfg.num_attention_heads * cfg.head_dim * (
+        cfg.num_shared_layers + cfg.num_modality_layers)  # QK and PV, a (query, key) pair, over the audio path
     log(f"model built: {result['parameters'] / 1e9:.2f}B parameters in {result['phases']['build_model_s']:.1f}s")
 
     kvpp = audio_kv_bytes_per_position(cfg, dtype)
@@ -182,6 +191,9 @@ def main() -> None:
         bw = copy_bandwidth(device)
         result["copy_bandwidth_bytes_per_s"] = bw
         log(f"copy bandwidth: {bw / 1e12:.3f} TB/s (read + write)")
+        if device.type == "cuda":
+            result["bf16_matmul_flops_per_s"] = matmul_rate()
+            log(f"bf16 matrix rate: {result['bf16_matmul_flops_per_s'] / 1e12:.0f} TFLOP/s (an 8192^3 product)")
         for rows_ in sorted(set(batches) | set(prefills)):
             result["gemm_floor_ms"][str(rows_)] = gemm_floor(model, rows_, device, reps=20 if rows_ <= 256 else 10,
                                                              quantization=args.quantization) * 1e3

@@ -43,7 +43,25 @@ def build_rows(result) -> list[dict]:
         r["floor_ms"] = None if r["gemm_floor_ms"] is None else r["gemm_floor_ms"] + r["kv_floor_ms"]
         r["ours_over_floor"] = r["ours_ms"] / r["floor_ms"] if r["ours_ms"] and r["floor_ms"] else None
         r["peer_over_ours"] = r["peer_ms"] / r["ours_ms"] if r["ours_ms"] and r["peer_ms"] else None
+        r["roofline_ms"] = roofline_ms(result, r)
+        r["ours_over_roofline"] = r["ours_ms"] / r["roofline_ms"] if r["ours_ms"] and r["roofline_ms"] else None
     return rows
+
+
+def roofline_ms(result, r) -> float | None:
+    """The larger of a step's bytes over the copy bandwidth (weights once, K/V read or written once) and its FLOPs
+    over the bf16 matrix rate (None without that rate: a CPU run)."""
+    peak = result.get("bf16_matmul_flops_per_s")
+    if not peak or "audio_path_params" not in result:
+        return None
+    kv_bytes = r["kv_floor_ms"] / 1e3 * result["copy_bandwidth_bytes_per_s"]      # the K/V term's own bytes
+    seconds_bytes = (result["audio_path_weight_bytes"] + kv_bytes) / result["copy_bandwidth_bytes_per_s"]
+    if r["kind"] == "prefill":
+        rows_, pairs = r["tokens"], r["tokens"] * (r["tokens"] + 1) / 2               # causal
+    else:
+        rows_, pairs = r["batch"], kv_bytes / result["audio_kv_bytes_per_position"]  # each sequence's attended keys
+    flops = 2 * result["audio_path_params"] * rows_ + result["attention_flops_per_pair"] * pairs
+    return max(seconds_bytes, flops / peak) * 1e3
 
 
 def targets(rows) -> list[dict]:
@@ -84,12 +102,18 @@ def print_report(result) -> None:
     print(f"copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.3f} TB/s (read + write); "
           f"paged vs dense max rel err {fmt(result.get('paged_vs_dense_max_rel_err'), '.2e')}; "
           f"audio-path weights {result['audio_path_weight_bytes'] / 1e9:.2f} GB; KV pool {result['kv_pool_gb']:.2f} GiB")
-    hdr = (f"{'':20} {'ours':>10} {'floor':>10} {'GEMM':>9} {'K/V':>8} {'ours/floor':>10} {'peer':>10} {'peer/ours':>9}")
+    if result.get("bf16_matmul_flops_per_s"):
+        print(f"bf16 matrix rate {result['bf16_matmul_flops_per_s'] / 1e12:.0f} TFLOP/s (roofline: the larger of bytes "
+              f"over the copy bandwidth and FLOPs over this rate)")
+    hdr = (f"{'':20} {'ours':>10} {'floor':>10} {'GEMM':>9} {'K/V':>8} {'ours/floor':>10} {'roofline':>10} "
+           f"{'ours/roof':>9} {'peer':>10} {'peer/ours':>9}")
     print(hdr)
     for r in rows:
         line = (f"{r['what']:20} {fmt(r['ours_ms'], '8.2f', 'ms')} {fmt(r['floor_ms'], '8.2f', 'ms')} "
                 f"{fmt(r['gemm_floor_ms'], '7.2f', 'ms')} {fmt(r['kv_floor_ms'], '6.2f', 'ms')} "
-                f"{fmt(r['ours_over_floor'], '9.2f', 'x')} {fmt(r['peer_ms'], '8.2f', 'ms')} {fmt(r['peer_over_ours'], '8.1f', 'x')}")
+                f"{fmt(r['ours_over_floor'], '9.2f', 'x')} {fmt(r.get('roofline_ms'), '8.2f', 'ms')} "
+                f"{fmt(r.get('ours_over_roofline'), '8.2f', 'x')} "
+                f"{fmt(r['peer_ms'], '8.2f', 'ms')} {fmt(r['peer_over_ours'], '8.1f', 'x')}")
         if r["ours_ms"] is None and r["skipped"]:
             line += f"  (skipped: {r['skipped']})"
         print(line)

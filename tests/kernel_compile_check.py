@@ -19,7 +19,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from services.encoder import attention as encoder_attention  # noqa: E402
 from services.llm.runner.kernels import fp8, fused, paged_attention, sampling  # noqa: E402
 from services.vocoder import activation  # noqa: E402
-from services.vocoder.codec import chunk_attention, frame_ops, fused_linear, snake  # noqa: E402
+from services.vocoder.codec import chunk_attention, frame_ops, fused_linear, megakernel, snake  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -35,7 +35,7 @@ def signature(kernel, ptrs: dict[str, str], floats=(), constexprs: dict | None =
 
 BF16 = "*bf16"
 ATTENTION_PTRS = {"Q": BF16, "K": BF16, "V": BF16, "KP": BF16, "VP": BF16, "KH": BF16, "VH": BF16, "O": BF16,
-                  "ML": "*fp32", "ACC": "*fp32",
+                  "ML": "*fp32", "ACC": "*fp32", "PART_ML": "*fp32", "PART_ACC": "*fp32",
                   "ROWS": "*i64", "HROWS": "*i64", "COUNT": "*i64", "LENGTHS": "*i32"}
 FRAME_NORM_PTRS = {"H": BF16, "W1": BF16, "B1": BF16, "ROW_TERMS": BF16, "RES": BF16, "W2": BF16, "B2": BF16,
                    "OUT": BF16, "OUT2": BF16, "K": BF16, "V": BF16, "KR": BF16, "VR": BF16, "KEEP_ROWS": "*i64",
@@ -96,19 +96,37 @@ KERNELS = {
          "out_ptr": BF16, "scratch_ptr": "*fp32"}, (), dict(BC=64, BT=16, CHANNELS_LAST=True)), 4),
     "codec: static-chunk attention with a prompt prefix": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-        dict(H=8, D=64, HISTORY=False, PARTS=1, PREFIX_PARTS=-1, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32", PDL=True)), 4),
+        dict(H=8, D=64, HISTORY=False, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32", PDL=True)), 4),
     "codec: static-chunk attention after a stream's history": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32", PDL=True)), 4),
+        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32", PDL=True)), 4),
     "codec: static-chunk attention after a stream's history, its keys in 4 parts": (chunk_attention._chunk_attention,
         *signature(chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-                   dict(H=8, D=64, HISTORY=True, PARTS=4, PREFIX_PARTS=2, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32", PDL=True)), 4),
+                   dict(H=8, D=64, HISTORY=True, PARTS=4, PREFIX_PARTS=2, CASCADE=False, BLOCK_M=64, BLOCK_N=32,
+                        PRECISION="tf32", PDL=True)), 4),
+    "codec: static-chunk attention after a stream's history, the prefix's part merged": (
+        chunk_attention._chunk_attention, *signature(chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
+            dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=True, BLOCK_M=16, BLOCK_N=16,
+                 PRECISION="tf32", PDL=True)), 1),
+    "codec: the voice prefix's part, once per voice": (chunk_attention._prefix_part, *signature(
+        chunk_attention._prefix_part, {"Q": BF16, "KP": BF16, "VP": BF16, "ROWS": "*i64", "ML": "*fp32",
+                                       "ACC": "*fp32"}, ("scale",),
+        dict(H=8, D=64, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32", PDL=True)), 4),
+    "codec: a level's transformer blocks, persistent (megakernel.py)": (megakernel._blocks, *signature(
+        megakernel._blocks, {**{name: BF16 for name in megakernel._blocks.arg_names if name[0].isupper()
+                                and name not in ("M", "T")},
+                             "LENGTHS": "*i32", "HCOUNT": "*i32", "KEEP_LEN": "*i32", "COUNT": "*i32", "GEN": "*i32",
+                             "PROWS": "*i64", "HROWS": "*i64", "KEEP_AT": "*i64", "x_off": "i64",
+                             "normed_off": "i64"}, ("scale", "eps3", "eps1"),
+        dict(C=256, H=8, D=64, FF=1024, PREFIX=True, HISTORY=True, SYNC=True, BM=64, BN=64, BK=64, AM=32, AN=32,
+             ROWS=16, BLOCK_C=256, IEEE=False, PRECISION="tf32", FLATTEN=False)), 4),
     "codec: static-chunk attention's parts combined": (chunk_attention._combine_parts, *signature(
         chunk_attention._combine_parts, {"ML": "*fp32", "ACC": "*fp32", "O": BF16}, (),
         dict(H=8, D=64, PARTS=4, BLOCK_M=32, PDL=True)), 4),
     "codec: static-chunk attention, float32 (tests)": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, {name: "*fp32" if kind == BF16 else kind for name, kind in ATTENTION_PTRS.items()},
-        ("scale",), dict(H=2, D=16, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, BLOCK_M=16, BLOCK_N=16, PRECISION="ieee", PDL=False)), 4),
+        ("scale",), dict(H=2, D=16, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=16, BLOCK_N=16,
+                         PRECISION="ieee", PDL=False)), 4),
     "codec: frame norm (norm, Mish, time term, second norm)": (frame_ops._frame_norm, *signature(
         frame_ops._frame_norm, FRAME_NORM_PTRS, ("eps1", "eps2"),
         dict(NORM=True, MISH=True, ROWS=True, RESIDUAL=False, THEN=True, KEEP=False, HEADS=1, HEAD_D=1, BLOCK_M=16,

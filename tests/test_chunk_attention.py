@@ -135,7 +135,7 @@ def test_few_programs_read_their_keys_in_parts(monkeypatch):
 def test_calls_of_32_streams_with_a_history_take_small_tiles(monkeypatch):
     """tiles(): from 32 streams (64 rows x 8 heads) a steady call with a history takes 16 x 16 tiles with one warp;
     16 streams, or no history, as before."""
-    small = dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1)
+    small = dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1, CASCADE=False)
     assert chunk_attention.tiles(64, 8, 80, 180, history=True) == small
     assert chunk_attention.tiles(32, 8, 80, 180, history=True) != small
     assert chunk_attention.tiles(64, 8, 80, 180) != small
@@ -150,3 +150,68 @@ def test_parts_it_cannot_split_into_are_refused():
     for parts in (0, 2):
         with pytest.raises(ValueError, match="PARTS"):
             kernel(q, k, v, lengths, 4, None, dict(BLOCK_M=16, BLOCK_N=16, PARTS=parts))
+
+
+@pytest.mark.parametrize("with_history", [True, False], ids=["ring", "no ring"])
+def test_the_prefix_read_once_per_voice_is_the_pytorch_form(with_history):
+    """CASCADE: every row's queries against its voice's prefix in blocks of 64 queries across rows (a block over two
+    rows of one prefix row, over two of different ones), then the ring and the row's own keys, merged."""
+    gen = torch.Generator(DEVICE).manual_seed(11)
+    B, H, T, d, ring = 5, 2, 70, 16, 12
+    config = dict(BLOCK_M=16, BLOCK_N=16, PARTS=1, CASCADE=True)
+    for dtype in [torch.float32] + ([torch.bfloat16] if CUDA else []):
+        q, k, v = qkv(gen, B, H, T, d, dtype)
+        lengths = torch.tensor([T, 33, 0, T, 7], dtype=torch.int32, device=DEVICE)
+        pk, pv = (torch.randn(4, H, 24, d, generator=gen, device=DEVICE).to(dtype) for _ in range(2))
+        prefix = (pk, pv, torch.tensor([0, 0, 1, 3, 3], device=DEVICE))
+        history = None
+        if with_history:
+            hk, hv = (torch.randn(6, H, ring, d, generator=gen, device=DEVICE).to(dtype) for _ in range(2))
+            history = (hk, hv, torch.tensor([2, 0, 4, 1, 5], device=DEVICE),
+                       torch.tensor([ring, 5, 0, 3, ring], device=DEVICE))
+        want = reference(q, k, v, lengths, 20, prefix, history).float()
+        got = kernel(q, k, v, lengths, 20, prefix, config, history).float()
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    with pytest.raises(ValueError, match="CASCADE"):
+        kernel(*qkv(gen, 2, H, 40, d, torch.float32), torch.tensor([40, 40], dtype=torch.int32, device=DEVICE), 20,
+               (pk.float(), pv.float(), torch.tensor([0, 1], device=DEVICE)), config)
+
+
+def test_steady_calls_of_16_streams_and_more_read_the_prefix_once_per_voice_when_asked(monkeypatch):
+    """Off by default (measured slower); from CASCADE_FROM rows x heads with a history when set."""
+    assert not chunk_attention.tiles(64, 8, 80, 180, history=True)["CASCADE"]
+    monkeypatch.setattr(chunk_attention, "CASCADE_FROM", 256)
+    assert chunk_attention.tiles(64, 8, 80, 180, history=True)["CASCADE"]
+    assert chunk_attention.tiles(32, 8, 80, 180, history=True)["CASCADE"]
+    assert not chunk_attention.tiles(16, 8, 80, 180, history=True).get("CASCADE")
+    assert not chunk_attention.tiles(32, 8, 80, 180).get("CASCADE")                  # (no history)
+    assert not chunk_attention.tiles(64, 8, 40, 180, history=True).get("CASCADE")    # (a first call's few frames)
+
+
+@pytest.mark.skipif(not CUDA, reason="the real size in bfloat16: needs a GPU")
+@pytest.mark.parametrize("cascade_from", [0, 256], ids=["per row", "once per voice"])
+def test_a_steady_call_of_32_streams_in_a_cuda_graph(monkeypatch, cascade_from):
+    """64 rows (32 streams' CFG pairs, 2 voices), 8 heads, 80 new frames after a 140-frame prefix and a ring of 40:
+    tiles()'s choice (the prefix read by each row, or once per voice), captured and replayed, against the PyTorch
+    form."""
+    monkeypatch.setattr(chunk_attention, "CASCADE_FROM", cascade_from)
+    gen = torch.Generator(DEVICE).manual_seed(9)
+    q, k, v = qkv(gen, 64, 8, 80, 64, torch.bfloat16)
+    lengths = torch.full((64,), 80, dtype=torch.int32, device=DEVICE)
+    lengths[5] = 20
+    pk, pv = (torch.randn(4, 8, 140, 64, generator=gen, device=DEVICE).to(torch.bfloat16) for _ in range(2))
+    voice = torch.randint(0, 2, (32,), generator=gen, device=DEVICE)
+    prefix = (pk, pv, torch.cat([2 * voice, 2 * voice + 1]))
+    hk, hv = (torch.randn(66, 8, 40, 64, generator=gen, device=DEVICE).to(torch.bfloat16) for _ in range(2))
+    history = (hk, hv, torch.arange(64, device=DEVICE), torch.full((64,), 40, device=DEVICE))
+    assert chunk_attention.tiles(64, 8, 80, 180, history=True)["CASCADE"] == bool(cascade_from)
+    kernel(q, k, v, lengths, 20, prefix, history=history)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernel(q, k, v, lengths, 20, prefix, history=history)
+    out.fill_(float("nan"))
+    graph.replay()
+    want = reference(q, k, v, lengths, 20, prefix, history).float()
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)

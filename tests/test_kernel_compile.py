@@ -18,6 +18,7 @@ def test_every_triton_kernel_compiles_for_sm90():
     assert done.returncode == 0, done.stdout + done.stderr
     # every entry: the llm's 11 (its decode attention with one slice and with several, and their merge; 2 of them
     # FP8), the activation in both layouts, the codec's attention (bf16, after a stream history, its keys in parts and
-    # their combine, float32), its 7 frame kernels (the Euler step with one step size and with a step size per row)
+    # their combine, float32, the voice prefix's part once per voice and its merge), its 7 frame kernels (the Euler
+    # step with one step size and with a step size per row), a level's transformer blocks as one persistent kernel
     # and HiFT's snake; the encoder's attention; the feed-forward's product with its GELU
-    assert done.stdout.count("ok ") == 28, done.stdout
+    assert done.stdout.count("ok ") == 31, done.stdout

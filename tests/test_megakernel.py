@@ -7,6 +7,7 @@ of a flow call counted."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -152,13 +153,13 @@ def stream(d: FlowTokenDecoder, voice, tokens: list[int], schedule: list[int]) -
 def test_streams_decode_the_same_through_the_kernel(flow, voices, through_the_kernel, history):
     """Two streams batched, over the voice prefix and their kept frames (the ring written by the kernel), or over
     their windows and the prefix: the kernel's mel is the per-block path's."""
-    tokens = [codes(20, seed=1), codes(17, seed=2)]
+    tokens = [codes(16, seed=1), codes(13, seed=2)]
 
     def decode():
         d = FlowTokenDecoder(flow, DEVICE, dtype=torch.float32, prefix_min_rows=1, history_streams=2 if history else 0)
         d.set_voices(voices)
         states, mels = [d.start(voices[0]), d.start(voices[1])], [[], []]
-        for lo, hi in ((0, 8), (8, 20)):
+        for lo, hi in ((0, 8), (8, 16)):
             rows = [(t[lo:hi] if lo < len(t) else None, s) for t, s in zip(tokens, states)]
             for i, (mel, state) in enumerate(d.decode_chunks(rows)):
                 mels[i].append(mel)
@@ -187,13 +188,35 @@ class monkeypatch_off:
         megakernel.usable = self.usable
 
 
-@pytest.mark.skipif(CUDA, reason="the interpreter's (on a GPU, test_codec_solve's graphs test runs the kernel)")
 def test_rows_at_different_steps_read_their_steps_through_the_kernel(flow, voices, through_the_kernel):
-    """The exact Euler-step solve (flow.py's solve_step): each row's own step picks its prefix's and ring's keys."""
-    import test_codec_solve
-
-    test_codec_solve.test_history_rows_joining_at_different_steps_get_the_whole_calls_mel(flow, voices, [0, 1, 2])
-    assert through_the_kernel
+    """The exact Euler-step solve (flow.py's solve_step): one pass of two streams' rows at steps 0 and 1, each reading
+    its own step's prefix and ring keys and writing its ring at its step, as the per-block path does."""
+    d = FlowTokenDecoder(flow, DEVICE, dtype=torch.float32, prefix_min_rows=1, history_streams=4)
+    d.set_voices(voices)
+    rows = []
+    for i, voice in enumerate(voices):
+        _, state = d.decode_chunks([(codes(12, seed=i), d.start(voice))])[0]      # its first call: a ring to read
+        state = dataclasses.replace(state, tokens=state.tokens + tuple(codes(8, seed=10 + i)))
+        rows.append((state, d.plan(state, state.received, False, capped=True)))
+    spans = [d._solved(s, p) for s, p in rows]
+    T = max(len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows)
+    batch = d.history_batch(rows, len(rows), T, max(b - a for a, b, _ in spans))
+    rings = [t.clone() for t in (d.history.keys, d.history.values)]
+    got = []
+    with torch.inference_mode():
+        mu, mask, spks, cond, noise_index, _ = flow.prepare(batch, True, d.history)
+        inputs, lengths = flow.decoder.start(mu, mask, spks, cond, noise_index)
+        for kernel in (False, True):
+            d.history.keys.copy_(rings[0])
+            d.history.values.copy_(rings[1])
+            view = d.history.view(batch.voice_index, batch.history, batch.solve_frames)
+            part, runs = inputs.clone(), len(through_the_kernel)
+            with contextlib.nullcontext() if kernel else monkeypatch_off():
+                flow.decoder.solve_step(part, mask, lengths, torch.tensor([0, 1], device=DEVICE), True, view)
+            assert (len(through_the_kernel) > runs) == kernel
+            got.append((part, d.history.keys.clone(), d.history.values.clone()))
+    for want, have in zip(*got):
+        torch.testing.assert_close(have, want, atol=2e-5, rtol=1e-5)
 
 
 def test_the_kernel_compiles_for_sm90_with_one_thread_at_the_barrier():

@@ -26,9 +26,9 @@ from triton.testing import do_bench_cudagraph
 
 from measure import gpu_record
 from services.vocoder.codec import megakernel
-from services.vocoder.codec.megakernel import _grid_sync
 from services.vocoder.codec.config import EstimatorConfig
 from services.vocoder.codec.estimator import CausalConditionalDecoder
+from services.vocoder.codec.megakernel import _grid_sync
 
 KINDS = ("q|k|v", "attention", "output", "norm3", "ff1 + GELU", "ff2", "norm1")
 VARIANTS = {  # name: run_blocks keywords

@@ -22,6 +22,14 @@ sum and output kept in float32, and a second kernel combines them as one walk wo
 On an H100 that is 12-13% faster at 1-3 streams' steady calls, no faster for a first call (40 frames: a few blocks
 of 64 keys), and 18% slower at 6 streams, whose programs already fill the GPU (tiles(); docs/benchmarks.md).
 
+A call of many streams has every (query block, row, head) program read its voice's whole prefix again, though the
+rows of one voice and CFG half read the same keys. CASCADE reads it once per voice instead (cascade inference): a
+first kernel (`_prefix_part`) takes 64 queries of consecutive rows at a time against their prefix row (at most two,
+for rows of 64 frames or more), keeps each query's running max, sum and output in float32, and the kernel above reads
+the ring and the row's own keys, then merges. Measured on an H200, it is off (CASCADE_FROM = 0): a steady call of 32
+streams took 68.2 ms against 63.3 without it, 16 streams 45.6 against 45.3 (docs/benchmarks.md). The float32 part
+written and read again is ~21 MB an attention at 32 streams, more than the prefix reads it saves.
+
 Shapes: q, k, v [B, heads, T, d] (any strides, d contiguous); lengths [B] int; prefix keys and values
 [R, heads, F, d] with rows [B] (each row's in R); history: ring keys and values [S, heads, ring, d], rows [B]
 (each row's in S) and count [B] (its frames there, the first `count` places) → [B, T, heads·d].
@@ -49,6 +57,9 @@ SPLIT = True       # few programs: each (query block, row, head) reads its keys 
 PREFIX_PARTS = 2   # the prompt prefix's keys in this many parts (then the ring, then the row's own: 4 parts)
 SPLIT_BELOW = 128  # programs; measured on an H100: parts 12-13% faster at 1-3 streams (≤ 96), 18% slower at 6 (192)
 SMALL_TILES_FROM = 512  # rows x heads (32 streams) from which a call with a history takes 16 x 16 tiles (0: never)
+CASCADE_FROM = 0        # rows x heads from which a call with a history reads the prompt prefix once per voice (0:
+                        # never: measured slower at 16 and 32 streams, module docstring)
+CASCADE_TILE = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4)  # the prefix part's: many rows' queries against one prefix
 
 
 def attention_bias(lengths: torch.Tensor, T: int, chunk: int, dtype: torch.dtype, prefix_frames: int = 0):
@@ -97,11 +108,13 @@ def tiles(B: int, H: int, T: int, before: int = 0, history: bool = False) -> dic
     with 64 or more keys before the row's own, else 1."""
     if T < 64:  # (a first call's few blocks of 64 keys: in parts no faster, measured)
         return dict(BLOCK_M=16, BLOCK_N=64 if before >= 64 else 16, PARTS=1)
+    cascade = history and bool(CASCADE_FROM) and B * H >= CASCADE_FROM and T >= CASCADE_TILE["BLOCK_M"]
     if history and SMALL_TILES_FROM and B * H >= SMALL_TILES_FROM:
-        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1)
+        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1, CASCADE=cascade)
     config = dict(BLOCK_M=32, BLOCK_N=64) if B * H <= 32 else dict(BLOCK_M=64, BLOCK_N=32)
     few = -(-T // config["BLOCK_M"]) * B * H < SPLIT_BELOW
-    return dict(config, PARTS=PREFIX_PARTS + 2 if SPLIT and few and before >= 64 else 1)
+    parts = PREFIX_PARTS + 2 if SPLIT and few and before >= 64 else 1
+    return dict(config, PARTS=parts, CASCADE=cascade and parts == 1)
 
 
 def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None, history=None):
@@ -118,18 +131,34 @@ def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None
     hk, hv, hrows, count = history if history is not None else (pk, pv, rows, lengths)  # unread without one
     config = dict(config or tiles(B, H, T, frames + (hk.shape[2] if history is not None else 0), history is not None))
     parts = config.pop("PARTS", 1)
+    cascade = config.pop("CASCADE", False) and frames > 0
     if parts == 2 or parts < 1:
         raise ValueError(f"chunk attention: PARTS {parts}: 1, or 3 and more (the prefix in PARTS - 2 spans, the ring, "
                          f"the row's own keys)")
+    if cascade and (parts != 1 or T < CASCADE_TILE["BLOCK_M"]):
+        raise ValueError(f"chunk attention: the prefix read once per voice (CASCADE) takes PARTS 1 and rows of at least "
+                         f"{CASCADE_TILE['BLOCK_M']} frames (a block of queries spans at most two rows); got PARTS "
+                         f"{parts}, {T} frames")
+    pdl = launch.pdl(q)
+    if cascade:  # the prefix's part first: (max, sum) [2, H, B·T] and output [H, B·T, d], float32; then the rest
+        part_ml = torch.empty(2, H, B * T, device=q.device, dtype=torch.float32)
+        part_acc = torch.empty(H, B * T, d, device=q.device, dtype=torch.float32)
+        _prefix_part[(triton.cdiv(B * T, CASCADE_TILE["BLOCK_M"]), H)](
+            q, pk, pv, rows, part_ml, part_acc, B * T, T, frames, *q.stride()[:3], *pk.stride()[:3], *pv.stride()[:3],
+            1.0 / math.sqrt(d), H=H, D=d, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl,
+            launch_pdl=pdl, **CASCADE_TILE)
+        frames = 0                     # (the kernel below reads the ring and the row's own keys, then merges)
+    else:
+        part_ml = part_acc = out       # unread
     # parts > 1: each part's running max and sum [parts, 2, B·H, T] and unnormalised output [parts, B·H, T, d]
     ml = torch.empty(parts, 2, B * H, T, device=q.device, dtype=torch.float32) if parts > 1 else out
     acc = torch.empty(parts, B * H, T, d, device=q.device, dtype=torch.float32) if parts > 1 else out
     grid = (triton.cdiv(T, config["BLOCK_M"]), B * H, parts)
-    pdl = launch.pdl(q)
-    _chunk_attention[grid](q, k, v, pk, pv, hk, hv, out, ml, acc, rows, hrows, count, lengths,
+    _chunk_attention[grid](q, k, v, pk, pv, hk, hv, out, ml, acc, part_ml, part_acc, rows, hrows, count, lengths,
                            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *pk.stride()[:3], *pv.stride()[:3],
                            *hk.stride()[:3], *hv.stride()[:3], *out.stride()[:3], T, frames, chunk, 1.0 / math.sqrt(d),
-                           H=H, D=d, HISTORY=history is not None, PARTS=parts, PREFIX_PARTS=parts - 2, **config,
+                           H=H, D=d, HISTORY=history is not None, PARTS=parts, PREFIX_PARTS=parts - 2,
+                           CASCADE=cascade, **config,
                            # float32 (tests): products in full precision; a GPU's default for them is tf32 (1e-3)
                            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl, launch_pdl=pdl)
     if parts > 1:
@@ -165,15 +194,17 @@ if triton is not None:
         return m_i, l_i, acc
 
     @triton.jit
-    def _chunk_attention(Q, K, V, KP, VP, KH, VH, O, ML, ACC, ROWS, HROWS, COUNT, LENGTHS,
+    def _chunk_attention(Q, K, V, KP, VP, KH, VH, O, ML, ACC, PART_ML, PART_ACC, ROWS, HROWS, COUNT, LENGTHS,
                          sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
                          skp_r, skp_h, skp_t, svp_r, svp_h, svp_t, skh_r, skh_h, skh_t, svh_r, svh_h, svh_t,
                          so_b, so_t, so_h, T, frames, chunk, scale,
                          H: tl.constexpr, D: tl.constexpr, HISTORY: tl.constexpr, PARTS: tl.constexpr,
-                         PREFIX_PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         PRECISION: tl.constexpr, PDL: tl.constexpr):
+                         PREFIX_PARTS: tl.constexpr, CASCADE: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
         """PARTS 1: every key, then the output. PARTS > 1: part program_id(2) of the keys (the prefix's in
-        PREFIX_PARTS spans, the ring, the row's own), then its running max, sum and output into ML and ACC."""
+        PREFIX_PARTS spans, the ring, the row's own), then its running max, sum and output into ML and ACC.
+        CASCADE (PARTS 1, frames 0): the prefix's part is in PART_ML, PART_ACC (_prefix_part), merged before the
+        output."""
         inputs_ready(PDL)
         pid_m, bh, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         b, h = bh // H, bh % H
@@ -222,9 +253,54 @@ if triton is not None:
             tl.store(ACC + ((part * tl.num_programs(1) + bh) * T + offs_m[:, None]) * D + offs_d[None, :], acc,
                      mask=offs_m[:, None] < T)
         else:
+            if CASCADE:  # the prefix's part of the same queries, as one walk over every key would have it
+                BT = tl.num_programs(1) // H * T
+                g = b * T + offs_m
+                ok = offs_m < T
+                m0 = tl.load(PART_ML + h * BT + g, mask=ok, other=-1.0e30)
+                l0 = tl.load(PART_ML + (H + h) * BT + g, mask=ok, other=0.0)
+                acc0 = tl.load(PART_ACC + (h * BT + g)[:, None] * D + offs_d[None, :], mask=ok[:, None], other=0.0)
+                m = tl.maximum(m_i, m0)
+                mine, theirs = tl.exp(m_i - m), tl.exp(m0 - m)
+                acc = acc * mine[:, None] + acc0 * theirs[:, None]
+                l_i = l_i * mine + l0 * theirs
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]          # a query with no key (a row of none): 0
             tl.store(O + b * so_b + offs_m[:, None] * so_t + h * so_h + offs_d[None, :], out.to(O.dtype.element_ty),
                      mask=offs_m[:, None] < T)
+
+    @triton.jit
+    def _prefix_part(Q, KP, VP, ROWS, ML, ACC, BT, T, frames, sq_b, sq_h, sq_t, skp_r, skp_h, skp_t, svp_r, svp_h,
+                     svp_t, scale, H: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     PRECISION: tl.constexpr, PDL: tl.constexpr):
+        """Every query's attention over its row's voice prefix (all of it: the prefix's frames are whole chunks
+        before the row's), BLOCK_M queries of consecutive rows at once → (running max, sum) ML [2, H, B·T] and
+        unnormalised output ACC [H, B·T, D], float32. Rows of T >= BLOCK_M frames: a block spans at most two rows,
+        which read one prefix row or two (a voice's CFG half: consecutive rows mostly share one)."""
+        inputs_ready(PDL)
+        h = tl.program_id(1)
+        start = tl.program_id(0) * BLOCK_M
+        offs_g = start + tl.arange(0, BLOCK_M)                           # queries, row-major over (row, frame)
+        ok = offs_g < BT
+        b = offs_g // T
+        offs_d = tl.arange(0, D)
+        q = tl.load(Q + b[:, None] * sq_b + h * sq_h + (offs_g % T)[:, None] * sq_t + offs_d[None, :],
+                    mask=ok[:, None], other=0.0)
+        first, last = start // T, (tl.minimum(start + BLOCK_M, BT) - 1) // T
+        p0, p1 = tl.load(ROWS + first), tl.load(ROWS + last)
+        prow = tl.where(b == first, p0, p1)
+        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        for part in tl.static_range(2):                                  # the first row's prefix row, then the last's
+            p = p0 if part == 0 else p1
+            if part == 0 or p1 != p0:
+                mine = ok & (prow == p)
+                m_i, l_i, acc = _read_all(q, KP + p * skp_r + h * skp_h, skp_t, VP + p * svp_r + h * svp_h, svp_t,
+                                          frames, tl.where(mine, 0, -1), offs_d, m_i, l_i, acc, scale, BLOCK_N,
+                                          PRECISION)
+        tl.store(ML + h * BT + offs_g, m_i, mask=ok)
+        tl.store(ML + (H + h) * BT + offs_g, l_i, mask=ok)
+        tl.store(ACC + (h * BT + offs_g)[:, None] * D + offs_d[None, :], acc, mask=ok[:, None])
 
     @triton.jit
     def _combine_parts(ML, ACC, O, BH, T, so_b, so_t, so_h, H: tl.constexpr, D: tl.constexpr, PARTS: tl.constexpr,
