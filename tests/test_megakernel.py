@@ -159,7 +159,7 @@ def test_streams_decode_the_same_through_the_kernel(flow, voices, through_the_ke
         d = FlowTokenDecoder(flow, DEVICE, dtype=torch.float32, prefix_min_rows=1, history_streams=2 if history else 0)
         d.set_voices(voices)
         states, mels = [d.start(voices[0]), d.start(voices[1])], [[], []]
-        for lo, hi in ((0, 8), (8, 16)):
+        for lo, hi in ((0, 8),):                    # a first call, then the ends: a second call reads the ring
             rows = [(t[lo:hi] if lo < len(t) else None, s) for t, s in zip(tokens, states)]
             for i, (mel, state) in enumerate(d.decode_chunks(rows)):
                 mels[i].append(mel)
