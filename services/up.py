@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import sys
@@ -17,6 +18,10 @@ from services.vocoder.settings import VocoderSettings
 
 SERVICES_ON_GPU = ("llm", "vocoder", "encoder")
 GPU_STARTING_TURNS = 16  # --max-starting-turns on a GPU: a burst of 128 at once on an H100 played 100% stall-free
+# Turns a CPU core plays at once (the headroom rule's start and a burst's most, where `up` runs the stack on a CPU):
+# on 2 cores, the embedded default (the codec's flow + HiFT) played 2 streams 100% stall-free, 4 at 50%, 6 and 8 at 0%
+# (docs/benchmarks.md, 2026-11-29). The rule learns more from there where the stages have room.
+CPU_TURNS_PER_CORE = 1
 # On a GPU the vocoder's first chunks run on a lane of their own (--first-chunk-lane on): under headroom admission on an
 # H100 it admitted 14-16% more turns at Poisson 30-40 a second and 27% more of a 256-stream ramp, all stall-free, with
 # TTFA p95 282-293 ms against 287-312 ms (docs/benchmarks.md).
@@ -28,10 +33,14 @@ def up_service_args(args) -> dict[str, list[str]]:
     vocoder = ["--device", args.device, "--preset", vocoder_preset(args), *forward(args, VocoderSettings)]
     encoder = ["--device", args.device, "--preset", encoder_preset(args), *forward(args, EncoderSettings)]
     gateway = forward(args, GatewaySettings)
-    if args.device == "cuda":  # admission measured on an H100 (docs/benchmarks.md); a bare gateway: count
-        gateway += [*(["--admission", "headroom"] if args.admission is None else []),
-                    *(["--max-starting-turns", str(GPU_STARTING_TURNS)] if args.max_starting_turns is None else [])]
+    gateway += ["--admission", "headroom"] if args.admission is None else []  # on every device; a bare gateway: count
+    if args.device == "cuda":  # admission measured on an H100 and an H200 (docs/benchmarks.md)
+        gateway += ["--max-starting-turns", str(GPU_STARTING_TURNS)] if args.max_starting_turns is None else []
         vocoder += ["--first-chunk-lane", "on"] if args.first_chunk_lane is None and args.flow_solve != "on" else []
+    else:  # a CPU plays a few streams a core: the rule starts there, and a burst on an idle stack gets no more
+        turns = str(cpu_turns())
+        gateway += [*(["--admit-initial-turns", turns] if args.admit_initial_turns is None else []),
+                    *(["--admit-burst-turns", turns] if args.admit_burst_turns is None else [])]
     if args.model_dir:
         llm += ["--model-dir", args.model_dir]
     if args.vocoder_dir:
@@ -44,6 +53,11 @@ def up_service_args(args) -> dict[str, list[str]]:
         encoder += tls.server_flags(mutual=True)
         gateway += tls.server_flags(mutual=False) + tls.backend_flags()
     return {"llm": llm, "vocoder": vocoder, "encoder": encoder, "gateway": gateway}
+
+
+def cpu_turns() -> int:
+    """Turns the stack's CPU plays at once, by the cores this process may run on."""
+    return max(1, len(os.sched_getaffinity(0)) * CPU_TURNS_PER_CORE)
 
 
 def http_url(args) -> str:

@@ -143,6 +143,36 @@ def test_ongoing_sessions_turns_wait_ahead_of_new_ones_and_may_use_the_headroom_
     asyncio.run(scenario())
 
 
+def test_turns_held_for_their_silent_clients_do_not_count_against_the_headroom_limit():
+    """A CPU stack's limit of 2: two turns whose clients stopped reading are held, and two more play; let go, the
+    two held count again and a fifth is refused. Under count admission a held turn keeps its place."""
+    async def scenario():
+        adm = Admission(max_turns=64, max_queued=0, headroom=Headroom(HeadroomRule(initial_limit=2, min_limit=2,
+                                                                                    burst_turns=0)))
+        silent = [await adm.turn(None).__aenter__() for _ in range(2)]
+        with pytest.raises(ResourceExhausted, match="no headroom: 2 turns playing"):
+            async with adm.turn(None):
+                pass
+        with silent[0].held(), silent[1].held():
+            assert (adm.running, adm.held, adm.playing) == (2, 2, 0)
+            readers = [await adm.turn(None).__aenter__() for _ in range(2)]
+            assert (adm.running, adm.playing) == (4, 2)
+        assert (adm.held, adm.playing) == (0, 4)
+        with pytest.raises(ResourceExhausted, match="no headroom: 4 turns playing"):
+            async with adm.turn(None):
+                pass
+        for place in (*silent, *readers):
+            place.started()
+
+        counted = Admission(max_turns=1, max_queued=0)
+        place = await counted.turn(None).__aenter__()
+        with place.held(), pytest.raises(ResourceExhausted, match="gateway busy"):
+            async with counted.turn(None):
+                pass
+
+    asyncio.run(scenario())
+
+
 def test_a_waiter_that_gives_up_takes_no_place():
     async def scenario():
         adm = Admission(max_turns=1, max_queued=4)

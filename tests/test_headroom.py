@@ -256,7 +256,7 @@ def test_admission_refuses_at_once_past_the_limit_with_a_hint():
 
         held = [asyncio.create_task(turn()) for _ in range(2)]
         await asyncio.sleep(0)
-        with pytest.raises(ResourceExhausted, match=r"no headroom: 2 turns running") as info:
+        with pytest.raises(ResourceExhausted, match=r"no headroom: 2 turns playing") as info:
             await turn()  # refused, not queued, though --max-turns has room
         assert RETRY_MIN <= info.value.retry_after <= RETRY_MAX and not adm.waiting
         hold.set()
@@ -294,8 +294,8 @@ def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on
     and nothing is left held."""
     from conftest import metric_value
 
-    # admitting from its least limit (4; it learns more only from streams playing ahead), without a burst's allowance
-    # (the next test's)
+    # admitting from 2 turns, its least limit too (it learns more only from streams playing ahead), without a burst's
+    # allowance (the next test's)
     level, text, held = _bench_through_own_gateway(stand_in_stack, tmp_path, ["--admit-initial-turns", "2",
                                                                       "--admit-burst-turns", "0"], 6, 12, 20)
     s, streams = level["summary"], level["streams"]
@@ -312,8 +312,8 @@ def test_past_its_headroom_the_gateway_refuses_at_once_and_keeps_the_admitted_on
 
 
 def test_a_burst_on_an_idle_gateway_is_let_in_up_to_its_cap_and_plays_on_time(stand_in_stack, tmp_path):
-    """8 turns sent at the same instant to an idle gateway whose limit is 4 (the rule's least) and whose burst may
-    run 6: 6 play, on time, 2 of them over the limit; 2 are refused at once with a hint; nothing is left held."""
+    """8 turns sent at the same instant to an idle gateway whose limit is 2 (started there, its least) and whose burst
+    may run 6: 6 play, on time, 4 of them over the limit; 2 are refused at once with a hint; nothing is left held."""
     from conftest import metric_value
 
     # (a window of 5 s: the 8 calls arrive within it however slow the machine, and the 6 turns outlast them)
@@ -324,9 +324,9 @@ def test_a_burst_on_an_idle_gateway_is_let_in_up_to_its_cap_and_plays_on_time(st
     assert s["refusals_with_hint"] == 2 and all("no headroom" in x["error"] for x in streams
                                                 if x["code"] == "RESOURCE_EXHAUSTED")
     assert s["stall_free_share"] == 1.0
-    assert metric_value(text, "gateway_burst_admissions_total") == 2
+    assert metric_value(text, "gateway_burst_admissions_total") == 4
     assert metric_value(text, "gateway_headroom_refusals_total") == 2
-    assert metric_value(text, "gateway_admission_limit") == 4  # the burst did not move the limit
+    assert metric_value(text, "gateway_admission_limit") == 2  # the burst did not move the limit
     assert not any(held.values())
 
 
@@ -351,3 +351,35 @@ def test_the_gateway_says_at_start_what_it_admits_by():
     assert server.per_client_limit(none, keyed=False) == 0
     assert server.admission_line(none, per_client=0).startswith("admission by count; at most 256 turns running")
     assert "no limit of its own per client" in server.admission_line(none, per_client=0)
+
+
+def test_a_burst_of_96_on_the_embedded_default_admits_what_a_cpu_plays(stack, tmp_path):
+    """96 turns at the same instant through a gateway admitting as `moss-serve up` has it admit on a CPU (headroom,
+    starting at and bursting to a turn a core), in front of the embedded default (the codec's flow + HiFT on the
+    CPU): a few are admitted and play on time, the rest are refused at once with a retry hint, nothing is left held.
+    (The issue's 50 ms for the refusals is not met on a 2-core machine: 50-80 ms at p95 measured, docs/admission.md;
+    asserted here within 1 s.)"""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import left_held, own_gateway
+
+    from services.cli import parser
+    from services.up import CPU_TURNS_PER_CORE, up_service_args
+
+    flags = up_service_args(parser().parse_args(["up"]))["gateway"]
+    assert "headroom" in flags
+    with own_gateway(stack, tmp_path, *flags) as gateway:
+        proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", "--no-progress", "--target", gateway.target,
+                               "--concurrency", "96", "--requests", "96", "--max-new-tokens", "40", "--warmup", "0",
+                               "--out", str(tmp_path)], capture_output=True, text=True, timeout=240)
+        held = left_held(gateway, stack)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    s = json.loads((tmp_path / "bench.json").read_text())["levels"]["96"]["summary"]
+    cores = len(os.sched_getaffinity(0))
+    assert 1 <= s["ok"] <= cores * CPU_TURNS_PER_CORE and s["ok"] + s["refused"] == 96, s
+    assert s["stall_free_share"] >= 0.9, s
+    assert s["refusals_with_hint"] == s["refused"] and s["refusal_seconds"]["max"] < 1.0, s
+    assert not any(held.values())

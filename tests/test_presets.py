@@ -214,14 +214,39 @@ def test_moss_serve_up_runs_the_engine_it_was_given():
         up.kill()
 
 
-def test_up_admits_by_headroom_and_starts_turns_a_few_at_a_time_on_a_gpu_only():
+def test_up_admits_by_headroom_on_every_device_scaled_to_it():
+    """On a GPU the rule's own start (48) and burst (128), turns started a few at a time; on a CPU it starts at a turn
+    a core and a burst gets no more; what is given stays; a bare gateway counts."""
+    import os
+
+    from services.up import CPU_TURNS_PER_CORE
+
     def gateway(*argv):
         return parser().parse_args(["gateway", *up_service_args(parser().parse_args(["up", *argv]))["gateway"]])
     cuda, cpu = gateway("--device", "cuda"), gateway()
     assert (cuda.admission, cuda.max_starting_turns) == ("headroom", GPU_STARTING_TURNS)
-    assert (cpu.admission, cpu.max_starting_turns) == (None, None)  # the gateway's own: count, no start limit
+    assert (cuda.admit_initial_turns, cuda.admit_burst_turns) == (None, None)   # the rule's own
+    cores = len(os.sched_getaffinity(0))
+    assert (cpu.admission, cpu.max_starting_turns) == ("headroom", None)
+    assert cpu.admit_initial_turns == cpu.admit_burst_turns == cores * CPU_TURNS_PER_CORE
     given = gateway("--device", "cuda", "--admission", "count", "--max-starting-turns", "0")
     assert (given.admission, given.max_starting_turns) == ("count", 0)
+    given = gateway("--admit-initial-turns", "7", "--admit-burst-turns", "0")
+    assert (given.admit_initial_turns, given.admit_burst_turns) == (7, 0)
+    assert parser().parse_args(["gateway"]).admission is None                  # the gateway's own: count
+
+
+def test_a_rule_started_under_its_least_limit_does_not_fall_back_to_it():
+    from services.gateway.headroom import HeadroomRule
+    from services.gateway.server import headroom
+
+    def rule(*flags):
+        return headroom(from_args(GatewaySettings, parser().parse_args(["gateway", "--admission", "headroom", *flags])))
+    assert (rule().limit, rule().rule.min_limit, rule().rule.burst_turns) == (HeadroomRule.initial_limit,
+                                                                              HeadroomRule.min_limit,
+                                                                              HeadroomRule.burst_turns)
+    two = rule("--admit-initial-turns", "2", "--admit-burst-turns", "2")
+    assert (two.limit, two.rule.min_limit, two.rule.burst_turns) == (2, 2, 2)
 
 
 def test_up_leaves_the_turns_running_to_the_gateway_and_its_vocoders():

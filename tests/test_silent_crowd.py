@@ -120,3 +120,46 @@ def test_silent_clients_without_keys_deny_the_llm_to_nobody(crowd_stack, tmp_pat
     with own_gateway(crowd_stack, tmp_path, "--client-stall-seconds", str(STALL_SECONDS)) as gateway:
         results, ended = asyncio.run(crowd(gateway, crowd_stack, None, [None] * READERS))
         check_after(gateway, crowd_stack, results, ended)
+
+
+def test_silent_clients_do_not_take_a_cpu_stacks_few_turns_from_its_readers(crowd_stack, tmp_path):
+    """Admission as `moss-serve up` has it on a CPU (headroom, from a turn a core): silent calls held one after
+    another take none of the turns the stages play, so readers are served beside them; once the silent calls are
+    gone nothing is left held."""
+    from services.cli import parser
+    from services.up import up_service_args
+
+    flags = up_service_args(parser().parse_args(["up"]))["gateway"]
+    assert "headroom" in flags
+
+    async def scenario(gateway):
+        def holds():
+            return metric_value(scrape(gateway.metrics), "gateway_client_holds_total")
+
+        channel = grpc.aio.insecure_channel(gateway.target, options=[("grpc.http2.bdp_probe", 0)])
+        stub, calls = gateway_pb2_grpc.GatewayStub(channel), []
+        for i in range(6):  # each admitted while the ones before are held: the stages play none of them
+            before = holds()
+            calls.append(stub.Synthesize(gateway_pb2.SynthesizeRequest(text=f"nobody reads {i}", sampling=LONG),
+                                         timeout=90))
+            await wait_until(lambda: holds() > before, 30, f"silent call {i} was never held")
+
+        async def read(i):
+            async with grpc.aio.insecure_channel(gateway.target) as own:
+                replies = [m async for m in gateway_pb2_grpc.GatewayStub(own).Synthesize(
+                    gateway_pb2.SynthesizeRequest(text=f"a short question {i}", sampling=SHORT), timeout=60)]
+                return replies[-1].summary
+
+        readers = [await read(i) for i in range(2)]
+        for call in calls:  # (their end by --client-stall-seconds is the tests above's)
+            call.cancel()
+        await channel.close()
+        return readers
+
+    with own_gateway(crowd_stack, tmp_path, *flags, "--client-stall-seconds", str(STALL_SECONDS)) as gateway:
+        readers = asyncio.run(scenario(gateway))
+        assert all(r.audio_tokens > 0 for r in readers), readers
+        deadline = time.monotonic() + 15
+        while any((held := left_held(gateway, crowd_stack)).values()):
+            assert time.monotonic() < deadline, held
+            time.sleep(0.1)

@@ -151,7 +151,7 @@ def test_a_turn_feeds_the_vocoder_only_while_its_client_takes_its_audio():
             holds.append((replica, held))
 
         client = ClientWrites()
-        turn = SimpleNamespace(client=client, llm=SimpleNamespace(replica="llm-1"), _hold_llm=hold_llm)
+        turn = SimpleNamespace(client=client, llm=SimpleNamespace(replica="llm-1"), _hold_llm=hold_llm, place=None)
         await asyncio.wait_for(Turn._client_reading(turn), 0.1)  # nothing waits for the client
         writing = client.writing()
         writing.__enter__()

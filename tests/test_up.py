@@ -20,7 +20,7 @@ from services.common.tls import StackTls
 from services.gateway.client import synthesize
 from services.mps import MpsDaemon
 from services.stack import Ports, is_serving
-from services.up import MpsKeeper, gpu_env, replicas, up_service_args
+from services.up import MpsKeeper, cpu_turns, gpu_env, replicas, up_service_args
 
 
 @pytest.fixture(scope="module")
@@ -33,20 +33,25 @@ def tls_dir(tmp_path_factory):
         write(d, name, *make_leaf(ca, name))
     return d
 
+# what `up` adds to the gateway's flags on a CPU (tests/test_presets.py checks the figures)
+CPU_ADMISSION = ["--admission", "headroom", "--admit-initial-turns", str(cpu_turns()), "--admit-burst-turns",
+                 str(cpu_turns())]
+
 
 def test_up_forwards_the_gateway_options():
     argv = ["--max-turns", "7", "--max-queued-turns", "3", "--session-idle-seconds", "9.5", "--ready-wait", "2",
             "--health-check-seconds", "0.25", "--max-text-chars", "300", "--max-message-bytes", "4096",
             "--max-streams-per-connection", "12", "--api-keys-file", "/keys"]
     gateway = parser().parse_args(["gateway", *up_service_args(parser().parse_args(["up", *argv]))["gateway"]])
-    alone = parser().parse_args(["gateway", *argv])
+    alone = parser().parse_args(["gateway", *argv, *CPU_ADMISSION])
     assert vars(gateway) == vars(alone)
     assert (gateway.max_turns, gateway.session_idle_seconds, gateway.api_keys_file) == (7, 9.5, "/keys")
 
 
 def test_up_defaults_match_gateway_defaults():
+    """But admission, which `up` sets for its device (on this CPU: headroom from a turn a core)."""
     gateway = parser().parse_args(["gateway", *up_service_args(parser().parse_args(["up"]))["gateway"]])
-    assert vars(gateway) == vars(parser().parse_args(["gateway"]))
+    assert vars(gateway) == vars(parser().parse_args(["gateway", *CPU_ADMISSION]))
 
 
 def test_up_tls_dir_gives_every_service_its_flags(tls_dir):
@@ -113,7 +118,8 @@ def test_moss_serve_up_runs_replicas_over_tls(tls_dir):
     for service in ("gateway", "llm", "vocoder"):
         flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
     flags += ["--http-port", "0"]
-    flags += ["--replicas", "2", "--tls-dir", str(tls_dir), "--max-turns", "5", "--no-encoder"]
+    flags += ["--replicas", "2", "--tls-dir", str(tls_dir), "--max-turns", "5", "--no-encoder",
+              "--admission", "count"]  # (its four turns at once: more than a CPU's headroom lets in)
     up = UpProcess(flags)
     tls = StackTls(str(tls_dir))
     gateway = f"127.0.0.1:{ports.grpc['gateway']}"

@@ -6,7 +6,10 @@ on a loopback address (a proxy on the host, the bench) is no one client: it is n
 
 A turn held because its client stopped reading (pipeline.Turn._client_reading) keeps its place: its vocoder stream
 and its KV blocks stay its own, it may go on at any moment and then needs them at once, and --client-stall-seconds
-ends it soon (10 s by default). At the llm it takes no running place (services/llm/engine/scheduler.py).
+ends it soon (10 s by default). At the llm it takes no running place (services/llm/engine/scheduler.py), and under
+admission by headroom it does not count against the limit, which is what the stages play in time: held, it plays
+nothing (`Place.held`). So clients that stop reading do not take a CPU stack's few turns from the ones that read; if
+they read again, the slack their streams leave says whether the stages still keep up.
 
 Ongoing sessions first: a turn of a Converse session that has been answered before (`ongoing`) waits ahead of every
 new one (a Synthesize call, a session's first turn), and under admission by headroom it may run up to `ONGOING_RESERVE`
@@ -73,13 +76,25 @@ class Place:
     start slot (--max-starting-turns) for the next turn to start. asked_at: when the turn asked for it (perf_counter),
     so that the turn's times count its wait for a place and a start slot (pipeline.Turn)."""
 
-    def __init__(self, starting: asyncio.Semaphore | None, asked_at: float):
-        self.starting, self.asked_at = starting, asked_at
+    def __init__(self, starting: asyncio.Semaphore | None, asked_at: float, admission: "Admission | None" = None):
+        self.starting, self.asked_at, self.admission = starting, asked_at, admission
 
     def started(self) -> None:
         if self.starting is not None:
             self.starting.release()
             self.starting = None
+
+    @contextlib.contextmanager
+    def held(self):
+        """While the turn is held (its client stopped reading): not counted against the headroom limit."""
+        if self.admission is None:
+            yield
+            return
+        self.admission.held += 1
+        try:
+            yield
+        finally:
+            self.admission.held -= 1
 
 
 class Admission:
@@ -96,6 +111,7 @@ class Admission:
         self.starting = asyncio.Semaphore(max_starting) if max_starting else None
         metrics.HEADROOM_LIMIT.set(headroom.limit if headroom else max_turns)
         self.running = 0
+        self.held = 0  # of the turns running, those held because their clients stopped reading (Place.held)
         self.waiting: collections.deque[asyncio.Future] = collections.deque()  # ongoing sessions' turns first
         self.ongoing_waiting: set[asyncio.Future] = set()
         self.recent = collections.deque(maxlen=RECENT_TURNS)  # seconds each recent turn held its place
@@ -150,7 +166,7 @@ class Admission:
         taken."""
         if self.headroom is not None:
             now = time.perf_counter()
-            admitted = self.headroom.admits(now, self.running, reserve=ONGOING_RESERVE if ongoing else 0.0,
+            admitted = self.headroom.admits(now, self.playing, reserve=ONGOING_RESERVE if ongoing else 0.0,
                                             ongoing=ongoing)
             metrics.HEADROOM_LIMIT.set(self.headroom.limit)
             self._log_limit(now)
@@ -158,7 +174,7 @@ class Admission:
                 metrics.BURST_ADMITTED.inc()
             if not admitted:
                 metrics.HEADROOM_REFUSED.inc()
-                raise ResourceExhausted(f"no headroom: {self.running} turns running, as many as the stages serve in "
+                raise ResourceExhausted(f"no headroom: {self.playing} turns playing, as many as the stages serve in "
                                         f"time now ({self.headroom.last_reason}; --admission headroom)",
                                         retry_after=self.retry_after(ahead=self._ahead_of_headroom()))
         if (self.running >= self.max_turns or self.waiting) and len(self.waiting) >= self.max_queued:
@@ -167,11 +183,16 @@ class Admission:
                                     f"(--max-turns {self.max_turns}, --max-queued-turns {self.max_queued})",
                                     retry_after=self.retry_after())
 
+    @property
+    def playing(self) -> int:
+        """Turns running and not held: what the headroom limit counts."""
+        return self.running - self.held
+
     def _ahead_of_headroom(self) -> float:
-        """Turns to end, per turn running, before the headroom limit lets one more in: one at the limit; more where
-        the turns running are over it (a burst let in, a limit that has fallen)."""
-        over = self.running - int(self.headroom.limit) + 1
-        return max(1, over) / max(self.running, 1)
+        """Turns to end, per turn playing, before the headroom limit lets one more in: one at the limit; more where
+        the turns playing are over it (a burst let in, a limit that has fallen)."""
+        over = self.playing - int(self.headroom.limit) + 1
+        return max(1, over) / max(self.playing, 1)
 
     @contextlib.asynccontextmanager
     async def _turn(self, deadline: float | None, client: str | None, ongoing: bool):
@@ -196,7 +217,7 @@ class Admission:
             self.running += 1
         start = time.perf_counter()
         try:
-            place = Place(await self._start_slot(deadline), asked)
+            place = Place(await self._start_slot(deadline), asked, self)
             try:
                 yield place
             finally:

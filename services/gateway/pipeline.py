@@ -280,9 +280,10 @@ class Turn:
         if self.client.waiting_for(CLIENT_HOLD_SECONDS):
             metrics.CLIENT_HOLDS.inc()
             replica = self.llm.replica
-            await self._hold_llm(replica, True)
-            await self.client.took.wait()
-            await self._hold_llm(replica, False)
+            with self.place.held() if self.place is not None else contextlib.nullcontext():
+                await self._hold_llm(replica, True)
+                await self.client.took.wait()
+                await self._hold_llm(replica, False)
 
     async def _hold_llm(self, replica: Replica | None, held: bool) -> None:
         """Hold (or release) this turn at its llm replica. Best effort: where it fails, the llm goes on at its pace

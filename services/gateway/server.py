@@ -89,20 +89,28 @@ def admission_line(s: GatewaySettings, per_client: int) -> str:
     """The limits this gateway admits turns by, for its start-up log: `moss-serve up` chooses some of them (on a GPU
     --max-turns is the vocoders' stream-history slots), and an operator should not have to read its code to know."""
     turns = s.turns_at_once()
-    rule = (f"by headroom, from {min(s.admit_initial_turns, turns)} turns" if s.admission == "headroom"
+    rule = (f"by headroom, from {initial_turns(s)} turns" if s.admission == "headroom"
             else "by count")
     return (f"admission {rule}; at most {turns} turns running (--max-turns), {s.max_queued_turns} waiting, "
             f"{s.max_starting_turns or 'any number'} starting, {per_client or 'no limit of its own'} per client "
             f"(an API key, else an address other than this host's)")
 
 
+def initial_turns(s: GatewaySettings) -> int:
+    """--admit-initial-turns, or the rule's default, within --max-turns."""
+    return min(s.admit_initial_turns or HeadroomRule.initial_limit, s.turns_at_once())
+
+
 def headroom(s: GatewaySettings) -> Headroom | None:
+    """The headroom rule of the settings (None under count admission). Its least limit is the rule's, or the initial
+    limit where that is lower: a stack started at 2 turns (a 2-core CPU's: docs/admission.md) is not let fall back to 4."""
     if s.admission != "headroom":
         return None
-    turns = s.turns_at_once()
-    return Headroom(HeadroomRule(initial_limit=min(s.admit_initial_turns, turns), max_limit=turns,
-                                 min_limit=min(HeadroomRule.min_limit, turns), low_slack=s.admit_low_slack,
+    turns, initial = s.turns_at_once(), initial_turns(s)
+    burst = HeadroomRule.burst_turns if s.admit_burst_turns is None else s.admit_burst_turns
+    return Headroom(HeadroomRule(initial_limit=initial, max_limit=turns,
+                                 min_limit=min(HeadroomRule.min_limit, initial), low_slack=s.admit_low_slack,
                                  high_slack=(s.admit_high_slack if s.admit_high_slack is not None
                                              else max(HeadroomRule.high_slack, 2 * s.admit_low_slack)), ttfa_target=s.admit_ttfa,
-                                 growth=s.admit_growth, burst_turns=min(s.admit_burst_turns, turns),
+                                 growth=s.admit_growth, burst_turns=min(burst, turns),
                                  burst_window=s.admit_burst_window))

@@ -64,8 +64,9 @@ class GatewaySettings:
                                          type=positive(float))
     api_keys_file: str | None = option(None, "a file of API keys, one per line; clients send one as 'authorization: "
                                              "Bearer <key>' (more keys: $MOSS_API_KEYS, comma-separated; none: open)")
-    max_turns: int | None = option(None, f"turns running at once (default: {DEFAULT_MAX_TURNS}; where moss-serve up runs the "
-                                         "stack on a GPU, the vocoders' stream-history slots, 128 a vocoder)",
+    max_turns: int | None = option(None, f"turns running at once, at most: a ceiling, not a capacity anyone measured "
+                                         f"(under it the vocoders' stream slots cap the turns, and --admission headroom "
+                                         f"the limit it learns from playback; default: {DEFAULT_MAX_TURNS})",
                                    type=positive(int), show_default=False)
     max_queued_turns: int = option(256, "turns waiting for a place, each within its deadline; beyond: "
                                         "RESOURCE_EXHAUSTED with a retry hint", type=count)
@@ -76,15 +77,18 @@ class GatewaySettings:
     admission: str | None = option(
         None, "count: --max-turns turns at once, more queue; headroom: as many as the stages serve in time, learned "
               "from playback slack and TTFA, the rest refused at once (services/gateway/headroom.py) (default: headroom "
-              "where moss-serve up runs the stack on a GPU, else count)", choices=["count", "headroom"], show_default=False)
-    admit_initial_turns: int = option(HeadroomRule.initial_limit, "--admission headroom: turns at once before the "
-                                                                  "signals say more or fewer", type=positive(int))
-    admit_burst_turns: int = option(HeadroomRule.burst_turns, "--admission headroom: turns a burst may run at once, "
-                                                              "over the limit, when it arrives at an idle stack (none "
-                                                              "running) within --admit-burst-window seconds: the start "
-                                                              "limit starts them a few at a time, and they play "
-                                                              "stall-free at the price of later first audio (docs/admission.md; 0: "
-                                                              "none)", type=count)
+              "where moss-serve up runs the stack, on any device; a bare gateway: count)", choices=["count", "headroom"],
+        show_default=False)
+    admit_initial_turns: int | None = option(
+        None, f"--admission headroom: turns at once before the signals say more or fewer, and the least the limit falls "
+              f"to if under {HeadroomRule.min_limit} (default: {HeadroomRule.initial_limit}, an H100's; where moss-serve "
+              f"up runs the stack on a CPU, one a core)", type=positive(int), show_default=False)
+    admit_burst_turns: int | None = option(
+        None, f"--admission headroom: turns a burst may run at once, over the limit, when it arrives at an idle stack "
+              f"(none running) within --admit-burst-window seconds: the start limit starts them a few at a time, and "
+              f"they play stall-free at the price of later first audio (docs/admission.md; default: "
+              f"{HeadroomRule.burst_turns}; where moss-serve up runs the stack on a CPU, one a core; 0: none)",
+        type=count, show_default=False)
     admit_burst_window: float = option(HeadroomRule.burst_window, "--admission headroom: seconds after a turn arrives "
                                                                   "at an idle stack that its burst may still arrive",
                                        type=seconds)
