@@ -41,6 +41,7 @@ FRAME_NORM_PTRS = {"H": BF16, "W1": BF16, "B1": BF16, "ROW_TERMS": BF16, "RES": 
                    "OUT": BF16, "OUT2": BF16, "K": BF16, "V": BF16, "KR": BF16, "VR": BF16, "KEEP_ROWS": "*i64",
                    "AT": "*i64", "LENGTHS": "*i32"}
 ATTN = dict(GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16)
+MEGAKERNEL = "codec: a level's transformer blocks, persistent (megakernel.py)"
 KERNELS = {
     "decode partition": (paged_attention._decode_partition_kernel, *signature(
         paged_attention._decode_partition_kernel,
@@ -112,7 +113,7 @@ KERNELS = {
         chunk_attention._prefix_part, {"Q": BF16, "KP": BF16, "VP": BF16, "ROWS": "*i64", "ML": "*fp32",
                                        "ACC": "*fp32"}, ("scale",),
         dict(H=8, D=64, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32", PDL=True)), 4),
-    "codec: a level's transformer blocks, persistent (megakernel.py)": (megakernel._blocks, *signature(
+    MEGAKERNEL: (megakernel._blocks, *signature(
         megakernel._blocks, {**{name: BF16 for name in megakernel._blocks.arg_names if name[0].isupper()
                                 and name not in ("M", "T")},
                              "LENGTHS": "*i32", "HCOUNT": "*i32", "KEEP_LEN": "*i32", "COUNT": "*i32", "GEN": "*i32",
@@ -165,13 +166,23 @@ KERNELS = {
 }
 
 
+def compiled(name: str, aligned: bool = False):
+    """KERNELS[name] compiled for sm_90. aligned: its pointers and integer strides and offsets 16-divisible, as a
+    launch specialises them (cp.async and its pipelining: the shared memory a GPU would see;
+    tests/test_megakernel.py reads it)."""
+    kernel, sig, constexprs, warps = KERNELS[name]
+    attrs = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(kernel.arg_names)
+             if aligned and arg not in constexprs and (sig[arg].startswith("*") or sig[arg] in ("i32", "i64")
+                                                       and (arg.startswith("s") or arg.endswith("_off")))}
+    return triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs), target=TARGET,
+                          options={"num_warps": warps})
+
+
 def main() -> int:
     failed = 0
-    for name, (kernel, sig, constexprs, warps) in KERNELS.items():
+    for name in KERNELS:
         try:
-            compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs), target=TARGET,
-                                      options={"num_warps": warps})
-            print(f"ok   {name}: {len(compiled.asm['cubin'])} bytes of sm_90 cubin")
+            print(f"ok   {name}: {len(compiled(name).asm['cubin'])} bytes of sm_90 cubin")
         except Exception:  # noqa: BLE001
             failed += 1
             print(f"FAIL {name}:\n{traceback.format_exc(limit=2)}")

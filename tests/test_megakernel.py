@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -228,9 +229,11 @@ def test_the_kernel_compiles_for_sm90_with_one_thread_at_the_barrier():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # (compiled, not interpreted)
-    done = subprocess.run([sys.executable, "-c", "from services.vocoder.codec import megakernel; "
-                           "ptx, shared = megakernel.compile_for_sm90(); print(shared); print(ptx)"], env=env,
-                          capture_output=True, text=True, timeout=600, check=True).stdout
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "tests"), str(root / "protos"), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", "import kernel_compile_check as k; "
+                           "c = k.compiled(k.MEGAKERNEL, aligned=True); print(c.metadata.shared); print(c.asm['ptx'])"],
+                          env=env, cwd=root, capture_output=True, text=True, timeout=600, check=True).stdout
     shared, ptx = done.split("\n", 1)
     assert 0 < int(shared) <= 227 * 1024          # an H100's or H200's shared memory a program may take
     assert "wgmma.mma_async" in ptx

@@ -179,42 +179,6 @@ def run_blocks(all_blocks, first: int, count: int, x: torch.Tensor, normed: torc
     return out.view(B, T, C)
 
 
-def compile_for_sm90(**constants) -> tuple[str, int]:
-    """The kernel compiled for an H100/H200 (sm_90, no GPU needed: Triton's own ptxas) at the real size, with the
-    prefix, the history and the grid barrier → (its PTX, its shared memory in bytes). The CPU tests read them;
-    `constants` override the real size's."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    const = dict(C=256, H=8, D=64, FF=1024, PREFIX=True, HISTORY=True, SYNC=True, BM=TILE[0], BN=TILE[1], BK=64, AM=32,
-                 AN=32, ROWS=ROWS, BLOCK_C=256, IEEE=False, PRECISION="tf32", FLATTEN=FLATTEN) | constants
-    names = _blocks.arg_names
-    index_rows, counts = {"PROWS", "HROWS", "KEEP_AT"}, {"LENGTHS", "HCOUNT", "KEEP_LEN", "COUNT", "GEN"}
-    offsets = {"x_off", "normed_off"}
-
-    def kind(name: str) -> str:
-        if name in const:
-            return "constexpr"
-        if name in index_rows:
-            return "*i64"
-        if name in offsets:
-            return "i64"
-        if name in counts:
-            return "*i32"
-        if name in ("scale", "eps3", "eps1"):
-            return "fp32"
-        return "*bf16" if name[0].isupper() and name not in ("M", "T") else "i32"
-
-    # as a launch specialises: pointers and the strides 16-aligned (cp.async and its pipelining)
-    aligned = [i for i, n in enumerate(names) if n not in const and (kind(n).startswith("*") or n.startswith("s"))
-               or n in offsets]
-    src = ASTSource(fn=_blocks, signature={n: kind(n) for n in names},
-                    constexprs={(names.index(k),): v for k, v in const.items()},
-                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=NUM_STAGES))
-    return compiled.asm["ptx"], compiled.metadata.shared
-
-
 def _attention_views(prefix, slot: int, count: int, qkv: torch.Tensor, lengths: torch.Tensor):
     """What the run's attentions read and keep, as a base (slot `slot`'s), a slot stride and strides: ((prefix keys,
     values, rows, frames, slot stride, strides), (ring keys, values, rows, count, slot stride, strides, ring),
