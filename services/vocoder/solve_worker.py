@@ -19,6 +19,8 @@ Each turn of the loop:
 the llm (MPS), the solve's turns are bound by the device (a tick of ~17-32 rows 6-8.5 ms there, ~21 ms of wall per turn
 with the admissions and HiFT calls between ticks), so a first block's 10 ticks take longer than the call it would have
 waited for: vocoder first chunk 160-257 ms and 97.5% stall-free at best, against 89 ms and 99.6% with flow calls.
+Measured again on an H200 (2026-11-29, the stack at its defaults otherwise): 108 of 256 on the ramp and 354 of 600 at
+Poisson 30, against 141 and 417 with flow calls; a first chunk's vocoder side 127 ms at the median against 72 ms.
 Driving the first-chunk lane's first chunks only (2026-11-28, measured and taken out): ticks of ~1.9 rows
 took ~6 ms beside the llm, a first chunk's vocoder side the same on average as the lane's calls with their wait, and the
 admission rule let in as many turns (worker.py's lane paragraph).
