@@ -44,13 +44,18 @@ up: $(STAMP)
 # them, and each of the suite's ~150 service processes would compile them again; Python still reads fresh ones).
 # The venv and Debian's tools install side by side (-j2): pip and apt-get wait on different things. In CI (CI=true) a
 # tool that could not be installed fails the run (check-tools) instead of skipping a whole feature's tests; -rs lists
-# every skip with its reason.
+# every skip with its reason. The suite in two parts (tests/conftest.py's PARALLEL_MODULES): the modules that may share
+# the machine, TEST_WORKERS at a time, then the ones that race clocks, one at a time; both run, and either failing fails.
+TEST_WORKERS ?= 2
 test:
 	@$(MAKE) --no-print-directory -j2 install tools
 	@$(MAKE) --no-print-directory check-tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m compileall -q services protos tests > /dev/null
-	$(BIN)/python -m pytest -q -rs --durations=25
+	@status=0; \
+	$(BIN)/python -m pytest -q -rs --durations=15 -m parallel -n $(TEST_WORKERS) || status=1; \
+	$(BIN)/python -m pytest -q -rs --durations=15 -m "not parallel" || status=1; \
+	exit $$status
 
 # Debian's prometheus package (the server and promtool) for the deploy checks and the Prometheus
 # integration test; espeak-ng (test speech for spoken turns) and sox; chromium (headless: the web page's

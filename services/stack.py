@@ -178,11 +178,15 @@ class Stack:
             self.start(name)
         self.wait_serving(self.names, timeout)
 
+    def serving(self, name: str) -> bool:
+        """Whether its health check says SERVING now (at most a second's wait)."""
+        return is_serving(self.target(name), tls=(self._settings(self.health_tls, name) or [None])[-1])
+
     def wait_serving(self, services=None, timeout: float = 120.0) -> None:
         services = self.names if services is None else services
         deadline = time.monotonic() + timeout
         for service in services:
-            while not is_serving(self.target(service), tls=(self._settings(self.health_tls, service) or [None])[-1]):
+            while not self.serving(service):
                 proc = self.procs.get(service)
                 if proc is not None and proc.poll() is not None:
                     raise ServiceExited(f"{service} exited with code {proc.returncode} before serving{self._log_hint(service)}")

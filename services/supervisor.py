@@ -2,7 +2,8 @@
 serving (the gateway holds requests for a stage that is restarting: gateway/backends.py).
 
 The wait before a restart doubles with each failure in a row (1 s, 2 s, 4 s, ... up to 30 s), so a service
-that cannot start does not spin; it goes back to 1 s once the service has run for a minute.
+that cannot start does not spin; it goes back to 1 s once the service has run for a minute. An exit asked for
+(`expect_exit`: a drained replica of a rolling restart) is no failure: the service starts again at once.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Supervisor:
         now = time.monotonic()
         self.state = {name: _State(now, first_backoff) for name in stack.procs}
         self.restarts = {name: 0 for name in stack.procs}
+        self.expected: set[str] = set()  # services whose next exit was asked for
 
     def poll(self, now: float | None = None) -> None:
         """Look at every service once: note an exit, start one whose wait is over, forgive one that has
@@ -46,13 +48,24 @@ class Supervisor:
                         st.backoff = self.first_backoff
                     continue
                 how = f"exited with code {proc.returncode}" if proc is not None else "was stopped"
-                st.restart_at = now + st.backoff
-                self.log(f"{name} {how}; starting it again in {st.backoff:.0f} s")
+                if name in self.expected:
+                    st.restart_at = now
+                    self.log(f"{name} {how}, as asked; starting it again")
+                else:
+                    st.restart_at = now + st.backoff
+                    self.log(f"{name} {how}; starting it again in {st.backoff:.0f} s")
             elif now >= st.restart_at:
                 self.stack.start(name)
                 self.restarts[name] += 1
                 st.started, st.restart_at = now, None
-                st.backoff = min(st.backoff * 2, self.max_backoff)
+                if name in self.expected:
+                    self.expected.discard(name)
+                else:
+                    st.backoff = min(st.backoff * 2, self.max_backoff)
+
+    def expect_exit(self, name: str) -> None:
+        """`name` was asked to exit (drained): start it again as soon as it has, without counting a failure."""
+        self.expected.add(name)
 
     def started(self, name: str, now: float | None = None) -> None:
         """`name` was started again from outside (a new MPS daemon's client): not to be restarted by us now."""

@@ -148,14 +148,19 @@ def run_up(args) -> int:
               "gateway": tls.client(mutual=False)} if tls else {}
     stack = Stack(ports, host=args.host, extra_args=extra, env=env, health_tls=health, replicas=counts,
                   without=("encoder",) if args.no_encoder else ())
-    stopping = []
+    stopping, hangups = [], []
+    # Ctrl-C (SIGINT) stops up even where it was started with SIGINT ignored, as a shell's background job is (and so
+    # a test runner's worker process): Python then leaves it ignored, and `kill -INT` would do nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGHUP, lambda *_: hangups.append(True))  # a rolling restart (rolling_restart.py), once serving
     try:
         stack.start_all(args.start_timeout)
         where = ", ".join(f"{name} on {stack.target(name)}" for name in ["gateway", *stack.names[:-1]])
         http = f"; HTTP on {http_url(args)} (the web page; OpenAI's API under /v1)" if args.http_port else ""
-        print(f"moss-serve up: {where}{http}; Ctrl-C stops", file=sys.stderr)
-        keep_running(stack, mps, stopping, gpu_groups(args, stack.names))
+        print(f"moss-serve up: {where}{http}; Ctrl-C stops; SIGHUP (kill -HUP {os.getpid()}) restarts the llm and "
+              f"vocoder replicas one at a time", file=sys.stderr)
+        keep_running(stack, mps, stopping, gpu_groups(args, stack.names), hangups, args.start_timeout)
     except KeyboardInterrupt:
         pass
     except ServiceExited as e:  # its reason is in its own lines above: one line here, not a traceback
@@ -213,17 +218,26 @@ def mps_env(args, mps) -> dict[str, dict[str, str]]:
     return env
 
 
-def keep_running(stack, mps, stopping: list, groups: list[list[str]]) -> None:
+def keep_running(stack, mps, stopping: list, groups: list[list[str]], hangups: list | None = None,
+                 start_timeout: float = 120.0) -> None:
     """Until SIGTERM (or Ctrl-C): a service that exits is started again, with backoff, while the others keep
-    serving; under MPS, see MpsKeeper. groups: the GPU services of each GPU."""
+    serving; under MPS, see MpsKeeper. groups: the GPU services of each GPU. hangups: filled by the SIGHUP handler,
+    each a rolling restart of the replicas (rolling_restart.py)."""
+    from services.rolling_restart import RollingRestart, replica_groups
     from services.supervisor import Supervisor
 
     supervisor = Supervisor(stack)
     keeper = MpsKeeper(mps, stack, supervisor, groups) if mps else None
+    rolling = RollingRestart(stack, supervisor, replica_groups(stack.names), start_timeout)
+    hangups = [] if hangups is None else hangups
     while not stopping:
+        while hangups:
+            hangups.pop()
+            rolling.request()
         supervisor.poll()
         if keeper is not None:
             keeper.poll()
+        rolling.poll()
         time.sleep(0.5)
 
 

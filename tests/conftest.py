@@ -58,6 +58,36 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         pass
 
 
+# `make test` runs the suite in two parts. First these modules, two at a time (pytest-xdist, `-m parallel -n 2`): their
+# tests compute (kernels in Triton's interpreter, the models' math), or start services only to check what they answer,
+# with deadlines of seconds to spare. Then every other module, one test at a time on an otherwise idle machine
+# (`-m "not parallel"`): those race clocks of their own (stall clocks, refusal latencies, stall-free playback, the
+# headroom rule's TTFA), which a second test's work beside them would move. A new module runs alone until added here.
+# Measured on the 2-core development machine: these modules took 588 s one at a time, 425 s two at a time.
+PARALLEL_MODULES = frozenset({
+    "test_auth", "test_bench", "test_bigvgan_package", "test_block_manager", "test_chunk_attention",
+    "test_codec_history", "test_codec_parity", "test_codec_peer", "test_codec_prefix", "test_codec_service",
+    "test_codec_solve", "test_codec_stream", "test_dashboard", "test_deploy", "test_deploy_tools", "test_e2e",
+    "test_encoder_attention", "test_encoder_checkpoint", "test_encoder_graphs", "test_encoder_model",
+    "test_encoder_reference", "test_encoder_service", "test_encoder_stream", "test_encoder_vad",
+    "test_encoder_worker", "test_engine", "test_error_sizes", "test_flow_steps_agreement", "test_fp8",
+    "test_fp8_agreement", "test_frame_ops", "test_fused_kernels", "test_fused_linear", "test_generation_rules",
+    "test_health", "test_hift_snake", "test_house", "test_http", "test_interceptor", "test_kernel_compile",
+    "test_kernel_runner", "test_layering", "test_llm_reference", "test_llm_report", "test_llm_service",
+    "test_matmul_check", "test_megakernel", "test_memory", "test_model", "test_mps", "test_overlap",
+    "test_overload_report", "test_paged_attention", "test_prometheus", "test_prompt_layout", "test_protos",
+    "test_replicas", "test_sampler", "test_sessions", "test_settings", "test_speech_input", "test_spoken_turns",
+    "test_text_skip", "test_time_stretch", "test_timeline", "test_tls", "test_trt_runner", "test_up", "test_vocoder",
+    "test_vocoder_activation", "test_vocoder_finite", "test_vocoder_stream", "test_voice_maker",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.stem in PARALLEL_MODULES:
+            item.add_marker(pytest.mark.parallel)
+
+
 @pytest.fixture(scope="module")
 def flow():
     """The codec's flow in the tiny-codec layout, random weights (float32, CPU)."""

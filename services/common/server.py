@@ -20,6 +20,12 @@ from services.common.tls import ServerTls
 log = logging.getLogger(__name__)
 
 GRACE_SECONDS = 5.0
+# SIGUSR1 drains a service instead (`moss-serve up`'s rolling restart, rolling_restart.py): its health says NOT_SERVING
+# for DRAIN_NOTICE_SECONDS while it still takes calls, so that the gateway's health checks (every 0.5 s by default) send
+# new turns to the other replicas; then it takes no new call and gives the running ones up to DRAIN_SECONDS to end (a
+# turn runs as long as its reply: 20 s of audio is ~5 s of llm work, and a vocoder stream ends with its turn).
+DRAIN_NOTICE_SECONDS = 1.5
+DRAIN_SECONDS = 120.0
 
 
 async def serve(
@@ -40,7 +46,8 @@ async def serve(
     write_timeout: float | None = None,
     on_stalled: Callable[[str], None] = lambda method: None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM, then stop taking calls, give running ones GRACE_SECONDS, and clean up.
+    """Serve until SIGINT/SIGTERM, then stop taking calls, give running ones GRACE_SECONDS, and clean up; or until
+    SIGUSR1, then drain: NOT_SERVING first, running calls given DRAIN_SECONDS (above), exit 0.
 
     readiness: a task that reports whether the service can do its work, through the callback it is given
     (the gateway's: both backends healthy). The health status is NOT_SERVING until it says yes. Without it,
@@ -89,10 +96,11 @@ async def serve(
     watcher = asyncio.create_task(readiness(set_serving)) if readiness else None
     log.info("%s serving on %s%s", name, address, "" if tls is None else " (mutual TLS)" if tls.client_ca else " (TLS)")
 
-    stop = asyncio.Event()
+    stop, drain = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, lambda: (drain.set(), stop.set()))
     waits = [asyncio.ensure_future(stop.wait())] + ([fatal] if fatal is not None else [])
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     waits[0].cancel()
@@ -101,7 +109,13 @@ async def serve(
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
     await health.enter_graceful_shutdown()
-    await server.stop(GRACE_SECONDS)
+    if drain.is_set():
+        log.info("%s draining: NOT_SERVING for %.1f s, then no new calls and up to %.0f s for the running ones",
+                 name, DRAIN_NOTICE_SECONDS, DRAIN_SECONDS)
+        await asyncio.sleep(DRAIN_NOTICE_SECONDS)
+        await server.stop(DRAIN_SECONDS)
+    else:
+        await server.stop(GRACE_SECONDS)
     result = on_stop()
     if asyncio.iscoroutine(result):
         await result
