@@ -122,6 +122,11 @@ def parser() -> argparse.ArgumentParser:
     processes.add_argument("--mps-vocoder-threads", type=int, default=100, metavar="PERCENT",
                     help="with --mps: the share the vocoder's kernels may occupy at once; with --mps-llm-threads "
                          "summing to 100 or less, neither takes the other's multiprocessors (default 100: no cap)")
+    processes.add_argument("--mps-shared-fate", action=argparse.BooleanOptionalAction, default=False,
+                    help="with --mps: when one GPU's llm or vocoder is killed by a signal, stop the others of that GPU "
+                         "too and start them all again on a fresh MPS server (default: off, only the dead one is started "
+                         "again: on an H200 five SIGKILLs under load faulted no neighbour). One that reports its GPU lost "
+                         "(exit code 3) takes the others with it either way")
     processes.add_argument("--replicas", type=positive(int), default=1,
                     help="llm and vocoder processes each, behind the one gateway; replica k serves on the ports given "
                          "plus 10 x (k - 1) (default 1)")

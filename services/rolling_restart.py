@@ -2,7 +2,7 @@
 the others serve, for new weights or voices, which a service reads as it starts.
 
 Replica k is its llm and its vocoder (llm-k and vocoder-k: one GPU's under --gpus, and under MPS clients of one
-server). Each in turn is drained (SIGUSR1, services/common/server.py): its health says NOT_SERVING, the gateway sends
+server). Each in turn is drained (SIGUSR2, services/common/server.py): its health says NOT_SERVING, the gateway sends
 new turns to the replicas still serving, and the turns already running on it end as they would have. It then exits,
 the supervisor starts it again at once (supervisor.py's expect_exit: no failure, no backoff), and the next replica is
 drained only once this one serves again. With two replicas or more no admitted turn fails. A Converse session whose
@@ -83,7 +83,7 @@ class RollingRestart:
             self.supervisor.expect_exit(name)
             proc = self.old[name]
             if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGUSR1)
+                proc.send_signal(signal.SIGUSR2)
         self.log(f"rolling restart: draining {', '.join(group)} (its running turns end there; new ones go elsewhere)")
 
     def _wait_exit(self, now: float) -> None:

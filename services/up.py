@@ -160,7 +160,8 @@ def run_up(args) -> int:
         http = f"; HTTP on {http_url(args)} (the web page; OpenAI's API under /v1)" if args.http_port else ""
         print(f"moss-serve up: {where}{http}; Ctrl-C stops; SIGHUP (kill -HUP {os.getpid()}) restarts the llm and "
               f"vocoder replicas one at a time", file=sys.stderr)
-        keep_running(stack, mps, stopping, gpu_groups(args, stack.names), hangups, args.start_timeout)
+        keep_running(stack, mps, stopping, gpu_groups(args, stack.names), hangups, args.start_timeout,
+                     args.mps_shared_fate)
     except KeyboardInterrupt:
         pass
     except ServiceExited as e:  # its reason is in its own lines above: one line here, not a traceback
@@ -219,7 +220,7 @@ def mps_env(args, mps) -> dict[str, dict[str, str]]:
 
 
 def keep_running(stack, mps, stopping: list, groups: list[list[str]], hangups: list | None = None,
-                 start_timeout: float = 120.0) -> None:
+                 start_timeout: float = 120.0, shared_fate: bool = False) -> None:
     """Until SIGTERM (or Ctrl-C): a service that exits is started again, with backoff, while the others keep
     serving; under MPS, see MpsKeeper. groups: the GPU services of each GPU. hangups: filled by the SIGHUP handler,
     each a rolling restart of the replicas (rolling_restart.py)."""
@@ -227,7 +228,7 @@ def keep_running(stack, mps, stopping: list, groups: list[list[str]], hangups: l
     from services.supervisor import Supervisor
 
     supervisor = Supervisor(stack)
-    keeper = MpsKeeper(mps, stack, supervisor, groups) if mps else None
+    keeper = MpsKeeper(mps, stack, supervisor, groups, shared_fate=shared_fate) if mps else None
     rolling = RollingRestart(stack, supervisor, replica_groups(stack.names), start_timeout)
     hangups = [] if hangups is None else hangups
     while not stopping:
@@ -253,22 +254,28 @@ def gpu_groups(args, names: list[str]) -> list[list[str]]:
 
 class MpsKeeper:
     """What MPS adds to supervision: one GPU's llm and vocoder processes are clients of one MPS server, and
-    share its fate.
+    may share its fate.
 
-    - A client killed while its kernels run can leave the server faulted for the others (seen on an H100: an
-      llm replica SIGKILLed under load gave its neighbours an illegal memory access), and a faulted server
-      takes no new client until all of its old ones are gone (CUDA error 807, "MPS server is not ready to accept
-      new MPS client requests"): so when one is killed by a signal, or exits because its device was lost, the
-      others of its GPU are stopped too, and the supervisor starts them all again (with its backoff) as clients
-      of a fresh server. (Each also finds a faulted context by itself within PROBE_SECONDS, idle or not:
-      services/common/device.py; this is sooner.) A plain exit (a Python error) leaves the others alone.
+    - A client that exits because its GPU context was lost (exit code 3: a fatal GPU exception, which MPS reports to
+      every client of the server) takes the others of its GPU with it: they are stopped, and the supervisor starts
+      them all again (with its backoff) as clients of a fresh server. A faulted server takes no new client until
+      all of its old ones are gone (CUDA error 807, "MPS server is not ready to accept new MPS client requests").
+      (Each also finds a faulted context by itself within PROBE_SECONDS, idle or not: services/common/device.py;
+      this is sooner.)
+    - A client killed by a signal takes the others with it only with `shared_fate` (--mps-shared-fate). Off by
+      default: on an H200 five SIGKILLs under load (two of the vocoder, three of the llm) left the other stage
+      serving with no CUDA error, and only the dead one was started again (docs/benchmarks.md, restart-2026-11-29),
+      where an H100 once saw an llm replica's kill give its neighbours an illegal memory access. If a kill does
+      fault a neighbour, that neighbour finds it within PROBE_SECONDS and exits 3, and the rule above restarts
+      the GPU's clients. A plain exit (a Python error) leaves the others alone.
     - The daemon itself is started again when it exits (after 1 s, doubling to 30 s while it keeps failing to
       start), then every client."""
 
     def __init__(self, mps, stack, supervisor, groups: list[list[str]],
                  log=lambda m: print(f"moss-serve up: {m}", file=sys.stderr),
-                 first_backoff: float = 1.0, max_backoff: float = 30.0):
+                 first_backoff: float = 1.0, max_backoff: float = 30.0, shared_fate: bool = False):
         self.mps, self.stack, self.supervisor, self.groups, self.log = mps, stack, supervisor, groups, log
+        self.shared_fate = shared_fate
         self.first_backoff, self.max_backoff = first_backoff, max_backoff
         self.backoff, self.retry_at = first_backoff, None
         self.restarts = 0
@@ -280,12 +287,15 @@ class MpsKeeper:
         if self.retry_at is None:
             self._share_fate()
 
+    def _takes_others(self, code: int) -> bool:
+        return code == DeviceLost.EXIT_CODE or (self.shared_fate and code < 0)
+
     def _share_fate(self) -> None:
         for group in self.groups:
             procs = {name: self.stack.procs.get(name) for name in group}
             dead = [name for name, proc in procs.items()
                     if proc is not None and proc.poll() is not None and id(proc) not in self.handled
-                    and (proc.returncode < 0 or proc.returncode == DeviceLost.EXIT_CODE)]
+                    and self._takes_others(proc.returncode)]
             if not dead:
                 continue
             self.handled.update(id(procs[name]) for name in dead)

@@ -68,7 +68,7 @@ def test_one_replica_drains_at_a_time_and_the_next_waits_until_it_serves_again()
     first = dict(stack.procs)
     rolling.request()
     rolling.poll(now=0)
-    assert first["llm"].signals == [signal.SIGUSR1] and first["vocoder"].signals == [signal.SIGUSR1]
+    assert first["llm"].signals == [signal.SIGUSR2] and first["vocoder"].signals == [signal.SIGUSR2]
     assert first["llm-2"].signals == [] and first["vocoder-2"].signals == []
 
     first["llm"].returncode = first["vocoder"].returncode = 0  # drained
@@ -83,7 +83,7 @@ def test_one_replica_drains_at_a_time_and_the_next_waits_until_it_serves_again()
     stack.up |= {"llm", "vocoder"}
     rolling.poll(now=3)
     rolling.poll(now=3)
-    assert first["llm-2"].signals == [signal.SIGUSR1] and first["vocoder-2"].signals == [signal.SIGUSR1]
+    assert first["llm-2"].signals == [signal.SIGUSR2] and first["vocoder-2"].signals == [signal.SIGUSR2]
 
     first["llm-2"].returncode = first["vocoder-2"].returncode = 0
     supervisor.poll(now=4)

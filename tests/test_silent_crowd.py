@@ -1,4 +1,4 @@
-"""A crowd of clients that stop reading denies the llm to nobody: 32 Synthesize calls that never read (twice the CPU
+"""A crowd of clients that stop reading denies the llm to nobody: 64 Synthesize calls that never read (4x the CPU
 llm's --max-num-seqs of 16) beside 8 clients that read. Each silent turn is held at the llm once its client has left a
 message untaken (Llm.Hold): held, it leaves the running batch and keeps its KV, so the readers' turns run; every silent
 call ends CANCELLED once --client-stall-seconds pass without a message taken, and everything it held comes back.
@@ -16,7 +16,7 @@ from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from services.stack import Ports, Stack
 
-SILENT, READERS = 32, 8
+SILENT, READERS = 64, 8
 STALL_SECONDS = 3.0
 # 2000 tokens are 160 s of audio: far past what the calls' flow-control windows hold (the silent channels never grow
 # theirs), and far past what the unpaced CPU llm makes before the gateway holds the turn (0.5 s after its client left

@@ -20,7 +20,7 @@ from services.common.tls import ServerTls
 log = logging.getLogger(__name__)
 
 GRACE_SECONDS = 5.0
-# SIGUSR1 drains a service instead (`moss-serve up`'s rolling restart, rolling_restart.py): its health says NOT_SERVING
+# SIGUSR2 drains a service instead (`moss-serve up`'s rolling restart, rolling_restart.py): its health says NOT_SERVING
 # for DRAIN_NOTICE_SECONDS while it still takes calls, so that the gateway's health checks (every 0.5 s by default) send
 # new turns to the other replicas; then it takes no new call and gives the running ones up to DRAIN_SECONDS to end (a
 # turn runs as long as its reply: 20 s of audio is ~5 s of llm work, and a vocoder stream ends with its turn).
@@ -47,7 +47,7 @@ async def serve(
     on_stalled: Callable[[str], None] = lambda method: None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop taking calls, give running ones GRACE_SECONDS, and clean up; or until
-    SIGUSR1, then drain: NOT_SERVING first, running calls given DRAIN_SECONDS (above), exit 0.
+    SIGUSR2, then drain: NOT_SERVING first, running calls given DRAIN_SECONDS (above), exit 0.
 
     readiness: a task that reports whether the service can do its work, through the callback it is given
     (the gateway's: both backends healthy). The health status is NOT_SERVING until it says yes. Without it,
@@ -100,7 +100,7 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGUSR1, lambda: (drain.set(), stop.set()))
+    loop.add_signal_handler(signal.SIGUSR2, lambda: (drain.set(), stop.set()))
     waits = [asyncio.ensure_future(stop.wait())] + ([fatal] if fatal is not None else [])
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     waits[0].cancel()
