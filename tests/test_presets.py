@@ -13,6 +13,7 @@ from moss.speech.v1 import common_pb2
 from services.cli import parser
 from services.gateway.client import synthesize
 from services.gateway.settings import DEFAULT_MAX_TURNS, GatewaySettings
+from services.llm.engine.config import EngineConfig
 from services.llm.model.config import NUM_SPECIAL_TEXT_TOKENS, preset, tiny_config
 from services.llm.model.prompt import PromptBuilder
 from services.llm.model.tokenizer import preset_tokenizer, tiny_tokenizer
@@ -98,6 +99,22 @@ def test_build_engine_takes_dtype_and_block_size():
     assert engine.cfg.torch_dtype == "bfloat16" and engine.cfg.kv_bytes_per_token * 2 == tiny_config().kv_bytes_per_token
     assert engine.block_manager.num_blocks == kv_blocks(0.01, 64, engine.cfg) == 0.01 * (1 << 30) // (64 * 512)
     assert engine.config.block_size == 64 and engine.config.max_num_seqs == 3
+
+
+def test_the_llm_sizes_its_kv_cache_and_batch_for_its_device_unless_given():
+    """One set of defaults: on a GPU `moss-serve up --device cuda --preset moss-speech` is the measured stack (32 GiB
+    of KV cache where half the free memory holds it, 256 sequences); on a CPU the engine's own."""
+    from services.llm.settings import GPU_KV_CACHE_GB, GPU_MAX_NUM_SEQS, device_defaults
+
+    gpu = parser().parse_args(["llm", *up_service_args(parser().parse_args(
+        ["up", "--device", "cuda", "--preset", "moss-speech"]))["llm"]])
+    assert (gpu.kv_cache_gb, gpu.max_num_seqs) == (None, None)  # up forwards none: the llm sizes them
+    assert device_defaults(gpu) == (GPU_KV_CACHE_GB, GPU_MAX_NUM_SEQS) == (32.0, 256)
+    cpu = parser().parse_args(["llm"])
+    assert device_defaults(cpu) == (EngineConfig().kv_cache_bytes / (1 << 30), EngineConfig().max_num_seqs)
+    assert device_defaults(parser().parse_args(["llm", "--device", "cuda:1", "--max-num-seqs", "48"]))[1] == 48
+    engine = build_engine(LlmSettings(preset="tiny", kv_cache_gb=0.01, block_size=64))
+    assert engine.config.max_num_seqs == EngineConfig().max_num_seqs == 16
 
 
 def test_up_forwards_the_engine_options():

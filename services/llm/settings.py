@@ -32,6 +32,10 @@ CUDA_AUDIO_LEAD = 1.5
 FIRST_AUDIO_WINDOW = 8
 CUDA_FIRST_AUDIO_HOLD = 0.04
 ENGINE = EngineConfig()  # the engine's defaults, which the engine's options take
+# On a GPU the defaults are the stack as measured (docs/benchmarks.md: `moss-serve up --device cuda --preset
+# moss-speech` on an H200, the loads of the "Where it stands" tables); the engine's own are a CPU's.
+GPU_KV_CACHE_GB = 32.0
+GPU_MAX_NUM_SEQS = 256
 
 if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
     from services.common.tls import ServerTls
@@ -63,11 +67,13 @@ class LlmSettings:
                                "(e4m3, scaled per channel and per row: half the bytes a decode step reads; H100 or "
                                "newer on CUDA; the heads, attention and K/V stay in --dtype)", choices=["none", "fp8"])
     kv_cache_gb: float | None = option(None, f"memory budget of the KV-cache pool, GiB (default: "
-                                             f"{ENGINE.kv_cache_bytes / (1 << 30):g}, or half the device's free memory "
-                                             "after the weights if less; given, it must fit or the llm refuses to "
-                                             "start)", type=positive(float), show_default=False)
+                                             f"{ENGINE.kv_cache_bytes / (1 << 30):g} on a CPU, {GPU_KV_CACHE_GB:g} on a GPU, "
+                                             "or half the device's free memory after the weights if less; given, it "
+                                             "must fit or the llm refuses to start)", type=positive(float),
+                                       show_default=False)
     block_size: int = option(ENGINE.block_size, "positions per KV-cache block", type=power_of_two)
-    max_num_seqs: int = option(ENGINE.max_num_seqs, "requests in the running batch", type=positive(int))
+    max_num_seqs: int | None = option(None, f"requests in the running batch (default: {ENGINE.max_num_seqs} on a "
+                                            f"CPU, {GPU_MAX_NUM_SEQS} on a GPU)", type=positive(int), show_default=False)
     max_num_batched_tokens: int = option(ENGINE.max_num_batched_tokens, "positions per engine step; longer prompts are prefilled in chunks",
                                          type=positive(int))
     max_model_len: int = option(ENGINE.max_model_len, "prompt + history + generated positions", type=positive(int))
@@ -99,3 +105,10 @@ def audio_lead(s) -> float:
     if s.max_audio_lead is not None:
         return s.max_audio_lead
     return CUDA_AUDIO_LEAD if s.device.startswith("cuda") else 0.0
+
+
+def device_defaults(s: LlmSettings) -> tuple[float, int]:
+    """(KV cache GiB, running batch) for s.device where not given: a GPU's as measured, else the engine's own."""
+    gpu = s.device.startswith("cuda")
+    kv = GPU_KV_CACHE_GB if gpu else ENGINE.kv_cache_bytes / (1 << 30)
+    return kv, s.max_num_seqs or (GPU_MAX_NUM_SEQS if gpu else ENGINE.max_num_seqs)
