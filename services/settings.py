@@ -34,6 +34,10 @@ SECURITY = "security: keys, TLS, origins"
 GRPC_PORTS = {"gateway": 50051, "llm": 50052, "vocoder": 50053, "encoder": 50054}
 METRICS_PORTS = {"gateway": 9091, "llm": 9092, "vocoder": 9093, "encoder": 9094}
 HTTP_PORT = 8000  # the gateway's HTTP door (OpenAI's /v1/audio/speech)
+# The streams one GPU's stack is sized for by default: its vocoder keeps this many streams' flow histories
+# (codec/decoder.py), its gateway runs as many turns (the vocoders' stream slots), and its encoder holds as many
+# speakers' places, so that every stream it plays may be a spoken session's. Each is capped by its device's free memory.
+GPU_STACK_STREAMS = 128
 
 
 # ---- the options' types (argparse turns a type's error into a usage message) ----------------------------------

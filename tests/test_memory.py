@@ -144,3 +144,29 @@ def test_the_sizes_planned_are_the_sizes_allocated():
         return pool.k.numel() * pool.k.element_size() + pool.v.numel() * pool.v.element_size()
 
     assert pool_bytes(3) - pool_bytes(2) == KVPool.bytes_per_slot(cfg, torch.float32)
+
+
+def test_the_encoders_places_default_to_the_streams_a_gpu_stack_plays_and_say_so(caplog):
+    """On a GPU a place for every stream the stack plays (the vocoder's history slots, the gateway's turns), on a CPU
+    32; the count, why, and the memory it takes in the encoder's log."""
+    import logging
+
+    from services.encoder.checkpoint import random_tokenizer
+    from services.encoder.config import tiny as encoder_tiny
+    from services.encoder.kv_pool import KVPool
+    from services.encoder.server import speaker_places
+    from services.encoder.settings import EncoderSettings, default_speakers
+    from services.settings import GPU_STACK_STREAMS
+    from services.vocoder.codec.decoder import DEFAULT_HISTORY_STREAMS
+
+    assert default_speakers("cuda") == default_speakers("cuda:1") == GPU_STACK_STREAMS == DEFAULT_HISTORY_STREAMS == 128
+    assert default_speakers("cpu") == 32
+    model = random_tokenizer(encoder_tiny(), 0)
+    with caplog.at_level(logging.INFO, logger="services.encoder.server"):
+        pool = speaker_places(model, EncoderSettings())
+    assert pool.slots == 32
+    per = KVPool.bytes_per_slot(model.cfg, torch.float32)
+    assert f"encoder: 32 speaker places (the default on cpu, within half the free memory; {per / 1e6:.0f} MB each" in caplog.text
+    with caplog.at_level(logging.INFO, logger="services.encoder.server"):
+        speaker_places(model, EncoderSettings(max_speakers=3))
+    assert "encoder: 3 speaker places (--max-speakers;" in caplog.text

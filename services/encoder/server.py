@@ -16,7 +16,7 @@ from services.encoder.checkpoint import load_tokenizer, random_tokenizer
 from services.encoder.config import SAMPLE_RATE, glm4_voice, tiny
 from services.encoder.kv_pool import KVPool
 from services.encoder.servicer import EncoderServicer
-from services.encoder.settings import DEFAULT_SPEAKERS, EncoderSettings
+from services.encoder.settings import EncoderSettings, default_speakers
 from services.encoder.stream import EncoderStream
 from services.encoder.whisper_vq import WhisperVQEncoder
 
@@ -57,7 +57,10 @@ def speaker_places(model: WhisperVQEncoder, s: EncoderSettings) -> KVPool:
     w = model.codebook.weight
     graphs = w.is_cuda and s.cuda_graphs == "on"
     per_place = KVPool.bytes_per_slot(model.cfg, w.dtype)
-    places = size_pool(PLACES, per_place, s.max_speakers, DEFAULT_SPEAKERS, w.device)
+    places = size_pool(PLACES, per_place, s.max_speakers, default_speakers(s.device), w.device)
+    log.info("encoder: %d speaker places (%s; %.0f MB each, %.1f GB in all)", places,
+             "--max-speakers" if s.max_speakers is not None else f"the default on {w.device.type}, within half the free memory",
+             per_place / 1e6, places * per_place / 1e9)
     pool = KVPool(model.cfg, places, w.device, w.dtype, scratch=graphs)
     if graphs:
         started = time.perf_counter()

@@ -6,7 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from services.settings import ENCODER, OWN, PROCESSES, host_option, metrics_port_option, option, port_option, positive, seconds
+from services.settings import (
+    ENCODER,
+    GPU_STACK_STREAMS,
+    OWN,
+    PROCESSES,
+    host_option,
+    metrics_port_option,
+    option,
+    port_option,
+    positive,
+    seconds,
+)
 
 if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
     from services.common.tls import ServerTls
@@ -21,7 +32,13 @@ def probability(text: str) -> float:
     return value
 
 
-DEFAULT_SPEAKERS = 32
+DEFAULT_SPEAKERS = 32  # on a CPU
+GPU_DEFAULT_SPEAKERS = GPU_STACK_STREAMS  # on a GPU: a place for every stream the stack plays (services/settings.py)
+
+
+def default_speakers(device: str) -> int:
+    """The speakers' places when --max-speakers is not given (at most what half the free memory holds: memory.py)."""
+    return GPU_DEFAULT_SPEAKERS if device.startswith("cuda") else DEFAULT_SPEAKERS
 
 
 @dataclass
@@ -41,7 +58,8 @@ class EncoderSettings:
     max_speakers: int | None = option(None, f"speakers encoded at once (each holds 30 s of keys and values: 123 MB "
                                             f"at the real size in bf16, twice that in float32); a turn whose speech "
                                             f"starts when all are taken: RESOURCE_EXHAUSTED (default: "
-                                            f"{DEFAULT_SPEAKERS}, or as many as fit in half the device's free memory; "
+                                            f"{DEFAULT_SPEAKERS} on a CPU, {GPU_DEFAULT_SPEAKERS} on a GPU, or as many "
+                                            f"as fit in half the device's free memory; "
                                             f"given, they must fit or the encoder refuses to start)",
                                       type=positive(int), show_default=False)
     max_listeners: int = option(256, "Encode calls open at once, those still listening for speech included; more: "

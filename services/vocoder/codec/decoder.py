@@ -43,6 +43,7 @@ import itertools
 import torch
 
 from services.common.memory import Pool, size_pool
+from services.settings import GPU_STACK_STREAMS
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
 from services.vocoder.codec.flow_graphs import FlowGraphs, on_device
 from services.vocoder.codec.flow_state import FlowState, Plan
@@ -58,7 +59,7 @@ DEFAULT_BLOCK_TOKENS = 5
 DEFAULT_MAX_CONTEXT_TOKENS = 40
 PREFIX_MIN_ROWS = 4  # measured: 1 row slower with the prefix, 4 and 16 faster; 2 and 3 not measured
 SOLVE_BLOCKS = 4     # a history row's frames per call, at most: the gateway's chunks of 20 tokens (4 blocks)
-DEFAULT_HISTORY_STREAMS = 128  # streams that hold a history slot (memory: history.py)
+DEFAULT_HISTORY_STREAMS = GPU_STACK_STREAMS  # streams that hold a history slot (memory: history.py)
 HISTORY_POOL = Pool("vocoder", "the flow's stream history", "--flow-history-streams", "streams")
 
 
