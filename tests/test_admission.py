@@ -5,6 +5,7 @@ import asyncio
 import time
 
 import grpc
+import numpy as np
 import pytest
 from conftest import gateway_stack, metric_value, scrape
 from google.rpc import error_details_pb2, status_pb2
@@ -12,7 +13,7 @@ from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from services.common.errors import DeadlineExceeded, ResourceExhausted
 from services.gateway.admission import RETRY_MAX, RETRY_MIN, Admission
-from services.gateway.client import converse
+from services.gateway.client import SynthesisResult, converse
 from services.gateway.headroom import Headroom, HeadroomRule
 
 
@@ -408,3 +409,58 @@ def test_the_turns_at_once_follow_the_vocoders_stream_slots():
         assert (room.rule.max_limit, room.rule.burst_turns, adm.max_turns) == (256, 128, 256)
 
     asyncio.run(scenario())
+
+
+def test_a_speaking_user_holds_no_turn_and_a_spoken_turn_refused_at_its_end_keeps_the_session(stack, tmp_path):
+    """A speaking user holds an encoder place only: the one place stays with a typed turn while a session speaks, the
+    spoken turn is admitted (here: refused, TurnFailed with the retry hint) once its speech has ended, its encoder
+    place is given back, and the session's next spoken turn is answered once the place is free."""
+    from tests.speech import spoken
+
+    samples, rate = spoken("Is there a place for me?")
+    with gateway_stack(stack, tmp_path, "--max-turns", "1", "--max-queued-turns", "0",
+                       "--encoder-target", stack.target("encoder")) as one_place:
+        check_a_speaking_user(one_place, samples, rate)
+
+
+def check_a_speaking_user(stack, samples, rate):
+
+    def gateway(name: str) -> float:
+        return metric_value(scrape(stack.ports.metrics["gateway"]), name)
+
+    async def scenario():
+        async with grpc.aio.insecure_channel(stack.target("gateway")) as channel:
+            long = gateway_pb2_grpc.GatewayStub(channel).Synthesize(gateway_pb2.SynthesizeRequest(
+                text="a long reply", sampling=common_pb2.SamplingParams(max_new_tokens=60, min_new_tokens=60, seed=1)),
+                timeout=60)
+            await long.read()  # it holds the one place now
+            async with converse(stack.target("gateway"), sampling=common_pb2.SamplingParams(max_new_tokens=6, seed=1),
+                                timeout=120) as conv:
+                # the speech without its end: the user is still speaking
+                pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+                await conv.call.write(gateway_pb2.ConverseRequest(speech=gateway_pb2.SpeechInput(
+                    sample_rate=rate, format=common_pb2.AUDIO_FORMAT_PCM16)))
+                await conv.call.write(gateway_pb2.ConverseRequest(audio=gateway_pb2.UserAudio(pcm=pcm)))
+                deadline = time.monotonic() + 30
+                while metric_value(scrape(stack.ports.metrics["encoder"]), "encoder_speakers") != 1:
+                    assert time.monotonic() < deadline, "the encoder never took the speaker"
+                    await asyncio.sleep(0.05)
+                turns_while_speaking = gateway("gateway_active_requests")
+                await conv.call.write(gateway_pb2.ConverseRequest(end_of_speech=gateway_pb2.EndOfSpeech()))
+                conv.turns_sent += 1
+                refused = SynthesisResult()
+                async for msg in conv.replies():
+                    refused.take(msg, time.perf_counter())
+                while await long.read() is not grpc.aio.EOF:  # the place frees
+                    pass
+                await asyncio.sleep(refused.failed.retry_after_seconds if refused.failed else 0)
+                answered = await conv.speak(samples, rate, realtime=False)
+            return turns_while_speaking, refused, answered
+
+    turns_while_speaking, refused, answered = asyncio.run(scenario())
+    assert turns_while_speaking == 1  # the typed turn's: the speech holds an encoder place, no turn
+    assert refused.speech_ended is not None and refused.speech_ended.codes > 0  # heard whole, then refused
+    assert refused.failed is not None and refused.failed.code == "RESOURCE_EXHAUSTED", refused.failed
+    assert RETRY_MIN <= refused.failed.retry_after_seconds <= RETRY_MAX and refused.summary is None
+    assert answered.failed is None and answered.summary.audio_tokens == 6
+    assert metric_value(scrape(stack.ports.metrics["encoder"]), "encoder_speakers") == 0
