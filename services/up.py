@@ -265,9 +265,10 @@ class MpsKeeper:
     - A client killed by a signal takes the others with it only with `shared_fate` (--mps-shared-fate). Off by
       default: on an H200 five SIGKILLs under load (two of the vocoder, three of the llm) left the other stage
       serving with no CUDA error, and only the dead one was started again (docs/benchmarks.md, restart-2026-11-29),
-      where an H100 once saw an llm replica's kill give its neighbours an illegal memory access. If a kill does
-      fault a neighbour, that neighbour finds it within PROBE_SECONDS and exits 3, and the rule above restarts
-      the GPU's clients. A plain exit (a Python error) leaves the others alone.
+      where an H100 once saw an llm replica's kill give its neighbours an illegal memory access (two llm and two
+      vocoder replicas on the GPU: a layout not tried again). If a kill does fault a neighbour, that neighbour
+      finds it within PROBE_SECONDS and exits 3, and the rule above restarts the GPU's clients. A plain exit (a
+      Python error) leaves the others alone.
     - The daemon itself is started again when it exits (after 1 s, doubling to 30 s while it keeps failing to
       start), then every client."""
 

@@ -5,6 +5,7 @@ its turn while the session goes on, and nothing left in the encoder however a ca
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import numpy as np
@@ -17,6 +18,7 @@ from tests.speech import spoken
 
 SHORT = common_pb2.SamplingParams(max_new_tokens=12, min_new_tokens=12, seed=1)
 TEXT, SPEECH = gateway_pb2.REPLY_MODALITY_TEXT, gateway_pb2.REPLY_MODALITY_SPEECH
+SPEAKERS = 4  # hands-free sessions at once (a 2-core CPU stack)
 
 
 @pytest.fixture(scope="module")
@@ -336,3 +338,61 @@ def test_without_an_encoder_spoken_turns_fail_and_typed_ones_go_on(stack, questi
         assert spoken_reply.failed.code == "UNAVAILABLE" and spoken_reply.failed.message.startswith("encoder unavailable")
         assert typed_reply.summary is not None and typed_reply.summary.num_samples > 0
         assert is_serving(gateway.target)  # the gateway's health does not hang on the encoder
+
+
+def test_many_speakers_talk_over_many_replies_and_nothing_is_held_afterwards(stack, question):
+    """Hands-free sessions at once, each barging in by voice on its long reply: every barged-in reply is cancelled
+    after its audio began, every new turn speaks, and once the sessions end nothing is held in any stage (gateway
+    turns and sessions, the llm's requests and KV blocks, the encoder's places, the vocoder's streams)."""
+    samples, rate = question
+    quiet = np.zeros(int(0.8 * rate), np.float32)
+    pcm = (np.concatenate([quiet, samples, quiet]) * 32767).astype("<i2")
+    long = common_pb2.SamplingParams(max_new_tokens=400, min_new_tokens=400, seed=1)
+
+    async def session():
+        async with converse(stack.target("gateway"), timeout=120) as conv:
+            await conv.call.write(gateway_pb2.ConverseRequest(speech=gateway_pb2.SpeechInput(
+                sample_rate=rate, detect_speech=True, end_silence_seconds=0.3, sampling=long)))
+            kinds: dict[int, list[str]] = {1: [], 2: []}
+
+            async def read_until(turn: int, kind: str):
+                while kind not in kinds[turn]:
+                    msg = await conv.call.read()
+                    assert msg is not grpc.aio.EOF
+                    kinds.setdefault(msg.turn, []).append(msg.WhichOneof("kind"))
+
+            async def say_it():
+                for i in range(0, len(pcm), rate // 10):
+                    await conv.call.write(gateway_pb2.ConverseRequest(audio=gateway_pb2.UserAudio(pcm=pcm[i : i + rate // 10].tobytes())))
+                    await asyncio.sleep(0.02)
+
+            await say_it()
+            await read_until(1, "audio")
+            await say_it()  # over the reply
+            await read_until(2, "audio")
+            await conv.call.write(gateway_pb2.ConverseRequest(end_of_speech=gateway_pb2.EndOfSpeech()))
+            await conv.call.write(gateway_pb2.ConverseRequest(cancel=gateway_pb2.CancelTurn()))
+            await read_until(2, "cancelled")
+            return kinds
+
+    async def sessions():
+        return await asyncio.gather(*(session() for _ in range(SPEAKERS)))
+
+    for kinds in run(sessions()):
+        assert "cancelled" in kinds[1] and "summary" not in kinds[1], kinds[1]
+        assert kinds[1].index("cancelled") > kinds[1].index("audio")
+        assert kinds[2][:3] == ["speech_started", "speech_ended", "metadata"], kinds[2]
+
+    def held() -> dict[str, float]:
+        gateway, llm = scrape(stack.ports.metrics["gateway"]), scrape(stack.ports.metrics["llm"])
+        return {"gateway turns": metric_value(gateway, "gateway_active_requests"),
+                "gateway sessions": metric_value(gateway, "gateway_active_sessions"),
+                "llm requests": metric_value(llm, "llm_requests_running") + metric_value(llm, "llm_requests_waiting"),
+                "llm KV blocks": metric_value(llm, "llm_kv_blocks_used"),
+                "encoder places": metric_value(scrape(stack.ports.metrics["encoder"]), "encoder_speakers"),
+                "vocoder streams": metric_value(scrape(stack.ports.metrics["vocoder"]), "vocoder_active_streams")}
+
+    deadline = time.monotonic() + 20
+    while any((left := held()).values()):
+        assert time.monotonic() < deadline, left
+        time.sleep(0.1)
