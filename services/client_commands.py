@@ -93,6 +93,11 @@ def add_bench(sub) -> None:
     bench.add_argument("--speech", metavar="WAV",
                        help="every turn spoken: the file streamed as it would be spoken (Converse sessions of --turns "
                             "turns, at least 1), then its end; TTFA then runs from the end of the speech")
+    bench.add_argument("--barge-in", type=seconds, metavar="SECONDS",
+                       help="with --speech: hands-free sessions (the gateway finds where the speech starts and ends) "
+                            "whose user speaks again SECONDS after the reply's first audio, over it; reports how long "
+                            "the old reply's audio still arrived after the new speech began, and the new turn's end of "
+                            "speech to first audio. Give replies long enough to be spoken over (--reply-seconds)")
     bench.add_argument("--turn-gap", type=seconds, default=0.5,
                        help="seconds between a reply played out at the client and the next turn (default 0.5)")
     bench.add_argument("--timeout", type=positive(float), default=120.0,
@@ -182,6 +187,8 @@ def run_bench(args, argv: list[str]) -> int:
     try:
         prompts = load_prompts(args.prompts)
         speech = _speech(args.speech)
+        if args.barge_in is not None and speech is None:
+            raise ValueError("--barge-in needs --speech WAV: what the user says, twice")
     except (OSError, ValueError) as err:
         print(f"moss-serve bench: {err}", file=sys.stderr)
         return 2
@@ -200,7 +207,7 @@ def run_bench(args, argv: list[str]) -> int:
                     min_new_tokens=args.max_new_tokens if args.min_new_tokens is None else args.min_new_tokens,
                     timeout=args.timeout, first_chunk_tokens=args.first_chunk_tokens, api_key=args.api_key, tls=tls, seed=args.seed,
                     progress=not args.no_progress, turns=args.turns, turn_gap=args.turn_gap, speech=speech,
-                    reply_seconds=args.reply_seconds, arrival_seconds=args.seconds)
+                    reply_seconds=args.reply_seconds, arrival_seconds=args.seconds, barge_in=args.barge_in)
     return run(spec, args.concurrency, args.warmup, args.out, "moss-serve bench " + " ".join(argv), rates=args.rate)
 
 

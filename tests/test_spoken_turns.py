@@ -396,3 +396,27 @@ def test_many_speakers_talk_over_many_replies_and_nothing_is_held_afterwards(sta
     while any((left := held()).values()):
         assert time.monotonic() < deadline, left
         time.sleep(0.1)
+
+
+def test_the_bench_barges_in_by_voice_and_reports_when_the_old_reply_stopped(stack, question, capsys):
+    """moss-serve bench --speech WAV --barge-in S: hands-free sessions speak over their long replies; each replied-to
+    turn records when its last audio came after the new speech began, and the new turn is answered."""
+    from services.bench.load import LoadSpec, run_load
+    from services.bench.report import barge_in_table, summarize
+    from services.cli import main
+
+    spec = LoadSpec(target=stack.target("gateway"), prompts=["unused"], requests=2, concurrency=2, speech=question,
+                    barge_in=0.3, max_new_tokens=400, min_new_tokens=400, progress=False)
+    records, wall = run(run_load(spec))
+    assert [r.turn for r in records] == [1, 2, 1, 2], [(r.turn, r.code, r.error) for r in records]
+    for spoken_over, answer in zip(records[::2], records[1::2]):
+        assert spoken_over.ok and answer.ok, (spoken_over.error, answer.error)
+        # a 400-token reply is 32 s of audio: its audio stops once the new speech is heard, not at its end
+        assert spoken_over.barged_in is not None and spoken_over.barged_in < 3.0, spoken_over.barged_in
+        assert 0 < spoken_over.cancelled_after < 3.0, spoken_over.cancelled_after  # the speech heard, then the cancel
+        assert spoken_over.audio_seconds < 20 and answer.ttfa > 0
+    level = summarize(records, wall)
+    assert level["barge_in"]["replies"] == 2 and level["errors"] == {}
+    assert "replies spoken over" in barge_in_table({2: level})
+    assert main(["bench", "--barge-in", "1"]) == 2
+    assert "--barge-in needs --speech WAV" in capsys.readouterr().err

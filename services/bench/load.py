@@ -3,6 +3,7 @@ arrives (stream.py). A request is a Synthesize call, or with `turns` a Converse 
 each turn is sent once the reply before it has played out at the client, plus `turn_gap` (a listener who
 hears the reply, then speaks), and is recorded as a stream of its own. With `speech`, each turn is spoken: the
 audio streamed as it would be spoken, then its end; the turn's clock (its TTFA) starts at the end of the speech.
+With `barge_in` too, each session is hands-free and barges in by voice (one_barge_in).
 Nothing here blocks the event loop; the progress bar writes to stderr."""
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class LoadSpec:
     speech: tuple[np.ndarray, int] | None = None  # (samples, rate): every turn spoken, as a Converse session's
     reply_seconds: tuple[float, float] | None = None  # each reply's length uniform in [lo, hi] s, exact (not max/min)
     arrival_seconds: float = 30.0          # with rate and no requests: seconds of arrivals
+    barge_in: float | None = None          # with speech: hands-free sessions speaking again this many seconds into
+                                           # their first reply's audio (one_barge_in)
 
     def requests_for(self) -> int:
         """The level's request count: as given, or 4 per concurrent stream (at least 8), or arrival_seconds of
@@ -140,6 +143,97 @@ async def one_session(stub, texts: list[tuple[int, str]], sampling, spec: LoadSp
     return records
 
 
+QUIET_SECONDS = 0.5        # silence around a hands-free utterance, as a person pauses
+END_SILENCE_SECONDS = 0.3  # the silence after which the gateway ends a hands-free turn (SpeechInput.end_silence_seconds)
+CHUNK_SECONDS = 0.1        # the audio's pieces, each sent once the one before has played
+
+
+async def one_barge_in(stub, sampling, spec: LoadSpec) -> list[StreamRecord]:
+    """A hands-free session (the gateway finds where speech starts and ends) that barges in by voice: the user speaks,
+    and `spec.barge_in` seconds after the reply's first audio speaks again over it → its two turns' records. Turn 1's
+    `barged_in`: its last audio's arrival less the moment the second speech began (the stop as the client sees it;
+    negative where none came after), and `cancelled_after`: its TurnCancelled's arrival less that moment.
+    Turn 2's clock starts when the second speech's last sound was sent: its TTFA holds the gateway's wait for
+    END_SILENCE_SECONDS of quiet, as a hands-free user's does."""
+    samples, rate = spec.speech
+    quiet = np.zeros(int(QUIET_SECONDS * rate), np.float32)
+    pcm = (np.clip(np.concatenate([quiet, samples, quiet]), -1, 1) * 32767).astype("<i2")
+    speech_from, speech_to = len(quiet), len(quiet) + len(samples)   # the sound's samples
+    step = int(CHUNK_SECONDS * rate)
+    records = {1: StreamRecord(sent=time.perf_counter(), turn=1), 2: StreamRecord(sent=time.perf_counter(), turn=2)}
+    call = stub.Converse(timeout=spec.timeout, metadata=bearer(spec.api_key))
+    conv = Conversation(call)
+    first_audio, answered, cancelled = asyncio.Event(), asyncio.Event(), []
+
+    async def speak() -> tuple[float, float]:
+        """The utterance in real time → (when its sound began, when its sound ended) on the client's clock."""
+        began = ended = started = time.perf_counter()
+        for i in range(0, len(pcm), step):
+            await asyncio.sleep(max(0.0, started + i / rate - time.perf_counter()))
+            await call.write(gateway_pb2.ConverseRequest(audio=gateway_pb2.UserAudio(pcm=pcm[i : i + step].tobytes())))
+            now = time.perf_counter()
+            if i <= speech_from < i + step:
+                began = now
+            if i < speech_to <= i + step:
+                ended = now
+        return began, ended
+
+    async def read() -> None:
+        try:
+            while (msg := await call.read()) is not grpc.aio.EOF:
+                kind = msg.WhichOneof("kind")
+                if kind == "ended":
+                    break
+                record = records.get(msg.turn)
+                if record is None:
+                    continue
+                take(record, msg)
+                if kind == "failed":
+                    record.code, record.error = msg.failed.code, msg.failed.message
+                    record.retry_after = msg.failed.retry_after_seconds or None
+                if msg.turn == 1 and kind in ("audio", "failed"):
+                    first_audio.set()
+                if msg.turn == 1 and kind == "cancelled":
+                    cancelled.append(time.perf_counter())
+                if msg.turn == 2 and kind in ("summary", "failed", "cancelled"):
+                    answered.set()
+        finally:  # the call ended (or failed): nobody waits in vain
+            first_audio.set()
+            answered.set()
+
+    reader, spoke_twice = None, False
+    try:
+        await conv.start(gateway_pb2.SessionConfig(sampling=sampling, chunking=spec.chunking()))
+        reader = asyncio.create_task(read())
+        await call.write(gateway_pb2.ConverseRequest(speech=gateway_pb2.SpeechInput(
+            sample_rate=rate, format=common_pb2.AUDIO_FORMAT_PCM16, detect_speech=True,
+            end_silence_seconds=END_SILENCE_SECONDS)))
+        _, records[1].sent = await speak()
+        await first_audio.wait()
+        if records[1].ok:
+            await asyncio.sleep(spec.barge_in)
+            spoke_twice = True
+            began, records[2].sent = await speak()
+            await answered.wait()
+            records[1].barged_in = records[1].chunks[-1][0] - began
+            records[1].cancelled_after = cancelled[0] - began if cancelled else None
+        await call.write(gateway_pb2.ConverseRequest(close=gateway_pb2.CloseSession()))
+        await asyncio.wait_for(reader, spec.timeout)
+    except grpc.aio.AioRpcError as err:
+        failed(records[2] if spoke_twice else records[1], err)
+    finally:
+        call.cancel()
+        if reader is not None:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+    kept = [records[1], records[2]] if spoke_twice else [records[1]]
+    for record in kept:
+        record.done = record.done or time.perf_counter()
+        if record.code == "OK" and not record.chunks:
+            record.code, record.error = "UNKNOWN", "the turn ended without audio"
+    return kept
+
+
 class _Progress:
     def __init__(self, total: int, label: str, enabled: bool):
         self.bar = None
@@ -174,7 +268,9 @@ async def run_load(spec: LoadSpec, label: str = "") -> tuple[list[StreamRecord],
 
     async def request(i: int) -> None:
         stub = stubs[i % len(stubs)]
-        if spec.turns or spec.speech is not None:
+        if spec.barge_in is not None and spec.speech is not None:
+            records[i] = await one_barge_in(stub, spec.sampling(i), spec)
+        elif spec.turns or spec.speech is not None:
             texts = [((i + k) % len(spec.prompts), spec.prompts[(i + k) % len(spec.prompts)]) for k in range(max(spec.turns, 1))]
             records[i] = await one_session(stub, texts, spec.sampling(i), spec)
         else:

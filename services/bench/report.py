@@ -54,8 +54,35 @@ def summarize(records: list[StreamRecord], wall: float, jitter: float = JITTER_S
         "stages_mean_seconds": stage_means(ok),
         "stages_slowest_tenth_seconds": stage_means(slowest_tenth(ok)),
         "by_turn": by_turn(ok),
+        "barge_in": barge_in(records),
         **goodput(records, wall, stall_free),
     }
+
+
+def barge_in(records: list[StreamRecord]) -> dict:
+    """Replies spoken over (moss-serve bench --barge-in): how many, how long after the new speech began their last
+    audio still arrived at the client (negative: none came after it), and their TurnCancelled (p50 / p95 / max; {}
+    where none was)."""
+    over = [r for r in records if r.barged_in is not None]
+    if not over:
+        return {}
+
+    def spread(values: list[float]) -> dict:
+        return {"p50": quantile(values, 50), "p95": quantile(values, 95), "max": max(values, default=math.nan)}
+
+    return {"replies": len(over), "stop_seconds": spread([r.barged_in for r in over]),
+            "cancelled_seconds": spread([r.cancelled_after for r in over if r.cancelled_after is not None])}
+
+
+def barge_in_table(levels: dict, markdown: bool = False) -> str:
+    """Per level with barge-ins: replies spoken over, their last audio and their cancel after the new speech began."""
+    rows = [["streams", "replies spoken over", "last audio after: p50", "p95", "max", "cancelled after: p50", "p95"]]
+    for c, lv in levels.items():
+        if b := lv.get("barge_in"):
+            t, x = b["stop_seconds"], b["cancelled_seconds"]
+            rows.append([str(c), str(b["replies"]), *(f"{t[k] * 1e3:.0f} ms" for k in ("p50", "p95", "max")),
+                         *(f"{x[k] * 1e3:.0f} ms" for k in ("p50", "p95"))])
+    return _format(rows, markdown) if len(rows) > 1 else ""
 
 
 def stage_means(records: list[StreamRecord]) -> dict:

@@ -27,6 +27,10 @@ class StreamRecord:
     stages: dict[str, float] = field(default_factory=dict)         # the gateway's SynthesisSummary fields
     done: float = 0.0                                # the call ended (status received)
     retry_after: float | None = None                 # a refusal's retry hint, seconds (None: none came)
+    barged_in: float | None = None                   # a reply spoken over (--barge-in): its last audio's arrival less
+                                                     # the moment the new speech began (None: not spoken over;
+                                                     # negative: no audio of it came after that moment)
+    cancelled_after: float | None = None             # ... and its TurnCancelled's arrival less that moment
 
     @property
     def ok(self) -> bool:
@@ -68,4 +72,5 @@ class StreamRecord:
                 "prompt": self.prompt, "turn": self.turn, "code": self.code, "error": self.error, "sample_rate": self.sample_rate,
                 "chunk_arrivals_s": [t - base for t, _ in self.chunks], "chunk_samples": [n for _, n in self.chunks],
                 "stages": self.stages, "done_s": self.done - base if self.done else None,
-                "retry_after_s": self.retry_after}
+                "retry_after_s": self.retry_after, "barged_in_s": self.barged_in,
+                "cancelled_after_s": self.cancelled_after}

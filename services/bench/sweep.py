@@ -67,7 +67,10 @@ def write(result: dict, out: Path) -> list[Path]:
 
 def turns_md(summaries: dict) -> str:
     table = report.turn_table(summaries, markdown=True)
-    return f"Converse sessions, by turn (later turns carry the history):\n\n{table}\n\n" if table else ""
+    out = f"Converse sessions, by turn (later turns carry the history):\n\n{table}\n\n" if table else ""
+    if barge := report.barge_in_table(summaries, markdown=True):
+        out += f"Barge-in by voice (the replies spoken over: their last audio after the new speech began):\n\n{barge}\n\n"
+    return out
 
 
 def run(spec: LoadSpec, concurrencies: list[int], warmup: int, out: str | None, command: str,
@@ -90,6 +93,9 @@ def run(spec: LoadSpec, concurrencies: list[int], warmup: int, out: str | None, 
     if turns := report.turn_table(summaries):
         print()
         print(turns)
+    if barge := report.barge_in_table(summaries):
+        print()
+        print(barge)
     if not rates:
         print(f"\ncapacity (>= {report.CAPACITY_STALL_FREE:.0%} stall-free, TTFA p95 <= "
               f"{report.CAPACITY_TTFA_P95 * 1e3:.0f} ms): {result['capacity']} streams")
