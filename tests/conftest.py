@@ -187,13 +187,18 @@ def gateway_stack(stack: Stack, log_dir, *flags: str, env: dict[str, str] | None
 
 
 def left_held(gateway, stack: Stack) -> dict[str, float]:
-    """What `gateway` and the stack's stages still hold for turns (all zero when idle)."""
+    """What `gateway` and the stack's stages still hold for turns (all zero when idle): the encoder's places too where
+    the stack runs one."""
     text, llm = scrape(gateway.metrics), scrape(stack.ports.metrics["llm"])
-    return {"gateway turns": metric_value(text, "gateway_active_requests"),
+    held = {"gateway turns": metric_value(text, "gateway_active_requests"),
             "gateway sessions": metric_value(text, "gateway_active_sessions"),
             "llm running": metric_value(llm, "llm_requests_running"),
             "llm waiting": metric_value(llm, "llm_requests_waiting"),
+            "llm KV blocks": metric_value(llm, "llm_kv_blocks_used"),
             "vocoder streams": metric_value(scrape(stack.ports.metrics["vocoder"]), "vocoder_active_streams")}
+    if "encoder" in stack.names:
+        held["encoder places"] = metric_value(scrape(stack.ports.metrics["encoder"]), "encoder_speakers")
+    return held
 
 
 def scrape(port: int) -> str:

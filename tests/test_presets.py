@@ -104,7 +104,10 @@ def test_build_engine_takes_dtype_and_block_size():
 def test_the_llm_sizes_its_kv_cache_and_batch_for_its_device_unless_given():
     """One set of defaults: on a GPU `moss-serve up --device cuda --preset moss-speech` is the measured stack (32 GiB
     of KV cache where half the free memory holds it, 256 sequences); on a CPU the engine's own."""
-    from services.llm.settings import GPU_KV_CACHE_GB, GPU_MAX_NUM_SEQS, device_defaults
+    from services.llm.settings import GPU_KV_CACHE_GB, GPU_MAX_NUM_SEQS, default_kv_cache_gb, max_num_seqs
+
+    def device_defaults(s):
+        return default_kv_cache_gb(s), max_num_seqs(s)
 
     gpu = parser().parse_args(["llm", *up_service_args(parser().parse_args(
         ["up", "--device", "cuda", "--preset", "moss-speech"]))["llm"]])

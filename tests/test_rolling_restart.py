@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
-from pathlib import Path
 
 import grpc
 from conftest import UpProcess, metric_value, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from test_supervisor import service_processes
 from test_up import spaced_free_ports
 
 from services.gateway.client import converse
@@ -119,17 +119,9 @@ def test_a_replica_that_does_not_drain_in_time_is_stopped_and_one_that_does_not_
 # ---- the real thing: `moss-serve up --replicas 2` under load ------------------------------------------------------------
 
 def processes(parent: int) -> dict[str, int]:
-    """"<service>:<port>" → pid of each `services.cli <service> ... --port <port>` process whose parent is `parent`."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = [a.decode() for a in (entry / "cmdline").read_bytes().split(b"\0")]
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == parent and "services.cli" in argv:
-            found[f"{argv[argv.index('services.cli') + 1]}:{argv[argv.index('--port') + 1]}"] = int(entry.name)
-    return found
+    """"<service>:<port>" → pid of each service process of `parent` (replicas apart, where children() has one each)."""
+    return {f"{argv[argv.index('services.cli') + 1]}:{argv[argv.index('--port') + 1]}": pid
+            for pid, argv in service_processes(parent)}
 
 
 def test_sighup_restarts_every_replica_under_load_and_no_admitted_turn_fails():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import grpc
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from services.gateway.client import converse
-from tests.conftest import metric_value, own_gateway, scrape
+from tests.conftest import left_held, metric_value, own_gateway, scrape
 from tests.speech import spoken
 
 SHORT = common_pb2.SamplingParams(max_new_tokens=12, min_new_tokens=12, seed=1)
@@ -340,83 +341,37 @@ def test_without_an_encoder_spoken_turns_fail_and_typed_ones_go_on(stack, questi
         assert is_serving(gateway.target)  # the gateway's health does not hang on the encoder
 
 
-def test_many_speakers_talk_over_many_replies_and_nothing_is_held_afterwards(stack, question):
-    """Hands-free sessions at once, each barging in by voice on its long reply: every barged-in reply is cancelled
-    after its audio began, every new turn speaks, and once the sessions end nothing is held in any stage (gateway
-    turns and sessions, the llm's requests and KV blocks, the encoder's places, the vocoder's streams)."""
-    samples, rate = question
-    quiet = np.zeros(int(0.8 * rate), np.float32)
-    pcm = (np.concatenate([quiet, samples, quiet]) * 32767).astype("<i2")
-    long = common_pb2.SamplingParams(max_new_tokens=400, min_new_tokens=400, seed=1)
-
-    async def session():
-        async with converse(stack.target("gateway"), timeout=120) as conv:
-            await conv.call.write(gateway_pb2.ConverseRequest(speech=gateway_pb2.SpeechInput(
-                sample_rate=rate, detect_speech=True, end_silence_seconds=0.3, sampling=long)))
-            kinds: dict[int, list[str]] = {1: [], 2: []}
-
-            async def read_until(turn: int, kind: str):
-                while kind not in kinds[turn]:
-                    msg = await conv.call.read()
-                    assert msg is not grpc.aio.EOF
-                    kinds.setdefault(msg.turn, []).append(msg.WhichOneof("kind"))
-
-            async def say_it():
-                for i in range(0, len(pcm), rate // 10):
-                    await conv.call.write(gateway_pb2.ConverseRequest(audio=gateway_pb2.UserAudio(pcm=pcm[i : i + rate // 10].tobytes())))
-                    await asyncio.sleep(0.02)
-
-            await say_it()
-            await read_until(1, "audio")
-            await say_it()  # over the reply
-            await read_until(2, "audio")
-            await conv.call.write(gateway_pb2.ConverseRequest(end_of_speech=gateway_pb2.EndOfSpeech()))
-            await conv.call.write(gateway_pb2.ConverseRequest(cancel=gateway_pb2.CancelTurn()))
-            await read_until(2, "cancelled")
-            return kinds
-
-    async def sessions():
-        return await asyncio.gather(*(session() for _ in range(SPEAKERS)))
-
-    for kinds in run(sessions()):
-        assert "cancelled" in kinds[1] and "summary" not in kinds[1], kinds[1]
-        assert kinds[1].index("cancelled") > kinds[1].index("audio")
-        assert kinds[2][:3] == ["speech_started", "speech_ended", "metadata"], kinds[2]
-
-    def held() -> dict[str, float]:
-        gateway, llm = scrape(stack.ports.metrics["gateway"]), scrape(stack.ports.metrics["llm"])
-        return {"gateway turns": metric_value(gateway, "gateway_active_requests"),
-                "gateway sessions": metric_value(gateway, "gateway_active_sessions"),
-                "llm requests": metric_value(llm, "llm_requests_running") + metric_value(llm, "llm_requests_waiting"),
-                "llm KV blocks": metric_value(llm, "llm_kv_blocks_used"),
-                "encoder places": metric_value(scrape(stack.ports.metrics["encoder"]), "encoder_speakers"),
-                "vocoder streams": metric_value(scrape(stack.ports.metrics["vocoder"]), "vocoder_active_streams")}
-
-    deadline = time.monotonic() + 20
-    while any((left := held()).values()):
-        assert time.monotonic() < deadline, left
-        time.sleep(0.1)
-
-
-def test_the_bench_barges_in_by_voice_and_reports_when_the_old_reply_stopped(stack, question, capsys):
-    """moss-serve bench --speech WAV --barge-in S: hands-free sessions speak over their long replies; each replied-to
-    turn records when its last audio came after the new speech began, and the new turn is answered."""
+def test_many_speakers_barge_in_by_voice_the_bench_reports_it_and_nothing_is_held_afterwards(stack, question, capsys):
+    """moss-serve bench --speech WAV --barge-in S (its sessions, services/bench/load.py's one_barge_in): hands-free
+    sessions at once, each speaking over its long reply. Every reply spoken over is cancelled after its audio began and
+    sends no summary; the bench records when its last audio and its cancel came after the new speech began; every new
+    turn is heard and answered; and once the sessions end nothing is held in any stage (gateway turns and sessions,
+    the llm's requests and KV blocks, the encoder's places, the vocoder's streams)."""
     from services.bench.load import LoadSpec, run_load
     from services.bench.report import barge_in_table, summarize
     from services.cli import main
 
-    spec = LoadSpec(target=stack.target("gateway"), prompts=["unused"], requests=2, concurrency=2, speech=question,
-                    barge_in=0.3, max_new_tokens=400, min_new_tokens=400, progress=False)
+    spec = LoadSpec(target=stack.target("gateway"), prompts=["unused"], requests=SPEAKERS, concurrency=SPEAKERS,
+                    speech=question, barge_in=0.3, max_new_tokens=400, min_new_tokens=400, progress=False)
     records, wall = run(run_load(spec))
-    assert [r.turn for r in records] == [1, 2, 1, 2], [(r.turn, r.code, r.error) for r in records]
+    assert [r.turn for r in records] == [1, 2] * SPEAKERS, [(r.turn, r.code, r.error) for r in records]
     for spoken_over, answer in zip(records[::2], records[1::2]):
         assert spoken_over.ok and answer.ok, (spoken_over.error, answer.error)
+        assert not spoken_over.stages  # cancelled: no summary
         # a 400-token reply is 32 s of audio: its audio stops once the new speech is heard, not at its end
         assert spoken_over.barged_in is not None and spoken_over.barged_in < 3.0, spoken_over.barged_in
         assert 0 < spoken_over.cancelled_after < 3.0, spoken_over.cancelled_after  # the speech heard, then the cancel
+        assert spoken_over.cancelled_after > spoken_over.barged_in  # cancelled after its audio
         assert spoken_over.audio_seconds < 20 and answer.ttfa > 0
+        assert answer.sample_rate > 0 and answer.stages["user_codes"] > 0  # heard as speech, answered with audio
     level = summarize(records, wall)
-    assert level["barge_in"]["replies"] == 2 and level["errors"] == {}
-    assert "replies spoken over" in barge_in_table({2: level})
+    assert level["barge_in"]["replies"] == SPEAKERS and level["errors"] == {}
+    assert "replies spoken over" in barge_in_table({SPEAKERS: level})
+    gateway = SimpleNamespace(metrics=stack.ports.metrics["gateway"])
+    deadline = time.monotonic() + 20
+    while any((held := left_held(gateway, stack)).values()):
+        assert time.monotonic() < deadline, held
+        time.sleep(0.1)
+    assert "encoder places" in held
     assert main(["bench", "--barge-in", "1"]) == 2
     assert "--barge-in needs --speech WAV" in capsys.readouterr().err

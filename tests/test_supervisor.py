@@ -56,20 +56,25 @@ def test_backoff_doubles_while_a_service_keeps_dying_and_resets_once_it_runs():
     assert sup.state["llm"].restart_at - (t + 62) == 1
 
 
-def children(pid: int) -> dict[str, int]:
-    """service name → pid of the `services.cli <service>` processes whose parent is `pid`."""
-    found = {}
+def service_processes(pid: int) -> list[tuple[int, list[str]]]:
+    """(pid, argv) of each `services.cli <service> ...` process whose parent is `pid`."""
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            argv = [a.decode() for a in (entry / "cmdline").read_bytes().split(b"\0")]
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == pid and b"services.cli" in argv:
-            found[argv[argv.index(b"services.cli") + 1].decode()] = int(entry.name)
+        if ppid == pid and "services.cli" in argv:
+            found.append((int(entry.name), argv))
     return found
+
+
+def children(pid: int) -> dict[str, int]:
+    """service name → pid of the `services.cli <service>` processes whose parent is `pid` (one of each)."""
+    return {argv[argv.index("services.cli") + 1]: child for child, argv in service_processes(pid)}
 
 
 def alive(pid: int) -> bool:

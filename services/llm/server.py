@@ -27,7 +27,7 @@ from services.llm.model.model import MossSpeechForCausalLM
 from services.llm.model.tokenizer import load_tokenizer, preset_tokenizer
 from services.llm.model.trtllm_checkpoint import read_config
 from services.llm.servicer import LlmServicer
-from services.llm.settings import LlmSettings, audio_lead, device_defaults, first_audio_hold
+from services.llm.settings import LlmSettings, audio_lead, default_kv_cache_gb, first_audio_hold, max_num_seqs
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ KV_POOL = Pool("llm", "the KV cache", "--kv-cache-gb", "GiB")
 def build_engine(s: LlmSettings) -> LLMEngine:
     device = torch.device(s.device)
     config = EngineConfig(
-        block_size=s.block_size, max_num_seqs=device_defaults(s)[1],  # (the KV budget: _sized_kv, once the weights are in)
+        block_size=s.block_size, max_num_seqs=max_num_seqs(s),  # (the KV budget: _sized_kv, once the weights are in)
         max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, max_audio_lead=audio_lead(s),
         first_audio_window=s.first_audio_window, first_audio_hold=first_audio_hold(s), quantization=s.quantization,
         runner=s.runner, engine_dir=s.engine_dir,
@@ -84,9 +84,9 @@ def check_weights_fit(cfg: MossSpeechConfig, dtype: torch.dtype | None, device: 
 
 def _sized_kv(s: LlmSettings, config: EngineConfig, device: torch.device) -> EngineConfig:
     """The KV pool's budget, the weights in place: --kv-cache-gb if it fits (else NotEnoughMemory), or the device's
-    default (settings.py's device_defaults) where half the free memory holds it (less where not:
+    default (settings.py's default_kv_cache_gb) where half the free memory holds it (less where not:
     services/common/memory.py)."""
-    gib = size_gib(KV_POOL, s.kv_cache_gb, device_defaults(s)[0], device)
+    gib = size_gib(KV_POOL, s.kv_cache_gb, default_kv_cache_gb(s), device)
     return dataclasses.replace(config, kv_cache_bytes=int(gib * GiB))
 
 

@@ -107,8 +107,14 @@ def audio_lead(s) -> float:
     return CUDA_AUDIO_LEAD if s.device.startswith("cuda") else 0.0
 
 
-def device_defaults(s: LlmSettings) -> tuple[float, int]:
-    """(KV cache GiB, running batch) for s.device where not given: a GPU's as measured, else the engine's own."""
-    gpu = s.device.startswith("cuda")
-    kv = GPU_KV_CACHE_GB if gpu else ENGINE.kv_cache_bytes / (1 << 30)
-    return kv, s.max_num_seqs or (GPU_MAX_NUM_SEQS if gpu else ENGINE.max_num_seqs)
+def default_kv_cache_gb(s) -> float:
+    """The KV cache's budget where --kv-cache-gb is not given (less where half the free memory is less: memory.py):
+    a GPU's as measured, else the engine's own."""
+    return GPU_KV_CACHE_GB if s.device.startswith("cuda") else ENGINE.kv_cache_bytes / (1 << 30)
+
+
+def max_num_seqs(s) -> int:
+    """--max-num-seqs, or where not given a GPU's as measured, else the engine's own."""
+    if s.max_num_seqs is not None:
+        return s.max_num_seqs
+    return GPU_MAX_NUM_SEQS if s.device.startswith("cuda") else ENGINE.max_num_seqs
