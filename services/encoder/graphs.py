@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from services.common.cuda_graph import capture
 from services.encoder.attention import BLOCK_M
 from services.encoder.kv_pool import KVPool
 
@@ -110,11 +111,7 @@ class LayerGraphs:
         pool = None
         for rows in reversed(self.buckets):
             layout = self.layout.bucket(rows)
-            self.layers(self.x[:rows], layout)  # (compiles the attention kernel outside the capture)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = self.layers(self.x[:rows], layout)
+            graph, out = capture(lambda: self.layers(self.x[:rows], layout), self.x.device, pool)
             pool = graph.pool()
             self.graphs[rows] = graph, out
         torch.cuda.synchronize()

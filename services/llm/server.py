@@ -55,6 +55,7 @@ def build_engine(s: LlmSettings) -> LLMEngine:
     if s.runner == "trt":
         return _trt_engine(s, _sized_kv(s, config, device), device)
     dtype = resolve_dtype(s.dtype, device, s.model_dir)
+    started = time.perf_counter()
     check_weights_fit(MossSpeechConfig.from_json(Path(s.model_dir) / "config.json") if s.model_dir else preset(s.preset),
                       dtype, device)
     if s.model_dir:
@@ -67,8 +68,12 @@ def build_engine(s: LlmSettings) -> LLMEngine:
         tokenizer = preset_tokenizer(cfg)
         log.warning("no --model-dir: serving the %r preset with RANDOM weights (speech will be noise)", s.preset)
     _match_config_dtype(model)
-    log.info("weights and KV cache in %s", next(model.parameters()).dtype)
-    return LLMEngine(model, tokenizer, _sized_kv(s, config, device))
+    log.info("weights and KV cache in %s; the weights took %.1f s", next(model.parameters()).dtype,
+             time.perf_counter() - started)
+    started = time.perf_counter()
+    engine = LLMEngine(model, tokenizer, _sized_kv(s, config, device))
+    log.info("llm: the KV cache and the runner (its CUDA graphs on a GPU) ready in %.1f s", time.perf_counter() - started)
+    return engine
 
 
 def check_weights_fit(cfg: MossSpeechConfig, dtype: torch.dtype | None, device: torch.device) -> None:

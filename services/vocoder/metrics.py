@@ -32,6 +32,8 @@ for _stage in ("mel", "generator"):
 HISTORY_HELD = Gauge("vocoder_flow_history_streams", "Streams holding a slot of the flow's stream history (their "
                      "frames solved once); the streams beyond its slots are decoded over their window, slower")
 HISTORY_SLOTS = Gauge("vocoder_flow_history_slots", "Slots of the flow's stream history (--flow-history-streams)")
+GRAPHS_PENDING = Gauge("vocoder_graphs_pending", "CUDA graphs still to capture while serving (--graphs-before-serving "
+                       "first); until then calls of their shapes run eagerly, slower")
 FLOW_TICK = Histogram("vocoder_flow_tick_seconds", "One tick of the flow's solve (--flow-solve on): an Euler step of "
                       "every row in flight (device time on CUDA)", buckets=LATENCY_BUCKETS)
 FLOW_TICK_ROWS = Histogram("vocoder_flow_tick_rows", "Rows in flight at a tick of the flow's solve",
@@ -40,6 +42,11 @@ FLOW_ADMIT = Histogram("vocoder_flow_admit_seconds", "One admission to the flow'
                        "join it (device time on CUDA)", buckets=LATENCY_BUCKETS)
 FLOW_ADMIT_ROWS = Histogram("vocoder_flow_admit_rows", "Rows that join the flow's solve in one admission",
                             buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64))
+
+
+def watch_captures(background) -> None:
+    """The CUDA graphs still to capture while serving (capture.py), read when scraped."""
+    GRAPHS_PENDING.set_function(lambda: background.pending)
 
 
 def watch_history(history) -> None:

@@ -32,8 +32,12 @@ import copy
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
+
+from services.common.cuda_graph import capture
+from services.vocoder.capture import GraphShape
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,9 @@ class GeneratorRunner:
         # eagerly, not captured (_run says why), and is logged once. Before (tests, benches): captured at first use.
         self.serving = False
         self.eager_shapes: set[tuple[int, int]] = set()
+        # Told of a call whose shape is not captured while serving → whether its capture is planned (capture.py: then
+        # it comes next); None: no capture while serving.
+        self.on_missing: Callable[[tuple], bool] | None = None
         # A conditioned generator's further inputs per row (dtype, shape after the batch axis): what warm_up
         # captures graphs with. HiFT: its source's phase at an anchor frame, that frame, the frame whose phase
         # it returns, the window's first sample (codec/hift.py).
@@ -87,7 +94,7 @@ class GeneratorRunner:
         """The same runner for a second worker thread: the generator shared, graphs of its own (worker.py)."""
         other = copy.copy(self)
         other.graphs, other.pool, other.exact_frames, other.exact_batch, other.serving = {}, None, set(), 0, False
-        other.eager_shapes = set()
+        other.eager_shapes, other.on_missing = set(), None
         return other
 
     @property
@@ -111,11 +118,7 @@ class GeneratorRunner:
             static_in = [self._input(batch, frames)]
             static_in += [torch.zeros(batch, *shape, dtype=dtype, device=self.device)
                           for dtype, shape in zip(cond_dtypes or self.cond_dtypes, cond_shapes or self.cond_shapes)]
-            self.generator(*static_in)  # warm-up outside capture (kernel compilation, cuDNN choices)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                static_out = self.generator(*static_in)
+            graph, static_out = capture(lambda: self.generator(*static_in), self.device, self.pool)
             self.pool = graph.pool()  # one pool: a batch's samples are copied out before the next replay
             self.graphs[key] = (graph, static_in, static_out)
         return self.graphs[key]
@@ -125,17 +128,22 @@ class GeneratorRunner:
         """Capture the graphs of these batch buckets for every frames bucket, and of exact_batches (default: the
         same) for last windows of these exact lengths. A call's last windows are few: a group of more runs as
         several replays."""
-        if self.use_graphs:
-            exact_batches = batches if exact_batches is None else exact_batches
-            for batch in batches:
-                for frames in self.frame_buckets:
-                    self._graph(batch, frames)
-            for batch in exact_batches:
-                for frames in exact_frames:
-                    self._graph(batch, frames)
-            if exact_frames and exact_batches:
-                self.exact_frames.update(exact_frames)
-                self.exact_batch = max(self.exact_batch, max(exact_batches))
+        for shape in self.shapes(batches, exact_frames, exact_batches):
+            shape.capture()
+
+    def shapes(self, batches=(1,), exact_frames=(), exact_batches=None) -> list[GraphShape]:
+        """The graphs warm_up captures, not captured yet (capture.py captures them; none without graphs). The
+        exact lengths' windows run in graphs from now on (eagerly while their graph is not captured)."""
+        if not self.use_graphs:
+            return []
+        exact_batches = batches if exact_batches is None else exact_batches
+        keys = [(batch, frames) for batch in batches for frames in self.frame_buckets]
+        keys += [(batch, frames) for batch in exact_batches for frames in exact_frames]
+        if exact_frames and exact_batches:
+            self.exact_frames.update(exact_frames)
+            self.exact_batch = max(self.exact_batch, max(exact_batches))
+        return [GraphShape(batch, lambda b=batch, f=frames: self._graph(b, f), (id(self), (batch, frames)))
+                for batch, frames in dict.fromkeys(keys) if (batch, frames) not in self.graphs]
 
     # ---- running ---------------------------------------------------------------------------------
     def __call__(self, windows: list[torch.Tensor], exact: list[bool] | None = None,
@@ -221,10 +229,11 @@ class GeneratorRunner:
             # other worker (worker.py's lane) is serving. On an H200 the flow's captures while serving failed the
             # lane's calls and then the vocoder (docs/benchmarks.md). Eagerly, unpadded, this call takes longer.
             graph = False
-            if (bucket, frames) not in self.eager_shapes:
+            planned = self.on_missing is not None and self.on_missing((bucket, frames))
+            if not planned and (bucket, frames) not in self.eager_shapes:
                 self.eager_shapes.add((bucket, frames))
-                log.warning("vocoder: generator calls of %d windows of %d frames run eagerly: the warm-up did not "
-                            "capture their shape", bucket, frames)
+                log.warning("vocoder: generator calls of %d windows of %d frames run eagerly: their shape is not "
+                            "captured", bucket, frames)
         batch = bucket if graph else len(mels)
         x = self._input(batch, frames)
         rows = x[:, :, 0, :] if self.channels_last else x  # [batch, num_mels, frames], a view

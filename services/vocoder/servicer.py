@@ -44,7 +44,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
                  lane: TokenVocoder | None = None, solve=None, admit_every: int = DEFAULT_ADMIT_EVERY,
-                 generate_wait: float = DEFAULT_GENERATE_WAIT):
+                 generate_wait: float = DEFAULT_GENERATE_WAIT, gate=None):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
         others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most
@@ -53,7 +53,9 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         lane: the vocoder's lane (TokenVocoder.lane) that first chunks run on, beside the other calls; None: one worker.
         solve: the flow's FlowSolve, driven by a SolveWorker (solve_worker.py; admit_every ticks between admissions of
         chunks not yet urgent, generate_wait seconds such a chunk may wait for a generator call); None: flow calls
-        (worker.py)."""
+        (worker.py).
+        gate: the capture.DeviceGate the flow-call workers' device work goes through (graphs captured while serving:
+        capture.py); None: every graph was captured before serving."""
         self.vocoder = vocoder
         self.left_context, self.lookahead = left_context, lookahead
         common = dict(max_wait=max_wait, on_batch=metrics.observe_batch, on_decode=metrics.observe_token_decode,
@@ -66,10 +68,10 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
             return
         self.worker = VocoderWorker(vocoder, max_batch, max_batch_frames=max_batch_frames,
                                     first_chunk_budget=first_chunk_budget,
-                                    first_chunk_batch_frames=first_chunk_batch_frames, **common)
+                                    first_chunk_batch_frames=first_chunk_batch_frames, gate=gate, **common)
         if lane is not None:
             first = VocoderWorker(lane, FIRST_CHUNK_LANE_BATCH, max_batch_frames=max_batch_frames, first_chunk_budget=0,
-                                  first_chunk_batch_frames=0, name="vocoder-first-chunks", **common)
+                                  first_chunk_batch_frames=0, name="vocoder-first-chunks", gate=gate, **common)
             self.worker = Lanes(self.worker, first)
 
     def _check_tokens(self, tokens) -> list[int]:

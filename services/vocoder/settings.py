@@ -58,6 +58,10 @@ class VocoderSettings:
               "beside the playing streams' calls: sooner first audio under load, and under headroom admission more "
               "turns admitted; under count admission past the knee, more stalls (docs/benchmarks.md) (default: on where "
               "moss-serve up runs the stack on a GPU, else off)", choices=["on", "off"], show_default=False)
+    graphs_before_serving: str = option(
+        "first", "on a GPU, the CUDA graphs captured before the vocoder serves: first (calls of one window: one stream's "
+                 "turn; the rest while serving, when the vocoder is idle, and until then those calls run eagerly) or "
+                 "all (every graph: a start takes ~1 min more at the real size; capture.py)", choices=["first", "all"])
     # The codec decoder's options (docs/codec.md): `up` hands them on.
     voices_dir: str | None = option(None, "the flow decoder's voices, <name>.safetensors each (default: the codec "
                                           "directory's voices/; a preset without it: one random 'default' voice)")

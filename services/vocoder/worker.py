@@ -52,6 +52,7 @@ the gRPC event loop never blocks on the model.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -141,7 +142,7 @@ class VocoderWorker(JobThread):
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
-                 probe_seconds: float = PROBE_SECONDS, name: str = "vocoder-worker"):
+                 probe_seconds: float = PROBE_SECONDS, name: str = "vocoder-worker", gate=None):
         """vocoder: TokenVocoder (its `launch(windows, last, conditions)` queues a batch, `samples` reads it);
         on_batch(size, seconds) per batch, on_decode(seconds) per pass of its token decoder and on_generate(seconds)
         per call of its generator (parts of a batch's seconds: on CUDA their device time); on_nonfinite(stage, samples)
@@ -150,7 +151,8 @@ class VocoderWorker(JobThread):
         A call holds at most max_batch windows and max_batch_frames mel frames (but always one window), and
         at most first_chunk_batch_frames (when > 0) if it carries a first chunk; first_chunk_budget: seconds.
         lost(): is the device gone? (asked after a failed batch, and after every probe_seconds idle) If so
-        every job fails with DeviceLost, the worker stops, and on_fatal(err) tells the server (device.py). See
+        every job fails with DeviceLost, the worker stops, and on_fatal(err) tells the server (device.py).
+        gate: the capture.DeviceGate its device work goes through (graphs captured while serving); None: none. See
         the module's docstring."""
         super().__init__(name)
         self.vocoder, self.max_batch, self.max_wait, self.on_batch = vocoder, max_batch, max_wait, on_batch
@@ -159,6 +161,9 @@ class VocoderWorker(JobThread):
         self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
         self.first_chunk_batch_frames = first_chunk_batch_frames
         self.lost, self.on_fatal, self.probe_seconds = lost, on_fatal, probe_seconds
+        self.gate = gate
+        if gate is not None:
+            gate.watch(self)
         self.start()
 
     # ---- the thread ------------------------------------------------------------------------------
@@ -206,23 +211,32 @@ class VocoderWorker(JobThread):
     def _loop(self) -> None:
         while (batch := self._take()) is not None:
             if not batch:  # idle: does the device still work? (under MPS, another client's fault reaches it)
-                if self.lost():
+                with self._device():
+                    lost = self.lost()
+                if lost:
                     self._die(DeviceLost("its GPU failed (found while idle); restarting"), [])
                     return
                 continue
             # A stream whose caller went away (a cancelled await cancels its future) is dropped here.
             batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
-            try:
-                with self.vocoder.running():  # (its CUDA stream, if it has one of its own)
-                    self._run(batch)
-            except Exception as exc:  # noqa: BLE001  a bug here must not stop the thread every stream waits on
-                log.exception("vocoder: a batch failed")
-                if self.lost():
-                    self._die(DeviceLost(f"its GPU failed ({str(exc).splitlines()[0]}); restarting"), batch)
-                    return
-                for job in batch:
-                    if not job.future.done():
-                        job.future.set_exception(exc)
+            with self._device():
+                try:
+                    with self.vocoder.running():  # (its CUDA stream, if it has one of its own)
+                        self._run(batch)
+                    continue
+                except Exception as exc:  # noqa: BLE001  a bug here must not stop the thread every stream waits on
+                    log.exception("vocoder: a batch failed")
+                    failure, lost = exc, self.lost()
+            if lost:
+                self._die(DeviceLost(f"its GPU failed ({str(failure).splitlines()[0]}); restarting"), batch)
+                return
+            for job in batch:
+                if not job.future.done():
+                    job.future.set_exception(failure)
+
+    def _device(self):
+        """The context of its work on the device: through the gate, if it has one (no capture meanwhile)."""
+        return self.gate.call() if self.gate is not None else contextlib.nullcontext()
 
     def _die(self, err: DeviceLost, batch: list[Job]) -> None:
         """The device is lost: every job fails, none is taken any more, and the server is told."""

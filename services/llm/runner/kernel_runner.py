@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from services.common.cuda_graph import capture
 from services.common.tensors import Uploader
 from services.llm.batch import ScheduledBatch
 from services.llm.model.model import MossSpeechForCausalLM
@@ -134,11 +135,7 @@ class KernelRunner:
 
         def record(fn, t):
             nonlocal pool
-            fn(t)  # compiles the kernels outside capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = fn(t)
+            graph, out = capture(lambda: fn(t), self.device, pool)
             pool = graph.pool()
             return graph, out
 

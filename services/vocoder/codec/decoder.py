@@ -44,6 +44,7 @@ import torch
 
 from services.common.memory import Pool, size_pool
 from services.settings import GPU_STACK_STREAMS
+from services.vocoder.capture import GraphShape
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
 from services.vocoder.codec.flow_graphs import FlowGraphs, on_device
 from services.vocoder.codec.flow_state import FlowState, Plan
@@ -378,8 +379,14 @@ class FlowTokenDecoder:
         shortest voice's first block to the longest voice's prompt with a whole context window (with a stream
         history: its two token buckets and two frame buckets, history calls only). first_calls: only those of
         streams' first calls (a worker lane of first chunks: worker.py)."""
+        for shape in self.shapes(voices, max_batch, first_calls):
+            shape.capture()
+
+    def shapes(self, voices: list[Voice], max_batch: int, first_calls: bool = False) -> list[GraphShape]:
+        """The graphs warm_up captures, not captured yet (capture.py captures them; none without graphs)."""
         if not self.use_graphs:
-            return
+            return []
+        shapes: list[GraphShape] = []
         prompts = [len(v.prompt_tokens) for v in voices]
         low = smallest(TOKEN_BUCKETS, min(prompts) + self.block + self.lookahead) or TOKEN_BUCKETS[-1]
         high = smallest(TOKEN_BUCKETS, max(prompts) + self.max_context) or TOKEN_BUCKETS[-1]
@@ -389,12 +396,16 @@ class FlowTokenDecoder:
         for B in (b for b in BATCH_BUCKETS if b <= ceiling):
             for T in (t for t in TOKEN_BUCKETS if low <= t <= high):
                 if self.history is None:
-                    self.graphs.capture(B, T, self.prefix if self._prefixed(B, voices) else None)
+                    prefix = self.prefix if self._prefixed(B, voices) else None
+                    shapes.append(GraphShape(B, lambda B=B, T=T, prefix=prefix: self.graphs.capture(B, T, prefix),
+                                             (id(self.graphs), (B, T, prefix is not None, None))))
                     continue
                 # With a history every stream decodes through it while slots last; a window call after that (the
                 # streams beyond history_streams) runs eagerly once serving (flow_graphs.py).
                 if T not in self.history_token_buckets or (first_calls and T != self.history_token_buckets[0]):
                     continue
                 for N in self.solve_buckets[:1] if first_calls else self.solve_buckets:
-                    self.graphs.capture(B, T, self.history, N, self.history.scratch)
+                    shapes.append(GraphShape(B, lambda B=B, T=T, N=N: self.graphs.capture(
+                        B, T, self.history, N, self.history.scratch), (id(self.graphs), (B, T, True, N))))
+        return shapes
 

@@ -4,26 +4,28 @@ that feed them.
 A flow call at the real size is ~6,000 kernels (the encoder and every Euler step); launched one by one from Python
 they would take longer than the GPU takes to run them. So each shape a call can take, (B rows, T tokens, whether
 it reads the prompt prefix, N frames solved per row for a stream-history call), is captured once
-(`FlowTokenDecoder.warm_up`, before the vocoder serves; outside a server, a shape is captured at its first call)
+(`FlowTokenDecoder.shapes`, by the server; outside a server, a shape is captured at its first call)
 and replayed: a call copies its inputs into the graph's static ones (`copy_into`) and replays it. The output mel
 [B, 80, frames] is the graph's own tensor, overwritten by the next replay: callers copy out what they keep.
 
-Once serving, a shape the warm-up missed is not captured: `ready` says so (logged once a shape), and the caller runs
-that call eagerly, unpadded (slower). A capture syncs the device and forbids CUDA calls from the process's other
-threads until it ends, and the vocoder's other worker (worker.py: the first-chunk lane, or the playing streams') is
-serving on its own thread. On an H200, with the streams past the stream history's 128 slots decoding over windows,
-such a capture failed the lane's event query, the capture with it, and the device-side assert that followed restarted
-the vocoder, failing every stream (CUDA's thread-local capture mode did not save it: the capture's own device sync
-fails beside another capture; docs/benchmarks.md).
+Once serving, a worker never captures a shape: a shape not captured yet (`ready` says so, logged once a shape) runs
+eagerly, unpadded (slower). The server captures the graphs of one window's calls before serving, and the rest while
+serving with every worker idle (services/vocoder/capture.py): a capture syncs the device and forbids CUDA calls from
+the process's other threads until it ends. On an H200, with the streams past the stream history's 128 slots decoding
+over windows, a worker's capture beside the other worker's calls failed the lane's event query, the capture with it,
+and the device-side assert that followed restarted the vocoder, failing every stream (CUDA's thread-local capture mode
+did not save it: the capture's own device sync fails beside another capture; docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 
 import torch
 
+from services.common.cuda_graph import capture
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
 from services.vocoder.codec.history import HistoryRows
 
@@ -42,6 +44,9 @@ class FlowGraphs:
         self.pool = None
         self.serving = False  # TokenVocoder.serve, after the server's warm-up: a shape not captured runs eagerly
         self.eager_shapes: set[tuple] = set()
+        # Told of a call whose shape is not captured while serving → whether its capture is planned (capture.py: then
+        # it comes next); None: no capture while serving.
+        self.on_missing: Callable[[tuple], bool] | None = None
 
     def __len__(self) -> int:
         return len(self.graphs)
@@ -67,10 +72,11 @@ class FlowGraphs:
         key = (B, T, reads, solved)
         if key in self.graphs or not self.serving:
             return True
-        if key not in self.eager_shapes:
+        planned = self.on_missing is not None and self.on_missing(key)
+        if not planned and key not in self.eager_shapes:
             self.eager_shapes.add(key)
-            log.warning("vocoder: flow calls of %d rows, %d tokens (%s, %s frames solved) run eagerly: the warm-up did "
-                        "not capture their shape", B, T,
+            log.warning("vocoder: flow calls of %d rows, %d tokens (%s, %s frames solved) run eagerly: their shape is "
+                        "not captured", B, T,
                         "history" if solved is not None else "prefix" if reads else "no prefix", solved)
         return False
 
@@ -79,11 +85,7 @@ class FlowGraphs:
         key = (B, T, prefix is not None, solved)
         if key not in self.graphs:
             static = self.empty(B, T, solved, scratch)
-            self.flow(static, streaming=True, prefix=prefix)  # warm-up outside capture (cuBLAS and cuDNN choices)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = self.flow(static, streaming=True, prefix=prefix)
+            graph, out = capture(lambda: self.flow(static, streaming=True, prefix=prefix), self.device, self.pool)
             self.pool = graph.pool()
             self.graphs[key] = (graph, static, out)
         return self.graphs[key]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from services.common.cuda_graph import capture
 from services.vocoder.codec.decoder import BATCH_BUCKETS
 from services.vocoder.codec.flow import flow_times
 from services.vocoder.codec.flow_graphs import copy_into, on_device
@@ -144,11 +145,7 @@ class FlowSolve:
         if key not in self.graphs:
             static = self.decoder.graphs.empty(B, T, self.N, self.decoder.history.scratch)
             at = torch.full((B,), self.scratch, dtype=torch.long, device=self.inputs.device)
-            self._admit(static, at)                     # warm-up outside capture
-            torch.cuda.synchronize(self.inputs.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._admit(static, at)
+            graph, _ = capture(lambda: self._admit(static, at), self.inputs.device, self.pool)
             self.pool = graph.pool()
             self.graphs[key] = (graph, static, at)
         return self.graphs[key]
@@ -261,11 +258,7 @@ class FlowSolve:
         """The tick of `bucket` rows as a CUDA graph, and its index buffer."""
         if bucket not in self.graphs:
             at = torch.full((bucket,), self.scratch, dtype=torch.long, device=self.inputs.device)
-            self._pass(at)                            # warm-up outside capture (cuBLAS and Triton choices)
-            torch.cuda.synchronize(self.inputs.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._pass(at)
+            graph, _ = capture(lambda: self._pass(at), self.inputs.device, self.pool)
             self.pool = graph.pool()
             self.graphs[bucket] = (graph, at)
         return self.graphs[bucket]

@@ -1,0 +1,326 @@
+"""The vocoder's graphs captured in two parts (services/vocoder/capture.py): what is captured before serving, the
+order of the rest, and that a capture while serving never overlaps a worker's call. The captures here are stand-ins
+that take time (a CPU has no CUDA graphs); the workers are real, on the tiny vocoder."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from services.vocoder.capture import BackgroundCapture, DeviceGate, GraphShape, split
+from services.vocoder.streamer import MelStreamer
+from services.vocoder.vocoder import FlowOptions, load_vocoder
+from services.vocoder.worker import Job, VocoderWorker
+
+
+class Timeline:
+    """Intervals of work on the 'device', by kind, from several threads."""
+
+    def __init__(self):
+        self.lock, self.spans = threading.Lock(), []
+
+    def span(self, kind: str, seconds: float) -> None:
+        began = time.perf_counter()
+        time.sleep(seconds)
+        with self.lock:
+            self.spans.append((kind, began, time.perf_counter()))
+
+    def overlaps(self, a: str, b: str) -> list[tuple]:
+        xs = [s for s in self.spans if s[0] == a]
+        ys = [s for s in self.spans if s[0] == b]
+        return [(x, y) for x in xs for y in ys if x[1] < y[2] and y[1] < x[2]]
+
+
+class Timed:
+    """A TokenVocoder whose calls take `seconds` on the timeline first."""
+
+    def __init__(self, vocoder, timeline: Timeline, seconds: float = 0.004):
+        self.vocoder, self.timeline, self.seconds = vocoder, timeline, seconds
+
+    def __getattr__(self, name):
+        return getattr(self.vocoder, name)
+
+    def launch(self, windows, last, conditions=None):
+        self.timeline.span("call", self.seconds)
+        return self.vocoder.launch(windows, last, conditions)
+
+
+@pytest.fixture(scope="module")
+def vocoder():
+    return load_vocoder(None, "tiny")
+
+
+def shape(batch: int, timeline: Timeline, seconds: float = 0.02, log: list | None = None) -> GraphShape:
+    def capture():
+        timeline.span("capture", seconds)
+        if log is not None:
+            log.append(batch)
+    return GraphShape(batch, capture)
+
+
+def test_split_keeps_one_windows_calls_first_and_orders_the_rest_by_batch():
+    t = Timeline()
+    shapes = [shape(b, t) for b in (1, 4, 2, 1, 32, 2)]
+    first, rest = split(shapes)
+    assert [s.batch for s in first] == [1, 1]
+    assert [s.batch for s in rest] == [2, 2, 4, 32]
+    assert rest[0] is shapes[2] and rest[1] is shapes[5]  # (a batch's graphs stay in plan order)
+
+
+def test_captures_wait_for_an_idle_vocoder_and_calls_wait_for_a_capture(vocoder, caplog):
+    """Streams keep the worker busy while eight captures are due: no capture overlaps a call, the captures come in
+    batch order, and once the streams stop every capture is made and the log says so."""
+    timeline, order = Timeline(), []
+    gate = DeviceGate()
+    worker = VocoderWorker(Timed(vocoder, timeline), max_batch=4, max_wait=0.0, gate=gate)
+    background = BackgroundCapture([shape(b, timeline, log=order) for b in (2, 2, 3, 4, 6, 8, 12, 16)], gate,
+                                   lambda s: s.capture(), idle_seconds=0.01)
+    rng = np.random.default_rng(0)
+    try:
+        with caplog.at_level(logging.INFO, logger="services.vocoder.capture"):
+            background.start()
+            streamers = [MelStreamer(vocoder) for _ in range(4)]
+            until = time.perf_counter() + 1.0
+            while time.perf_counter() < until:  # chunks handed in back to back, then a gap now and then
+                futures = [worker.submit(Job(s, rng.integers(0, 1024, 3).tolist(), None, 0.0)) for s in streamers]
+                for f in futures:
+                    f.result(timeout=10)
+                time.sleep(0.03 if rng.random() < 0.3 else 0.0)
+            background.thread.join(timeout=10)
+        assert not background.thread.is_alive() and background.pending == 0 and background.failed is None
+        assert order == [2, 2, 3, 4, 6, 8, 12, 16]
+        calls = [s for s in timeline.spans if s[0] == "call"]
+        captures = [s for s in timeline.spans if s[0] == "capture"]
+        assert len(calls) >= 5 and any(c[1] > captures[0][2] and c[2] < captures[-1][1] for c in calls)  # interleaved
+        assert timeline.overlaps("capture", "call") == []
+        assert any("every CUDA graph captured: the last 8 while serving" in r.getMessage() for r in caplog.records)
+    finally:
+        background.stop()
+        worker.stop()
+
+
+def test_a_busy_vocoder_defers_every_capture_and_stop_ends_the_wait():
+    class Queue:
+        pending = [object()]  # a job always waiting
+
+    gate = DeviceGate()
+    gate.watch(Queue())
+    t = Timeline()
+    background = BackgroundCapture([shape(2, t), shape(4, t)], gate, lambda s: s.capture(), idle_seconds=0.01).start()
+    time.sleep(0.2)
+    assert background.pending == 2 and t.spans == []
+    began = time.perf_counter()
+    background.stop()
+    assert not background.thread.is_alive() and time.perf_counter() - began < 1.0
+    with gate.call():  # the gate is left open
+        pass
+
+
+def test_a_graph_a_call_needed_is_captured_between_calls_while_the_rest_wait_for_idle():
+    """A worker busy without a pause: the graphs nobody asked for wait; the one a call asked for (demand) is captured
+    as soon as the call running ends, the worker's next call held meanwhile, never beside a call."""
+    t = Timeline()
+    gate = DeviceGate()
+
+    class Queue:
+        pending = [object()]  # a job always waiting: never idle
+
+    gate.watch(Queue())
+    stop = threading.Event()
+
+    def worker():
+        while not stop.is_set():
+            with gate.call():
+                t.span("call", 0.01)
+
+    busy = threading.Thread(target=worker)
+    busy.start()
+    shapes = [GraphShape(b, lambda b=b: t.span("capture", 0.03), ("owner", b)) for b in (2, 3, 4)]
+    background = BackgroundCapture(shapes, gate, lambda s: s.capture(), idle_seconds=0.01).start()
+    try:
+        time.sleep(0.1)
+        assert background.captured == 0
+        assert background.demand(("owner", 4)) and background.demand(("owner", 4))  # (asked twice: planned once)
+        assert not background.demand(("owner", 99))                                 # not in the plan
+        deadline = time.monotonic() + 2
+        while background.captured < 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.1)
+        assert background.captured == 1 and background.demanded == 1 and [s.batch for s in background.queue] == [2, 3]
+        assert timeline_calls_after(t, "capture") > 0  # the worker went on
+        assert t.overlaps("capture", "call") == []
+    finally:
+        background.stop()
+        stop.set()
+        busy.join()
+
+
+def timeline_calls_after(t: Timeline, kind: str) -> int:
+    end = max(s[2] for s in t.spans if s[0] == kind)
+    return sum(1 for s in t.spans if s[0] == "call" and s[1] >= end)
+
+
+def test_a_generator_call_of_a_shape_not_captured_asks_for_its_graph(vocoder):
+    """The runner, serving, meets a (batch, frames) it has no graph of: it runs the call eagerly and asks the
+    background capture for that graph (on_missing), which moves it first."""
+    from services.vocoder.runner import GeneratorRunner
+
+    runner = GeneratorRunner(vocoder.generator, vocoder.hop_size, vocoder.device, graphs=True)
+    gate = DeviceGate()
+    planned = runner.shapes([1, 2])
+    background = BackgroundCapture(planned, gate, lambda s: None)  # (not started: the queue stays as it is)
+    background.watch(runner)
+    runner.serving = True
+    mels = [torch.randn(runner.num_mels, 14) for _ in range(2)]
+    samples = runner(mels)
+    assert [len(x) for x in samples] == [14 * vocoder.hop_size] * 2                # eager, on the CPU
+    assert [s.key for s in background.needed] == [(id(runner), (2, 16))]           # batch bucket 2, frames bucket 16
+    assert (2, 16) not in runner.eager_shapes                                      # planned: not logged as eager
+
+
+def test_a_failed_capture_leaves_the_rest_eager_and_the_gate_open(caplog):
+    t = Timeline()
+
+    def broken():
+        raise RuntimeError("capture failed")
+
+    gate = DeviceGate()
+    background = BackgroundCapture([shape(2, t), GraphShape(3, broken), shape(4, t)], gate, lambda s: s.capture(),
+                                   idle_seconds=0.0)
+    with caplog.at_level(logging.ERROR, logger="services.vocoder.capture"):
+        background.start().thread.join(timeout=5)
+    assert background.captured == 1 and background.pending == 0 and isinstance(background.failed, RuntimeError)
+    assert any("the 2 graphs left run eagerly" in r.getMessage() for r in caplog.records)
+    assert not gate.capturing
+    with gate.call():
+        pass
+
+
+def test_the_generators_plan_lists_each_graph_once_and_registers_the_last_windows(vocoder):
+    """runner.shapes: every (batch bucket, frames bucket) of the batches and each exact length in its batches, once;
+    the exact lengths run in graphs from the plan on; a captured graph is not planned again."""
+    runner = vocoder.runner
+    captured = []
+    use, graph = runner.use_graphs, runner._graph
+    runner.use_graphs, runner._graph = True, lambda b, f: captured.append((b, f))
+    try:
+        shapes = runner.shapes([1, 2], exact_frames=[30, 31], exact_batches=[1])
+        assert len(shapes) == 2 * len(runner.frame_buckets) + 2
+        assert runner.exact_frames >= {30, 31} and runner.exact_batch >= 1
+        for s in shapes:
+            s.capture()
+        assert sorted(captured) == sorted({(b, f) for b in (1, 2) for f in runner.frame_buckets} | {(1, 30), (1, 31)})
+        runner.graphs[(1, 30)] = None  # captured: left out of the next plan
+        assert len(runner.shapes([1], exact_frames=[30])) == len(runner.frame_buckets)
+    finally:
+        runner.use_graphs, runner._graph = use, graph
+        runner.graphs.pop((1, 30), None)
+        runner.exact_frames.clear()
+        runner.exact_batch = 0
+
+
+def test_the_flows_plan_covers_every_call_and_the_lane_only_first_calls():
+    """decoder.shapes: with the stream history, its two token buckets and two frame buckets for every batch bucket up
+    to the call's limit; a first-chunk lane's plan is the first calls' alone. Batch bucket 1 is in both (split)."""
+    codec = load_vocoder(None, "tiny-codec")
+    decoder = codec.decoder
+    assert decoder.history is not None
+    captured = []
+    decoder.use_graphs = True
+    decoder.graphs.capture = lambda B, T, prefix, N=None, scratch=None: captured.append((B, T, N))
+    voices = list(codec.voices.values())
+    shapes = decoder.shapes(voices, max_batch=8)
+    for s in shapes:
+        s.capture()
+    batches = [b for b in (1, 2, 3, 4, 6, 8)]
+    assert sorted(captured) == sorted((B, T, N) for B in batches for T in decoder.history_token_buckets
+                                      for N in decoder.solve_buckets)
+    captured.clear()
+    for s in decoder.shapes(voices, max_batch=4, first_calls=True):
+        s.capture()
+    assert sorted(captured) == [(B, decoder.history_token_buckets[0], decoder.solve_buckets[0]) for B in (1, 2, 3, 4)]
+    first, _ = split(shapes)
+    assert {s.batch for s in first} == {1} and len(first) == len(decoder.history_token_buckets) * len(decoder.solve_buckets)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs captured while serving: needs a GPU")
+def test_graphs_captured_while_two_lanes_serve_give_each_stream_its_samples():
+    """On CUDA, the server's plan (graph_shapes): one window's graphs before serving, the rest captured by the
+    background thread between the two lanes' calls (some calls eager, then graphs): no capture fails, every graph of
+    the plan is captured, and each stream's samples are its samples alone with every graph captured first."""
+    from services.vocoder.server import capture_while_serving, graph_shapes
+    from services.vocoder.streamer import DEFAULT_LOOKAHEAD
+    from services.vocoder.worker import FIRST_CHUNK_LANE_BATCH, Lanes
+
+    def served(v, background: bool):
+        lane = v.lane()
+        shapes = graph_shapes(v, lane, [1, 2, 3, 4], 4, v.receptive_field[0], DEFAULT_LOOKAHEAD)
+        first, rest = split(shapes) if background else (shapes, [])
+        with torch.inference_mode():
+            for s in first:
+                s.capture()
+        v.serve()
+        lane.serve()
+        gate = DeviceGate()
+        lanes = Lanes(VocoderWorker(v, 4, max_wait=0.01, gate=gate),
+                      VocoderWorker(lane, FIRST_CHUNK_LANE_BATCH, max_wait=0.01, first_chunk_budget=0, gate=gate,
+                                    name="vocoder-first-chunks"))
+        capture = capture_while_serving(rest, gate, [v, lane], idle_seconds=0.0)
+        return lanes, capture, len(shapes)
+
+    inputs = [(np.random.default_rng(n).integers(0, 1024, n).tolist(), schedule)
+              for n, schedule in ((33, [8, 8, 17]), (28, [8, 20]), (30, [9, 6, 15]), (12, [12]))]
+    results = []
+    for background in (False, True):
+        v = load_vocoder(None, "tiny-codec", device="cuda", flow=FlowOptions(history_streams=8))
+        lanes, capture, planned = served(v, background)
+        try:
+            results.append(run_streams(lanes, v, inputs))
+            if capture.thread.is_alive():
+                capture.thread.join(timeout=120)
+            assert capture.failed is None and capture.pending == 0
+            assert captured(v, lanes) == planned
+        finally:
+            capture.stop()
+            lanes.stop()
+    for got, want in zip(*results):
+        assert got.shape == want.shape and snr(got, want) > 30
+
+
+def captured(v, lanes) -> int:
+    """Graphs held by the two lanes' vocoders (each its generator's and its flow's)."""
+    parts = (v, lanes.first.vocoder)
+    return sum(len(p.runner.graphs) + len(p.decoder.graphs) for p in parts)
+
+
+def run_streams(lanes, v, inputs) -> list[np.ndarray]:
+    """Streams interleaved round by round through the lanes (first chunks to the lane) → each stream's samples."""
+    streams = [MelStreamer(v) for _ in inputs]
+    outs, at, started = [[] for _ in inputs], [0] * len(inputs), [None] * len(inputs)
+    for r in range(4):
+        futures = []
+        for i, ((tokens, schedule), s) in enumerate(zip(inputs, streams)):
+            if r < len(schedule):
+                job = Job(s, tokens[at[i] : at[i] + schedule[r]], started[i], 0.0)
+                at[i] += schedule[r]
+            elif r == len(schedule):
+                job = Job(s, None, started[i], 0.0)
+            else:
+                continue
+            futures.append((i, lanes.submit(job)))
+        for i, future in futures:
+            samples = future.result(timeout=60).samples
+            outs[i].append(samples)
+            if len(samples) and started[i] is None:
+                started[i] = 1.0  # the stream plays: its next chunks go to the other lane
+        time.sleep(0.05)  # (room for a capture between rounds)
+    return [np.concatenate(o) for o in outs]
+
+
+def snr(got: np.ndarray, want: np.ndarray) -> float:
+    return float(10 * np.log10(np.sum(want.astype(np.float64) ** 2) / max(np.sum((got - want).astype(np.float64) ** 2), 1e-30)))
