@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import json
 import os
@@ -20,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 import pytest
 import soundfile as sf
 from conftest import left_held, metric_value, own_gateway, scrape, silent_speech_client
@@ -110,6 +112,12 @@ def microphone(tmp_path_factory) -> Path | None:
 def chromium(tmp_path_factory, microphone):
     """A headless chromium with a DevTools port, whose microphone (allowed without asking) plays `microphone` once
     each time a page opens it: → its port."""
+    with launched_chromium(tmp_path_factory, microphone) as port:
+        yield port
+
+
+@contextlib.contextmanager
+def launched_chromium(tmp_path_factory, microphone: Path | None):
     port, profile = free_port(), tmp_path_factory.mktemp("chromium-profile")
     fake_mic = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
                 f"--use-file-for-fake-audio-capture={microphone}%noloop"] if microphone else []
@@ -275,6 +283,73 @@ def test_a_person_talks_and_hears_the_reply(gateway, stack, chromium, microphone
 
     asyncio.run(scenario())
     assert metric_value(scrape(gateway.metrics), "gateway_spoken_turns_total") == spoken_before + 2
+    deadline = time.monotonic() + 20
+    while any((held := left_held(gateway, stack)).values()):
+        assert time.monotonic() < deadline, held
+        time.sleep(0.05)
+
+
+BARGE_IN_WAIT = 0.6  # seconds of silence between the question and the voice that talks over its reply
+
+
+@pytest.fixture(scope="module")
+def interrupting_microphone(tmp_path_factory) -> Path | None:
+    """The sentence, a pause in which the reply begins, then the sentence again over the reply (None without
+    espeak-ng)."""
+    try:
+        first, rate = spoken(SPEECH, *SPEECH_SECONDS)
+        again, _ = spoken(SPEECH, BARGE_IN_WAIT, SPEECH_SECONDS[1])
+    except pytest.skip.Exception:
+        return None
+    path = tmp_path_factory.mktemp("microphone") / "interrupting.wav"
+    sf.write(path, np.concatenate([first, again]), rate, subtype="PCM_16")
+    return path
+
+
+def test_a_voice_over_the_reply_stops_it_and_drops_its_audio_queued_ahead(gateway, stack, interrupting_microphone,
+                                                                         tmp_path_factory, tmp_path):
+    """Hands-free, the person asks, the reply plays, and the person talks over it: the page stops the reply's audio at
+    once, the audio it had scheduled ahead of playback included, plays none of it that comes later, and the new
+    utterance is answered; nothing is held afterwards."""
+    if interrupting_microphone is None:
+        pytest.skip("espeak-ng is not installed (make tools installs it as root)")
+
+    async def scenario(port):
+        page = await open_page(port, f"http://127.0.0.1:{gateway.http}/")
+        try:
+            await page.type("#key", KEY)
+            await page.type("#max-tokens", "400")  # a reply longer than the pause: still playing when talked over
+            await page.js("document.getElementById('hands-free').click()")
+            await page.js("document.getElementById('talk').click()")
+            try:
+                barge = await page.until("mossPage.bargeIns[0]", 60, "the reply was never talked over")
+            except AssertionError:  # what the page saw instead
+                print(await page.js("JSON.stringify({turns: mossPage.turns.map(t => ({no: t.no, done: t.done, "
+                                    "chunks: t.chunks.length, complete: !!t.summary})), errors: mossPage.errors})"))
+                raise
+            first = await page.js("mossPage.turns[0]")
+            print(f"\nbarge-in: {barge}; the first reply: {len(first['chunks'])} chunks, "
+                  f"{first['samples'] / max(first['rate'], 1):.2f} s, complete: {'summary' in first}")
+            answer = await page.until("(() => { const t = mossPage.turns[1]; return t && t.summary && t; })()", 60,
+                                      "the second utterance was never answered")
+            await page.key(" ", 32, ctrl=True)
+            await page.until("!mossPage.talking", 10, "the microphone stayed open")
+            first_after = await page.js("mossPage.turns[0]")
+            assert "you talked over it" in await page.js("document.getElementById('log').textContent")
+            errors = await page.js("mossPage.errors")
+            print(f"\nscreenshot: {await page.screenshot(screenshot_dir(tmp_path) / 'web_page_barge_in.png')}")
+            return barge, first, first_after, answer, errors
+        finally:
+            await page.close()
+
+    with launched_chromium(tmp_path_factory, interrupting_microphone) as port:
+        barge, first, first_after, answer, errors = asyncio.run(scenario(port))
+    assert not errors, errors
+    assert barge["turn"] == first["no"] and barge["chunks"] > 0       # the first reply was playing
+    assert barge["dropped"] > 0.1, barge                              # with audio queued ahead, dropped
+    assert first_after["done"] and len(first_after["chunks"]) == barge["chunks"]  # it played nothing that came later
+    assert all(c["arrived"] <= barge["at"] for c in first_after["chunks"])
+    assert answer["no"] != first["no"] and answer["chunks"] and answer["summary"]["audio_seconds"] > 0
     deadline = time.monotonic() + 20
     while any((held := left_held(gateway, stack)).values()):
         assert time.monotonic() < deadline, held

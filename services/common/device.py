@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 
 # Idle, a service asks every so often whether its device still works: under MPS a fault in another client of
 # its server reaches this one's context too, and a faulted server takes no new client until every old one is
-# gone, so an idle client that kept its broken context would keep the GPU from coming back.
-PROBE_SECONDS = 5.0
+# gone, so an idle client that kept its broken context would keep the GPU from coming back. Every second: a probe is a
+# sync and one tiny kernel, and on an H200 a vocoder's SIGKILL that faulted the idle llm was found 5.5 s later with a
+# probe every 5 s, the restart of every GPU stage waiting on it (docs/benchmarks.md, start-2026-11-29).
+PROBE_SECONDS = 1.0
 
 
 def unusable(device: str) -> str | None:
