@@ -122,12 +122,27 @@ def test_the_growth_is_a_flag_from_0_to_1():
         assert info.value.code == 2
 
 
-def test_old_signals_leave_the_window():
+def test_old_signals_leave_the_window_once_a_decision_has_read_them():
     h = Headroom(RULE)
-    h.observe_slack(0.0, -0.2)   # a stall, 3 s ago
+    h.observe_slack(0.0, -0.2)   # a stall, read at once
+    h.update(0.1, running=8)
+    assert h.limit == pytest.approx(7.2)
     h.observe_slack(2.9, 0.5)
     h.update(3.0, running=8)
-    assert h.limit == 10         # the stall is out of the 2 s window: room again
+    assert h.limit == pytest.approx(9.2)  # the stall is out of the 2 s window and was read: room again
+
+
+def test_a_stall_between_arrivals_far_apart_is_read_by_the_next_decision():
+    """A burst's turns stall while nothing arrives; the next arrival, seconds later, still lowers the limit (the turns
+    running then: none, so by max_fall), where the window alone had forgotten the stall."""
+    h = Headroom(RULE)
+    h.update(0.0, running=8)                 # the burst's last arrival
+    h.observe_slack(1.0, -0.3)               # its turns stall
+    h.observe_slack(4.0, 0.4)                # and end
+    h.update(12.0, running=0)                # the next arrival
+    assert h.limit == pytest.approx(4.0) and h.fall_reason.startswith("slack")
+    h.update(12.6, running=0)                # read once
+    assert h.limit == pytest.approx(4.0)
 
 
 def test_the_limit_finds_a_capacity_it_is_not_told():

@@ -11,7 +11,11 @@ Two signals, both at the gateway, on the listener's clock (services/common/playb
   queue, which the limit itself sets, not the stages' answer to more turns.
 
 The rule, an additive-increase / multiplicative-decrease limit on the turns running at once (as TCP's window, or the
-adaptive concurrency limits of RPC servers), updated every `period` seconds from the last `window` seconds:
+adaptive concurrency limits of RPC servers), decided with an arrival at most every `period` seconds, from the last
+`window` seconds and whatever came since the decision before. (Why the latter: decisions come with arrivals, and
+bursts far apart, their turns stalling while nothing arrived, once had their stalls age out of the window unread. On a
+2-core CPU stack three bursts of 96 in a row admitted 4, 6 and 8 turns, the limit only growing, and the last two
+played 0% stall-free: docs/benchmarks.md, 2026-11-29.)
 - the `slack_quantile` of the chunks' slack under `low_slack`, or the `ttfa_quantile` of the turns' TTFA over
   `ttfa_target` with at least half the limit running: the limit falls to `decrease` x the turns running (never under
   `min_limit`, nor under `max_fall` x the limit in one decision): what runs now is already more than the stages carry.
@@ -67,6 +71,11 @@ import math
 from dataclasses import dataclass
 
 
+# Signals kept at most, of each kind: the window's at 128 streams are ~1,300 chunks; a long quiet spell (no arrival, so
+# no decision) keeps the latest.
+SIGNALS_KEPT = 8192
+
+
 @dataclass(frozen=True)
 class HeadroomRule:
     initial_limit: int = 48        # turns at once before any signal (--admit-initial-turns): an H100's, measured
@@ -91,8 +100,9 @@ class Headroom:
     def __init__(self, rule: HeadroomRule = HeadroomRule()):
         self.rule = self.given = rule
         self.limit = float(min(max(rule.initial_limit, rule.min_limit), rule.max_limit))
-        self.slack: collections.deque[tuple[float, float]] = collections.deque()  # (when, seconds early)
-        self.ttfa: collections.deque[tuple[float, float]] = collections.deque()   # (when, seconds)
+        # (when, seconds early) / (when, seconds), the latest SIGNALS_KEPT each
+        self.slack: collections.deque[tuple[float, float]] = collections.deque(maxlen=SIGNALS_KEPT)
+        self.ttfa: collections.deque[tuple[float, float]] = collections.deque(maxlen=SIGNALS_KEPT)
         self.decided = -math.inf
         self.last_reason = "no signal yet"
         self.fall_reason = "none yet"  # the latest decision that lowered the limit
@@ -120,9 +130,11 @@ class Headroom:
         """Decide the limit again, at most every `period` seconds."""
         if now - self.decided < self.rule.period:
             return
-        self.decided = now
+        # The last `window` seconds, and whatever came since the last decision: a stall between two arrivals far apart
+        # (a burst's turns playing, nothing arriving) is still read by the next one.
+        read, self.decided = self.decided, now
         for signal in (self.slack, self.ttfa):
-            while signal and signal[0][0] < now - self.rule.window:
+            while signal and signal[0][0] < now - self.rule.window and signal[0][0] <= read:
                 signal.popleft()
         slack = _quantile([s for _, s in self.slack], self.rule.slack_quantile, empty=math.inf)
         r = self.rule
