@@ -70,7 +70,6 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-
 # Signals kept at most, of each kind: the window's at 128 streams are ~1,300 chunks; a long quiet spell (no arrival, so
 # no decision) keeps the latest.
 SIGNALS_KEPT = 8192
