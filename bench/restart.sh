@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# How fast the real-size stack starts and comes back from a stage's SIGKILL, measured from a client on a lent GPU
+# machine (docs/benchmarks.md, start-2026-11-29):
+#   - a start: `moss-serve up` (FLAGS) to the first answered `moss-serve say` (tried every 0.5 s), and to the
+#     vocoder's "every CUDA graph captured"; "cold" with Triton's cache in an empty directory, "warm" with it kept;
+#   - a kill: under a Poisson load of 10 a second (replies of 2-20 s), the stage SIGKILLed 8 s in; then the seconds to
+#     the next answered `say`, and (bench/restart_report.py, from the load's bench.json and the stack's log) to the
+#     stage's return and to the next first audio of a turn the load sent after the kill.
+# Prints a table and writes $OUT/restart.json; each start's and kill's log and load under $OUT/restart/.
+#   STARTS="cold warm" KILLS="vocoder llm" bash bench/restart.sh
+#   WAIT_GRAPHS=0: a kill 30 s after the last one, not after every graph of the vocoder is captured.
+set -uo pipefail
+source bench/stack.sh
+FLAGS=(--kv-cache-gb 32 --max-num-seqs 256 "$@")
+DIR=$OUT/restart
+mkdir -p "$DIR"
+: > "$DIR/events.tsv"
+pid_of() { pgrep -f "services.cli $1 " | head -1; }
+since() { python3 -c "print(round($(date +%s.%N) - $1, 2))"; }
+
+start_timed() {  # LABEL: the stack started now → a "start" event
+  local label=$1 t0 turn=null graphs=null
+  t0=$(date +%s.%N)
+  setsid python3 -c "$SERVE_PY" up --device "${DEVICE:-cuda}" --preset "${PRESET:-moss-speech}" "${FLAGS[@]}" \
+    > "$OUT/up.log" 2>&1 &
+  STACK_PID=$!
+  trap 'exit 143' TERM INT
+  trap 'stop_stack; rm -rf "$WORK"' EXIT
+  while [ "$(since "$t0" | cut -d. -f1)" -lt 200 ]; do
+    if serve say "hello there" -o "$WORK/first.wav" --max-new-tokens 8 --timeout 20 > /dev/null 2>&1; then
+      turn=$(since "$t0"); break
+    fi
+    sleep 0.5
+  done
+  while [ "$(since "$t0" | cut -d. -f1)" -lt 240 ]; do
+    if grep -q "every CUDA graph captured" "$OUT/up.log"; then graphs=$(since "$t0"); break; fi
+    sleep 0.5
+  done
+  cp "$OUT/up.log" "$DIR/up_$label.log"
+  printf 'start\t%s\t%s\t%s\t%s\n' "$label" "$t0" "$turn" "$graphs" >> "$DIR/events.tsv"
+}
+
+export TRITON_CACHE_DIR=$WORK/triton
+n=0
+for label in ${STARTS:-cold warm}; do
+  [ "$n" -gt 0 ] && stop_stack
+  start_timed "$label"
+  n=$((n + 1))
+done
+
+k=0
+for victim in ${KILLS:-vocoder llm}; do
+  k=$((k + 1))
+  if [ "$SECONDS" -gt "${LAST_KILL:-420}" ]; then echo "kill $k ($victim): skipped, ${SECONDS} s gone"; continue; fi
+  if [ "${WAIT_GRAPHS:-1}" = 1 ]; then
+    for _ in $(seq 1 120); do [ "$(grep -c "every CUDA graph captured" "$OUT/up.log")" -ge "$k" ] && break; sleep 0.5; done
+  else
+    sleep 30
+  fi
+  before=$(pid_of "$victim")
+  lines=$(wc -l < "$OUT/up.log")
+  serve bench --reply-seconds 2-20 --no-progress --timeout 120 --rate 10 --seconds 25 --warmup 0 \
+    --out "$DIR/load_$k" > "$DIR/load_$k.log" 2>&1 &
+  load=$!
+  sleep 8
+  t0=$(date +%s.%N)
+  kill -9 "$before"
+  answered=null
+  until serve say "after the kill" -o "$WORK/after.wav" --max-new-tokens 8 --timeout 15 > /dev/null 2>&1; do
+    sleep 0.5
+    if [ "$(since "$t0" | cut -d. -f1)" -gt 150 ]; then break; fi
+  done
+  [ "$(since "$t0" | cut -d. -f1)" -le 150 ] && answered=$(since "$t0")
+  wait "$load"
+  tail -n +"$((lines + 1))" "$OUT/up.log" > "$DIR/log_kill_$k.txt"
+  printf 'kill\t%s\t%s\t%s\t%s\n' "$victim" "$t0" "$answered" "$k" >> "$DIR/events.tsv"
+done
+stop_stack
+python3 bench/restart_report.py "$DIR" --json "$OUT/restart.json"

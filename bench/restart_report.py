@@ -1,0 +1,101 @@
+"""bench/restart.sh's table: each start's and each kill's times, from its events, the stack's log and the loads.
+
+    python3 bench/restart_report.py DIR [--json restart.json]
+
+DIR holds events.tsv (restart.sh's lines: start LABEL T0 TURN_S GRAPHS_S, kill STAGE T0 SAY_S K), up_LABEL.log,
+log_kill_K.txt and load_K/bench.json. A start: its first answered turn, the vocoder's and the llm's "serving" lines and
+the vocoder's last graph, in seconds after `up` (T0). A kill: when the gateway found the stage ready again, the first
+reply audio at the load's client of a turn sent after the kill, the `say` probe's answer, and whether another stage
+faulted (exited with code 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+from pathlib import Path
+
+STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)"
+
+
+def unix(stamp: str) -> float:
+    """A log line's time (UTC, as the services log it) → seconds since the epoch."""
+    when = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
+    return when.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def first_line(log: Path, pattern: str) -> float | None:
+    for line in log.read_text(errors="replace").splitlines():
+        if m := re.match(STAMP + " " + pattern, line):
+            return unix(m.group(1))
+    return None
+
+
+def start_row(dir_: Path, label: str, t0: float, turn: str, graphs: str) -> dict:
+    log = dir_ / f"up_{label}.log"
+    at = lambda t: None if t is None else round(t - t0, 1)  # noqa: E731
+    return dict(start=label, first_turn_s=num(turn), every_graph_s=num(graphs),
+                vocoder_serving_s=at(first_line(log, r"INFO services.common.server: vocoder serving")),
+                llm_serving_s=at(first_line(log, r"INFO services.common.server: llm serving")))
+
+
+def kill_row(dir_: Path, stage: str, t0: float, say: str, k: str) -> dict:
+    log = dir_ / f"log_kill_{k}.txt"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    back = None
+    for m in re.finditer(STAMP + rf" INFO services.gateway.backends: gateway: {stage} at \S+ is ready", text):
+        back = unix(m.group(1)) - t0
+        break
+    first_audio = None
+    bench = dir_ / f"load_{k}" / "bench.json"
+    if bench.exists():
+        level = next(iter(json.loads(bench.read_text())["levels"].values()))
+        began = level["started_unix"]
+        after = [began + s["sent_s"] + s["chunk_arrivals_s"][0] - t0 for s in level["streams"]
+                 if s["code"] == "OK" and s["chunk_arrivals_s"] and began + s["sent_s"] > t0]
+        first_audio = min(after, default=None)
+    faulted = sorted(set(re.findall(r"moss-serve up: (\w+) exited with code 3", text)))
+    return dict(killed=stage, back_s=rnd(back), load_first_audio_s=rnd(first_audio), say_s=num(say),
+                faulted=faulted)
+
+
+def num(s: str) -> float | None:
+    return None if s in ("", "null") else float(s)
+
+
+def rnd(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("dir")
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    dir_ = Path(a.dir)
+    starts, kills = [], []
+    for line in (dir_ / "events.tsv").read_text().splitlines():
+        kind, *f = line.split("\t")
+        if kind == "start":
+            starts.append(start_row(dir_, f[0], float(f[1]), f[2], f[3]))
+        elif kind == "kill":
+            kills.append(kill_row(dir_, f[0], float(f[1]), f[2], f[3]))
+    show = lambda x: "–" if x is None else f"{x} s"  # noqa: E731
+    print("| start | first turn answered | vocoder serving | llm serving | every vocoder graph |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in starts:
+        print(f"| {r['start']} | {show(r['first_turn_s'])} | {show(r['vocoder_serving_s'])} | "
+              f"{show(r['llm_serving_s'])} | {show(r['every_graph_s'])} |")
+    print("\n| killed | stage back | load's next first audio | `say` answered | faulted (exit 3) |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in kills:
+        print(f"| {r['killed']} | {show(r['back_s'])} | {show(r['load_first_audio_s'])} | {show(r['say_s'])} | "
+              f"{', '.join(r['faulted']) or 'none'} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps(dict(starts=starts, kills=kills), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""bench/restart_report.py: a start's and a kill's times read back from the stack's log and a load's bench.json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+T0 = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC
+
+
+def stamp(seconds: float) -> str:
+    import datetime
+
+    when = datetime.datetime.fromtimestamp(T0 + seconds, datetime.timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M:%S,") + f"{when.microsecond // 1000:03d}"
+
+
+def test_a_start_and_a_kill_that_faulted_the_other_stage(tmp_path):
+    (tmp_path / "up_warm.log").write_text(
+        f"{stamp(20.5)} INFO services.common.server: vocoder serving on 127.0.0.1:50053\n"
+        f"{stamp(14.25)} INFO services.common.server: llm serving on 127.0.0.1:50052\n")
+    kill = 100.0
+    (tmp_path / "log_kill_1.txt").write_text(
+        f"{stamp(kill + 0.1)} INFO services.gateway.backends: gateway: vocoder at 127.0.0.1:50053 is NOT ready\n"
+        "moss-serve up: vocoder exited with code -9; starting it again in 1 s\n"
+        "moss-serve up: llm exited with code 3; starting it again in 1 s\n"
+        f"{stamp(kill + 28.1)} INFO services.gateway.backends: gateway: vocoder at 127.0.0.1:50053 is ready\n")
+    began = T0 + kill - 8
+    streams = [dict(code="OK", sent_s=1.0, chunk_arrivals_s=[0.1]),             # before the kill: not counted
+               dict(code="OK", sent_s=9.0, chunk_arrivals_s=[27.5, 28.0]),      # sent 1 s after it: first audio 28.5 s
+               dict(code="OK", sent_s=10.0, chunk_arrivals_s=[30.0]),
+               dict(code="UNAVAILABLE", sent_s=8.5, chunk_arrivals_s=[])]
+    (tmp_path / "load_1").mkdir()
+    (tmp_path / "load_1" / "bench.json").write_text(json.dumps(
+        dict(levels={"rate 10/s": dict(started_unix=began, streams=streams)})))
+    (tmp_path / "events.tsv").write_text(f"start\twarm\t{T0}\t26.1\t94.2\nkill\tvocoder\t{T0 + kill}\tnull\t1\n")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "restart_report.py"), str(tmp_path), "--json",
+                          str(tmp_path / "r.json")], capture_output=True, text=True, check=True).stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["starts"] == [dict(start="warm", first_turn_s=26.1, every_graph_s=94.2, vocoder_serving_s=20.5,
+                                     llm_serving_s=14.2)]
+    assert report["kills"] == [dict(killed="vocoder", back_s=28.1, load_first_audio_s=28.5, say_s=None,
+                                    faulted=["llm"])]
+    assert "| vocoder | 28.1 s | 28.5 s | – | llm |" in out
