@@ -7,7 +7,7 @@ import asyncio
 import os
 import sys
 
-from services.settings import GRPC_PORTS, concurrencies, count, positive, rates, seconds, span
+from services.settings import GRPC_PORTS, METRICS_PORTS, concurrencies, count, positive, rates, seconds, span
 
 GATEWAY_TARGET = f"localhost:{GRPC_PORTS['gateway']}"  # where the client commands (say, chat, bench) call by default
 
@@ -98,6 +98,10 @@ def add_bench(sub) -> None:
                             "whose user speaks again SECONDS after the reply's first audio, over it; reports how long "
                             "the old reply's audio still arrived after the new speech began, and the new turn's end of "
                             "speech to first audio. Give replies long enough to be spoken over (--reply-seconds)")
+    bench.add_argument("--encoder-metrics", metavar="URL",
+                       help="with --speech: the encoder's Prometheus /metrics, whose speaker places in use are sampled "
+                            "during each level and reported (default: this host's, at moss-serve up's encoder metrics "
+                            f"port, http://127.0.0.1:{METRICS_PORTS['encoder']}/metrics)")
     bench.add_argument("--turn-gap", type=seconds, default=0.5,
                        help="seconds between a reply played out at the client and the next turn (default 0.5)")
     bench.add_argument("--timeout", type=positive(float), default=120.0,
@@ -207,7 +211,9 @@ def run_bench(args, argv: list[str]) -> int:
                     min_new_tokens=args.max_new_tokens if args.min_new_tokens is None else args.min_new_tokens,
                     timeout=args.timeout, first_chunk_tokens=args.first_chunk_tokens, api_key=args.api_key, tls=tls, seed=args.seed,
                     progress=not args.no_progress, turns=args.turns, turn_gap=args.turn_gap, speech=speech,
-                    reply_seconds=args.reply_seconds, arrival_seconds=args.seconds, barge_in=args.barge_in)
+                    reply_seconds=args.reply_seconds, arrival_seconds=args.seconds, barge_in=args.barge_in,
+                    encoder_metrics=(args.encoder_metrics or f"http://127.0.0.1:{METRICS_PORTS['encoder']}/metrics")
+                    if speech is not None else None)
     return run(spec, args.concurrency, args.warmup, args.out, "moss-serve bench " + " ".join(argv), rates=args.rate)
 
 

@@ -221,3 +221,42 @@ def test_bench_converse_sessions_turn_after_turn(stack, tmp_path):
     text = scrape(stack.ports.metrics["gateway"])
     assert metric_value(text, "gateway_active_sessions") == 0
     assert metric_value(text, "gateway_sessions_ended_total", '{reason="closed"}') >= 2
+
+
+def test_the_encoders_places_are_read_from_its_metrics_and_missing_ones_say_none():
+    """services/bench/encoder_places.py: the two gauges parsed from a /metrics page; a page without them, or no server
+    at all, reads as None (the bench then reports no places rather than zeros)."""
+    import http.server
+    import threading
+
+    from services.bench.encoder_places import PlacesSampler, read
+    from services.stack import free_port
+
+    pages = {"/metrics": b"# HELP encoder_speakers x\nencoder_speakers 3.0\nencoder_speaker_places 32.0\n",
+             "/other": b"gateway_turns 1.0\n"}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(pages.get(self.path, b""))
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        assert read(base + "/metrics") == (3.0, 32.0)
+        assert read(base + "/other") is None
+        assert read(f"http://127.0.0.1:{free_port()}/metrics", timeout=0.5) is None
+        sampler = PlacesSampler(base + "/metrics", every=0.01).start()
+        import time
+
+        time.sleep(0.1)
+        summary = sampler.stop()
+        assert summary["peak"] == summary["mean"] == 3.0 and summary["of"] == 32.0 and summary["samples"] >= 2
+        assert PlacesSampler(base + "/other").summary() is None
+    finally:
+        server.shutdown()

@@ -310,9 +310,15 @@ def test_bench_measures_spoken_turns_from_the_end_of_the_speech(stack, question,
     done = subprocess.run([sys.executable, "-m", "services.cli", "bench", "--no-progress", "--target",
                            stack.target("gateway"), "--speech", str(tmp_path / "in.wav"), "--concurrency", "2",
                            "--requests", "2", "--turns", "2", "--max-new-tokens", "6", "--warmup", "0",
+                           "--encoder-metrics", f"http://127.0.0.1:{stack.ports.metrics['encoder']}/metrics",
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
-    streams = json.loads((tmp_path / "out" / "bench.json").read_text())["levels"]["2"]["streams"]
+    level = json.loads((tmp_path / "out" / "bench.json").read_text())["levels"]["2"]
+    streams = level["streams"]
+    # the encoder's places: two sessions speaking at once held at most two, at some sample one or two
+    places = level["summary"]["encoder_places"]
+    assert 1 <= places["peak"] <= 2 and 0 < places["mean"] <= places["peak"] and places["of"] >= 2, places
+    assert "encoder places in use" in done.stdout
     assert len(streams) == 4 and all(s["code"] == "OK" for s in streams)
     for s in streams:
         st = s["stages"]

@@ -51,6 +51,7 @@ class LoadSpec:
     arrival_seconds: float = 30.0          # with rate and no requests: seconds of arrivals
     barge_in: float | None = None          # with speech: hands-free sessions speaking again this many seconds into
                                            # their first reply's audio (one_barge_in)
+    encoder_metrics: str | None = None     # the encoder's /metrics URL: its places in use sampled per level
 
     def requests_for(self) -> int:
         """The level's request count: as given, or 4 per concurrent stream (at least 8), or arrival_seconds of

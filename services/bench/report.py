@@ -85,6 +85,15 @@ def barge_in_table(levels: dict, markdown: bool = False) -> str:
     return _format(rows, markdown) if len(rows) > 1 else ""
 
 
+def places_table(levels: dict, markdown: bool = False) -> str:
+    """Per level sampled (encoder_places.py): the encoder's speaker places in use, at the most and on average, of all."""
+    rows = [["streams", "encoder places in use: peak", "mean", "of"]]
+    for c, lv in levels.items():
+        if p := lv.get("encoder_places"):
+            rows.append([str(c), f"{p['peak']:.0f}", f"{p['mean']:.1f}", f"{p['of']:.0f}"])
+    return _format(rows, markdown) if len(rows) > 1 else ""
+
+
 def stage_means(records: list[StreamRecord]) -> dict:
     return {s: _mean([r.stages[s] for r in records if s in r.stages]) for s in STAGES}
 

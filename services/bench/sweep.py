@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from services.bench import report
+from services.bench.encoder_places import PlacesSampler
 from services.bench.load import LoadSpec, run_load
 from services.bench.stream import JITTER_SECONDS
 
@@ -30,8 +31,14 @@ async def sweep(spec: LoadSpec, concurrencies: list[int], warmup: int, checkpoin
         plan = [(c, dataclasses.replace(spec, concurrency=c)) for c in concurrencies]
     for label, level_spec in plan:
         started = time.time()  # (the wall clock, which the stages' metrics sampled beside the bench share)
-        records, wall = await run_load(level_spec, label=f"{label} streams" if isinstance(label, int) else label)
+        places = PlacesSampler(spec.encoder_metrics).start() if spec.encoder_metrics else None
+        try:
+            records, wall = await run_load(level_spec, label=f"{label} streams" if isinstance(label, int) else label)
+        finally:
+            held = places.stop() if places else None
         summary = report.summarize(records, wall)
+        if held is not None:
+            summary["encoder_places"] = held
         first = min((r.sent for r in records), default=0.0)
         levels[label] = {"summary": summary, "started_unix": started,
                          "streams": [r.to_json(level_start=first) for r in records]}
@@ -70,6 +77,8 @@ def turns_md(summaries: dict) -> str:
     out = f"Converse sessions, by turn (later turns carry the history):\n\n{table}\n\n" if table else ""
     if barge := report.barge_in_table(summaries, markdown=True):
         out += f"Barge-in by voice (the replies spoken over: their last audio after the new speech began):\n\n{barge}\n\n"
+    if places := report.places_table(summaries, markdown=True):
+        out += f"The encoder's speaker places in use (sampled every 0.1 s from its /metrics):\n\n{places}\n\n"
     return out
 
 
@@ -96,6 +105,11 @@ def run(spec: LoadSpec, concurrencies: list[int], warmup: int, out: str | None, 
     if barge := report.barge_in_table(summaries):
         print()
         print(barge)
+    if places := report.places_table(summaries):
+        print()
+        print(places)
+    elif spec.encoder_metrics:
+        print(f"\nthe encoder's places: {spec.encoder_metrics} could not be read (--encoder-metrics)")
     if not rates:
         print(f"\ncapacity (>= {report.CAPACITY_STALL_FREE:.0%} stall-free, TTFA p95 <= "
               f"{report.CAPACITY_TTFA_P95 * 1e3:.0f} ms): {result['capacity']} streams")
