@@ -65,6 +65,10 @@ class VocoderSettings:
     # The codec decoder's options (docs/codec.md): `up` hands them on.
     voices_dir: str | None = option(None, "the flow decoder's voices, <name>.safetensors each (default: the codec "
                                           "directory's voices/; a preset without it: one random 'default' voice)")
+    max_voices: int | None = option(None, "voices the flow holds in all, those of --voices-dir and those added while "
+                                          "serving (the prompt prefix keeps a place for each: ~321 MB at the real size "
+                                          "with a 3.2 s prompt; a voice added past them is decoded over its window, "
+                                          "slower) (default: the directory's and 4 more)", type=positive(int))
     generator: str | None = option(None, "with a codec directory: its HiFT (default), or the BigVGAN-v2 beside it "
                                          "(config.json, bigvgan_generator.pt) trained on the flow's mel format",
                                    choices=["hift", "bigvgan"])

@@ -31,7 +31,7 @@ from services.vocoder.codec.decoder import (
 from services.vocoder.codec.hift import HiFTGenerator
 from services.vocoder.codec.hift import receptive_field as hift_receptive_field
 from services.vocoder.codec.history import DEFAULT_RING_FRAMES
-from services.vocoder.codec.voice import DEFAULT, Voice, load_voices, random_voice
+from services.vocoder.codec.voice import DEFAULT, Voice, VoiceError, check, load_voices, random_voice
 from services.vocoder.receptive_field import receptive_field
 from services.vocoder.runner import GeneratorRunner
 from services.vocoder.token_decoder import (
@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 TINY_CODEBOOK = 1024  # services/llm/config.py tiny_config().audio_codebook_size
 PRESETS = ("tiny", "tiny-codec", "moss-speech")
 DEFAULT_PROMPT_TOKENS = 40  # a random voice's prompt: 3.2 s, whole blocks (docs/codec.md)
+EXTRA_VOICE_PLACES = 4      # voices that may be added while serving, by default (prefix.py's places: ~1.3 GB at the
+                            # real size)
 
 
 class MelFormatMismatch(ValueError):
@@ -64,6 +66,8 @@ class FlowOptions:
     history_streams: int | None = None  # streams whose solved frames are kept (codec/history.py); None: as many as
                                         # fit in the device's free memory, up to DEFAULT_HISTORY_STREAMS
     history_frames: int = DEFAULT_RING_FRAMES        # each one's latest frames kept
+    max_voices: int | None = None      # voices in all, those added while serving included (None: the voices given
+                                       # and EXTRA_VOICE_PLACES more; prefix.py: ~321 MB a place at the real size)
 
 
 def generator_format(generator: torch.nn.Module):
@@ -76,6 +80,7 @@ class TokenVocoder:
     generator: torch.nn.Module
     device: torch.device
     voices: dict[str, Voice] = field(default_factory=dict)  # the flow's; the stand-in speaks in none
+    voice_places: int | None = None  # voices the flow's prompt prefix holds, those added later included (None: these)
     _decode_timing: object = field(default=0.0, init=False, repr=False)  # mel_chunks': seconds, or CUDA events
     stream: object = field(default=None, init=False, repr=False)  # the CUDA stream its calls run on (None: current)
 
@@ -90,12 +95,26 @@ class TokenVocoder:
         elif not self.voices:
             raise ValueError("the flow decoder needs at least one voice")
         else:
-            self.decoder.set_voices(list(self.voices.values()))
+            self.decoder.set_voices(list(self.voices.values()), self.voice_places)
         hift = isinstance(self.generator, HiFTGenerator)
         conds = dict(cond_dtypes=(torch.float32, torch.long, torch.long, torch.long),
                      cond_shapes=((self.generator.m_source.harmonics,), (), (), ())) if hift else {}
         self.runner = GeneratorRunner(self.generator, self.hop_size, self.device,
                                       **(dict(fuse=False, channels_last=False) if hift else {}), **conds)
+
+    def add_voice(self, voice: Voice) -> bool:
+        """A voice for the streams that start from now on, while others play (the flow's decoder only) → whether its
+        streams take the fast path (the prompt prefix and a stream history: codec/decoder.py's add_voice). VoiceError
+        for a voice that does not fit the flow or whose name is taken. A caller serving on other threads keeps any
+        capture of a CUDA graph away meanwhile (capture.py's DeviceGate)."""
+        if not isinstance(self.decoder, FlowTokenDecoder):
+            raise VoiceError("this vocoder's token decoder (the stand-in) speaks in no voice")
+        voice = check(voice, self.decoder.flow.cfg, f"voice {voice.name!r}")
+        if voice.name in self.voices:
+            raise VoiceError(f"voice {voice.name!r}: a voice of that name exists")
+        fast = self.decoder.add_voice(voice)
+        self.voices[voice.name] = voice  # (last: a stream may ask for it from now on)
+        return fast
 
     def lane(self) -> "TokenVocoder":
         """The same vocoder for a second worker thread (worker.py's first-chunk lane): models, voices and the flow's
@@ -254,7 +273,7 @@ def load_vocoder(directory: str | Path | None, preset: str = "tiny", device: str
         out = hift
         if generator == "bigvgan":
             out, _ = gen.load_generator(directory)
-        return TokenVocoder(_flow_decoder(flow_model, dev, flow), out, dev, voices)
+        return TokenVocoder(_flow_decoder(flow_model, dev, flow), out, dev, voices, _voice_places(flow, voices))
     if directory is None and preset in ("tiny-codec", "moss-speech"):
         cfg = codec_config.PRESETS["tiny" if preset == "tiny-codec" else "moss-speech"]()
         flow_model, hift = codec_checkpoint.random_codec(cfg, seed)
@@ -262,7 +281,7 @@ def load_vocoder(directory: str | Path | None, preset: str = "tiny", device: str
                   {DEFAULT: random_voice(cfg.flow, prompt_tokens=10 if preset == "tiny-codec" else DEFAULT_PROMPT_TOKENS,
                                          seed=seed)})
         log.warning("no --vocoder-dir: %r codec preset (flow + HiFT) with RANDOM weights (output is noise)", preset)
-        return TokenVocoder(_flow_decoder(flow_model, dev, flow), hift, dev, voices)
+        return TokenVocoder(_flow_decoder(flow_model, dev, flow), hift, dev, voices, _voice_places(flow, voices))
     if directory is None:
         if preset not in PRESETS:
             raise ValueError(f"unknown vocoder preset {preset!r}; known: {', '.join(PRESETS)}")
@@ -277,6 +296,12 @@ def load_vocoder(directory: str | Path | None, preset: str = "tiny", device: str
         decoder = _random_decoder_for(h, 16384, 512, seed)
         log.warning("%s has no token_decoder.json: using a RANDOM token decoder for %s", directory, gen.mel_format(h))
     return TokenVocoder(decoder, generator_model, dev)
+
+
+def _voice_places(options: FlowOptions, voices: dict) -> int:
+    """Voices the prompt prefix holds in all: --max-voices, or those given and EXTRA_VOICE_PLACES more; never fewer
+    than those given."""
+    return max(len(voices), options.max_voices if options.max_voices is not None else len(voices) + EXTRA_VOICE_PLACES)
 
 
 def _flow_decoder(flow_model, device: torch.device, options: FlowOptions) -> FlowTokenDecoder:

@@ -101,9 +101,10 @@ class FlowTokenDecoder:
         self.solve_cap = SOLVE_BLOCKS * block_tokens * self.ratio
         self.ids = itertools.count()
 
-    def set_voices(self, voices: list[Voice]) -> None:
-        """The voices streams will speak in: their prompts' common prefix is solved now, once (prefix.py)."""
-        prefix = PromptPrefix(self.flow, voices)
+    def set_voices(self, voices: list[Voice], capacity: int | None = None) -> None:
+        """The voices streams will speak in: their prompts' common prefix is solved now, once (prefix.py), with places
+        for `capacity` voices in all (default: these; more: `add_voice` while serving)."""
+        prefix = PromptPrefix(self.flow, voices, capacity)
         self.prefix = prefix if prefix else None
         self.graphs = self._new_graphs()  # graphs read the prefix's tensors: captured again
         self.history = None
@@ -130,6 +131,16 @@ class FlowTokenDecoder:
             self.history_token_buckets = tuple(sorted({
                 smallest(TOKEN_BUCKETS, max(prompts) + max(self.first_block(v) for v in voices) + self.lookahead)
                 or TOKEN_BUCKETS[-1], smallest(TOKEN_BUCKETS, max(prompts) + self.max_context) or TOKEN_BUCKETS[-1]}))
+
+    def add_voice(self, voice: Voice) -> bool:
+        """A voice for streams started from now on, while others play → whether its streams read the prompt prefix
+        and keep a stream history (prefix.py: a free place, and a prompt as long as the prefix); else they are decoded
+        over their window, as any voice outside the prefix. Nothing is captured again and no stream's history is
+        touched: its prefix goes to a place kept for it. (The caller keeps calls on other threads that might capture a
+        graph away meanwhile: capture.py's gate.) Its calls replay the graphs captured for the voices at the start
+        where its prompt fits their token buckets, and run eagerly where not."""
+        copies = (self.history.copy_voice,) if self.history is not None else ()
+        return self.prefix is not None and self.prefix.add(self.flow, voice, copies)
 
     # ---- streams ---------------------------------------------------------------------------------
     def start(self, voice: Voice) -> FlowState:

@@ -18,8 +18,9 @@ Layout:
 - keys, values [attentions, steps, 2·(streams + 1), heads, ring, head_dim]: slot s's CFG pair at rows 2s, 2s+1;
   the last slot is scratch, where the batch's padding rows write;
 - lefts[conv] [steps, 2·voices + 2 banks x 2·(streams + 1), k-1, C]: first the voice prefix's last frames
-  (prefix.py's: what a stream's first call reads), then two banks per slot: a call reads one and writes the
-  other, so that no row reads what another writes in the same kernel.
+  (prefix.py's, a copy, for every place of its capacity: what a stream's first call reads; a voice added later is
+  copied in by `copy_voice`), then two banks per slot: a call reads one and writes the other, so that no row reads
+  what another writes in the same kernel.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class StreamHistory:
             raise ValueError(f"stream history: streams ({streams}) and ring ({ring}) must be >= 1")
         self.prefix, self.streams, self.ring = prefix, streams, ring
         p = prefix.keys[0]
-        steps, rows, voices = prefix.steps, 2 * (streams + 1), len(prefix.voices)
+        steps, rows, voices = prefix.steps, 2 * (streams + 1), prefix.capacity
         attn = estimator.slots(Attention)[0]
         heads, d = attn.heads, attn.to_q.out_features // attn.heads
         shape = (len(prefix.keys), steps, rows, heads, ring, d)
@@ -83,6 +84,12 @@ class StreamHistory:
         self.in_flight: dict[int, int] = {}       # stream id → calls of it being queued (worker lanes: worker.py)
         self.done: dict = {}                      # stream id → the event its last call's device work ends with
         self.lock = threading.Lock()
+
+    def copy_voice(self, i: int) -> None:
+        """The prefix's place i, recorded since (a voice added while serving): its last frames into the copy a
+        stream's first call reads (prefix.add calls this before the voice is found)."""
+        for mine, theirs in zip(self.lefts, self.prefix.lefts):
+            mine[:, 2 * i : 2 * i + 2] = theirs[:, 2 * i : 2 * i + 2]
 
     # ---- slots (from the vocoder's worker threads: under the lock) --------------------------------------
     def acquire(self, stream: int) -> int | None:

@@ -14,7 +14,13 @@ estimator on the frames after the prefix only, its attention reading the prefix'
 frames before its first. The mel of the frames after the prefix is what the
 whole call gives (tests/test_codec_prefix.py). The prefix is as long for every voice: the shortest voice's.
 
-Memory: per voice, 2 x steps x (2 x heads x head_dim x frames per attention); at the real size with a 40-token
+**A voice added while serving** (`add`) takes a free place of `capacity`, kept from the start, so that no tensor a
+captured graph reads changes its shape or place: its rows are recorded on the side, and the voice is told apart
+(`covers`) only once they are written. It must reach as far as the prefix (its prompt no shorter than the shortest
+voice's at the start); one that does not, or that finds every place taken, is solved whole, over its window, as any
+voice outside the prefix is.
+
+Memory: per voice place, 2 x steps x (2 x heads x head_dim x frames per attention); at the real size with a 40-token
 prompt, 56 attentions, 10 steps, 140 frames: 321 MB in bf16.
 """
 
@@ -45,13 +51,15 @@ def prefix_frames(flow: CausalMaskedDiffWithXvec, voices: list[Voice]) -> int:
 class PromptPrefix:
     recording = False
 
-    def __init__(self, flow: CausalMaskedDiffWithXvec, voices: list[Voice]):
+    def __init__(self, flow: CausalMaskedDiffWithXvec, voices: list[Voice], capacity: int | None = None):
+        """capacity: voices it may hold, those added later (`add`) included (default: these alone)."""
         self.frames = prefix_frames(flow, voices)
         self.voices = list(voices)
         self.index = {id(v): i for i, v in enumerate(voices)}
+        self.capacity = max(len(voices), capacity or 0)
         estimator = flow.decoder.estimator
         p = next(flow.parameters())
-        steps, rows = flow.decoder.n_timesteps, 2 * len(voices)       # rows: voice i's CFG pair at 2i, 2i + 1
+        steps, rows = flow.decoder.n_timesteps, 2 * self.capacity    # rows: voice i's CFG pair at 2i, 2i + 1
         self.steps = steps
         # keys[slot], values[slot]: [steps, rows, heads, frames, head_dim]
         # (every attention's in one tensor [attentions, steps, ...]: a run of them reads slot i at a fixed stride,
@@ -71,6 +79,27 @@ class PromptPrefix:
 
     def covers(self, voices) -> bool:
         return bool(self) and all(id(v) in self.index for v in voices)
+
+    @torch.inference_mode()
+    def add(self, flow: CausalMaskedDiffWithXvec, voice: Voice, copies: tuple = ()) -> bool:
+        """Record a voice into a free place → whether it now reads the prefix (False: no place left, or its prompt
+        ends before the prefix does; module docstring). copies: callables told the place (copy_voice(i)) to copy
+        what they keep of it (history.py), before it is found. Its rows are written, and the device has finished
+        writing them, before any call can find it: calls on other threads and CUDA streams read the other places
+        meanwhile."""
+        if id(voice) in self.index:
+            return True
+        if not self or len(self.voices) >= self.capacity or prefix_frames(flow, [voice]) < self.frames:
+            return False
+        i = len(self.voices)
+        self._record(flow, voice, i)
+        for copy in copies:
+            copy(i)
+        if self.keys[0].is_cuda:
+            torch.cuda.current_stream(self.keys[0].device).synchronize()
+        self.voices.append(voice)
+        self.index[id(voice)] = i  # (published last: `covers` reads it)
+        return True
 
     def voice_index(self, voice: Voice) -> int:
         return self.index[id(voice)]
