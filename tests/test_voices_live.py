@@ -6,14 +6,23 @@ The tiny codec on a CPU, float32."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
 import numpy as np
 import pytest
 import torch
+from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
+from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from services.stack import free_port, is_serving
 from services.vocoder.codec.config import tiny
 from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.flow_state import FlowState
-from services.vocoder.codec.voice import Voice, VoiceError, random_voice, save_voice
+from services.vocoder.codec.voice import Voice, random_voice, save_voice
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import FlowOptions, load_vocoder
 
@@ -88,7 +97,7 @@ def test_a_voice_added_while_a_stream_plays_leaves_it_as_it_was_and_speaks_as_on
     def add_b(i):
         if i == 0:
             assert live.decoder.history.held == 1                      # `a` plays from its history slot
-            added.append(live.add_voice(b))
+            added.append(live.add_voice(b)[0])
 
     got_a = play(live, "a", tokens, schedule, add_b)
     assert added == [True] and "b" in live.voice_names()
@@ -107,15 +116,82 @@ def test_bad_voices_are_refused_and_the_places_are_sized_by_max_voices(tmp_path)
     a = random_voice(cfg, "a", prompt_tokens=10, seed=1)
     live = load_vocoder(None, "tiny-codec", voices_dir=voices_dir(tmp_path, a), flow=FlowOptions(max_voices=2))
     assert live.decoder.prefix.capacity == 2
-    with pytest.raises(VoiceError, match="exists"):
+    with pytest.raises(AlreadyExists, match="exists"):
         live.add_voice(random_voice(cfg, "a", prompt_tokens=10, seed=3))
     bad = Voice("c", torch.tensor([1, 2, 3]), torch.zeros(5, cfg.output_size), torch.zeros(cfg.spk_embed_dim))
-    with pytest.raises(VoiceError, match="prompt_mel"):
+    with pytest.raises(InvalidArgument, match="prompt_mel"):
         live.add_voice(bad)
+    for name in ("../x", "", ".hidden", "x" * 65):
+        with pytest.raises(InvalidArgument, match="name"):
+            live.add_voice(random_voice(cfg, name, prompt_tokens=10, seed=3))
     assert live.voice_names() == ["a"]
-    assert live.add_voice(random_voice(cfg, "b", prompt_tokens=10, seed=4))
-    assert not live.add_voice(random_voice(cfg, "c", prompt_tokens=10, seed=5))  # no place left: solved whole
+    assert live.add_voice(random_voice(cfg, "b", prompt_tokens=10, seed=4)) == (True, True)
+    assert live.add_voice(random_voice(cfg, "c", prompt_tokens=10, seed=5)) == (False, True)  # no place: solved whole
     assert live.voice_names() == ["a", "b", "c"]
-    assert load_vocoder(None, "tiny-codec", voices_dir=voices_dir(tmp_path, a)).decoder.prefix.capacity == 5
-    with pytest.raises(VoiceError, match="no voice"):
+    kept = sorted(p.name for p in live.voices_dir.iterdir())
+    assert kept == ["a.safetensors", "b.safetensors", "c.safetensors"]  # (nothing half-made beside them)
+    again = load_vocoder(None, "tiny-codec", voices_dir=live.voices_dir)  # a restart has them again
+    assert again.voice_names() == ["a", "b", "c"]
+    one = load_vocoder(None, "tiny-codec", voices_dir=voices_dir(tmp_path / "fresh", a))
+    assert one.decoder.prefix.capacity == 5                             # by default: the directory's and 4 more
+    with pytest.raises(FailedPrecondition, match="no voice"):
         load_vocoder(None, "tiny").add_voice(a)
+    memory_only = load_vocoder(None, "tiny-codec")                      # no voices directory: kept in memory only
+    assert memory_only.add_voice(random_voice(cfg, "b", prompt_tokens=10, seed=4)) == (True, False)
+
+
+def vocoder_process(voices: Path, port: int, log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "vocoder", "--port", str(port), "--metrics-port",
+                             str(free_port()), "--preset", "tiny-codec", "--voices-dir", str(voices)],
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not is_serving(f"127.0.0.1:{port}"):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.2)
+    return proc
+
+
+def add_request(voice: Voice, **override) -> vocoder_pb2.AddVoiceRequest:
+    fields = dict(name=voice.name, prompt_tokens=voice.prompt_tokens.tolist(),
+                  prompt_mel=voice.prompt_mel.numpy().astype("<f4").tobytes(), embedding=voice.embedding.tolist())
+    return vocoder_pb2.AddVoiceRequest(**{**fields, **override})
+
+
+def test_add_voice_through_the_vocoders_grpc_speaks_at_once_refuses_what_it_must_and_outlives_a_restart(tmp_path):
+    """AddVoice on a running vocoder (a real process): the voice is listed and a stream speaks in it at once; a taken
+    name, a bad name and a mel that is not rows of 80 are refused naming what; the vocoder restarted has the voice."""
+    cfg = tiny().flow
+    a, b = random_voice(cfg, "a", prompt_tokens=10, seed=1), random_voice(cfg, "b", prompt_tokens=12, seed=2)
+    voices, port, log = voices_dir(tmp_path, a), free_port(), tmp_path / "vocoder.log"
+    proc = vocoder_process(voices, port, log)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = vocoder_pb2_grpc.VocoderStub(channel)
+            reply = stub.AddVoice(add_request(b), timeout=60)
+            assert reply.fast and reply.kept
+            assert list(stub.ListVoices(vocoder_pb2.ListVoicesRequest(), timeout=10).voices) == ["a", "b"]
+            requests = [vocoder_pb2.VocodeRequest(config=vocoder_pb2.VocodeConfig(voice="b")),
+                        vocoder_pb2.VocodeRequest(tokens=vocoder_pb2.AudioTokens(tokens=codes(20, seed=3))),
+                        vocoder_pb2.VocodeRequest(end=vocoder_pb2.EndOfTokens())]
+            chunks = list(stub.Vocode(iter(requests), timeout=60))
+            assert chunks[-1].final and sum(c.num_samples for c in chunks) > 0
+            for request, code, what in [
+                (add_request(b), grpc.StatusCode.ALREADY_EXISTS, "voice 'b' exists already"),
+                (add_request(b, name="../etc"), grpc.StatusCode.INVALID_ARGUMENT, "name: '../etc' is not a voice name"),
+                (add_request(b, name="c", prompt_mel=b"\x00" * 7), grpc.StatusCode.INVALID_ARGUMENT,
+                 "prompt_mel: 7 bytes are not rows of 80 float32"),
+                (add_request(b, name="c", embedding=[0.0] * 3), grpc.StatusCode.INVALID_ARGUMENT, "embedding must be"),
+            ]:
+                with pytest.raises(grpc.RpcError) as err:
+                    stub.AddVoice(request, timeout=30)
+                assert err.value.code() == code and what in err.value.details(), err.value.details()
+        assert sorted(p.name for p in voices.iterdir()) == ["a.safetensors", "b.safetensors"]
+        proc.terminate()
+        proc.wait(30)
+        proc = vocoder_process(voices, port, log)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            listed = vocoder_pb2_grpc.VocoderStub(channel).ListVoices(vocoder_pb2.ListVoicesRequest(), timeout=10)
+        assert list(listed.voices) == ["a", "b"]
+    finally:
+        proc.terminate()
+        proc.wait(30)

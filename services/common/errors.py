@@ -73,6 +73,18 @@ class NotFound(ServiceError):
         self.field = field
 
 
+class AlreadyExists(ServiceError):
+    """What a request would make exists already (a voice of that name)."""
+
+    code = "ALREADY_EXISTS"
+
+
+class FailedPrecondition(ServiceError):
+    """The service cannot do this in the state it is in (a vocoder that speaks in no voice asked to add one)."""
+
+    code = "FAILED_PRECONDITION"
+
+
 class Unavailable(ServiceError):
     """A stage (llm, vocoder) cannot be reached or failed in transit."""
 

@@ -8,6 +8,7 @@ the event loop only awaits futures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -34,6 +35,7 @@ from services.vocoder.worker import (
 )
 
 MAX_TOKENS_PER_MESSAGE = 4096
+MEL_BANDS = 80  # a voice's prompt mel: [4 x prompt tokens, 80] (codec/voice.py)
 AFTER_END_GRACE_SECONDS = 1.0  # how long a stream waits, its audio all sent, for the client to half-close
 
 
@@ -56,7 +58,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         (worker.py).
         gate: the capture.DeviceGate the flow-call workers' device work goes through (graphs captured while serving:
         capture.py); None: every graph was captured before serving."""
-        self.vocoder = vocoder
+        self.vocoder, self.gate = vocoder, gate
         self.left_context, self.lookahead = left_context, lookahead
         common = dict(max_wait=max_wait, on_batch=metrics.observe_batch, on_decode=metrics.observe_token_decode,
                       on_generate=metrics.observe_generate, on_nonfinite=metrics.observe_nonfinite,
@@ -103,6 +105,15 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         history = getattr(self.vocoder.decoder, "history", None)
         return vocoder_pb2.ListVoicesResponse(voices=self.vocoder.voice_names(),
                                               stream_slots=history.streams if history is not None else 0)
+
+    async def AddVoice(self, request, context):
+        voice = voice_of(request)
+        fast, kept = await asyncio.to_thread(self._add_voice, voice)  # (its prefix is solved: seconds at the real size)
+        return vocoder_pb2.AddVoiceResponse(fast=fast, kept=kept)
+
+    def _add_voice(self, voice) -> tuple[bool, bool]:
+        with self.gate.call() if self.gate is not None else contextlib.nullcontext():  # (no graph captured meanwhile)
+            return self.vocoder.add_voice(voice)
 
     async def Vocode(self, request_iterator, context):
         first = await anext(aiter(request_iterator), None)
@@ -167,3 +178,16 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         finally:
             streamer.close()
             metrics.ACTIVE_STREAMS.dec()
+
+
+def voice_of(request: vocoder_pb2.AddVoiceRequest):
+    """An AddVoice request → a Voice (the vocoder checks it against its flow), or InvalidArgument naming the field."""
+    import torch
+
+    from services.vocoder.codec.voice import Voice
+
+    if len(request.prompt_mel) % (4 * MEL_BANDS):
+        raise InvalidArgument("prompt_mel", f"{len(request.prompt_mel)} bytes are not rows of {MEL_BANDS} float32")
+    mel = np.frombuffer(request.prompt_mel, dtype="<f4").reshape(-1, MEL_BANDS)
+    return Voice(request.name, torch.tensor(list(request.prompt_tokens), dtype=torch.long), torch.from_numpy(mel.copy()),
+                 torch.tensor(list(request.embedding), dtype=torch.float32))

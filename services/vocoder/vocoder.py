@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from services.common.errors import InvalidArgument, echo, listed
+from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, echo, listed
 from services.vocoder import generator as gen
 from services.vocoder.codec import checkpoint as codec_checkpoint
 from services.vocoder.codec import config as codec_config
@@ -31,7 +31,7 @@ from services.vocoder.codec.decoder import (
 from services.vocoder.codec.hift import HiFTGenerator
 from services.vocoder.codec.hift import receptive_field as hift_receptive_field
 from services.vocoder.codec.history import DEFAULT_RING_FRAMES
-from services.vocoder.codec.voice import DEFAULT, Voice, VoiceError, check, load_voices, random_voice
+from services.vocoder.codec.voice import DEFAULT, NAME, Voice, VoiceError, check, load_voices, random_voice, save_voice
 from services.vocoder.receptive_field import receptive_field
 from services.vocoder.runner import GeneratorRunner
 from services.vocoder.token_decoder import (
@@ -81,6 +81,7 @@ class TokenVocoder:
     device: torch.device
     voices: dict[str, Voice] = field(default_factory=dict)  # the flow's; the stand-in speaks in none
     voice_places: int | None = None  # voices the flow's prompt prefix holds, those added later included (None: these)
+    voices_dir: Path | None = None   # where its voices are kept (add_voice writes there); None: none, memory only
     _decode_timing: object = field(default=0.0, init=False, repr=False)  # mel_chunks': seconds, or CUDA events
     stream: object = field(default=None, init=False, repr=False)  # the CUDA stream its calls run on (None: current)
 
@@ -102,19 +103,38 @@ class TokenVocoder:
         self.runner = GeneratorRunner(self.generator, self.hop_size, self.device,
                                       **(dict(fuse=False, channels_last=False) if hift else {}), **conds)
 
-    def add_voice(self, voice: Voice) -> bool:
-        """A voice for the streams that start from now on, while others play (the flow's decoder only) → whether its
-        streams take the fast path (the prompt prefix and a stream history: codec/decoder.py's add_voice). VoiceError
-        for a voice that does not fit the flow or whose name is taken. A caller serving on other threads keeps any
-        capture of a CUDA graph away meanwhile (capture.py's DeviceGate)."""
+    def add_voice(self, voice: Voice, keep: bool = True) -> tuple[bool, bool]:
+        """A voice for the streams that start from now on, while others play (the flow's decoder only) → (whether its
+        streams take the fast path: the prompt prefix and a stream history, codec/decoder.py's add_voice; whether it
+        was kept in voices_dir, so that a restarted vocoder has it again). InvalidArgument for a name that is not a
+        voice name or a voice that does not fit the flow, AlreadyExists for a name taken, FailedPrecondition for the
+        stand-in decoder. Its file is written first, under a name no start reads,
+        and renamed into place once the voice is in: nothing half-made is left. A caller serving on other threads
+        keeps any capture of a CUDA graph away meanwhile (capture.py's DeviceGate)."""
         if not isinstance(self.decoder, FlowTokenDecoder):
-            raise VoiceError("this vocoder's token decoder (the stand-in) speaks in no voice")
-        voice = check(voice, self.decoder.flow.cfg, f"voice {voice.name!r}")
+            raise FailedPrecondition("this vocoder's token decoder (the stand-in) speaks in no voice")
+        if not NAME.match(voice.name):
+            raise InvalidArgument("name", f"{echo(voice.name)} is not a voice name: 1-64 letters, digits, '_', '.' or "
+                                          "'-', starting with a letter or digit")
+        try:
+            voice = check(voice, self.decoder.flow.cfg, f"voice {voice.name!r}")
+        except VoiceError as err:
+            raise InvalidArgument("voice", str(err)) from None
         if voice.name in self.voices:
-            raise VoiceError(f"voice {voice.name!r}: a voice of that name exists")
-        fast = self.decoder.add_voice(voice)
+            raise AlreadyExists(f"voice {voice.name!r} exists already")
+        part = None
+        if keep and self.voices_dir is not None:
+            part = save_voice(voice, self.voices_dir, Path(self.voices_dir) / f".{voice.name}.safetensors.part")
+        try:
+            fast = self.decoder.add_voice(voice)
+            if part is not None:
+                part.replace(Path(self.voices_dir) / f"{voice.name}.safetensors")
+        except BaseException:
+            if part is not None:
+                part.unlink(missing_ok=True)
+            raise
         self.voices[voice.name] = voice  # (last: a stream may ask for it from now on)
-        return fast
+        return fast, part is not None
 
     def lane(self) -> "TokenVocoder":
         """The same vocoder for a second worker thread (worker.py's first-chunk lane): models, voices and the flow's
@@ -269,11 +289,12 @@ def load_vocoder(directory: str | Path | None, preset: str = "tiny", device: str
     dev = torch.device(device)
     if directory is not None and (Path(directory) / "codec.json").exists():
         flow_model, hift, cfg = codec_checkpoint.load_codec(directory)
-        voices = load_voices(voices_dir or Path(directory) / "voices", cfg.flow)
+        kept = Path(voices_dir or Path(directory) / "voices")
+        voices = load_voices(kept, cfg.flow)
         out = hift
         if generator == "bigvgan":
             out, _ = gen.load_generator(directory)
-        return TokenVocoder(_flow_decoder(flow_model, dev, flow), out, dev, voices, _voice_places(flow, voices))
+        return TokenVocoder(_flow_decoder(flow_model, dev, flow), out, dev, voices, _voice_places(flow, voices), kept)
     if directory is None and preset in ("tiny-codec", "moss-speech"):
         cfg = codec_config.PRESETS["tiny" if preset == "tiny-codec" else "moss-speech"]()
         flow_model, hift = codec_checkpoint.random_codec(cfg, seed)
@@ -281,7 +302,8 @@ def load_vocoder(directory: str | Path | None, preset: str = "tiny", device: str
                   {DEFAULT: random_voice(cfg.flow, prompt_tokens=10 if preset == "tiny-codec" else DEFAULT_PROMPT_TOKENS,
                                          seed=seed)})
         log.warning("no --vocoder-dir: %r codec preset (flow + HiFT) with RANDOM weights (output is noise)", preset)
-        return TokenVocoder(_flow_decoder(flow_model, dev, flow), hift, dev, voices, _voice_places(flow, voices))
+        return TokenVocoder(_flow_decoder(flow_model, dev, flow), hift, dev, voices, _voice_places(flow, voices),
+                            Path(voices_dir) if voices_dir else None)
     if directory is None:
         if preset not in PRESETS:
             raise ValueError(f"unknown vocoder preset {preset!r}; known: {', '.join(PRESETS)}")

@@ -60,8 +60,9 @@ def check(voice: Voice, cfg: FlowConfig, where: str) -> Voice:
     return Voice(voice.name, t.long(), mel.float(), emb.float())
 
 
-def save_voice(voice: Voice, directory: str | Path) -> Path:
-    path = Path(directory) / f"{voice.name}.safetensors"
+def save_voice(voice: Voice, directory: str | Path, path: str | Path | None = None) -> Path:
+    """`<directory>/<name>.safetensors` (or `path`) → its path."""
+    path = Path(path) if path is not None else Path(directory) / f"{voice.name}.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({"prompt_tokens": voice.prompt_tokens.to(torch.int32).contiguous(),
                "prompt_mel": voice.prompt_mel.float().contiguous(),

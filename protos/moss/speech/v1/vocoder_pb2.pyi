@@ -7,6 +7,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class AddVoiceRequest(_message.Message):
+    __slots__ = ("name", "prompt_tokens", "prompt_mel", "embedding")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_MEL_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
+    prompt_mel: bytes
+    embedding: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, name: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., prompt_mel: _Optional[bytes] = ..., embedding: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class AddVoiceResponse(_message.Message):
+    __slots__ = ("fast", "kept")
+    FAST_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    fast: bool
+    kept: bool
+    def __init__(self, fast: _Optional[bool] = ..., kept: _Optional[bool] = ...) -> None: ...
+
 class ListVoicesRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -44,6 +44,11 @@ class VocoderStub:
                 request_serializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.ListVoicesRequest.SerializeToString,
                 response_deserializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.ListVoicesResponse.FromString,
                 _registered_method=True)
+        self.AddVoice = channel.unary_unary(
+                '/moss.speech.v1.Vocoder/AddVoice',
+                request_serializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.AddVoiceRequest.SerializeToString,
+                response_deserializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.AddVoiceResponse.FromString,
+                _registered_method=True)
 
 
 class VocoderServicer:
@@ -68,6 +73,17 @@ class VocoderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddVoice(self, request, context):
+        """A voice for the streams that start from now on, while others play, without a restart: its prompt's codes, mel
+        and x-vector, as a voices directory's file holds them (docs/codec.md). Kept in the vocoder's voices directory
+        when it has one, so that it has the voice again after a restart. INVALID_ARGUMENT naming the field: a bad name,
+        shape or value; ALREADY_EXISTS: a voice of that name; FAILED_PRECONDITION: a vocoder that speaks in no voice
+        (the stand-in decoder).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VocoderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -80,6 +96,11 @@ def add_VocoderServicer_to_server(servicer, server):
                     servicer.ListVoices,
                     request_deserializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.ListVoicesRequest.FromString,
                     response_serializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.ListVoicesResponse.SerializeToString,
+            ),
+            'AddVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddVoice,
+                    request_deserializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.AddVoiceRequest.FromString,
+                    response_serializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.AddVoiceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -136,6 +157,33 @@ class Vocoder:
             '/moss.speech.v1.Vocoder/ListVoices',
             moss_dot_speech_dot_v1_dot_vocoder__pb2.ListVoicesRequest.SerializeToString,
             moss_dot_speech_dot_v1_dot_vocoder__pb2.ListVoicesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/moss.speech.v1.Vocoder/AddVoice',
+            moss_dot_speech_dot_v1_dot_vocoder__pb2.AddVoiceRequest.SerializeToString,
+            moss_dot_speech_dot_v1_dot_vocoder__pb2.AddVoiceResponse.FromString,
             options,
             channel_credentials,
             insecure,
