@@ -91,6 +91,14 @@ def make_voice(name: str, samples: np.ndarray, rate: int, encoder, speaker_model
     does not fit it: e.g. an x-vector of another size). encoder: the WhisperVQEncoder that makes the codes."""
     from services.encoder.stream import encode
 
+    check_recording(name, samples, rate, max_seconds)
+    w = encoder.codebook.weight
+    samples16k = resample(samples, rate, ENCODER_RATE)
+    codes = torch.tensor(encode(encoder, torch.from_numpy(samples16k).to(w.device)), dtype=torch.long)
+    return voice_from(name, codes, samples, rate, speaker_model, flow_cfg, max_seconds)
+
+
+def check_recording(name: str, samples: np.ndarray, rate: int, max_seconds: float) -> None:
     if not NAME.match(name):
         raise VoiceMakerError(f"voice name {name!r}: 1-64 letters, digits, '_', '.' or '-'")
     if len(samples) > max_seconds * rate:
@@ -98,9 +106,16 @@ def make_voice(name: str, samples: np.ndarray, rate: int, encoder, speaker_model
                               f"at most {max_seconds:g} s (every block of the flow decodes it again)")
     if len(samples) < 0.08 * rate:
         raise VoiceMakerError("the recording is too short to give one code (80 ms)")
+
+
+def voice_from(name: str, codes: torch.Tensor, samples: np.ndarray, rate: int, speaker_model: str | Path, flow_cfg,
+               max_seconds: float = 30.0) -> Voice:
+    """A recording and its codes (the encoder's, made by `make_voice` here or by the encoder service for the
+    vocoder's AddVoice) → its voice: the mel at 24 kHz and the x-vector at 16 kHz made here, both cut with the codes
+    to a whole number of codes, checked against the flow's config. The one implementation of `moss-serve voice` and
+    of a voice made through the API."""
+    check_recording(name, samples, rate, max_seconds)
     samples16k = resample(samples, rate, ENCODER_RATE)
-    w = encoder.codebook.weight
-    codes = torch.tensor(encode(encoder, torch.from_numpy(samples16k).to(w.device)), dtype=torch.long)
     mel = flow_mel(resample(samples, rate, MEL_RATE))
     ratio = flow_cfg.token_mel_ratio
     tokens = min(len(codes), mel.shape[0] // ratio)

@@ -140,9 +140,9 @@ def test_bad_voices_are_refused_and_the_places_are_sized_by_max_voices(tmp_path)
     assert memory_only.add_voice(random_voice(cfg, "b", prompt_tokens=10, seed=4)) == (True, False)
 
 
-def vocoder_process(voices: Path, port: int, log: Path) -> subprocess.Popen:
+def vocoder_process(voices: Path, port: int, log: Path, *flags: str) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "vocoder", "--port", str(port), "--metrics-port",
-                             str(free_port()), "--preset", "tiny-codec", "--voices-dir", str(voices)],
+                             str(free_port()), "--preset", "tiny-codec", "--voices-dir", str(voices), *flags],
                             stdout=open(log, "ab"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while not is_serving(f"127.0.0.1:{port}"):
@@ -195,3 +195,63 @@ def test_add_voice_through_the_vocoders_grpc_speaks_at_once_refuses_what_it_must
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_voice_made_from_a_recording_by_the_vocoder_is_the_one_moss_serve_voice_makes(tmp_path):
+    """AddVoice with the recording and its codes: the vocoder makes the mel and the x-vector with --speaker-model as
+    `moss-serve voice` does (services/voice_maker.py, one implementation): the file it keeps equals the command's
+    voice for the same recording, exactly; without --speaker-model it is refused saying so; a recording that is no
+    recording is refused naming it."""
+    from test_voice_maker import speaker_model
+
+    from services.encoder.checkpoint import random_tokenizer
+    from services.encoder.config import tiny as tiny_encoder
+    from services.vocoder.codec.voice import load_voice
+    from services.voice_maker import make_voice
+
+    cfg = tiny().flow
+    speaker_model(tmp_path / "speaker.onnx")
+    rate = 22_050
+    t = np.arange(int(1.5 * rate)) / rate
+    samples = (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    samples = (np.round(samples * 32768).clip(-32768, 32767) / 32768).astype(np.float32)  # (as its PCM16 carries it)
+    want = make_voice("hum", samples, rate, random_tokenizer(tiny_encoder()), tmp_path / "speaker.onnx", cfg)
+    pcm = (samples * 32768).astype("<i2").tobytes()
+    voices, port, log = voices_dir(tmp_path, random_voice(cfg, "a", prompt_tokens=10, seed=1)), free_port(), \
+        tmp_path / "vocoder.log"
+    request = vocoder_pb2.AddVoiceRequest(name="hum", prompt_tokens=want.prompt_tokens.tolist(), recording=pcm,
+                                          recording_rate=rate)
+    proc = vocoder_process(voices, port, log)  # (no --speaker-model)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.RpcError) as err:
+                vocoder_pb2_grpc.VocoderStub(channel).AddVoice(request, timeout=30)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "--speaker-model" in err.value.details()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    proc = vocoder_process(voices, port, log, "--speaker-model", str(tmp_path / "speaker.onnx"))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = vocoder_pb2_grpc.VocoderStub(channel)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.AddVoice(vocoder_pb2.AddVoiceRequest(name="x", prompt_tokens=[1, 2], recording=b"\x00" * 3,
+                                                          recording_rate=rate), timeout=30)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "recording:" in err.value.details()
+            assert stub.AddVoice(request, timeout=60).kept
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    got = load_voice(voices / "hum.safetensors", cfg)
+    assert torch.equal(got.prompt_tokens, want.prompt_tokens)
+    torch.testing.assert_close(got.prompt_mel, want.prompt_mel, atol=0, rtol=0)
+    torch.testing.assert_close(got.embedding, want.embedding, atol=0, rtol=0)
+
+
+def test_a_speaker_model_that_is_not_there_stops_the_vocoder_at_start(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "services.cli", "vocoder", "--port", str(free_port()),
+                           "--metrics-port", str(free_port()), "--preset", "tiny-codec",
+                           "--speaker-model", str(tmp_path / "campplus.onnx")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "cannot start" in proc.stderr
+    assert f"--speaker-model {tmp_path / 'campplus.onnx'}: no such file" in proc.stderr

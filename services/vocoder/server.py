@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 import torch
 from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
@@ -74,6 +75,9 @@ def flow_options(s: VocoderSettings) -> FlowOptions:
 
 
 async def run(s: VocoderSettings) -> None:
+    if s.speaker_model and not Path(s.speaker_model).is_file():
+        raise ValueError(f"--speaker-model {s.speaker_model}: no such file (the codec's speaker-embedding model in "
+                         "ONNX, CosyVoice2's campplus.onnx)")
     started = time.perf_counter()
     vocoder = load_vocoder(s.vocoder_dir, s.preset, s.device, s.seed, voices_dir=s.voices_dir, flow=flow_options(s),
                            generator=s.generator or "hift")
@@ -127,7 +131,8 @@ async def run(s: VocoderSettings) -> None:
                                max_batch_frames=limits.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
                                first_chunk_batch_frames=limits.first_chunk_batch_frames,
                                lost=lambda: device_lost(s.device), on_fatal=report, lane=lane, solve=solve,
-                               admit_every=s.flow_admit_every, generate_wait=s.flow_generate_wait, gate=gate)
+                               admit_every=s.flow_admit_every, generate_wait=s.flow_generate_wait, gate=gate,
+                               speaker_model=s.speaker_model)
     background = capture_while_serving(rest, gate, parts) if rest else None
     if background is not None:
         metrics.watch_captures(background)

@@ -16,7 +16,7 @@ import numpy as np
 from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
 from services.common.audio import encode_pcm, resolve_format
-from services.common.errors import DeviceLost, InvalidArgument
+from services.common.errors import DeviceLost, FailedPrecondition, InvalidArgument
 from services.common.sampling import resolve_lookahead, resolve_playback_speed
 from services.vocoder import metrics
 from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_GENERATE_WAIT, SolveWorker
@@ -46,7 +46,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
                  lane: TokenVocoder | None = None, solve=None, admit_every: int = DEFAULT_ADMIT_EVERY,
-                 generate_wait: float = DEFAULT_GENERATE_WAIT, gate=None):
+                 generate_wait: float = DEFAULT_GENERATE_WAIT, gate=None, speaker_model: str | None = None):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
         others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most
@@ -57,8 +57,9 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         chunks not yet urgent, generate_wait seconds such a chunk may wait for a generator call); None: flow calls
         (worker.py).
         gate: the capture.DeviceGate the flow-call workers' device work goes through (graphs captured while serving:
-        capture.py); None: every graph was captured before serving."""
-        self.vocoder, self.gate = vocoder, gate
+        capture.py); None: every graph was captured before serving.
+        speaker_model: the speaker-embedding model in ONNX (CAM++) AddVoice makes a recording's x-vector with."""
+        self.vocoder, self.gate, self.speaker_model = vocoder, gate, speaker_model
         self.left_context, self.lookahead = left_context, lookahead
         common = dict(max_wait=max_wait, on_batch=metrics.observe_batch, on_decode=metrics.observe_token_decode,
                       on_generate=metrics.observe_generate, on_nonfinite=metrics.observe_nonfinite,
@@ -107,8 +108,12 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                                               stream_slots=history.streams if history is not None else 0)
 
     async def AddVoice(self, request, context):
-        voice = voice_of(request)
-        fast, kept = await asyncio.to_thread(self._add_voice, voice)  # (its prefix is solved: seconds at the real size)
+        if request.recording and self.speaker_model is None:
+            raise FailedPrecondition("this vocoder was started without --speaker-model: it cannot make a voice's "
+                                     "x-vector from a recording (give prompt_mel and embedding, or start it with one)")
+        # (the mel, the x-vector and the prefix are made off the event loop: seconds at the real size)
+        voice = await asyncio.to_thread(voice_of, request, self.speaker_model, self.vocoder)
+        fast, kept = await asyncio.to_thread(self._add_voice, voice)
         return vocoder_pb2.AddVoiceResponse(fast=fast, kept=kept)
 
     def _add_voice(self, voice) -> tuple[bool, bool]:
@@ -180,12 +185,28 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
             metrics.ACTIVE_STREAMS.dec()
 
 
-def voice_of(request: vocoder_pb2.AddVoiceRequest):
-    """An AddVoice request → a Voice (the vocoder checks it against its flow), or InvalidArgument naming the field."""
+def voice_of(request: vocoder_pb2.AddVoiceRequest, speaker_model: str | None, vocoder: TokenVocoder):
+    """An AddVoice request → a Voice (the vocoder checks it against its flow), or InvalidArgument naming the field. A
+    recording is made a voice as `moss-serve voice` makes one (services/voice_maker.py), from the codes given."""
     import torch
 
-    from services.vocoder.codec.voice import Voice
+    from services.vocoder.codec.voice import Voice, VoiceError
 
+    if request.recording:
+        from services.voice_maker import VoiceMakerError, voice_from
+
+        if len(request.recording) % 2 or not request.recording_rate:
+            raise InvalidArgument("recording", "16-bit PCM at recording_rate Hz (an even number of bytes, a rate)")
+        if not request.prompt_tokens:
+            raise InvalidArgument("prompt_tokens", "the recording's codes (the encoder's) are needed with it")
+        samples = np.frombuffer(request.recording, dtype="<i2").astype(np.float32) / 32768
+        try:
+            return voice_from(request.name, torch.tensor(list(request.prompt_tokens), dtype=torch.long), samples,
+                              request.recording_rate, speaker_model, vocoder.decoder.flow.cfg)
+        except VoiceMakerError as err:
+            raise InvalidArgument("recording", str(err)) from None
+        except VoiceError as err:
+            raise InvalidArgument("voice", str(err)) from None
     if len(request.prompt_mel) % (4 * MEL_BANDS):
         raise InvalidArgument("prompt_mel", f"{len(request.prompt_mel)} bytes are not rows of {MEL_BANDS} float32")
     mel = np.frombuffer(request.prompt_mel, dtype="<f4").reshape(-1, MEL_BANDS)

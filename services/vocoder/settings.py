@@ -69,6 +69,9 @@ class VocoderSettings:
                                           "serving (the prompt prefix keeps a place for each: ~321 MB at the real size "
                                           "with a 3.2 s prompt; a voice added past them is decoded over its window, "
                                           "slower) (default: the directory's and 4 more)", type=positive(int))
+    speaker_model: str | None = option(None, "the speaker-embedding model in ONNX (CosyVoice2's campplus.onnx) that "
+                                             "AddVoice makes a recording's x-vector with (without it, a voice made "
+                                             "through the API is refused saying so)")
     generator: str | None = option(None, "with a codec directory: its HiFT (default), or the BigVGAN-v2 beside it "
                                          "(config.json, bigvgan_generator.pt) trained on the flow's mel format",
                                    choices=["hift", "bigvgan"])

@@ -8,16 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AddVoiceRequest(_message.Message):
-    __slots__ = ("name", "prompt_tokens", "prompt_mel", "embedding")
+    __slots__ = ("name", "prompt_tokens", "prompt_mel", "embedding", "recording", "recording_rate")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_MEL_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    RECORDING_FIELD_NUMBER: _ClassVar[int]
+    RECORDING_RATE_FIELD_NUMBER: _ClassVar[int]
     name: str
     prompt_tokens: _containers.RepeatedScalarFieldContainer[int]
     prompt_mel: bytes
     embedding: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, name: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., prompt_mel: _Optional[bytes] = ..., embedding: _Optional[_Iterable[float]] = ...) -> None: ...
+    recording: bytes
+    recording_rate: int
+    def __init__(self, name: _Optional[str] = ..., prompt_tokens: _Optional[_Iterable[int]] = ..., prompt_mel: _Optional[bytes] = ..., embedding: _Optional[_Iterable[float]] = ..., recording: _Optional[bytes] = ..., recording_rate: _Optional[int] = ...) -> None: ...
 
 class AddVoiceResponse(_message.Message):
     __slots__ = ("fast", "kept")

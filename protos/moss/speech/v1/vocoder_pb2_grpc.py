@@ -75,7 +75,9 @@ class VocoderServicer:
 
     def AddVoice(self, request, context):
         """A voice for the streams that start from now on, while others play, without a restart: its prompt's codes, mel
-        and x-vector, as a voices directory's file holds them (docs/codec.md). Kept in the vocoder's voices directory
+        and x-vector, as a voices directory's file holds them (docs/codec.md), or its codes and the recording they were
+        made from, of which the vocoder makes the mel and the x-vector as `moss-serve voice` does (it needs its
+        --speaker-model: FAILED_PRECONDITION without). Kept in the vocoder's voices directory
         when it has one, so that it has the voice again after a restart. INVALID_ARGUMENT naming the field: a bad name,
         shape or value; ALREADY_EXISTS: a voice of that name; FAILED_PRECONDITION: a vocoder that speaks in no voice
         (the stand-in decoder).
