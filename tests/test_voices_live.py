@@ -121,6 +121,8 @@ def test_bad_voices_are_refused_and_the_places_are_sized_by_max_voices(tmp_path)
     bad = Voice("c", torch.tensor([1, 2, 3]), torch.zeros(5, cfg.output_size), torch.zeros(cfg.spk_embed_dim))
     with pytest.raises(InvalidArgument, match="prompt_mel"):
         live.add_voice(bad)
+    with pytest.raises(InvalidArgument, match=r"prompt_tokens: 89 codes; a voice's prompt is at most 88 codes \(7.04 s"):
+        live.add_voice(random_voice(cfg, "long", prompt_tokens=89, seed=3))
     for name in ("../x", "", ".hidden", "x" * 65):
         with pytest.raises(InvalidArgument, match="name"):
             live.add_voice(random_voice(cfg, name, prompt_tokens=10, seed=3))
@@ -200,8 +202,9 @@ def test_add_voice_through_the_vocoders_grpc_speaks_at_once_refuses_what_it_must
 def test_a_voice_made_from_a_recording_by_the_vocoder_is_the_one_moss_serve_voice_makes(tmp_path):
     """AddVoice with the recording and its codes: the vocoder makes the mel and the x-vector with --speaker-model as
     `moss-serve voice` does (services/voice_maker.py, one implementation): the file it keeps equals the command's
-    voice for the same recording, exactly; without --speaker-model it is refused saying so; a recording that is no
-    recording is refused naming it."""
+    voice for the same recording, exactly; without --speaker-model it is refused saying so; a recording that is not
+    PCM, silence, under 3 s, over what the graphs take (7.04 s) or clipped is refused naming it, and nothing is
+    left of it."""
     from test_voice_maker import speaker_model
 
     from services.encoder.checkpoint import random_tokenizer
@@ -212,8 +215,14 @@ def test_a_voice_made_from_a_recording_by_the_vocoder_is_the_one_moss_serve_voic
     cfg = tiny().flow
     speaker_model(tmp_path / "speaker.onnx")
     rate = 22_050
-    t = np.arange(int(1.5 * rate)) / rate
-    samples = (0.3 * np.sin(2 * np.pi * 220 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    def hum(seconds: float, level: float = 0.3) -> np.ndarray:
+        t = np.arange(int(seconds * rate)) / rate
+        return (level * np.sin(2 * np.pi * 220 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+
+    def pcm16(x: np.ndarray) -> bytes:
+        return (np.clip(x, -1, 32767 / 32768) * 32768).astype("<i2").tobytes()
+
+    samples = hum(3.5)
     samples = (np.round(samples * 32768).clip(-32768, 32767) / 32768).astype(np.float32)  # (as its PCM16 carries it)
     want = make_voice("hum", samples, rate, random_tokenizer(tiny_encoder()), tmp_path / "speaker.onnx", cfg)
     pcm = (samples * 32768).astype("<i2").tobytes()
@@ -234,10 +243,18 @@ def test_a_voice_made_from_a_recording_by_the_vocoder_is_the_one_moss_serve_voic
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = vocoder_pb2_grpc.VocoderStub(channel)
-            with pytest.raises(grpc.RpcError) as err:
-                stub.AddVoice(vocoder_pb2.AddVoiceRequest(name="x", prompt_tokens=[1, 2], recording=b"\x00" * 3,
-                                                          recording_rate=rate), timeout=30)
-            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "recording:" in err.value.details()
+            codes_ = want.prompt_tokens.tolist()
+            for recording, what in [(b"\x00" * 3, "16-bit PCM"),
+                                    (pcm16(np.zeros(4 * rate, np.float32)), "the recording is silence"),
+                                    (pcm16(hum(1.0)), "too short, give at least 3 s"),
+                                    (pcm16(hum(8.0)), "at most 7.04 s"),
+                                    (pcm16(hum(4.0, level=3.0)), "the recording is clipped")]:
+                with pytest.raises(grpc.RpcError) as err:
+                    stub.AddVoice(vocoder_pb2.AddVoiceRequest(name="x", prompt_tokens=codes_, recording=recording,
+                                                              recording_rate=rate), timeout=30)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+                assert "recording:" in err.value.details() and what in err.value.details(), err.value.details()
+            assert list(stub.ListVoices(vocoder_pb2.ListVoicesRequest(), timeout=10).voices) == ["a"]
             assert stub.AddVoice(request, timeout=60).kept
     finally:
         proc.terminate()

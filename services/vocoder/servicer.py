@@ -36,6 +36,7 @@ from services.vocoder.worker import (
 
 MAX_TOKENS_PER_MESSAGE = 4096
 MEL_BANDS = 80  # a voice's prompt mel: [4 x prompt tokens, 80] (codec/voice.py)
+MIN_VOICE_SECONDS = 3.0  # a recording AddVoice makes a voice of: at least this, at most what the graphs take
 AFTER_END_GRACE_SECONDS = 1.0  # how long a stream waits, its audio all sent, for the client to half-close
 
 
@@ -202,7 +203,8 @@ def voice_of(request: vocoder_pb2.AddVoiceRequest, speaker_model: str | None, vo
         samples = np.frombuffer(request.recording, dtype="<i2").astype(np.float32) / 32768
         try:
             return voice_from(request.name, torch.tensor(list(request.prompt_tokens), dtype=torch.long), samples,
-                              request.recording_rate, speaker_model, vocoder.decoder.flow.cfg)
+                              request.recording_rate, speaker_model, vocoder.decoder.flow.cfg,
+                              max_seconds=vocoder.max_prompt_seconds, min_seconds=MIN_VOICE_SECONDS)
         except VoiceMakerError as err:
             raise InvalidArgument("recording", str(err)) from None
         except VoiceError as err:

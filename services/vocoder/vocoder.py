@@ -122,6 +122,10 @@ class TokenVocoder:
             raise InvalidArgument("voice", str(err)) from None
         if voice.name in self.voices:
             raise AlreadyExists(f"voice {voice.name!r} exists already")
+        if len(voice.prompt_tokens) > (most := self.decoder.max_prompt_tokens):
+            raise InvalidArgument("prompt_tokens", f"{len(voice.prompt_tokens)} codes; a voice's prompt is at most "
+                                                   f"{most} codes ({most / self.decoder.tokens_per_second:.2f} s: what the "
+                                                   "flow's CUDA graphs take)")
         part = None
         if keep and self.voices_dir is not None:
             part = save_voice(voice, self.voices_dir, Path(self.voices_dir) / f".{voice.name}.safetensors.part")
@@ -157,6 +161,11 @@ class TokenVocoder:
     def running(self):
         """The context a worker thread calls this vocoder in: its CUDA stream, if it has one."""
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    @property
+    def max_prompt_seconds(self) -> float:
+        """The longest voice prompt add_voice takes (codec/decoder.py's max_prompt_tokens)."""
+        return self.decoder.max_prompt_tokens / self.decoder.tokens_per_second
 
     @property
     def generator_name(self) -> str:

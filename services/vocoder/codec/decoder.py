@@ -132,6 +132,16 @@ class FlowTokenDecoder:
                 smallest(TOKEN_BUCKETS, max(prompts) + max(self.first_block(v) for v in voices) + self.lookahead)
                 or TOKEN_BUCKETS[-1], smallest(TOKEN_BUCKETS, max(prompts) + self.max_context) or TOKEN_BUCKETS[-1]}))
 
+    @property
+    def tokens_per_second(self) -> float:
+        return self.cfg.sampling_rate / self.cfg.hop_size / self.ratio
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt whose calls fit the token buckets (with a whole context window): a voice with a longer
+        one has every call eager."""
+        return TOKEN_BUCKETS[-1] - self.max_context
+
     def add_voice(self, voice: Voice) -> bool:
         """A voice for streams started from now on, while others play → whether its streams read the prompt prefix
         and keep a stream history (prefix.py: a free place, and a prompt as long as the prefix); else they are decoded
