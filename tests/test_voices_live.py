@@ -17,7 +17,7 @@ import pytest
 import torch
 from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
-from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument
+from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from services.stack import free_port, is_serving
 from services.vocoder.codec.config import tiny
 from services.vocoder.codec.decoder import FlowTokenDecoder
@@ -187,6 +187,9 @@ def test_add_voice_through_the_vocoders_grpc_speaks_at_once_refuses_what_it_must
                 with pytest.raises(grpc.RpcError) as err:
                     stub.AddVoice(request, timeout=30)
                 assert err.value.code() == code and what in err.value.details(), err.value.details()
+            with pytest.raises(grpc.RpcError) as err:
+                stub.RemoveVoice(vocoder_pb2.RemoveVoiceRequest(name="nope"), timeout=10)
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND and "name: no voice 'nope'" in err.value.details()
         assert sorted(p.name for p in voices.iterdir()) == ["a.safetensors", "b.safetensors"]
         proc.terminate()
         proc.wait(30)
@@ -272,3 +275,28 @@ def test_a_speaker_model_that_is_not_there_stops_the_vocoder_at_start(tmp_path):
                           timeout=120)
     assert proc.returncode == 2 and "cannot start" in proc.stderr
     assert f"--speaker-model {tmp_path / 'campplus.onnx'}: no such file" in proc.stderr
+
+
+def test_a_voice_removed_mid_stream_plays_on_and_is_gone_for_new_streams_and_the_next_start(tmp_path):
+    cfg = tiny().flow
+    a, b = random_voice(cfg, "a", prompt_tokens=10, seed=1), random_voice(cfg, "b", prompt_tokens=12, seed=2)
+    live = load_vocoder(None, "tiny-codec", voices_dir=voices_dir(tmp_path, a))
+    both = load_vocoder(None, "tiny-codec", voices_dir=voices_dir(tmp_path, a, b))
+    live.add_voice(b)
+    tokens, schedule = codes(40, seed=7), [12, 8, 20]
+
+    def remove_b(i):
+        if i == 0:
+            live.remove_voice("b")
+
+    got = play(live, "b", tokens, schedule, remove_b)
+    np.testing.assert_allclose(got, play(both, "b", tokens, schedule), atol=1e-6)   # it played on, the same
+    assert live.voice_names() == ["a"] and not (live.voices_dir / "b.safetensors").exists()
+    with pytest.raises(InvalidArgument, match="unknown voice 'b'"):
+        MelStreamer(live, voice="b")
+    with pytest.raises(NotFound, match="no voice 'b'"):
+        live.remove_voice("b")
+    with pytest.raises(FailedPrecondition, match="last voice"):
+        live.remove_voice("a")
+    assert load_vocoder(None, "tiny-codec", voices_dir=live.voices_dir).voice_names() == ["a"]
+    assert live.decoder.history.held == 0

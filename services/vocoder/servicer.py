@@ -117,6 +117,10 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         fast, kept = await asyncio.to_thread(self._add_voice, voice)
         return vocoder_pb2.AddVoiceResponse(fast=fast, kept=kept)
 
+    async def RemoveVoice(self, request, context):
+        self.vocoder.remove_voice(request.name)
+        return vocoder_pb2.RemoveVoiceResponse()
+
     def _add_voice(self, voice) -> tuple[bool, bool]:
         with self.gate.call() if self.gate is not None else contextlib.nullcontext():  # (no graph captured meanwhile)
             return self.vocoder.add_voice(voice)

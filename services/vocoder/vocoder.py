@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, echo, listed
+from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, echo, listed
 from services.vocoder import generator as gen
 from services.vocoder.codec import checkpoint as codec_checkpoint
 from services.vocoder.codec import config as codec_config
@@ -161,6 +161,19 @@ class TokenVocoder:
     def running(self):
         """The context a worker thread calls this vocoder in: its CUDA stream, if it has one."""
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def remove_voice(self, name: str) -> None:
+        """No new stream may name the voice, and its file leaves voices_dir; streams playing in it play on, and its
+        place in the prompt prefix stays theirs until the next start (codec/prefix.py). NotFound for no such voice;
+        FailedPrecondition for the default voice (a stream that names none takes it) or the last one."""
+        if name not in self.voices:
+            raise NotFound("name", f"no voice {echo(name)}; known voices: {listed(self.voice_names())}")
+        if name == DEFAULT or len(self.voices) == 1:
+            raise FailedPrecondition(f"voice {name!r} is the {'default' if name == DEFAULT else 'last'} voice: a stream "
+                                     "that names none needs it")
+        del self.voices[name]
+        if self.voices_dir is not None:
+            (Path(self.voices_dir) / f"{name}.safetensors").unlink(missing_ok=True)
 
     @property
     def max_prompt_seconds(self) -> float:

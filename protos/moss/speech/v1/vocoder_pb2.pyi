@@ -7,6 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class RemoveVoiceRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class RemoveVoiceResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class AddVoiceRequest(_message.Message):
     __slots__ = ("name", "prompt_tokens", "prompt_mel", "embedding", "recording", "recording_rate")
     NAME_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class VocoderStub:
                 request_serializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.AddVoiceRequest.SerializeToString,
                 response_deserializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.AddVoiceResponse.FromString,
                 _registered_method=True)
+        self.RemoveVoice = channel.unary_unary(
+                '/moss.speech.v1.Vocoder/RemoveVoice',
+                request_serializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.RemoveVoiceRequest.SerializeToString,
+                response_deserializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.RemoveVoiceResponse.FromString,
+                _registered_method=True)
 
 
 class VocoderServicer:
@@ -86,6 +91,15 @@ class VocoderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemoveVoice(self, request, context):
+        """A voice no new stream may name, its file gone from the voices directory; the streams playing in it play on.
+        NOT_FOUND: no voice of that name; FAILED_PRECONDITION: the default voice, or the last one. (Its place in the
+        prompt prefix comes back at the next start.)
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VocoderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -103,6 +117,11 @@ def add_VocoderServicer_to_server(servicer, server):
                     servicer.AddVoice,
                     request_deserializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.AddVoiceRequest.FromString,
                     response_serializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.AddVoiceResponse.SerializeToString,
+            ),
+            'RemoveVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveVoice,
+                    request_deserializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.RemoveVoiceRequest.FromString,
+                    response_serializer=moss_dot_speech_dot_v1_dot_vocoder__pb2.RemoveVoiceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -186,6 +205,33 @@ class Vocoder:
             '/moss.speech.v1.Vocoder/AddVoice',
             moss_dot_speech_dot_v1_dot_vocoder__pb2.AddVoiceRequest.SerializeToString,
             moss_dot_speech_dot_v1_dot_vocoder__pb2.AddVoiceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/moss.speech.v1.Vocoder/RemoveVoice',
+            moss_dot_speech_dot_v1_dot_vocoder__pb2.RemoveVoiceRequest.SerializeToString,
+            moss_dot_speech_dot_v1_dot_vocoder__pb2.RemoveVoiceResponse.FromString,
             options,
             channel_credentials,
             insecure,
