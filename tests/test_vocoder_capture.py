@@ -323,3 +323,31 @@ def run_streams(lanes, v, inputs) -> list[np.ndarray]:
 
 def snr(got: np.ndarray, want: np.ndarray) -> float:
     return float(10 * np.log10(np.sum(want.astype(np.float64) ** 2) / max(np.sum((got - want).astype(np.float64) ** 2), 1e-30)))
+
+
+def test_exclusive_work_waits_for_the_call_running_and_holds_the_next():
+    """capture.exclusive (a voice's prefix recorded while serving): it begins once the call running ends, no call runs
+    beside it, and the calls go on after it."""
+    from services.vocoder.capture import exclusive
+
+    t, gate, stop = Timeline(), DeviceGate(), threading.Event()
+
+    def worker():
+        while not stop.is_set():
+            with gate.call():
+                t.span("call", 0.01)
+
+    busy = threading.Thread(target=worker)
+    busy.start()
+    try:
+        time.sleep(0.05)
+        for _ in range(3):
+            with exclusive(gate):
+                t.span("capture", 0.03)
+            time.sleep(0.03)
+        assert t.overlaps("capture", "call") == [] and timeline_calls_after(t, "capture") > 0
+        with exclusive(None) as alone:  # no gate: nothing to wait for
+            assert alone
+    finally:
+        stop.set()
+        busy.join()

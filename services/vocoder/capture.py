@@ -116,6 +116,13 @@ class DeviceGate:
                 self.cv.notify_all()
 
 
+def exclusive(gate: DeviceGate | None):
+    """The device to this thread alone while the block runs, as soon as the calls running end (new calls wait): for
+    work beside which a call must not run (a voice's prefix recorded into tensors the calls' graphs read). No gate:
+    nothing to wait for."""
+    return gate.alone(0.0, urgent=lambda: True) if gate is not None else contextlib.nullcontext(True)
+
+
 def split(shapes: list[GraphShape]) -> tuple[list[GraphShape], list[GraphShape]]:
     """→ (the graphs to capture before serving, the rest in the order to capture them while serving)."""
     first = [s for s in shapes if s.batch <= FIRST_BATCH]

@@ -123,7 +123,9 @@ async def run(s: VocoderSettings) -> None:
                  "--graphs-before-serving " + ("all" if not rest else "first"))
     if getattr(vocoder.decoder, "history", None) is not None:
         metrics.watch_history(vocoder.decoder.history)
-    gate = DeviceGate() if rest else None
+    # The workers' device work goes through a gate: graphs captured while serving, and voices added, keep calls away.
+    # (The solve's worker takes no gate: with --flow-solve on every graph is captured before serving.)
+    gate = DeviceGate() if (rest or flow) and solve is None else None
     fatal, report = fatal_signal(asyncio.get_running_loop())  # the device lost: stop serving, exit (device.py)
     log.info("vocoder: calls of at most %d windows and %d mel frames, %d with a first chunk", limits.max_batch,
              limits.max_batch_frames, limits.first_chunk_batch_frames)

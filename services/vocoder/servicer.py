@@ -8,7 +8,6 @@ the event loop only awaits futures.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -19,6 +18,7 @@ from services.common.audio import encode_pcm, resolve_format
 from services.common.errors import DeviceLost, FailedPrecondition, InvalidArgument
 from services.common.sampling import resolve_lookahead, resolve_playback_speed
 from services.vocoder import metrics
+from services.vocoder.capture import exclusive
 from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_GENERATE_WAIT, SolveWorker
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import TokenVocoder
@@ -122,7 +122,10 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         return vocoder_pb2.RemoveVoiceResponse()
 
     def _add_voice(self, voice) -> tuple[bool, bool]:
-        with self.gate.call() if self.gate is not None else contextlib.nullcontext():  # (no graph captured meanwhile)
+        # Alone on the device: the voice's prefix is recorded by the flow's own modules, which the workers' calls run
+        # too, and no graph is captured meanwhile (capture.py). At the real size the calls wait ~0.3 s, less than the
+        # audio a playing stream has ahead.
+        with exclusive(self.gate):
             return self.vocoder.add_voice(voice)
 
     async def Vocode(self, request_iterator, context):
