@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from lanes import run_streams
 
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import tiny
@@ -218,27 +219,10 @@ def test_first_chunks_on_their_own_lane_are_each_stream_alone():
                   VocoderWorker(v.lane(), 4, max_wait=0.01, first_chunk_budget=0, name="vocoder-first-chunks",
                                 on_batch=lambda n, s: calls.__setitem__("first", calls["first"] + 1)))
     try:
-        streams = [MelStreamer(v) for _ in inputs]
-        outs, at, started = [[] for _ in inputs], [0] * len(inputs), [None] * len(inputs)
-        for r in range(4):
-            futures = []
-            for i, ((tokens, schedule), s) in enumerate(zip(inputs, streams)):
-                if r < len(schedule):
-                    job = Job(s, tokens[at[i] : at[i] + schedule[r]], started[i], 0.0)
-                    at[i] += schedule[r]
-                elif r == len(schedule):
-                    job = Job(s, None, started[i], 0.0)
-                else:
-                    continue
-                futures.append((i, lanes.submit(job)))
-            for i, future in futures:
-                samples = future.result(timeout=60).samples
-                outs[i].append(samples)
-                if len(samples) and started[i] is None:
-                    started[i] = 1.0  # the stream plays: its next chunks go to the other lane
+        outs = run_streams(lanes, v, inputs)
     finally:
         lanes.stop()
     for got, expected in zip(outs, want):
-        np.testing.assert_allclose(np.concatenate(got), expected, atol=1e-5)
+        np.testing.assert_allclose(got, expected, atol=1e-5)
     assert calls["first"] >= 1 and calls["playing"] >= 2
     assert v.decoder.history.held == 0

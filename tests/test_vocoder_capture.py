@@ -4,6 +4,7 @@ that take time (a CPU has no CUDA graphs); the workers are real, on the tiny voc
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -11,6 +12,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from lanes import run_streams
 
 from services.vocoder.capture import BackgroundCapture, DeviceGate, GraphShape, split
 from services.vocoder.streamer import MelStreamer
@@ -130,6 +132,30 @@ def test_a_graph_a_call_needed_is_captured_between_calls_while_the_rest_wait_for
         pending = [object()]  # a job always waiting: never idle
 
     gate.watch(Queue())
+    shapes = [GraphShape(b, lambda b=b: t.span("capture", 0.03), ("owner", b)) for b in (2, 3, 4)]
+    with busy_worker(gate, t):
+        background = BackgroundCapture(shapes, gate, lambda s: s.capture(), idle_seconds=0.01).start()
+        try:
+            time.sleep(0.1)
+            assert background.captured == 0
+            assert background.demand(("owner", 4)) and background.demand(("owner", 4))  # (twice: planned once)
+            assert not background.demand(("owner", 99))                                 # not in the plan
+            deadline = time.monotonic() + 2
+            while background.captured < 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(0.1)
+            assert background.captured == 1 and background.demanded == 1
+            assert [s.batch for s in background.queue] == [2, 3]
+            assert timeline_calls_after(t, "capture") > 0  # the worker went on
+            assert t.overlaps("capture", "call") == []
+        finally:
+            background.stop()
+
+
+@contextlib.contextmanager
+def busy_worker(gate: DeviceGate, t: Timeline):
+    """A worker thread whose calls (10 ms each, through the gate) follow one another without a pause while the block
+    runs."""
     stop = threading.Event()
 
     def worker():
@@ -139,22 +165,9 @@ def test_a_graph_a_call_needed_is_captured_between_calls_while_the_rest_wait_for
 
     busy = threading.Thread(target=worker)
     busy.start()
-    shapes = [GraphShape(b, lambda b=b: t.span("capture", 0.03), ("owner", b)) for b in (2, 3, 4)]
-    background = BackgroundCapture(shapes, gate, lambda s: s.capture(), idle_seconds=0.01).start()
     try:
-        time.sleep(0.1)
-        assert background.captured == 0
-        assert background.demand(("owner", 4)) and background.demand(("owner", 4))  # (asked twice: planned once)
-        assert not background.demand(("owner", 99))                                 # not in the plan
-        deadline = time.monotonic() + 2
-        while background.captured < 1 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(0.1)
-        assert background.captured == 1 and background.demanded == 1 and [s.batch for s in background.queue] == [2, 3]
-        assert timeline_calls_after(t, "capture") > 0  # the worker went on
-        assert t.overlaps("capture", "call") == []
+        yield
     finally:
-        background.stop()
         stop.set()
         busy.join()
 
@@ -279,7 +292,7 @@ def test_graphs_captured_while_two_lanes_serve_give_each_stream_its_samples():
         v = load_vocoder(None, "tiny-codec", device="cuda", flow=FlowOptions(history_streams=8))
         lanes, capture, planned = served(v, background)
         try:
-            results.append(run_streams(lanes, v, inputs))
+            results.append(run_streams(lanes, v, inputs, pause=0.05))  # (room for a capture between rounds)
             if capture.thread.is_alive():
                 capture.thread.join(timeout=120)
             assert capture.failed is None and capture.pending == 0
@@ -297,30 +310,6 @@ def captured(v, lanes) -> int:
     return sum(len(p.runner.graphs) + len(p.decoder.graphs) for p in parts)
 
 
-def run_streams(lanes, v, inputs) -> list[np.ndarray]:
-    """Streams interleaved round by round through the lanes (first chunks to the lane) → each stream's samples."""
-    streams = [MelStreamer(v) for _ in inputs]
-    outs, at, started = [[] for _ in inputs], [0] * len(inputs), [None] * len(inputs)
-    for r in range(4):
-        futures = []
-        for i, ((tokens, schedule), s) in enumerate(zip(inputs, streams)):
-            if r < len(schedule):
-                job = Job(s, tokens[at[i] : at[i] + schedule[r]], started[i], 0.0)
-                at[i] += schedule[r]
-            elif r == len(schedule):
-                job = Job(s, None, started[i], 0.0)
-            else:
-                continue
-            futures.append((i, lanes.submit(job)))
-        for i, future in futures:
-            samples = future.result(timeout=60).samples
-            outs[i].append(samples)
-            if len(samples) and started[i] is None:
-                started[i] = 1.0  # the stream plays: its next chunks go to the other lane
-        time.sleep(0.05)  # (room for a capture between rounds)
-    return [np.concatenate(o) for o in outs]
-
-
 def snr(got: np.ndarray, want: np.ndarray) -> float:
     return float(10 * np.log10(np.sum(want.astype(np.float64) ** 2) / max(np.sum((got - want).astype(np.float64) ** 2), 1e-30)))
 
@@ -330,16 +319,8 @@ def test_exclusive_work_waits_for_the_call_running_and_holds_the_next():
     beside it, and the calls go on after it."""
     from services.vocoder.capture import exclusive
 
-    t, gate, stop = Timeline(), DeviceGate(), threading.Event()
-
-    def worker():
-        while not stop.is_set():
-            with gate.call():
-                t.span("call", 0.01)
-
-    busy = threading.Thread(target=worker)
-    busy.start()
-    try:
+    t, gate = Timeline(), DeviceGate()
+    with busy_worker(gate, t):
         time.sleep(0.05)
         for _ in range(3):
             with exclusive(gate):
@@ -348,6 +329,3 @@ def test_exclusive_work_waits_for_the_call_running_and_holds_the_next():
         assert t.overlaps("capture", "call") == [] and timeline_calls_after(t, "capture") > 0
         with exclusive(None) as alone:  # no gate: nothing to wait for
             assert alone
-    finally:
-        stop.set()
-        busy.join()
