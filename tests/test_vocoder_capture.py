@@ -329,3 +329,30 @@ def test_exclusive_work_waits_for_the_call_running_and_holds_the_next():
         assert t.overlaps("capture", "call") == [] and timeline_calls_after(t, "capture") > 0
         with exclusive(None) as alone:  # no gate: nothing to wait for
             assert alone
+
+
+def test_holders_of_the_gate_come_one_at_a_time():
+    """Voices added on several threads at once, beside a capture while serving and a busy worker: no two of them hold
+    the device together, and none beside a call."""
+    from services.vocoder.capture import exclusive
+
+    t, gate = Timeline(), DeviceGate()
+
+    def adder():
+        for _ in range(3):
+            with exclusive(gate):
+                t.span("capture", 0.01)
+
+    with busy_worker(gate, t):
+        background = BackgroundCapture([shape(b, t, 0.01, None) for b in (2, 3)], gate, lambda s: s.capture(),
+                                       idle_seconds=0.0).start()
+        adders = [threading.Thread(target=adder) for _ in range(3)]
+        for a in adders:
+            a.start()
+        for a in adders:
+            a.join(10)
+        background.stop()
+    held = sorted(s for s in t.spans if s[0] == "capture")
+    assert len(held) >= 9
+    assert all(a[2] <= b[1] for a, b in zip(held, held[1:]))  # one after another
+    assert t.overlaps("capture", "call") == []

@@ -83,14 +83,18 @@ class DeviceGate:
     def alone(self, idle_seconds: float = IDLE_SECONDS, stop: threading.Event | None = None,
               urgent: Callable[[], bool] = lambda: False) -> Iterator[bool]:
         """Wait until the device has been idle for idle_seconds (no call running, no job waiting), or while urgent()
-        only until the calls running end (new calls wait meanwhile), then keep calls out until the block ends. Yields
-        False (and keeps nothing out) if stop is set first. (urgent() is read holding the gate's lock.)"""
+        only until the calls running end (new calls wait meanwhile), then keep calls out until the block ends; one
+        holder at a time. Yields False (and keeps nothing out) if stop is set first. (urgent() is read holding the
+        gate's lock.)"""
+        mine = False
         with self.cv:
             while not (stop is not None and stop.is_set()):
-                if urgent():
+                if self.capturing:  # another holder (a capture, a voice being added): one at a time
+                    self.cv.wait(0.01)
+                elif urgent():
                     self.held = True
                     if self.calls == 0:
-                        self.capturing = True
+                        mine = True
                         break
                     self.cv.wait(0.01)
                 elif self.busy():  # (a job handed in wakes no one here: look again soon)
@@ -99,12 +103,13 @@ class DeviceGate:
                 elif (left := self.quiet_since + idle_seconds - time.monotonic()) > 0:
                     self.cv.wait(left)
                 else:
-                    self.capturing = True
+                    mine = True
                     break
+            self.capturing |= mine
             self.held = False
-        if not self.capturing:  # (set by this thread alone)
-            with self.cv:
+            if not mine:
                 self.cv.notify_all()
+        if not mine:
             yield False
             return
         try:

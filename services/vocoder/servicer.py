@@ -57,8 +57,8 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         solve: the flow's FlowSolve, driven by a SolveWorker (solve_worker.py; admit_every ticks between admissions of
         chunks not yet urgent, generate_wait seconds such a chunk may wait for a generator call); None: flow calls
         (worker.py).
-        gate: the capture.DeviceGate the flow-call workers' device work goes through (graphs captured while serving:
-        capture.py); None: every graph was captured before serving.
+        gate: the capture.DeviceGate the flow-call workers' device work goes through (graphs captured while serving,
+        voices added: capture.py); None: none (the stand-in decoder, the solve).
         speaker_model: the speaker-embedding model in ONNX (CAM++) AddVoice makes a recording's x-vector with."""
         self.vocoder, self.gate, self.speaker_model = vocoder, gate, speaker_model
         self.left_context, self.lookahead = left_context, lookahead
