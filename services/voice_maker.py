@@ -23,17 +23,13 @@ import numpy as np
 import torch
 
 from services.common.audio import read_audio
-from services.vocoder.codec.voice import NAME, Voice, check, save_voice
+from services.common.recording import RecordingError, check_recording
+from services.vocoder.codec.voice import Voice, check, save_voice
 
 MEL_RATE, N_FFT, HOP, N_MELS, FMAX = 24_000, 1920, 480, 80, 8000
 ENCODER_RATE = 16_000
-MIN_RATE, MAX_RATE = 8_000, 192_000  # the rates a recording may come at
-SILENCE_DBFS = -50.0                  # a recording whose loudest 100 ms is quieter than this is silence
-CLIPPED_SHARE = 0.001                 # a recording with more of its samples at full scale is clipped
-
-
-class VoiceMakerError(ValueError):
-    """A missing or unreadable input, said with what to give instead."""
+# A missing or unreadable input (a recording, the speaker model), said with what to give instead.
+VoiceMakerError = RecordingError
 
 
 def resample(samples: np.ndarray, rate: int, to: int) -> np.ndarray:
@@ -99,33 +95,6 @@ def make_voice(name: str, samples: np.ndarray, rate: int, encoder, speaker_model
     samples16k = resample(samples, rate, ENCODER_RATE)
     codes = torch.tensor(encode(encoder, torch.from_numpy(samples16k).to(w.device)), dtype=torch.long)
     return voice_from(name, codes, samples, rate, speaker_model, flow_cfg, max_seconds)
-
-
-def check_recording(name: str, samples: np.ndarray, rate: int, max_seconds: float, min_seconds: float = 0.08) -> None:
-    """VoiceMakerError, saying what to give instead, for a bad name, a rate no recording has, a length out of
-    [min_seconds, max_seconds], silence (no 100 ms as loud as SILENCE_DBFS) or clipping (over CLIPPED_SHARE of the
-    samples at full scale)."""
-    if not NAME.match(name):
-        raise VoiceMakerError(f"voice name {name!r}: 1-64 letters, digits, '_', '.' or '-'")
-    if not MIN_RATE <= rate <= MAX_RATE:
-        raise VoiceMakerError(f"the recording's rate is {rate} Hz; give one of {MIN_RATE}-{MAX_RATE} Hz")
-    if len(samples) > max_seconds * rate:
-        raise VoiceMakerError(f"the recording is {len(samples) / rate:.1f} s; a prompt of a few seconds is enough, "
-                              f"at most {max_seconds:g} s (every block of the flow decodes it again)")
-    if len(samples) < max(min_seconds, 0.08) * rate:
-        raise VoiceMakerError(f"the recording is {len(samples) / rate:.2f} s: too short, give at least "
-                              f"{max(min_seconds, 0.08):g} s" if min_seconds > 0.08 else
-                              "the recording is too short to give one code (80 ms)")
-    window = max(1, rate // 10)
-    frames = samples[: len(samples) // window * window].reshape(-1, window) if len(samples) >= window else samples[None]
-    loudest = float(np.sqrt(np.mean(np.square(frames.astype(np.float64)), axis=1)).max())
-    if loudest < 10 ** (SILENCE_DBFS / 20):
-        raise VoiceMakerError(f"the recording is silence (its loudest 100 ms at {20 * np.log10(max(loudest, 1e-12)):.0f} "
-                              f"dBFS); record the speaker speaking")
-    clipped = float(np.mean(np.abs(samples) >= 0.999))
-    if clipped > CLIPPED_SHARE:
-        raise VoiceMakerError(f"the recording is clipped ({clipped:.1%} of its samples at full scale); record it "
-                              "quieter")
 
 
 def voice_from(name: str, codes: torch.Tensor, samples: np.ndarray, rate: int, speaker_model: str | Path, flow_cfg,

@@ -17,7 +17,7 @@ import pytest
 import torch
 from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
-from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from services.stack import free_port, is_serving
 from services.vocoder.codec.config import tiny
 from services.vocoder.codec.decoder import FlowTokenDecoder
@@ -128,12 +128,15 @@ def test_bad_voices_are_refused_and_the_places_are_sized_by_max_voices(tmp_path)
             live.add_voice(random_voice(cfg, name, prompt_tokens=10, seed=3))
     assert live.voice_names() == ["a"]
     assert live.add_voice(random_voice(cfg, "b", prompt_tokens=10, seed=4)) == (True, True)
+    with pytest.raises(ResourceExhausted, match=r"most voices, 2 \(--max-voices\)"):
+        live.add_voice(random_voice(cfg, "c", prompt_tokens=10, seed=5))
+    live.remove_voice("b")                                              # (its place is b's streams' until a restart)
     assert live.add_voice(random_voice(cfg, "c", prompt_tokens=10, seed=5)) == (False, True)  # no place: solved whole
-    assert live.voice_names() == ["a", "b", "c"]
+    assert live.voice_names() == ["a", "c"]
     kept = sorted(p.name for p in live.voices_dir.iterdir())
-    assert kept == ["a.safetensors", "b.safetensors", "c.safetensors"]  # (nothing half-made beside them)
+    assert kept == ["a.safetensors", "c.safetensors"]                   # (nothing half-made beside them)
     again = load_vocoder(None, "tiny-codec", voices_dir=live.voices_dir)  # a restart has them again
-    assert again.voice_names() == ["a", "b", "c"]
+    assert again.voice_names() == ["a", "c"]
     one = load_vocoder(None, "tiny-codec", voices_dir=voices_dir(tmp_path / "fresh", a))
     assert one.decoder.prefix.capacity == 5                             # by default: the directory's and 4 more
     with pytest.raises(FailedPrecondition, match="no voice"):

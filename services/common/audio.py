@@ -52,14 +52,26 @@ def read_audio(path: str) -> tuple[np.ndarray, int]:
     """A sound file (channels mixed down) → (float32 samples, rate); ValueError saying why it cannot be read."""
     import os
 
-    import soundfile as sf
-
     if not os.path.isfile(path):
         raise ValueError(f"cannot read {path}: no such file")
+    return _read(path, path)
+
+
+def read_audio_bytes(data: bytes, what: str = "the file") -> tuple[np.ndarray, int]:
+    """A sound file's bytes (WAV, FLAC, Ogg, ...: what libsndfile reads) → (float32 samples, channels mixed down, rate);
+    ValueError saying why not."""
+    import io
+
+    return _read(io.BytesIO(data), what)
+
+
+def _read(source, what: str) -> tuple[np.ndarray, int]:
+    import soundfile as sf
+
     try:
-        samples, rate = sf.read(path, dtype="float32", always_2d=True)
-    except (OSError, RuntimeError) as exc:  # (soundfile's LibsndfileError is a RuntimeError)
-        raise ValueError(f"cannot read {path}: {exc} (not a sound file soundfile can read)") from None
+        samples, rate = sf.read(source, dtype="float32", always_2d=True)
+    except (OSError, RuntimeError, TypeError) as exc:  # (soundfile's LibsndfileError is a RuntimeError)
+        raise ValueError(f"cannot read {what}: {exc} (not a sound file soundfile can read)") from None
     if not len(samples):
-        raise ValueError(f"cannot read {path}: no audio")
+        raise ValueError(f"cannot read {what}: no audio")
     return samples.mean(axis=1), rate

@@ -85,6 +85,12 @@ class FailedPrecondition(ServiceError):
     code = "FAILED_PRECONDITION"
 
 
+class PermissionDenied(ServiceError):
+    """The caller may not do this here (a page of another site changing the gateway's voices)."""
+
+    code = "PERMISSION_DENIED"
+
+
 class Unavailable(ServiceError):
     """A stage (llm, vocoder) cannot be reached or failed in transit."""
 

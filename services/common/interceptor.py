@@ -111,6 +111,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=_parse_unary(deserialize),
                 response_serializer=handler.response_serializer,
             )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                self._wrap_unary(method, handler.stream_unary),
+                request_deserializer=_parse_streamed(deserialize),
+                response_serializer=handler.response_serializer,
+            )
         return handler
 
     def _wrap_unary(self, method: str, behavior):

@@ -30,6 +30,7 @@ from services.common.errors import Unavailable
 from services.common.tls import ChannelTls, channel
 from services.gateway import metrics
 from services.gateway.settings import HEALTH_CHECK_SECONDS
+from services.gateway.voice_owners import VoiceOwners
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,8 @@ class Replica:
         self.sessions = 0  # Converse sessions whose last turn ran here (their KV blocks pinned for the next)
         self.voices: tuple[str, ...] | None = None  # a vocoder's ListVoices (None: not known, or not a vocoder)
         self.stream_slots = 0  # a vocoder's streams at full speed (ListVoices; 0: no limit of its own, or not known)
+        self.max_prompt_seconds = 0.0  # a vocoder's longest voice recording (ListVoices; 0: it makes no voices)
+        self.max_voices = 0    # a vocoder's most voices, those added included (ListVoices; 0: no limit said)
 
     def __repr__(self) -> str:
         return f"{self.stage} at {self.target}"
@@ -72,6 +75,7 @@ class Replica:
             try:
                 listed = await self.stub.ListVoices(vocoder_pb2.ListVoicesRequest(), timeout=CHECK_TIMEOUT)
                 self.voices, self.stream_slots = tuple(listed.voices), listed.stream_slots
+                self.max_prompt_seconds, self.max_voices = listed.max_prompt_seconds, listed.max_voices
             except grpc.aio.AioRpcError as err:
                 if err.code() != grpc.StatusCode.UNIMPLEMENTED:  # (a vocoder without it checks names itself)
                     return False
@@ -170,6 +174,7 @@ class Backends:
         self.vocoder = Pool("vocoder", vocoder_targets, vocoder_pb2_grpc.VocoderStub, tls)
         self.encoder = Pool("encoder", encoder_targets, encoder_pb2_grpc.EncoderStub, tls) if encoder_targets else None
         self.ready_wait, self.health_check_seconds = ready_wait, health_check_seconds
+        self.voice_owners = VoiceOwners()  # who each voice made through the API is for (the gateway sets its own)
 
     @property
     def pools(self) -> tuple[Pool, Pool]:
@@ -180,10 +185,12 @@ class Backends:
     def all_pools(self) -> tuple[Pool, ...]:
         return self.pools + ((self.encoder,) if self.encoder is not None else ())
 
-    def voices(self) -> tuple[str, ...] | None:
-        """The voices of the ready vocoder replicas, all together (None: none has said)."""
+    def voices(self, owner: str | None = None) -> tuple[str, ...] | None:
+        """The voices of the ready vocoder replicas, all together (None: none has said); owner (voice_owners.owner_of):
+        only those it may use."""
         known = [r.voices for r in self.vocoder.replicas if r.ready and r.voices is not None]
-        return tuple(sorted(set().union(*known))) if known else None
+        names = tuple(sorted(set().union(*known))) if known else None
+        return names if names is None or owner is None else self.voice_owners.usable(names, owner)
 
     def stream_slots(self) -> int | None:
         """The streams the ready vocoders decode at full speed, all together; None where they set no limit (none

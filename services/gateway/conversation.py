@@ -41,6 +41,7 @@ from services.gateway.listener import Callbacks, Listener
 from services.gateway.pipeline import Turn
 from services.gateway.session import Session
 from services.gateway.turn_request import Spoken, TurnLimits, check_size, validate_text
+from services.gateway.voice_owners import owner_of
 from services.gateway.voices import resolve_voice
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class Conversation:
         if first is None or first.WhichOneof("kind") != "config":
             raise InvalidArgument("config", "the first message of a Converse call must be a config")
         check_size(first, self.limits, "config")
-        check_config(first.config, self.limits, self.backends.voices())
+        check_config(first.config, self.limits, self.backends.voices(owner_of(self.client)))
         self.config = first.config
         self.session.system_prompt = first.config.system_prompt
         metrics.SESSIONS.inc()
@@ -285,7 +286,7 @@ class Conversation:
                     turn = Turn(req, self.backends, self.limits, self.time_left(), self.session,
                                 on_text=lambda piece: put(gateway_pb2.ConverseResponse(turn=n, text=gateway_pb2.TextPiece(text=piece))),
                                 spoken=spoken, text_reply=text_reply, headroom=self.admission.headroom,
-                                place=place, client=self.writes, protocol=self.protocol)
+                                place=place, client=self.writes, protocol=self.protocol, owner=owner_of(self.client))
                     async for msg in turn.run():
                         kind = msg.WhichOneof("kind")
                         if kind == "summary":  # the turn is the client's now: it joins the history

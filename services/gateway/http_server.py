@@ -5,7 +5,8 @@ the probes a load balancer asks. Turns go through the same admission, stages and
     GET  /v1/converse       a WebSocket: Converse's session for browsers (websocket.py)
     GET  /                  a web page to talk to the model (web/index.html: one static file)
     GET  /v1/models         the model served
-    GET  /v1/audio/voices   the voices the vocoders have
+    GET  /v1/audio/voices   the voices the caller may name; POST makes one from a recording, DELETE .../{name}
+                            removes one (http_voices.py)
     GET  /healthz           200 while the process serves
     GET  /readyz            200 when every stage is ready (as the gRPC health check says SERVING), else 503
 
@@ -57,8 +58,10 @@ from services.gateway import metrics
 from services.gateway.admission import client_id
 from services.gateway.audio_encoding import encoder
 from services.gateway.http_errors import error_response, from_service_error, raise_cut
+from services.gateway.http_voices import VoiceRoutes
 from services.gateway.openai_speech import MODEL, SpeechRequest, parse_speech, usage
 from services.gateway.speech import Speech
+from services.gateway.voice_book import VoiceBook
 from services.gateway.websocket import WebSocketConverse
 
 log = logging.getLogger(__name__)
@@ -85,15 +88,21 @@ class DoorLimits:
 
 
 class HttpDoor:
-    def __init__(self, speech: Speech, keys: list[bytes], limits: DoorLimits, ready: Callable[[], bool]):
-        """keys: API keys (none: open); ready(): every stage ready."""
+    def __init__(self, speech: Speech, keys: list[bytes], limits: DoorLimits, ready: Callable[[], bool],
+                 voices: VoiceBook | None = None):
+        """keys: API keys (none: open); ready(): every stage ready; voices: the gateway's voice book (default: one
+        over the speech's backends)."""
         self.speech, self.keys, self.limits, self.ready = speech, keys, limits, ready
+        book = voices if voices is not None else VoiceBook(speech.backends, speech.backends.voice_owners)
+        self.voice_routes = VoiceRoutes(book, client_of, lambda r: origin_allowed(r.headers.get("Origin", ""), r,
+                                                                                 limits.allowed_origins)
+                                        if "Origin" in r.headers else True, limits.request_seconds)
         self.stall_seconds, self.max_body_bytes = limits.stall_seconds, limits.max_body_bytes
         self.converse_door = WebSocketConverse(speech, limits.session_idle_seconds, limits.max_body_bytes,
                                                limits.stall_seconds)
         self.app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[self._errors, self._auth])
         self.app.add_routes([web.post(SPEECH_ROUTE, self.synthesize), web.get(CONVERSE_ROUTE, self.converse),
-                             web.get("/v1/models", self.models), web.get("/v1/audio/voices", self.voices),
+                             web.get("/v1/models", self.models), *self.voice_routes.routes(),
                              web.get("/", self.page),
                              web.get("/healthz", self.healthz), web.get("/readyz", self.readyz)])
         self.runner: web.AppRunner | None = None
@@ -155,12 +164,6 @@ class HttpDoor:
 
     async def page(self, request: web.Request) -> web.Response:
         return web.FileResponse(PAGE, headers={"Content-Type": "text/html; charset=utf-8", "Cache-Control": "no-cache"})
-
-    async def voices(self, request: web.Request) -> web.Response:
-        voices = self.speech.backends.voices()
-        if voices is None:
-            return error_response(503, "no vocoder is ready to say which voices it has", retry_after=1.0)
-        return web.json_response({"voices": list(voices)})
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [

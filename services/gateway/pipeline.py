@@ -29,6 +29,7 @@ from services.gateway.client_writes import ClientWrites
 from services.gateway.headroom import Headroom
 from services.gateway.session import Session
 from services.gateway.turn_request import Spoken, TurnLimits, validate
+from services.gateway.voice_owners import SHARED
 from services.gateway.voices import resolve_voice
 
 log = logging.getLogger(__name__)
@@ -92,13 +93,15 @@ class Turn:
     def __init__(self, req, backends: Backends, limits: TurnLimits, timeout: float | None,
                  session: Session | None = None, on_text: Callable[[str], None] | None = None,
                  spoken: Spoken | None = None, text_reply: bool = False, headroom: Headroom | None = None,
-                 place: Place | None = None, client: ClientWrites | None = None, protocol: str = "grpc"):
+                 place: Place | None = None, client: ClientWrites | None = None, protocol: str = "grpc",
+                 owner: str = SHARED):
         """spoken: a spoken turn (its clock starts when the speech ended); text_reply: the reply is text alone;
         headroom: told each chunk's slack and the turn's TTFA (admission by headroom); place: told when the first
         audio is out (the turn's start slot frees; the turn's times count from when it asked for its place:
         shared/DESIGN.md §6, what the caller waited, while the headroom rule reads TTFA from its admission, the
         stages' part); client: whether the client takes what is written to it (a Converse session's; default: the
-        turn's own writes); protocol: the door it came through (its metrics' label)."""
+        turn's own writes); protocol: the door it came through (its metrics' label); owner: whose voices it may
+        name besides the shared ones (voice_owners.owner_of)."""
         admitted = time.perf_counter()
         received = place.asked_at if place is not None else admitted
         self.summary = gateway_pb2.SynthesisSummary(admission_wait_seconds=admitted - received)
@@ -106,7 +109,7 @@ class Turn:
         # the headroom rule's TTFA and the deadline count from here (a spoken turn's: from its speech's end)
         self.admitted_at = spoken.ended_at if spoken is not None else admitted
         self.spoken, self.text_reply = spoken, text_reply
-        self.headroom, self.place, self.protocol = headroom, place, protocol
+        self.headroom, self.place, self.protocol, self.owner = headroom, place, protocol, owner
         self.req = req
         self.session, self.on_text = session, on_text
         self.backends = backends
@@ -146,7 +149,8 @@ class Turn:
         # A replica of each stage (the session's llm while it is ready); a stage still starting is waited
         # for, within the deadline.
         llm, vocoder, _ = await self.backends.acquire(self._left(), self.session.replica if self.session else None)
-        self.voice = resolve_voice(self.req.voice, vocoder.voices)  # before any stage works on the turn
+        # before any stage works on the turn
+        self.voice = resolve_voice(self.req.voice, vocoder.voices, self.backends.voice_owners, self.owner)
         pump = None
         try:
             self._use_llm(llm)  # the prompt is prefilled while the vocoder stream opens

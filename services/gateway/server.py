@@ -17,6 +17,8 @@ from services.gateway.servicer import GatewayServicer
 from services.gateway.settings import ADDRESS_SHARE, GatewaySettings
 from services.gateway.speech import Speech
 from services.gateway.turn_request import TRANSPORT_SLACK, TurnLimits
+from services.gateway.voice_book import VoiceBook
+from services.gateway.voice_owners import VoiceOwners
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +33,9 @@ async def run(s: GatewaySettings) -> None:
     speech = Speech(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout, s.max_message_bytes),
                     Admission(s.turns_at_once(), s.max_queued_turns, per_client, headroom(s), s.max_starting_turns or 0))
     log.info("gateway: %s", admission_line(s, per_client))
-    servicer = GatewayServicer(speech, s.session_idle_seconds)
+    backends.voice_owners = VoiceOwners(s.voice_owners)
+    voices = VoiceBook(backends, backends.voice_owners, s.max_voices_per_key)
+    servicer = GatewayServicer(speech, s.session_idle_seconds, voices)
     ready = [False]  # as the gRPC health check says (readiness below), for the HTTP door's /readyz
 
     async def readiness(set_serving):
@@ -50,7 +54,7 @@ async def run(s: GatewaySettings) -> None:
 
         limits = DoorLimits(s.max_message_bytes, s.client_stall_seconds or None, s.http_request_seconds,
                             s.session_idle_seconds, s.origins())
-        http = HttpDoor(speech, api_keys, limits, lambda: ready[0])
+        http = HttpDoor(speech, api_keys, limits, lambda: ready[0], voices)
         await http.start(s.host, s.http_port, s.tls.ssl_context() if s.tls else None)
 
     async def stop() -> None:

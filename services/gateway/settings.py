@@ -43,7 +43,7 @@ class GatewaySettings:
         ADMISSION: ("max_turns", "max_queued_turns", "max_starting_turns", "admission", "admit_initial_turns",
                     "admit_burst_turns", "admit_burst_window", "admit_low_slack", "admit_high_slack", "admit_ttfa",
                     "admit_growth", "max_turns_per_client"),
-        SECURITY: ("api_keys_file", "allowed_origins"),
+        SECURITY: ("api_keys_file", "allowed_origins", "voice_owners", "max_voices_per_key"),
     }
 
     host: str = host_option()
@@ -134,6 +134,12 @@ class GatewaySettings:
                                                   "UNAVAILABLE: never started, safe to retry)", type=positive(int))
     session_idle_seconds: float = option(300.0, "a Converse session with no message from its client and no turn "
                                                 "running for this long ends", type=positive(float))
+    voice_owners: str | None = option(None, "a JSON file the gateway keeps each voice made through the API's owner "
+                                            "in (its API key's digest), so that after a restart one key's voices stay "
+                                            "its own (without it: kept in memory; moss-serve up gives one)")
+    max_voices_per_key: int = option(8, "voices one API key may have made through the API at once (the vocoders' "
+                                        "--max-voices holds for all of them together); 0: no limit of its own",
+                                     type=count)
     max_new_tokens: int = 2048
     default_timeout: float = 120.0
     tls: ServerTls | None = None          # TLS for clients

@@ -14,6 +14,7 @@ from services.gateway.admission import Admission
 from services.gateway.backends import Backends
 from services.gateway.pipeline import Turn
 from services.gateway.turn_request import TurnLimits
+from services.gateway.voice_owners import owner_of
 
 
 class Speech:
@@ -31,7 +32,7 @@ class Speech:
             metrics.ACTIVE.inc()
             try:
                 turn = Turn(request, self.backends, self.limits, time_left(), headroom=self.admission.headroom,
-                            place=place, protocol=protocol)
+                            place=place, protocol=protocol, owner=owner_of(client))
                 async with contextlib.aclosing(turn.run()) as replies:
                     async for msg in replies:
                         yield msg

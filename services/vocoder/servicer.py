@@ -16,6 +16,7 @@ from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
 from services.common.audio import encode_pcm, resolve_format
 from services.common.errors import DeviceLost, FailedPrecondition, InvalidArgument
+from services.common.recording import MIN_VOICE_SECONDS
 from services.common.sampling import resolve_lookahead, resolve_playback_speed
 from services.vocoder import metrics
 from services.vocoder.capture import exclusive
@@ -36,7 +37,6 @@ from services.vocoder.worker import (
 
 MAX_TOKENS_PER_MESSAGE = 4096
 MEL_BANDS = 80  # a voice's prompt mel: [4 x prompt tokens, 80] (codec/voice.py)
-MIN_VOICE_SECONDS = 3.0  # a recording AddVoice makes a voice of: at least this, at most what the graphs take
 AFTER_END_GRACE_SECONDS = 1.0  # how long a stream waits, its audio all sent, for the client to half-close
 
 
@@ -105,8 +105,11 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
 
     async def ListVoices(self, request, context):
         history = getattr(self.vocoder.decoder, "history", None)
+        flow = self.vocoder.voices  # (the stand-in decoder speaks in none: no prompt, no limit)
         return vocoder_pb2.ListVoicesResponse(voices=self.vocoder.voice_names(),
-                                              stream_slots=history.streams if history is not None else 0)
+                                              stream_slots=history.streams if history is not None else 0,
+                                              max_prompt_seconds=self.vocoder.max_prompt_seconds if flow else 0.0,
+                                              max_voices=(self.vocoder.voice_places or 0) if flow else 0)
 
     async def AddVoice(self, request, context):
         if request.recording and self.speaker_model is None:
@@ -201,7 +204,8 @@ def voice_of(request: vocoder_pb2.AddVoiceRequest, speaker_model: str | None, vo
     from services.vocoder.codec.voice import Voice, VoiceError
 
     if request.recording:
-        from services.voice_maker import VoiceMakerError, voice_from
+        from services.common.recording import RecordingError
+        from services.voice_maker import voice_from
 
         if len(request.recording) % 2 or not request.recording_rate:
             raise InvalidArgument("recording", "16-bit PCM at recording_rate Hz (an even number of bytes, a rate)")
@@ -212,7 +216,7 @@ def voice_of(request: vocoder_pb2.AddVoiceRequest, speaker_model: str | None, vo
             return voice_from(request.name, torch.tensor(list(request.prompt_tokens), dtype=torch.long), samples,
                               request.recording_rate, speaker_model, vocoder.decoder.flow.cfg,
                               max_seconds=vocoder.max_prompt_seconds, min_seconds=MIN_VOICE_SECONDS)
-        except VoiceMakerError as err:
+        except RecordingError as err:
             raise InvalidArgument("recording", str(err)) from None
         except VoiceError as err:
             raise InvalidArgument("voice", str(err)) from None

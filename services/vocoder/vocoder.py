@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, echo, listed
+from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, echo, listed
 from services.vocoder import generator as gen
 from services.vocoder.codec import checkpoint as codec_checkpoint
 from services.vocoder.codec import config as codec_config
@@ -108,7 +108,7 @@ class TokenVocoder:
         streams take the fast path: the prompt prefix and a stream history, codec/decoder.py's add_voice; whether it
         was kept in voices_dir, so that a restarted vocoder has it again). InvalidArgument for a name that is not a
         voice name or a voice that does not fit the flow, AlreadyExists for a name taken, FailedPrecondition for the
-        stand-in decoder. Its file is written first, under a name no start reads,
+        stand-in decoder, ResourceExhausted past voice_places voices (--max-voices). Its file is written first, under a name no start reads,
         and renamed into place once the voice is in: nothing half-made is left. A caller serving on other threads
         keeps any capture of a CUDA graph away meanwhile (capture.py's DeviceGate)."""
         if not isinstance(self.decoder, FlowTokenDecoder):
@@ -122,6 +122,9 @@ class TokenVocoder:
             raise InvalidArgument("voice", str(err)) from None
         if voice.name in self.voices:
             raise AlreadyExists(f"voice {voice.name!r} exists already")
+        if self.voice_places is not None and len(self.voices) >= self.voice_places:
+            raise ResourceExhausted(f"this vocoder holds its most voices, {self.voice_places} (--max-voices); remove "
+                                    "one first")
         if len(voice.prompt_tokens) > (most := self.decoder.max_prompt_tokens):
             raise InvalidArgument("prompt_tokens", f"{len(voice.prompt_tokens)} codes; a voice's prompt is at most "
                                                    f"{most} codes ({most / self.decoder.tokens_per_second:.2f} s: what the "

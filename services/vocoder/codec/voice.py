@@ -9,7 +9,6 @@ with its path and the problem (VoiceError): the service does not start on a bad 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +16,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from services.common.recording import NAME
 from services.vocoder.codec.config import FlowConfig
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEFAULT = "default"
 
 

@@ -1,8 +1,9 @@
 from moss.speech.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -26,6 +27,58 @@ SESSION_END_REASON_UNSPECIFIED: SessionEndReason
 SESSION_END_REASON_CLOSED: SessionEndReason
 SESSION_END_REASON_CLIENT_DONE: SessionEndReason
 SESSION_END_REASON_IDLE: SessionEndReason
+
+class VoiceConfig(_message.Message):
+    __slots__ = ("name", "sample_rate", "format")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    sample_rate: int
+    format: _common_pb2.AudioFormat
+    def __init__(self, name: _Optional[str] = ..., sample_rate: _Optional[int] = ..., format: _Optional[_Union[_common_pb2.AudioFormat, str]] = ...) -> None: ...
+
+class CreateVoiceRequest(_message.Message):
+    __slots__ = ("config", "audio")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    config: VoiceConfig
+    audio: bytes
+    def __init__(self, config: _Optional[_Union[VoiceConfig, _Mapping]] = ..., audio: _Optional[bytes] = ...) -> None: ...
+
+class VoiceInfo(_message.Message):
+    __slots__ = ("name", "own", "prompt_seconds", "fast", "kept")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    OWN_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FAST_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    own: bool
+    prompt_seconds: float
+    fast: bool
+    kept: bool
+    def __init__(self, name: _Optional[str] = ..., own: _Optional[bool] = ..., prompt_seconds: _Optional[float] = ..., fast: _Optional[bool] = ..., kept: _Optional[bool] = ...) -> None: ...
+
+class VoiceListRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class VoiceList(_message.Message):
+    __slots__ = ("voices",)
+    VOICES_FIELD_NUMBER: _ClassVar[int]
+    voices: _containers.RepeatedCompositeFieldContainer[VoiceInfo]
+    def __init__(self, voices: _Optional[_Iterable[_Union[VoiceInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteVoiceRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteVoiceResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class SessionConfig(_message.Message):
     __slots__ = ("voice", "system_prompt", "sampling", "format", "chunking")

@@ -44,6 +44,21 @@ class GatewayStub:
                 request_serializer=moss_dot_speech_dot_v1_dot_gateway__pb2.ConverseRequest.SerializeToString,
                 response_deserializer=moss_dot_speech_dot_v1_dot_gateway__pb2.ConverseResponse.FromString,
                 _registered_method=True)
+        self.CreateVoice = channel.stream_unary(
+                '/moss.speech.v1.Gateway/CreateVoice',
+                request_serializer=moss_dot_speech_dot_v1_dot_gateway__pb2.CreateVoiceRequest.SerializeToString,
+                response_deserializer=moss_dot_speech_dot_v1_dot_gateway__pb2.VoiceInfo.FromString,
+                _registered_method=True)
+        self.ListVoices = channel.unary_unary(
+                '/moss.speech.v1.Gateway/ListVoices',
+                request_serializer=moss_dot_speech_dot_v1_dot_gateway__pb2.VoiceListRequest.SerializeToString,
+                response_deserializer=moss_dot_speech_dot_v1_dot_gateway__pb2.VoiceList.FromString,
+                _registered_method=True)
+        self.DeleteVoice = channel.unary_unary(
+                '/moss.speech.v1.Gateway/DeleteVoice',
+                request_serializer=moss_dot_speech_dot_v1_dot_gateway__pb2.DeleteVoiceRequest.SerializeToString,
+                response_deserializer=moss_dot_speech_dot_v1_dot_gateway__pb2.DeleteVoiceResponse.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -87,6 +102,38 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateVoice(self, request_iterator, context):
+        """A voice cloned from a recording of its speaker, for the turns that name it from now on, without a restart:
+        a VoiceConfig first, then the recording's audio (mono, 3 s up to the vocoders' max_prompt_seconds, ~7 s).
+        The encoder gives its codes, and every vocoder replica makes its mel and x-vector as `moss-serve voice` does
+        and keeps it in its voices directory. With API keys, the voice is the calling key's own: another key can
+        neither use, list nor delete it (without keys, every voice is everyone's).
+        INVALID_ARGUMENT naming the field (a bad name, rate or format; a recording that is silence, clipped, too short
+        or too long); ALREADY_EXISTS (a voice of that name, anyone's); RESOURCE_EXHAUSTED (the key has
+        --max-voices-per-key voices, or the vocoder --max-voices, or the encoder no place now: retry after its hint);
+        FAILED_PRECONDITION (a vocoder without --speaker-model, or the stand-in decoder); UNAVAILABLE naming the stage
+        (no encoder, or a vocoder replica not ready: the voice is added to all of them or to none).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListVoices(self, request, context):
+        """The voices the caller may name: the vocoders' own (shared) and the caller's key's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteVoice(self, request, context):
+        """A voice made through CreateVoice, gone from every vocoder replica and its voices directory (turns playing in
+        it play on). NOT_FOUND: no voice of that name that the caller may use; FAILED_PRECONDITION: one of the
+        vocoders' own voices (the operator's files, shared: not deleted through the API).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -99,6 +146,21 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.Converse,
                     request_deserializer=moss_dot_speech_dot_v1_dot_gateway__pb2.ConverseRequest.FromString,
                     response_serializer=moss_dot_speech_dot_v1_dot_gateway__pb2.ConverseResponse.SerializeToString,
+            ),
+            'CreateVoice': grpc.stream_unary_rpc_method_handler(
+                    servicer.CreateVoice,
+                    request_deserializer=moss_dot_speech_dot_v1_dot_gateway__pb2.CreateVoiceRequest.FromString,
+                    response_serializer=moss_dot_speech_dot_v1_dot_gateway__pb2.VoiceInfo.SerializeToString,
+            ),
+            'ListVoices': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListVoices,
+                    request_deserializer=moss_dot_speech_dot_v1_dot_gateway__pb2.VoiceListRequest.FromString,
+                    response_serializer=moss_dot_speech_dot_v1_dot_gateway__pb2.VoiceList.SerializeToString,
+            ),
+            'DeleteVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteVoice,
+                    request_deserializer=moss_dot_speech_dot_v1_dot_gateway__pb2.DeleteVoiceRequest.FromString,
+                    response_serializer=moss_dot_speech_dot_v1_dot_gateway__pb2.DeleteVoiceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -155,6 +217,87 @@ class Gateway:
             '/moss.speech.v1.Gateway/Converse',
             moss_dot_speech_dot_v1_dot_gateway__pb2.ConverseRequest.SerializeToString,
             moss_dot_speech_dot_v1_dot_gateway__pb2.ConverseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateVoice(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/moss.speech.v1.Gateway/CreateVoice',
+            moss_dot_speech_dot_v1_dot_gateway__pb2.CreateVoiceRequest.SerializeToString,
+            moss_dot_speech_dot_v1_dot_gateway__pb2.VoiceInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListVoices(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/moss.speech.v1.Gateway/ListVoices',
+            moss_dot_speech_dot_v1_dot_gateway__pb2.VoiceListRequest.SerializeToString,
+            moss_dot_speech_dot_v1_dot_gateway__pb2.VoiceList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/moss.speech.v1.Gateway/DeleteVoice',
+            moss_dot_speech_dot_v1_dot_gateway__pb2.DeleteVoiceRequest.SerializeToString,
+            moss_dot_speech_dot_v1_dot_gateway__pb2.DeleteVoiceResponse.FromString,
             options,
             channel_credentials,
             insecure,

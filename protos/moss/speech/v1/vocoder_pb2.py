@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from moss.speech.v1 import common_pb2 as moss_dot_speech_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmoss/speech/v1/vocoder.proto\x12\x0emoss.speech.v1\x1a\x1bmoss/speech/v1/common.proto\"\"\n\x12RemoveVoiceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13RemoveVoiceResponse\"\x88\x01\n\x0f\x41\x64\x64VoiceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\x05\x12\x12\n\nprompt_mel\x18\x03 \x01(\x0c\x12\x11\n\tembedding\x18\x04 \x03(\x02\x12\x11\n\trecording\x18\x05 \x01(\x0c\x12\x16\n\x0erecording_rate\x18\x06 \x01(\r\".\n\x10\x41\x64\x64VoiceResponse\x12\x0c\n\x04\x66\x61st\x18\x01 \x01(\x08\x12\x0c\n\x04kept\x18\x02 \x01(\x08\"\x13\n\x11ListVoicesRequest\":\n\x12ListVoicesResponse\x12\x0e\n\x06voices\x18\x01 \x03(\t\x12\x14\n\x0cstream_slots\x18\x02 \x01(\r\"\xc2\x01\n\x0cVocodeConfig\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1b.moss.speech.v1.AudioFormat\x12\x1d\n\x10lookahead_frames\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\r\n\x05voice\x18\x04 \x01(\t\x12\x1b\n\x0eplayback_speed\x18\x05 \x01(\x01H\x01\x88\x01\x01\x42\x13\n\x11_lookahead_framesB\x11\n\x0f_playback_speed\"\x1d\n\x0b\x41udioTokens\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\"\r\n\x0b\x45ndOfTokens\"\xa2\x01\n\rVocodeRequest\x12.\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1c.moss.speech.v1.VocodeConfigH\x00\x12-\n\x06tokens\x18\x02 \x01(\x0b\x32\x1b.moss.speech.v1.AudioTokensH\x00\x12*\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x1b.moss.speech.v1.EndOfTokensH\x00\x42\x06\n\x04kind\"\xc2\x01\n\x0bVocodeStats\x12\x0e\n\x06\x63hunks\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\x17\n\x0f\x63ompute_seconds\x18\x03 \x01(\x01\x12#\n\x1b\x66irst_chunk_compute_seconds\x18\x04 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x05 \x01(\x01\x12!\n\x19\x66irst_chunk_queue_seconds\x18\x06 \x01(\x01\x12\x1b\n\x13\x66irst_chunk_seconds\x18\x07 \x01(\x01\"\xc6\x01\n\x0eVocodeResponse\x12\x0b\n\x03pcm\x18\x01 \x01(\x0c\x12\x15\n\rsample_offset\x18\x02 \x01(\x04\x12\x13\n\x0bnum_samples\x18\x03 \x01(\r\x12\x13\n\x0bsample_rate\x18\x04 \x01(\r\x12+\n\x06\x66ormat\x18\x05 \x01(\x0e\x32\x1b.moss.speech.v1.AudioFormat\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\x12*\n\x05stats\x18\x07 \x01(\x0b\x32\x1b.moss.speech.v1.VocodeStats2\xd2\x02\n\x07Vocoder\x12K\n\x06Vocode\x12\x1d.moss.speech.v1.VocodeRequest\x1a\x1e.moss.speech.v1.VocodeResponse(\x01\x30\x01\x12S\n\nListVoices\x12!.moss.speech.v1.ListVoicesRequest\x1a\".moss.speech.v1.ListVoicesResponse\x12M\n\x08\x41\x64\x64Voice\x12\x1f.moss.speech.v1.AddVoiceRequest\x1a .moss.speech.v1.AddVoiceResponse\x12V\n\x0bRemoveVoice\x12\".moss.speech.v1.RemoveVoiceRequest\x1a#.moss.speech.v1.RemoveVoiceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmoss/speech/v1/vocoder.proto\x12\x0emoss.speech.v1\x1a\x1bmoss/speech/v1/common.proto\"\"\n\x12RemoveVoiceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x15\n\x13RemoveVoiceResponse\"\x88\x01\n\x0f\x41\x64\x64VoiceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x03(\x05\x12\x12\n\nprompt_mel\x18\x03 \x01(\x0c\x12\x11\n\tembedding\x18\x04 \x03(\x02\x12\x11\n\trecording\x18\x05 \x01(\x0c\x12\x16\n\x0erecording_rate\x18\x06 \x01(\r\".\n\x10\x41\x64\x64VoiceResponse\x12\x0c\n\x04\x66\x61st\x18\x01 \x01(\x08\x12\x0c\n\x04kept\x18\x02 \x01(\x08\"\x13\n\x11ListVoicesRequest\"j\n\x12ListVoicesResponse\x12\x0e\n\x06voices\x18\x01 \x03(\t\x12\x14\n\x0cstream_slots\x18\x02 \x01(\r\x12\x1a\n\x12max_prompt_seconds\x18\x03 \x01(\x01\x12\x12\n\nmax_voices\x18\x04 \x01(\r\"\xc2\x01\n\x0cVocodeConfig\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x06\x66ormat\x18\x02 \x01(\x0e\x32\x1b.moss.speech.v1.AudioFormat\x12\x1d\n\x10lookahead_frames\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\r\n\x05voice\x18\x04 \x01(\t\x12\x1b\n\x0eplayback_speed\x18\x05 \x01(\x01H\x01\x88\x01\x01\x42\x13\n\x11_lookahead_framesB\x11\n\x0f_playback_speed\"\x1d\n\x0b\x41udioTokens\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\"\r\n\x0b\x45ndOfTokens\"\xa2\x01\n\rVocodeRequest\x12.\n\x06\x63onfig\x18\x01 \x01(\x0b\x32\x1c.moss.speech.v1.VocodeConfigH\x00\x12-\n\x06tokens\x18\x02 \x01(\x0b\x32\x1b.moss.speech.v1.AudioTokensH\x00\x12*\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x1b.moss.speech.v1.EndOfTokensH\x00\x42\x06\n\x04kind\"\xc2\x01\n\x0bVocodeStats\x12\x0e\n\x06\x63hunks\x18\x01 \x01(\r\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\x17\n\x0f\x63ompute_seconds\x18\x03 \x01(\x01\x12#\n\x1b\x66irst_chunk_compute_seconds\x18\x04 \x01(\x01\x12\x15\n\rqueue_seconds\x18\x05 \x01(\x01\x12!\n\x19\x66irst_chunk_queue_seconds\x18\x06 \x01(\x01\x12\x1b\n\x13\x66irst_chunk_seconds\x18\x07 \x01(\x01\"\xc6\x01\n\x0eVocodeResponse\x12\x0b\n\x03pcm\x18\x01 \x01(\x0c\x12\x15\n\rsample_offset\x18\x02 \x01(\x04\x12\x13\n\x0bnum_samples\x18\x03 \x01(\r\x12\x13\n\x0bsample_rate\x18\x04 \x01(\r\x12+\n\x06\x66ormat\x18\x05 \x01(\x0e\x32\x1b.moss.speech.v1.AudioFormat\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\x12*\n\x05stats\x18\x07 \x01(\x0b\x32\x1b.moss.speech.v1.VocodeStats2\xd2\x02\n\x07Vocoder\x12K\n\x06Vocode\x12\x1d.moss.speech.v1.VocodeRequest\x1a\x1e.moss.speech.v1.VocodeResponse(\x01\x30\x01\x12S\n\nListVoices\x12!.moss.speech.v1.ListVoicesRequest\x1a\".moss.speech.v1.ListVoicesResponse\x12M\n\x08\x41\x64\x64Voice\x12\x1f.moss.speech.v1.AddVoiceRequest\x1a .moss.speech.v1.AddVoiceResponse\x12V\n\x0bRemoveVoice\x12\".moss.speech.v1.RemoveVoiceRequest\x1a#.moss.speech.v1.RemoveVoiceResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,19 +43,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTVOICESREQUEST']._serialized_start=323
   _globals['_LISTVOICESREQUEST']._serialized_end=342
   _globals['_LISTVOICESRESPONSE']._serialized_start=344
-  _globals['_LISTVOICESRESPONSE']._serialized_end=402
-  _globals['_VOCODECONFIG']._serialized_start=405
-  _globals['_VOCODECONFIG']._serialized_end=599
-  _globals['_AUDIOTOKENS']._serialized_start=601
-  _globals['_AUDIOTOKENS']._serialized_end=630
-  _globals['_ENDOFTOKENS']._serialized_start=632
-  _globals['_ENDOFTOKENS']._serialized_end=645
-  _globals['_VOCODEREQUEST']._serialized_start=648
-  _globals['_VOCODEREQUEST']._serialized_end=810
-  _globals['_VOCODESTATS']._serialized_start=813
-  _globals['_VOCODESTATS']._serialized_end=1007
-  _globals['_VOCODERESPONSE']._serialized_start=1010
-  _globals['_VOCODERESPONSE']._serialized_end=1208
-  _globals['_VOCODER']._serialized_start=1211
-  _globals['_VOCODER']._serialized_end=1549
+  _globals['_LISTVOICESRESPONSE']._serialized_end=450
+  _globals['_VOCODECONFIG']._serialized_start=453
+  _globals['_VOCODECONFIG']._serialized_end=647
+  _globals['_AUDIOTOKENS']._serialized_start=649
+  _globals['_AUDIOTOKENS']._serialized_end=678
+  _globals['_ENDOFTOKENS']._serialized_start=680
+  _globals['_ENDOFTOKENS']._serialized_end=693
+  _globals['_VOCODEREQUEST']._serialized_start=696
+  _globals['_VOCODEREQUEST']._serialized_end=858
+  _globals['_VOCODESTATS']._serialized_start=861
+  _globals['_VOCODESTATS']._serialized_end=1055
+  _globals['_VOCODERESPONSE']._serialized_start=1058
+  _globals['_VOCODERESPONSE']._serialized_end=1256
+  _globals['_VOCODER']._serialized_start=1259
+  _globals['_VOCODER']._serialized_end=1597
 # @@protoc_insertion_point(module_scope)

@@ -46,12 +46,16 @@ class ListVoicesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ListVoicesResponse(_message.Message):
-    __slots__ = ("voices", "stream_slots")
+    __slots__ = ("voices", "stream_slots", "max_prompt_seconds", "max_voices")
     VOICES_FIELD_NUMBER: _ClassVar[int]
     STREAM_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PROMPT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_VOICES_FIELD_NUMBER: _ClassVar[int]
     voices: _containers.RepeatedScalarFieldContainer[str]
     stream_slots: int
-    def __init__(self, voices: _Optional[_Iterable[str]] = ..., stream_slots: _Optional[int] = ...) -> None: ...
+    max_prompt_seconds: float
+    max_voices: int
+    def __init__(self, voices: _Optional[_Iterable[str]] = ..., stream_slots: _Optional[int] = ..., max_prompt_seconds: _Optional[float] = ..., max_voices: _Optional[int] = ...) -> None: ...
 
 class VocodeConfig(_message.Message):
     __slots__ = ("request_id", "format", "lookahead_frames", "voice", "playback_speed")
