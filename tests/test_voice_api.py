@@ -1,8 +1,8 @@
 """Voices made through the API (the gateway's voice book): a recording in through gRPC's CreateVoice or HTTP's
 POST /v1/audio/voices, its codes from the encoder service and its mel and x-vector from each vocoder replica, kept in
 each replica's voices directory; listed, used and deleted per API key; every refusal naming its field, with nothing
-half-made left behind. Real processes on the tiny presets (two vocoder replicas, each with a voices directory of
-its own and a stand-in speaker model), two API keys."""
+half-made left behind; the page's voice box in headless chromium. Real processes on the tiny presets (two vocoder
+replicas, each with a voices directory of its own and a stand-in speaker model), two API keys."""
 
 from __future__ import annotations
 
@@ -285,3 +285,49 @@ def post_voice(base: str, key: str, name: str, data: bytes | None, origin: str |
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read())
+
+
+def test_the_pages_voice_box_records_a_voice_and_the_session_speaks_in_it(voice_stack, recording, tmp_path_factory,
+                                                                         tmp_path):
+    """The page in headless chromium, its microphone espeak-ng's sentence: Record, Stop, a name, Make voice → the
+    voice is made (both replicas keep it), the voice picker has it chosen, and a typed turn is answered in it."""
+    import asyncio
+
+    from test_web_page import CHROMIUM, launched_chromium, open_page, screenshot_dir
+
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (make tools installs it as root)")
+    samples, rate = recording
+    microphone = tmp_path / "speaker.wav"
+    sf.write(microphone, samples, rate, subtype="PCM_16")
+    seconds = len(samples) / rate
+
+    async def scenario(port: int):
+        page = await open_page(port, f"http://127.0.0.1:{voice_stack.ports.http}/")
+        try:
+            await page.type("#key", KEY_A)
+            await page.type("#max-tokens", "12")
+            await page.type("#voice-name", "from-the-page")
+            await page.js("document.getElementById('voice-record').click()")
+            await page.until("mossPage.recordingVoice", 30, "the microphone did not open")
+            await asyncio.sleep(seconds + 0.3)  # the sentence, said in real time
+            await page.js("document.getElementById('voice-make').click()")  # (it stops the recording first)
+            made = await page.until("mossPage.voicesMade[0] || (mossPage.errors.length && mossPage.errors)", 120,
+                                    "the voice was never made")
+            assert isinstance(made, dict) and made["name"] == "from-the-page" and made["own"] and made["kept"], made
+            assert 3.0 <= await page.js("mossPage.voiceSeconds") <= 7.0
+            await page.until("document.getElementById('voice').value === 'from-the-page'", 10, "the voice is not chosen")
+            await page.js("document.getElementById('send').click()")
+            turn = await page.until("(() => { const t = mossPage.turns[0]; return t && t.summary && t; })()", 60,
+                                    "the turn in the new voice was never answered")
+            assert turn["samples"] > 0 and not await page.js("mossPage.errors.length"), await page.js("mossPage.errors")
+            print(f"\nscreenshot: {await page.screenshot(screenshot_dir(tmp_path) / 'web_page_voice.png')}")
+        finally:
+            await page.close()
+
+    with launched_chromium(tmp_path_factory, microphone) as port:
+        asyncio.run(scenario(port))
+    assert all("from-the-page.safetensors" in names for names in files(voice_stack))
+    stub(voice_stack).DeleteVoice(gateway_pb2.DeleteVoiceRequest(name="from-the-page"), metadata=bearer(KEY_A),
+                                  timeout=30)
+    assert files(voice_stack) == [["default.safetensors"]] * 2

@@ -34,6 +34,9 @@ async def run(s: GatewaySettings) -> None:
                     Admission(s.turns_at_once(), s.max_queued_turns, per_client, headroom(s), s.max_starting_turns or 0))
     log.info("gateway: %s", admission_line(s, per_client))
     backends.voice_owners = VoiceOwners(s.voice_owners)
+    if api_keys and s.voice_owners is None:
+        log.warning("gateway: API keys but no --voice-owners: the voices each key makes through the API are kept "
+                    "from the other keys only until this gateway restarts")
     voices = VoiceBook(backends, backends.voice_owners, s.max_voices_per_key)
     servicer = GatewayServicer(speech, s.session_idle_seconds, voices)
     ready = [False]  # as the gRPC health check says (readiness below), for the HTTP door's /readyz

@@ -131,7 +131,11 @@ class TokenVocoder:
                                                    "flow's CUDA graphs take)")
         part = None
         if keep and self.voices_dir is not None:
-            part = save_voice(voice, self.voices_dir, Path(self.voices_dir) / f".{voice.name}.safetensors.part")
+            try:
+                part = save_voice(voice, self.voices_dir, Path(self.voices_dir) / f".{voice.name}.safetensors.part")
+            except OSError as err:  # (a read-only directory: the codec's own, mounted so)
+                raise FailedPrecondition(f"cannot keep the voice in {self.voices_dir} ({err.strerror or err}): give the "
+                                         "vocoder a voices directory it may write (--voices-dir)") from None
         try:
             fast = self.decoder.add_voice(voice)
             if part is not None:
