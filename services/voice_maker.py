@@ -17,6 +17,7 @@ Nothing is downloaded: the speaker model and the encoder's weights are files the
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -74,14 +75,36 @@ def speaker_embedding(model_path: str | Path, samples16k: np.ndarray) -> torch.T
     if not path.is_file():
         raise VoiceMakerError(f"speaker model {path}: no such file; give the codec's speaker-embedding model in ONNX "
                               f"(CosyVoice2's campplus.onnx, beside its flow.pt and hift.pt)")
+    session = _session(str(path.resolve()), path.stat().st_mtime_ns)
+    out = session.run(None, {session.get_inputs()[0].name: fbank(samples16k)[None]})[0]
+    return torch.from_numpy(np.asarray(out, np.float32).reshape(-1))
+
+
+@functools.lru_cache(maxsize=4)
+def _session(path: str, mtime_ns: int):
+    """The model's onnxruntime session, made once per file (and again if the file changes)."""
     import onnxruntime
 
     try:
-        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        # one thread: a voice is made beside the streams playing, on a host whose cores serve them
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001  onnxruntime's own errors: a file that is not a model
         raise VoiceMakerError(f"speaker model {path}: onnxruntime cannot load it ({exc})") from None
-    out = session.run(None, {session.get_inputs()[0].name: fbank(samples16k)[None]})[0]
-    return torch.from_numpy(np.asarray(out, np.float32).reshape(-1))
+
+
+def warm_up(speaker_model: str | Path) -> float:
+    """Make what a voice's first making would make (the imports, the speaker model's session, the mel basis) on a
+    second of a tone → seconds it took. A vocoder does it once it serves, so that its first AddVoice is as fast as
+    the next."""
+    import time
+
+    began = time.perf_counter()
+    tone = (0.1 * np.sin(2 * np.pi * 220 * np.arange(MEL_RATE) / MEL_RATE)).astype(np.float32)
+    flow_mel(tone)
+    speaker_embedding(speaker_model, resample(tone, MEL_RATE, ENCODER_RATE))
+    return time.perf_counter() - began
 
 
 def make_voice(name: str, samples: np.ndarray, rate: int, encoder, speaker_model: str | Path, flow_cfg,

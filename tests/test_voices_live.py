@@ -63,6 +63,28 @@ def test_without_a_place_or_with_a_short_prompt_a_voice_is_solved_whole(flow, vo
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
 
 
+def test_a_removed_voices_place_is_a_new_voices_once_its_last_stream_ends(flow, voices):
+    """While a stream of the removed voice plays, its place is kept (a voice added then is solved whole); once the
+    stream ends, the next voice takes the place and speaks as one given at the start."""
+    cfg = tiny().flow
+    later = [random_voice(cfg, name, prompt_tokens=10, seed=seed) for name, seed in (("c", 7), ("d", 8))]
+    live = FlowTokenDecoder(flow, CPU, prefix_min_rows=1)
+    live.set_voices(voices[:1], capacity=2)
+    assert live.add_voice(voices[1])                                    # the second place
+    playing = live.start(voices[1])
+    live.remove_voice(voices[1])
+    assert not live.add_voice(later[0])                                 # its stream plays on: no place
+    live.release(playing)
+    assert live.add_voice(later[1]) and live.prefix.covers([voices[0], later[1]])
+    assert not live.prefix.covers([voices[1]])
+    at_start = FlowTokenDecoder(flow, CPU, prefix_min_rows=1)
+    at_start.set_voices([voices[0], later[1]])
+    stream = FlowState(later[1], tuple(codes(23, seed=9)), 0, 15)
+    (want, _), = at_start.decode_chunks([([], stream)])
+    (got, _), = live.decode_chunks([([], stream)])
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
+
 def voices_dir(tmp_path, *voices: Voice):
     d = tmp_path / "_".join(v.name for v in voices)
     for v in voices:
@@ -130,8 +152,8 @@ def test_bad_voices_are_refused_and_the_places_are_sized_by_max_voices(tmp_path)
     assert live.add_voice(random_voice(cfg, "b", prompt_tokens=10, seed=4)) == (True, True)
     with pytest.raises(ResourceExhausted, match=r"most voices, 2 \(--max-voices\)"):
         live.add_voice(random_voice(cfg, "c", prompt_tokens=10, seed=5))
-    live.remove_voice("b")                                              # (its place is b's streams' until a restart)
-    assert live.add_voice(random_voice(cfg, "c", prompt_tokens=10, seed=5)) == (False, True)  # no place: solved whole
+    live.remove_voice("b")                                              # (no stream of b plays: its place is free)
+    assert live.add_voice(random_voice(cfg, "c", prompt_tokens=10, seed=5)) == (True, True)
     assert live.voice_names() == ["a", "c"]
     kept = sorted(p.name for p in live.voices_dir.iterdir())
     assert kept == ["a.safetensors", "c.safetensors"]                   # (nothing half-made beside them)
@@ -303,3 +325,21 @@ def test_a_voice_removed_mid_stream_plays_on_and_is_gone_for_new_streams_and_the
         live.remove_voice("a")
     assert load_vocoder(None, "tiny-codec", voices_dir=live.voices_dir).voice_names() == ["a"]
     assert live.decoder.history.held == 0
+
+
+def test_a_voices_cpu_work_runs_below_the_workers_priority(tmp_path):
+    """The vocoder makes a voice's mel and x-vector on a thread of its own VOICE_NICE below the process (the workers'
+    threads at the process's own), so that the streams playing keep the cores."""
+    import os
+    import threading
+
+    from services.vocoder.servicer import VOICE_NICE, VocoderServicer
+
+    servicer = VocoderServicer(load_vocoder(None, "tiny-codec"))
+    try:
+        nice = servicer.voice_thread.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result()
+        assert nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + VOICE_NICE)
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == os.getpriority(os.PRIO_PROCESS, 0)
+    finally:
+        servicer.voice_thread.shutdown()
+        servicer.worker.stop()

@@ -8,8 +8,13 @@ the event loop only awaits futures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
@@ -37,7 +42,27 @@ from services.vocoder.worker import (
 
 MAX_TOKENS_PER_MESSAGE = 4096
 MEL_BANDS = 80  # a voice's prompt mel: [4 x prompt tokens, 80] (codec/voice.py)
+log = logging.getLogger(__name__)
+
+VOICE_NICE = 10  # the thread that makes voices, below the workers (nice 0)
 AFTER_END_GRACE_SECONDS = 1.0  # how long a stream waits, its audio all sent, for the client to half-close
+
+
+def lower_priority() -> None:
+    """This thread VOICE_NICE below the process's priority, so that the scheduler serves the workers' threads first
+    (Linux: a thread's nice is its own, and threads it starts inherit it)."""
+    with contextlib.suppress(OSError, AttributeError):
+        me = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + VOICE_NICE))
+
+
+def warm_up_voices(speaker_model: str) -> None:
+    from services.voice_maker import warm_up
+
+    try:
+        log.info("vocoder: ready to make voices (%.2f s: the speaker model, the mel's basis)", warm_up(speaker_model))
+    except Exception as err:  # noqa: BLE001  (AddVoice says it again, to its caller)
+        log.warning("vocoder: --speaker-model %s cannot make an x-vector: %s", speaker_model, err)
 
 
 class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
@@ -61,6 +86,11 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         voices added: capture.py); None: none (the stand-in decoder, the solve).
         speaker_model: the speaker-embedding model in ONNX (CAM++) AddVoice makes a recording's x-vector with."""
         self.vocoder, self.gate, self.speaker_model = vocoder, gate, speaker_model
+        # A voice's CPU work (the recording's mel, fbank and x-vector) runs one voice at a time on a thread of its own
+        # below the workers' priority, so that it yields the cores to the streams playing.
+        self.voice_thread = ThreadPoolExecutor(1, thread_name_prefix="vocoder-voices", initializer=lower_priority)
+        if speaker_model is not None:  # (the first voice then waits for none of it)
+            self.voice_thread.submit(warm_up_voices, speaker_model)
         self.left_context, self.lookahead = left_context, lookahead
         common = dict(max_wait=max_wait, on_batch=metrics.observe_batch, on_decode=metrics.observe_token_decode,
                       on_generate=metrics.observe_generate, on_nonfinite=metrics.observe_nonfinite,
@@ -116,7 +146,9 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
             raise FailedPrecondition("this vocoder was started without --speaker-model: it cannot make a voice's "
                                      "x-vector from a recording (give prompt_mel and embedding, or start it with one)")
         # (the mel, the x-vector and the prefix are made off the event loop: seconds at the real size)
-        voice = await asyncio.to_thread(voice_of, request, self.speaker_model, self.vocoder)
+        loop = asyncio.get_running_loop()
+        voice = await loop.run_in_executor(self.voice_thread, voice_of, request, self.speaker_model, self.vocoder)
+        # (at the workers' priority: it holds the device from them, so it must not wait on the scheduler meanwhile)
         fast, kept = await asyncio.to_thread(self._add_voice, voice)
         return vocoder_pb2.AddVoiceResponse(fast=fast, kept=kept)
 

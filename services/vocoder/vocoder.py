@@ -171,14 +171,15 @@ class TokenVocoder:
 
     def remove_voice(self, name: str) -> None:
         """No new stream may name the voice, and its file leaves voices_dir; streams playing in it play on, and its
-        place in the prompt prefix stays theirs until the next start (codec/prefix.py). NotFound for no such voice;
+        place in the prompt prefix is a new voice's once they have ended (codec/prefix.py). NotFound for no such voice;
         FailedPrecondition for the default voice (a stream that names none takes it) or the last one."""
         if name not in self.voices:
             raise NotFound("name", f"no voice {echo(name)}; known voices: {listed(self.voice_names())}")
         if name == DEFAULT or len(self.voices) == 1:
             raise FailedPrecondition(f"voice {name!r} is the {'default' if name == DEFAULT else 'last'} voice: a stream "
                                      "that names none needs it")
-        del self.voices[name]
+        voice = self.voices.pop(name)
+        self.decoder.remove_voice(voice)  # (its prefix place is free again once its streams have ended)
         if self.voices_dir is not None:
             (Path(self.voices_dir) / f"{name}.safetensors").unlink(missing_ok=True)
 
@@ -247,10 +248,12 @@ class TokenVocoder:
     def mel(self, tokens: list[int], voice: str = "") -> torch.Tensor:
         """A whole stream's tokens decoded at once → log-mel [num_mels, len(tokens) * frames_per_token]."""
         state = self.start(voice)
-        if isinstance(self.decoder, FlowTokenDecoder):  # offline: one final decode over every token
-            state = type(state)(state.voice, tuple(tokens), 0, 0)
-            return self.decoder.decode_chunks([(None, state)])[0][0]
-        return self.decoder.decode_chunks([(tokens, state)])[0][0]
+        try:
+            if isinstance(self.decoder, FlowTokenDecoder):  # offline: one final decode over every token
+                return self.decoder.decode_chunks([(None, type(state)(state.voice, tuple(tokens), 0, 0))])[0][0]
+            return self.decoder.decode_chunks([(tokens, state)])[0][0]
+        finally:
+            self.release(state)
 
     def mel_chunks(self, chunks: list[tuple[list[int] | None, object]]) -> list[tuple[torch.Tensor, object]]:
         """[(a stream's new tokens, or None at its end; its decoder state)] → [(log-mel [num_mels, n], next state)],

@@ -16,7 +16,8 @@ whole call gives (tests/test_codec_prefix.py). The prefix is as long for every v
 
 **A voice added while serving** (`add`) takes a free place of `capacity`, kept from the start, so that no tensor a
 captured graph reads changes its shape or place: its rows are recorded on the side, and the voice is told apart
-(`covers`) only once they are written. It must reach as far as the prefix (its prompt no shorter than the shortest
+(`covers`) only once they are written. A place whose voice was removed is free again once no stream of that voice
+plays (the decoder counts them). A voice must reach as far as the prefix (its prompt no shorter than the shortest
 voice's at the start); one that does not, or that finds every place taken, is solved whole, over its window, as any
 voice outside the prefix is.
 
@@ -81,23 +82,29 @@ class PromptPrefix:
         return bool(self) and all(id(v) in self.index for v in voices)
 
     @torch.inference_mode()
-    def add(self, flow: CausalMaskedDiffWithXvec, voice: Voice, copies: tuple = ()) -> bool:
+    def add(self, flow: CausalMaskedDiffWithXvec, voice: Voice, copies: tuple = (), reusable: tuple = ()) -> bool:
         """Record a voice into a free place → whether it now reads the prefix (False: no place left, or its prompt
-        ends before the prefix does; module docstring). copies: callables told the place (copy_voice(i)) to copy
-        what they keep of it (history.py), before it is found. Its rows are written, and the device has finished
-        writing them, before any call can find it: calls on other threads and CUDA streams read the other places
-        meanwhile."""
+        ends before the prefix does; module docstring). reusable: voices held here that no stream reads any more (the
+        caller knows: removed, and their streams all ended), whose places may be taken once no place was ever used.
+        copies: callables told the place (copy_voice(i)) to copy what they keep of it (history.py), before it is
+        found. Its rows are written, and the device has finished writing them, before any call can find it: calls on
+        other threads and CUDA streams read the other places meanwhile."""
         if id(voice) in self.index:
             return True
-        if not self or len(self.voices) >= self.capacity or prefix_frames(flow, [voice]) < self.frames:
+        places = [self.index[id(v)] for v in reusable if id(v) in self.index]
+        if not self or (len(self.voices) >= self.capacity and not places) or prefix_frames(flow, [voice]) < self.frames:
             return False
-        i = len(self.voices)
+        i = len(self.voices) if len(self.voices) < self.capacity else places[0]
         self._record(flow, voice, i)
         for copy in copies:
             copy(i)
         if self.keys[0].is_cuda:
             torch.cuda.current_stream(self.keys[0].device).synchronize()
-        self.voices.append(voice)
+        if i < len(self.voices):  # (the place's voice before: gone from the index, nothing reads it)
+            del self.index[id(self.voices[i])]
+            self.voices[i] = voice
+        else:
+            self.voices.append(voice)
         self.index[id(voice)] = i  # (published last: `covers` reads it)
         return True
 
