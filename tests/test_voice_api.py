@@ -25,6 +25,7 @@ from services.common.auth import bearer
 from services.stack import Ports, Stack, free_port, is_serving
 from services.vocoder.codec.config import tiny
 from services.vocoder.codec.voice import load_voice, random_voice, save_voice
+from tests.conftest import metric_value, scrape
 from tests.speech import spoken
 
 KEY_A, KEY_B = "key-of-alice", "key-of-bob"
@@ -117,6 +118,10 @@ def test_a_voice_made_over_grpc_is_the_clis_is_its_keys_alone_and_is_deleted_eve
         torch.testing.assert_close(got.prompt_mel, want.prompt_mel, atol=0, rtol=0)
         torch.testing.assert_close(got.embedding, want.embedding, atol=0, rtol=0)
 
+    assert metric_value(scrape(stack.ports.metrics["gateway"]), "gateway_voice_create_seconds_count") == 1
+    assert [metric_value(scrape(stack.ports.metrics[v]), "vocoder_voices") for v in ("vocoder", "vocoder-2")] == [2, 2]
+    assert all(metric_value(scrape(stack.ports.metrics[v]), "vocoder_voice_add_seconds_count") == 1
+               for v in ("vocoder", "vocoder-2"))
     assert listed(stack, KEY_A) == {"alice": True, "default": False}
     assert listed(stack, KEY_B) == {"default": False}
     assert speak(stack, KEY_A, "alice") > 0
@@ -129,6 +134,8 @@ def test_a_voice_made_over_grpc_is_the_clis_is_its_keys_alone_and_is_deleted_eve
     assert list(owners) == ["alice"] and KEY_A not in owners["alice"]  # (a digest: the key is not kept)
     stub(stack).DeleteVoice(gateway_pb2.DeleteVoiceRequest(name="alice"), metadata=bearer(KEY_A), timeout=30)
     assert listed(stack, KEY_A) == {"default": False}
+    assert metric_value(scrape(stack.ports.metrics["gateway"]), "gateway_voices_deleted_total") == 1
+    assert metric_value(scrape(stack.ports.metrics["vocoder"]), "vocoder_voices") == 1
     assert files(stack) == [["default.safetensors"]] * 2
     code, details = refused(lambda: stub(stack).DeleteVoice(gateway_pb2.DeleteVoiceRequest(name="default"),
                                                             metadata=bearer(KEY_A), timeout=30))

@@ -14,6 +14,10 @@ SPEECH_END_TO_FIRST_AUDIO = Histogram(
     "gateway_speech_end_to_first_audio_seconds", "A spoken turn: the end of the user's speech (EndOfSpeech received, or "
     "the speech's end detected) to the reply's first PCM bytes sent", buckets=LATENCY_BUCKETS)
 SPOKEN_TURNS = Counter("gateway_spoken_turns_total", "Spoken user turns encoded (their replies follow)")
+VOICE_CREATE = Histogram("gateway_voice_create_seconds", "A voice made through the API (CreateVoice, POST "
+                         "/v1/audio/voices): its recording in to the voice on every vocoder replica",
+                         buckets=LATENCY_BUCKETS)
+VOICES_DELETED = Counter("gateway_voices_deleted_total", "Voices deleted through the API")
 VOICE_BARGE_INS = Counter("gateway_voice_barge_ins_total", "Turns cancelled because the user started to speak "
                           "(detect_speech)")
 REQUEST = Histogram("gateway_request_seconds", "Turn received to last PCM bytes sent", ["protocol"],

@@ -35,6 +35,7 @@ from services.common.errors import (
     echo,
 )
 from services.common.recording import MIN_VOICE_SECONDS, NAME, NAME_RULE, RecordingError, check_recording
+from services.gateway import metrics
 from services.gateway.backends import Backends, Replica
 from services.gateway.listener import refusal
 from services.gateway.pipeline import stage_error
@@ -118,13 +119,15 @@ class VoiceBook:
         self.making.add(name)
         try:
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + budget
+            began = deadline = loop.time()
+            deadline += budget
             pcm = recording.pcm16
             codes = await self._encode(pcm, recording.rate, budget)
             added = await self._add_everywhere(replicas, vocoder_pb2.AddVoiceRequest(
                 name=name, prompt_tokens=codes, recording=pcm, recording_rate=recording.rate), deadline - loop.time(),
                 field)
             self.owners.record(name, owner)
+            metrics.VOICE_CREATE.observe(loop.time() - began)
         finally:
             self.making.discard(name)
         log.info("gateway: voice %r made (%d codes, %s), on %d vocoder replica(s)", name, len(codes),
@@ -150,6 +153,7 @@ class VoiceBook:
             if replica.voices is not None:
                 replica.voices = tuple(v for v in replica.voices if v != name)
         self.owners.forget(name)
+        metrics.VOICES_DELETED.inc()
         log.info("gateway: voice %r deleted", name)
 
     # ---- steps ---------------------------------------------------------------------------------------------------

@@ -44,6 +44,20 @@ FLOW_ADMIT_ROWS = Histogram("vocoder_flow_admit_rows", "Rows that join the flow'
                             buckets=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64))
 
 
+VOICES = Gauge("vocoder_voices", "Voices the flow decoder holds (its --voices-dir's and those added while serving)")
+VOICE_ADD = Histogram("vocoder_voice_add_seconds", "A voice added while serving: its prompt prefix recorded, the "
+                      "device held from the workers' calls meanwhile", buckets=LATENCY_BUCKETS)
+
+
+def watch_voices(vocoder) -> None:
+    """The voices the vocoder holds, read when scraped."""
+    VOICES.set_function(lambda: len(vocoder.voices))
+
+
+def observe_voice_add(seconds: float) -> None:
+    VOICE_ADD.observe(seconds)
+
+
 def watch_captures(background) -> None:
     """The CUDA graphs still to capture while serving (capture.py), read when scraped."""
     GRAPHS_PENDING.set_function(lambda: background.pending)

@@ -86,6 +86,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         voices added: capture.py); None: none (the stand-in decoder, the solve).
         speaker_model: the speaker-embedding model in ONNX (CAM++) AddVoice makes a recording's x-vector with."""
         self.vocoder, self.gate, self.speaker_model = vocoder, gate, speaker_model
+        metrics.watch_voices(vocoder)
         # A voice's CPU work (the recording's mel, fbank and x-vector) runs one voice at a time on a thread of its own
         # below the workers' priority, so that it yields the cores to the streams playing.
         self.voice_thread = ThreadPoolExecutor(1, thread_name_prefix="vocoder-voices", initializer=lower_priority)
@@ -161,7 +162,10 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         # too, and no graph is captured meanwhile (capture.py). At the real size the calls wait ~0.3 s, less than the
         # audio a playing stream has ahead.
         with exclusive(self.gate):
-            return self.vocoder.add_voice(voice)
+            began = time.perf_counter()
+            added = self.vocoder.add_voice(voice)
+            metrics.observe_voice_add(time.perf_counter() - began)
+            return added
 
     async def Vocode(self, request_iterator, context):
         first = await anext(aiter(request_iterator), None)
