@@ -103,8 +103,7 @@ class VoiceBook:
         names = self.backends.voices(owner)
         if names is None:
             raise Unavailable("vocoder", "no vocoder is ready to say which voices it has")
-        return [gateway_pb2.VoiceInfo(name=n, own=owner != SHARED and self.owners.owners.get(n) == owner)
-                for n in names]
+        return [gateway_pb2.VoiceInfo(name=n, own=owner != SHARED and self.owners.owner(n) == owner) for n in names]
 
     async def create(self, name: str, recording: Recording, owner: str, budget: float,
                      field: str = "audio") -> gateway_pb2.VoiceInfo:
@@ -123,10 +122,15 @@ class VoiceBook:
             deadline += budget
             pcm = recording.pcm16
             codes = await self._encode(pcm, recording.rate, budget)
-            added = await self._add_everywhere(replicas, vocoder_pb2.AddVoiceRequest(
-                name=name, prompt_tokens=codes, recording=pcm, recording_rate=recording.rate), deadline - loop.time(),
-                field)
+            # its owner first: no replica lists the voice before it is known whose (a replica asked again meanwhile)
             self.owners.record(name, owner)
+            try:
+                added = await self._add_everywhere(replicas, vocoder_pb2.AddVoiceRequest(
+                    name=name, prompt_tokens=codes, recording=pcm, recording_rate=recording.rate),
+                    deadline - loop.time(), field)
+            except BaseException:
+                self.owners.forget(name)
+                raise
             metrics.VOICE_CREATE.observe(loop.time() - began)
         finally:
             self.making.discard(name)
@@ -138,8 +142,8 @@ class VoiceBook:
     async def delete(self, name: str, owner: str, budget: float) -> None:
         """The voice, made through the API and usable by `owner`, gone from every vocoder replica (those down drop it
         from their voices directory once they read it again: a shared directory; else at the next CreateVoice of it)."""
-        if not self.owners.may_use(name, owner) or (name not in (self.backends.voices() or ()) and
-                                                    not self.owners.made(name)):
+        if name in self.making or not self.owners.may_use(name, owner) or (
+                name not in (self.backends.voices() or ()) and not self.owners.made(name)):
             raise NotFound("name", f"no voice {echo(name)} of yours")
         if not self.owners.made(name):
             raise FailedPrecondition(f"voice {name!r} is one of the vocoders' own (their voices directory, shared): "

@@ -38,6 +38,10 @@ class VoiceOwners:
             except (OSError, ValueError, KeyError, AttributeError) as err:
                 raise ValueError(f"--voice-owners {self.path}: not a voice owners file ({err})") from None
 
+    def owner(self, name: str) -> str | None:
+        """Whose the voice is (SHARED: everyone's); None: one of the vocoders' own."""
+        return self.owners.get(name)
+
     def made(self, name: str) -> bool:
         """Whether the voice was made through the API (else: one of the vocoders' own)."""
         return name in self.owners
