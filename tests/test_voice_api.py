@@ -7,6 +7,7 @@ replicas, each with a voices directory of its own and a stand-in speaker model),
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -256,6 +257,42 @@ def test_a_replica_that_refuses_the_voice_leaves_it_on_none(voice_stack, stack, 
         proc.wait(10)
     assert files(voice_stack)[0] == ["default.safetensors"]
     assert listed(voice_stack, KEY_A) == {"default": False}
+
+
+def test_two_gateways_over_the_same_vocoders_share_who_owns_each_voice(voice_stack, recording, tmp_path):
+    """A second gateway with the same --voice-owners file: a voice the first made for key A is A's through the second
+    too (B neither sees nor names it), and A deletes it there; the second learns of the voice from the vocoders."""
+    stack, (samples, rate) = voice_stack, recording
+    port = free_port()
+    env = {**os.environ, "MOSS_API_KEYS": f"{KEY_A},{KEY_B}"}
+    with open(tmp_path / "gateway-2.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "gateway", "--port", str(port), "--metrics-port",
+                                 str(free_port()), "--llm-target", stack.target("llm"), "--vocoder-target",
+                                 f"{stack.target('vocoder')},{stack.target('vocoder-2')}", "--encoder-target",
+                                 stack.target("encoder"), "--voice-owners", str(stack.root / "owners.json")],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+    second = type("Gateway", (), {"target": lambda self, name: f"127.0.0.1:{port}"})()
+    try:
+        deadline = time.monotonic() + 60
+        while not is_serving(f"127.0.0.1:{port}"):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        create(stack, KEY_A, "shared-file", samples, rate)              # through the first gateway
+        deadline = time.monotonic() + 30
+        while "shared-file" not in listed(second, KEY_A):              # (the second asks the vocoders every 5 s)
+            assert time.monotonic() < deadline, "the second gateway never learned of the voice"
+            time.sleep(0.5)
+        assert listed(second, KEY_A) == {"default": False, "shared-file": True}
+        assert listed(second, KEY_B) == {"default": False}
+        code, _ = refused(lambda: speak(second, KEY_B, "shared-file"))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert speak(second, KEY_A, "shared-file") > 0
+        stub(second).DeleteVoice(gateway_pb2.DeleteVoiceRequest(name="shared-file"), metadata=bearer(KEY_A), timeout=30)
+        assert json.loads((stack.root / "owners.json").read_text())["voices"] == {}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert files(stack) == [["default.safetensors"]] * 2
 
 
 def auth(key: str) -> dict[str, str]:

@@ -3,7 +3,8 @@
 - Health: a replica is ready while it answers its grpc.health.v1 Check SERVING (a watcher asks each ready
   replica every `health_check_seconds`, and each other one more often), and not ready from the moment a call
   finds it unreachable until its check passes again. Calls go to ready replicas only: one that fails is
-  skipped until it recovers.
+  skipped until it recovers. A vocoder's voices (ListVoices) are asked when it becomes ready, and every
+  VOICES_SECONDS while it is (a voice another gateway made, or an operator's).
 - Placement: the ready replica with the fewest calls in progress from this gateway, then the fewest sessions,
   then the next in turn (so equal replicas share the work). A Converse session keeps its llm replica from
   turn to turn, where its last turn's KV blocks are pinned (session.py), and moves only when that replica is
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 RECOVERY_CHECK_SECONDS = 0.5  # ... and at most how long between two checks of one that is not ready
 CHECK_TIMEOUT = 1.0
+VOICES_SECONDS = 5.0  # a ready vocoder's voices are asked again this often
 # A stage that restarts is found again within a second: the default backoff grows to two minutes,
 # and a channel in backoff fails calls at once without trying to connect.
 CHANNEL_OPTIONS = [
@@ -61,6 +63,8 @@ class Replica:
         self.stream_slots = 0  # a vocoder's streams at full speed (ListVoices; 0: no limit of its own, or not known)
         self.max_prompt_seconds = 0.0  # a vocoder's longest voice recording (ListVoices; 0: it makes no voices)
         self.max_voices = 0    # a vocoder's most voices, those added included (ListVoices; 0: no limit said)
+        self.voices_listed = 0.0   # time.monotonic() of the ListVoices whose answer `voices` holds
+        self.voices_changed = 0.0  # ... of this gateway's own last change to `voices` (a voice made or deleted)
 
     def __repr__(self) -> str:
         return f"{self.stage} at {self.target}"
@@ -71,15 +75,21 @@ class Replica:
         except grpc.aio.AioRpcError:
             return False
         serving = reply.status == health_pb2.HealthCheckResponse.SERVING
-        if serving and self.stage == "vocoder" and not self.ready:  # (again) ready: what voices does it have now?
+        # (again) ready, or not asked for a while: what voices does it have now? (another gateway, or an operator, may
+        # have added one)
+        asked = time.monotonic()
+        if serving and self.stage == "vocoder" and (not self.ready or asked - self.voices_listed >= VOICES_SECONDS):
             try:
                 listed = await self.stub.ListVoices(vocoder_pb2.ListVoicesRequest(), timeout=CHECK_TIMEOUT)
-                self.voices, self.stream_slots = tuple(listed.voices), listed.stream_slots
-                self.max_prompt_seconds, self.max_voices = listed.max_prompt_seconds, listed.max_voices
             except grpc.aio.AioRpcError as err:
                 if err.code() != grpc.StatusCode.UNIMPLEMENTED:  # (a vocoder without it checks names itself)
                     return False
-                self.voices, self.stream_slots = None, 0
+                self.voices, self.stream_slots, self.voices_listed = None, 0, asked
+                return serving
+            if asked >= self.voices_changed:  # (an answer older than this gateway's own change is not taken)
+                self.voices, self.stream_slots = tuple(listed.voices), listed.stream_slots
+                self.max_prompt_seconds, self.max_voices = listed.max_prompt_seconds, listed.max_voices
+                self.voices_listed = asked
         return serving
 
     def add_calls(self, n: int) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -156,6 +157,7 @@ class VoiceBook:
                     raise stage_error("vocoder", err.code(), err.details()) from None
             if replica.voices is not None:
                 replica.voices = tuple(v for v in replica.voices if v != name)
+                replica.voices_changed = time.monotonic()
         self.owners.forget(name)
         metrics.VOICES_DELETED.inc()
         log.info("gateway: voice %r deleted", name)
@@ -229,6 +231,7 @@ class VoiceBook:
             raise
         for replica, _ in added:
             replica.voices = tuple(sorted({*(replica.voices or ()), request.name}))
+            replica.voices_changed = time.monotonic()
         return [response for _, response in added]
 
 
