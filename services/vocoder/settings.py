@@ -67,9 +67,9 @@ class VocoderSettings:
                                           "directory's voices/; a preset without it: one random 'default' voice)")
     max_voices: int | None = option(None, "voices the flow holds in all, those of --voices-dir and those added while "
                                           "serving (the prompt prefix keeps a place for each: ~321 MB at the real size "
-                                          "with a 3.2 s prompt; AddVoice past them is refused; a voice added in the place "
-                                          "of one removed is decoded over its window, slower, until the next start) "
-                                          "(default: the directory's and 4 more)", type=positive(int))
+                                          "with a 3.2 s prompt; AddVoice past them is refused; a removed voice's place "
+                                          "is a new voice's once its streams have ended) (default: the directory's "
+                                          "and 4 more)", type=positive(int))
     speaker_model: str | None = option(None, "the speaker-embedding model in ONNX (CosyVoice2's campplus.onnx) that "
                                              "AddVoice makes a recording's x-vector with (without it, a voice made "
                                              "through the API is refused saying so)")

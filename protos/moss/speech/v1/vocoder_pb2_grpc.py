@@ -84,8 +84,9 @@ class VocoderServicer:
         made from, of which the vocoder makes the mel and the x-vector as `moss-serve voice` does (it needs its
         --speaker-model: FAILED_PRECONDITION without). Kept in the vocoder's voices directory
         when it has one, so that it has the voice again after a restart. INVALID_ARGUMENT naming the field: a bad name,
-        shape or value; ALREADY_EXISTS: a voice of that name; FAILED_PRECONDITION: a vocoder that speaks in no voice
-        (the stand-in decoder).
+        shape or value; ALREADY_EXISTS: a voice of that name; RESOURCE_EXHAUSTED: it holds --max-voices voices;
+        FAILED_PRECONDITION: a vocoder that speaks in no voice (the stand-in decoder), or whose voices directory cannot be
+        written.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -94,7 +95,7 @@ class VocoderServicer:
     def RemoveVoice(self, request, context):
         """A voice no new stream may name, its file gone from the voices directory; the streams playing in it play on.
         NOT_FOUND: no voice of that name; FAILED_PRECONDITION: the default voice, or the last one. (Its place in the
-        prompt prefix comes back at the next start.)
+        prompt prefix is a new voice's once its streams have ended.)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
