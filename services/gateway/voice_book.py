@@ -49,6 +49,8 @@ SECONDS_PER_CODE = 0.08   # the encoder's codes: 12.5 a second
 CHUNK_BYTES = 64 << 10    # the recording's pieces to the encoder
 LONGEST_ASKED = 30.0      # the longest recording taken in, whatever the vocoders say (their limit is ~7 s)
 DEFAULT_MAX_PER_KEY = 8   # --max-voices-per-key's default
+MAX_MAKING = 4            # voices made at once, all keys together
+MAKING_RETRY_SECONDS = 1.0  # the hint of a refusal for those: a voice takes ~0.2-1 s
 
 
 @dataclass
@@ -91,7 +93,7 @@ class VoiceBook:
         """max_per_key: voices one API key may have at once (0: no limit of its own; the vocoders' --max-voices
         still holds)."""
         self.backends, self.owners, self.max_per_key = backends, owners, max_per_key
-        self.making: set[str] = set()  # names being made now: a second CreateVoice of one is refused at once
+        self.making: dict[str, str] = {}  # name → owner, of the voices being made now
 
     def longest_recording(self) -> float:
         """Seconds of recording the ready vocoders all take (the shortest of their limits; LONGEST_ASKED where none
@@ -116,7 +118,7 @@ class VoiceBook:
             check_recording(name, recording.samples, recording.rate, self.longest_recording(), MIN_VOICE_SECONDS)
         except RecordingError as err:
             raise InvalidArgument(field, str(err)) from None
-        self.making.add(name)
+        self.making[name] = owner
         try:
             loop = asyncio.get_running_loop()
             began = deadline = loop.time()
@@ -134,7 +136,7 @@ class VoiceBook:
                 raise
             metrics.VOICE_CREATE.observe(loop.time() - began)
         finally:
-            self.making.discard(name)
+            self.making.pop(name, None)
         log.info("gateway: voice %r made (%d codes, %s), on %d vocoder replica(s)", name, len(codes),
                  "a key's own" if owner != SHARED else "everyone's", len(added))
         return gateway_pb2.VoiceInfo(name=name, own=owner != SHARED, prompt_seconds=len(codes) * SECONDS_PER_CODE,
@@ -173,6 +175,11 @@ class VoiceBook:
         ready and one that makes voices."""
         if name in (self.backends.voices() or ()) or self.owners.made(name) or name in self.making:
             raise AlreadyExists(f"a voice named {name!r} exists already; choose another name")
+        # Each voice holds the vocoders' device from their streams for a moment: a few at a time, one per key.
+        if owner != SHARED and owner in self.making.values():
+            raise ResourceExhausted("this API key is making a voice already: one at a time", MAKING_RETRY_SECONDS)
+        if len(self.making) >= MAX_MAKING:
+            raise ResourceExhausted(f"the gateway is making {MAX_MAKING} voices already", MAKING_RETRY_SECONDS)
         if owner != SHARED and self.max_per_key and self.owners.count(owner) >= self.max_per_key:
             raise ResourceExhausted(f"this API key has its most voices, {self.max_per_key} (--max-voices-per-key); "
                                     "delete one first")
