@@ -62,23 +62,14 @@ def recording(path: str | None) -> tuple[np.ndarray, int]:
         return read_audio(f"{tmp}/s.wav")
 
 
-def stand_in_speaker_model(path: Path, dim: int = 192) -> Path:
-    """An ONNX model with CAM++'s interface (fbank [1, frames, 80] → [1, dim]): random weights, as the rest."""
+def stand_in_speaker_model(path: Path) -> Path:
+    """An ONNX model with CAM++'s interface, random weights as the rest (voice_maker's stand-in)."""
+    from services.voice_maker import stand_in_speaker_model as write
+
     try:
-        import onnx
-        from onnx import TensorProto, helper, numpy_helper
+        write(path)
     except ImportError:
         sys.exit("bench/voices.py: give --speaker-model (campplus.onnx), or install onnx for a stand-in")
-    w = np.random.default_rng(0).normal(size=(80, dim)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("ReduceSumSquare", ["feats", "axes"], ["energy"], keepdims=0),
-         helper.make_node("MatMul", ["energy", "w"], ["embedding"])],
-        "speaker", [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, None, 80])],
-        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [1, dim])],
-        [numpy_helper.from_array(np.array([1], np.int64), "axes"), numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 9
-    onnx.save(model, str(path))
     return path
 
 

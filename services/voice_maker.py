@@ -107,6 +107,26 @@ def warm_up(speaker_model: str | Path) -> float:
     return time.perf_counter() - began
 
 
+def stand_in_speaker_model(path: str | Path, dim: int = 192, seed: int = 0) -> np.ndarray:
+    """A stand-in for CAM++ with its interface, for random weights (tests, benches): fbank [1, frames, 80] → [1, dim],
+    the sum of squares over time by a random matrix, written to `path` in ONNX → that matrix [80, dim]. Needs the
+    `onnx` package (a dev dependency)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(seed).normal(size=(80, dim)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSumSquare", ["feats", "axes"], ["energy"], keepdims=0),
+         helper.make_node("MatMul", ["energy", "w"], ["embedding"])],
+        "speaker", [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, None, 80])],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [1, dim])],
+        [numpy_helper.from_array(np.array([1], np.int64), "axes"), numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.save(model, str(path))
+    return w
+
+
 def make_voice(name: str, samples: np.ndarray, rate: int, encoder, speaker_model: str | Path, flow_cfg,
                max_seconds: float = 30.0) -> Voice:
     """A recording → its voice, checked against the flow's config (VoiceMakerError, or VoiceError for a voice that

@@ -41,7 +41,7 @@ def recording():
 
 @pytest.fixture(scope="module")
 def voice_stack(tmp_path_factory):
-    from test_voice_maker import speaker_model
+    from services.voice_maker import stand_in_speaker_model as speaker_model
 
     root = tmp_path_factory.mktemp("voice-api")
     speaker_model(root / "speaker.onnx")

@@ -18,28 +18,10 @@ from services.encoder.stream import encode
 from services.vocoder.codec.config import tiny as tiny_codec
 from services.vocoder.codec.voice import VoiceError, load_voices
 from services.voice_maker import VoiceMakerError, fbank, flow_mel, make_voice
+from services.voice_maker import stand_in_speaker_model as speaker_model
 from tests.speech import spoken
 
 FLOW = tiny_codec().flow
-
-
-def speaker_model(path, dim: int = 192, seed: int = 0):
-    """A stand-in for CAM++ with its interface: fbank [1, frames, 80] → [1, dim] (the sum of squares over time, by a
-    random matrix)."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    w = np.random.default_rng(seed).normal(size=(80, dim)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("ReduceSumSquare", ["feats", "axes"], ["energy"], keepdims=0),
-         helper.make_node("MatMul", ["energy", "w"], ["embedding"])],
-        "speaker", [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, None, 80])],
-        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [1, dim])],
-        [numpy_helper.from_array(np.array([1], np.int64), "axes"), numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 9
-    onnx.save(model, str(path))
-    return w
 
 
 @pytest.fixture(scope="module")

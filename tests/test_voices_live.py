@@ -233,12 +233,11 @@ def test_a_voice_made_from_a_recording_by_the_vocoder_is_the_one_moss_serve_voic
     voice for the same recording, exactly; without --speaker-model it is refused saying so; a recording that is not
     PCM, silence, under 3 s, over what the graphs take (7.04 s) or clipped is refused naming it, and nothing is
     left of it."""
-    from test_voice_maker import speaker_model
-
     from services.encoder.checkpoint import random_tokenizer
     from services.encoder.config import tiny as tiny_encoder
     from services.vocoder.codec.voice import load_voice
     from services.voice_maker import make_voice
+    from services.voice_maker import stand_in_speaker_model as speaker_model
 
     cfg = tiny().flow
     speaker_model(tmp_path / "speaker.onnx")

@@ -39,7 +39,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-import threading
 
 import torch
 
@@ -101,11 +100,6 @@ class FlowTokenDecoder:
         self.history: StreamHistory | None = None
         self.solve_cap = SOLVE_BLOCKS * block_tokens * self.ratio
         self.ids = itertools.count()
-        # Streams playing, by id → their voice; voices removed whose prefix place is freed once none of theirs plays
-        # (shared with the lanes: mutated in place, under the lock; streams start and end on several threads).
-        self.playing: dict[int, Voice] = {}
-        self.removed: list[Voice] = []
-        self.voices_lock = threading.Lock()
 
     def set_voices(self, voices: list[Voice], capacity: int | None = None) -> None:
         """The voices streams will speak in: their prompts' common prefix is solved now, once (prefix.py), with places
@@ -156,27 +150,19 @@ class FlowTokenDecoder:
         graph away meanwhile: capture.py's gate.) Its calls replay the graphs captured for the voices at the start
         where its prompt fits their token buckets, and run eagerly where not."""
         copies = (self.history.copy_voice,) if self.history is not None else ()
-        with self.voices_lock:
-            heard = {id(v) for v in self.playing.values()}
-            reusable = tuple(v for v in self.removed if id(v) not in heard)
-        added = self.prefix is not None and self.prefix.add(self.flow, voice, copies, reusable)
-        if self.prefix is not None:
-            with self.voices_lock:  # (a removed voice whose place was taken is forgotten)
-                self.removed[:] = [v for v in self.removed if self.prefix.covers([v])]
-        return added
+        return self.prefix is not None and self.prefix.add(self.flow, voice, copies)
 
     def remove_voice(self, voice: Voice) -> None:
         """No stream starts in the voice from now on (the caller sees to it): its place in the prompt prefix is free
-        for `add_voice` once its streams playing have all ended."""
-        if self.prefix is not None and self.prefix.covers([voice]):
-            with self.voices_lock:
-                self.removed.append(voice)
+        for `add_voice` once its streams playing have all ended (prefix.py's retire)."""
+        if self.prefix is not None:
+            self.prefix.retire(voice)
 
     # ---- streams ---------------------------------------------------------------------------------
     def start(self, voice: Voice) -> FlowState:
         state = FlowState(voice, stream=next(self.ids))
-        with self.voices_lock:
-            self.playing[state.stream] = voice
+        if self.prefix is not None:
+            self.prefix.opened(state.stream, voice)
         return state
 
     def lane(self) -> "FlowTokenDecoder":
@@ -194,8 +180,8 @@ class FlowTokenDecoder:
         plays its voice no more (any thread; more than once is as once)."""
         if self.history is not None and state.stream is not None:
             self.history.release(state.stream)
-        with self.voices_lock:
-            self.playing.pop(state.stream, None)
+        if self.prefix is not None and state.stream is not None:
+            self.prefix.closed(state.stream)
 
     def first_block(self, voice: Voice) -> int:
         """The reference's first hop: the block, plus the tokens that end prompt + block on a multiple of it."""

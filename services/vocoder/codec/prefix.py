@@ -16,10 +16,10 @@ whole call gives (tests/test_codec_prefix.py). The prefix is as long for every v
 
 **A voice added while serving** (`add`) takes a free place of `capacity`, kept from the start, so that no tensor a
 captured graph reads changes its shape or place: its rows are recorded on the side, and the voice is told apart
-(`covers`) only once they are written. A place whose voice was removed is free again once no stream of that voice
-plays (the decoder counts them). A voice must reach as far as the prefix (its prompt no shorter than the shortest
-voice's at the start); one that does not, or that finds every place taken, is solved whole, over its window, as any
-voice outside the prefix is.
+(`covers`) only once they are written. A place whose voice was removed (`retire`) is free again once no stream of
+that voice reads it (the decoder tells the prefix each stream's start and end). A voice must reach as far as the
+prefix (its prompt no shorter than the shortest voice's at the start); one that does not, or that finds every place
+taken, is solved whole, over its window, as any voice outside the prefix is.
 
 Memory: per voice place, 2 x steps x (2 x heads x head_dim x frames per attention); at the real size with a 40-token
 prompt, 56 attentions, 10 steps, 140 frames: 321 MB in bf16.
@@ -28,6 +28,7 @@ prompt, 56 attentions, 10 steps, 140 frames: 321 MB in bf16.
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 
@@ -58,6 +59,11 @@ class PromptPrefix:
         self.voices = list(voices)
         self.index = {id(v): i for i, v in enumerate(voices)}
         self.capacity = max(len(voices), capacity or 0)
+        # A place is a new voice's once its voice was removed (`retire`) and no stream reads it any more: the streams
+        # that read a place, by id (`opened`, `closed`: on any thread, under the lock).
+        self.readers: dict[int, Voice] = {}
+        self.retired: list[Voice] = []
+        self.lock = threading.Lock()
         estimator = flow.decoder.estimator
         p = next(flow.parameters())
         steps, rows = flow.decoder.n_timesteps, 2 * self.capacity    # rows: voice i's CFG pair at 2i, 2i + 1
@@ -81,17 +87,39 @@ class PromptPrefix:
     def covers(self, voices) -> bool:
         return bool(self) and all(id(v) in self.index for v in voices)
 
+    def opened(self, stream: int, voice: Voice) -> None:
+        """A stream in `voice` started: its place is read until `closed(stream)`."""
+        with self.lock:
+            self.readers[stream] = voice
+
+    def closed(self, stream: int) -> None:
+        """The stream is gone (more than once is as once)."""
+        with self.lock:
+            self.readers.pop(stream, None)
+
+    def retire(self, voice: Voice) -> None:
+        """No stream starts in the voice from now on (the caller sees to it): its place is free for `add` once the
+        streams reading it have ended."""
+        if self.covers([voice]):
+            with self.lock:
+                self.retired.append(voice)
+
+    def _free_places(self) -> list[int]:
+        """The places of retired voices that no stream reads."""
+        with self.lock:
+            read = {id(v) for v in self.readers.values()}
+            return [self.index[id(v)] for v in self.retired if id(v) not in read and id(v) in self.index]
+
     @torch.inference_mode()
-    def add(self, flow: CausalMaskedDiffWithXvec, voice: Voice, copies: tuple = (), reusable: tuple = ()) -> bool:
+    def add(self, flow: CausalMaskedDiffWithXvec, voice: Voice, copies: tuple = ()) -> bool:
         """Record a voice into a free place → whether it now reads the prefix (False: no place left, or its prompt
-        ends before the prefix does; module docstring). reusable: voices held here that no stream reads any more (the
-        caller knows: removed, and their streams all ended), whose places may be taken once no place was ever used.
+        ends before the prefix does; module docstring): one never used, else one a retired voice's streams have left.
         copies: callables told the place (copy_voice(i)) to copy what they keep of it (history.py), before it is
         found. Its rows are written, and the device has finished writing them, before any call can find it: calls on
         other threads and CUDA streams read the other places meanwhile."""
         if id(voice) in self.index:
             return True
-        places = [self.index[id(v)] for v in reusable if id(v) in self.index]
+        places = self._free_places() if len(self.voices) >= self.capacity else []
         if not self or (len(self.voices) >= self.capacity and not places) or prefix_frames(flow, [voice]) < self.frames:
             return False
         i = len(self.voices) if len(self.voices) < self.capacity else places[0]
@@ -101,8 +129,11 @@ class PromptPrefix:
         if self.keys[0].is_cuda:
             torch.cuda.current_stream(self.keys[0].device).synchronize()
         if i < len(self.voices):  # (the place's voice before: gone from the index, nothing reads it)
-            del self.index[id(self.voices[i])]
+            old = self.voices[i]
+            del self.index[id(old)]
             self.voices[i] = voice
+            with self.lock:
+                self.retired.remove(old)
         else:
             self.voices.append(voice)
         self.index[id(voice)] = i  # (published last: `covers` reads it)
