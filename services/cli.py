@@ -158,6 +158,9 @@ def parser() -> argparse.ArgumentParser:
     voice.add_argument("--preset", choices=["tiny", "moss-speech"], default="moss-speech",
                        help="without --encoder-dir / --vocoder-dir: their sizes (default moss-speech)")
     voice.add_argument("--max-seconds", type=positive(float), default=30.0, help="longest recording taken (default 30)")
+    voice.add_argument("--prompt-seconds", type=positive(float),
+                       help="cut a longer recording to at most this, at its quietest 80 ms boundary in the last 2 s, as "
+                            "the API cuts one to its vocoders' max_prompt_seconds (default: the whole recording)")
 
     add_bench(sub)
     return root

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from services.common.audio import read_audio
-from services.common.recording import RecordingError, check_recording
+from services.common.recording import RecordingError, check_recording, prompt_cut
 from services.vocoder.codec.voice import Voice, check, save_voice
 
 MEL_RATE, N_FFT, HOP, N_MELS, FMAX = 24_000, 1920, 480, 80, 8000
@@ -128,12 +128,15 @@ def stand_in_speaker_model(path: str | Path, dim: int = 192, seed: int = 0) -> n
 
 
 def make_voice(name: str, samples: np.ndarray, rate: int, encoder, speaker_model: str | Path, flow_cfg,
-               max_seconds: float = 30.0) -> Voice:
+               max_seconds: float = 30.0, prompt_seconds: float | None = None) -> Voice:
     """A recording → its voice, checked against the flow's config (VoiceMakerError, or VoiceError for a voice that
-    does not fit it: e.g. an x-vector of another size). encoder: the WhisperVQEncoder that makes the codes."""
+    does not fit it: e.g. an x-vector of another size). encoder: the WhisperVQEncoder that makes the codes.
+    prompt_seconds: a longer recording cut to it at a pause first (recording.prompt_cut, as the API cuts one)."""
     from services.encoder.stream import encode
 
     check_recording(name, samples, rate, max_seconds)
+    if prompt_seconds is not None:
+        samples = prompt_cut(samples, rate, prompt_seconds, min_seconds=0.08)
     w = encoder.codebook.weight
     samples16k = resample(samples, rate, ENCODER_RATE)
     codes = torch.tensor(encode(encoder, torch.from_numpy(samples16k).to(w.device)), dtype=torch.long)
@@ -176,7 +179,8 @@ def run(args) -> int:
         flow_cfg = (codec_config.read_config(Path(args.vocoder_dir) / "codec.json") if args.vocoder_dir else
                     codec_config.moss_speech() if args.preset == "moss-speech" else codec_config.tiny()).flow
         samples, rate = read_audio(str(args.wav))
-        voice = make_voice(args.name, samples, rate, encoder, args.speaker_model, flow_cfg, args.max_seconds)
+        voice = make_voice(args.name, samples, rate, encoder, args.speaker_model, flow_cfg, args.max_seconds,
+                           args.prompt_seconds)
     except (VoiceMakerError, VoiceError, FileNotFoundError, ValueError) as err:
         print(f"moss-serve voice: {err}", file=sys.stderr)
         return 2

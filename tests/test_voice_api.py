@@ -143,6 +143,28 @@ def test_a_voice_made_over_grpc_is_the_clis_is_its_keys_alone_and_is_deleted_eve
     assert code == grpc.StatusCode.FAILED_PRECONDITION and "vocoders' own" in details
 
 
+def test_a_recording_longer_than_a_prompt_is_cut_at_a_pause_as_the_cli_cuts_it(voice_stack, recording, tmp_path):
+    """A recording over the vocoders' max_prompt_seconds (7.04 s) makes a voice of its first seconds, cut at a
+    pause: the voice `moss-serve voice --prompt-seconds 7.04` makes of it, exactly."""
+    stack, (samples, rate) = voice_stack, recording
+    long = np.tile(samples, 3)
+    assert len(long) / rate > 7.04
+    info = create(stack, KEY_A, "long", long, rate)
+    assert info.fast and 5.0 <= info.prompt_seconds <= 7.04, info
+    sf.write(tmp_path / "long.wav", long, rate, subtype="PCM_16")
+    done = subprocess.run([sys.executable, "-m", "services.cli", "voice", str(tmp_path / "long.wav"), "--name", "long",
+                           "--voices-dir", str(tmp_path), "--speaker-model", str(stack.root / "speaker.onnx"),
+                           "--preset", "tiny", "--prompt-seconds", "7.04"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    want = load_voice(tmp_path / "long.safetensors", tiny().flow)
+    got = load_voice(stack.dirs[0] / "long.safetensors", tiny().flow)
+    assert len(got.prompt_tokens) * 0.08 == pytest.approx(info.prompt_seconds)
+    assert torch.equal(got.prompt_tokens, want.prompt_tokens) and torch.equal(got.prompt_mel, want.prompt_mel)
+    assert torch.equal(got.embedding, want.embedding)
+    stub(stack).DeleteVoice(gateway_pb2.DeleteVoiceRequest(name="long"), metadata=bearer(KEY_A), timeout=30)
+    assert files(stack) == [["default.safetensors"]] * 2
+
+
 def test_every_bad_recording_or_name_is_refused_naming_it_and_nothing_is_left(voice_stack, recording):
     stack, (samples, rate) = voice_stack, recording
     t = np.arange(int(4 * rate)) / rate
@@ -152,7 +174,7 @@ def test_every_bad_recording_or_name_is_refused_naming_it_and_nothing_is_left(vo
         (dict(name="default"), grpc.StatusCode.INVALID_ARGUMENT, "name: 'default' is not a name"),
         (dict(samples=np.zeros(4 * rate, np.float32)), grpc.StatusCode.INVALID_ARGUMENT, "audio: the recording is silence"),
         (dict(samples=samples[: 2 * rate]), grpc.StatusCode.INVALID_ARGUMENT, "too short, give at least 3 s"),
-        (dict(samples=np.tile(samples, 3)), grpc.StatusCode.INVALID_ARGUMENT, "audio: the recording is over 7.04 s"),
+        (dict(samples=np.tile(samples, 10)), grpc.StatusCode.INVALID_ARGUMENT, "audio: the recording is over 30 s"),
         (dict(samples=np.clip(hum * 10, -1, 1)), grpc.StatusCode.INVALID_ARGUMENT, "the recording is clipped"),
         (dict(rate=4000), grpc.StatusCode.INVALID_ARGUMENT, "config.sample_rate: the recording's rate is 4000 Hz"),
         (dict(pcm=b"\x00" * 7), grpc.StatusCode.INVALID_ARGUMENT, "audio: 7 bytes are not whole samples"),

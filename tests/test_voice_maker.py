@@ -103,3 +103,36 @@ def test_bad_inputs_are_refused_saying_what_to_give(tmp_path, recording, encoder
 
 def test_flow_mel_frames():
     assert flow_mel(np.zeros(24000, np.float32)).shape == (50, 80)  # hop 480: 50 frames a second
+
+
+@pytest.mark.parametrize("rate", [16000, 22050, 44100])
+def test_a_long_recording_is_cut_to_a_prompt_at_its_quietest_code_boundary(rate):
+    """prompt_cut: within the limit the recording is whole; past it, the cut lands on an 80 ms boundary within the
+    last 2 s before the limit, in the pause there rather than in the speech around it."""
+    from services.common.recording import prompt_cut
+
+    t = np.arange(int(10 * rate)) / rate
+    loud = (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32)
+    assert prompt_cut(loud[: int(6 * rate)], rate, 7.04) is not None
+    assert len(prompt_cut(loud[: int(6 * rate)], rate, 7.04)) == int(6 * rate)
+    gap = (t >= 5.6) & (t < 5.95)                          # a pause of 350 ms, 1.1-1.4 s before the limit
+    speech = np.where(gap, 0.001 * loud, loud)
+    cut = prompt_cut(speech, rate, 7.04)
+    end = len(cut) / rate
+    assert 5.6 < end < 5.95 and abs(end / 0.08 - round(end / 0.08)) * 0.08 * rate <= 0.5, end
+    assert len(prompt_cut(loud, rate, 7.04)) == round(88 * 0.08 * rate)   # no pause: all that the limit takes
+    pause_early = np.where((t >= 2.0) & (t < 2.5), 0.0, loud)              # a pause too far from the limit: not it
+    assert len(prompt_cut(pause_early, rate, 7.04)) / rate > 5.0
+
+
+def test_the_command_cuts_a_long_recording_as_the_api_does(tmp_path, recording, encoder):
+    """make_voice(prompt_seconds): the voice of the cut recording, its prompt at most that long."""
+    from services.common.recording import prompt_cut
+
+    samples, rate = recording
+    long = np.tile(samples, 5)
+    speaker_model(tmp_path / "speaker.onnx")
+    cut = make_voice("a", long, rate, encoder, tmp_path / "speaker.onnx", FLOW, prompt_seconds=7.04)
+    want = make_voice("a", prompt_cut(long, rate, 7.04), rate, encoder, tmp_path / "speaker.onnx", FLOW)
+    assert len(long) / rate > 7.04 and 0 < len(cut.prompt_tokens) <= 88
+    assert torch.equal(cut.prompt_tokens, want.prompt_tokens) and torch.equal(cut.prompt_mel, want.prompt_mel)

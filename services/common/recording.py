@@ -14,6 +14,10 @@ MIN_RATE, MAX_RATE = 8_000, 192_000  # the rates a recording may come at
 SILENCE_DBFS = -50.0                  # a recording whose loudest 100 ms is quieter than this is silence
 CLIPPED_SHARE = 0.001                 # a recording with more of its samples at full scale is clipped
 MIN_VOICE_SECONDS = 3.0               # a recording made a voice through the API: at least this (the CLI: a code)
+LONGEST_RECORDING = 30.0              # a recording taken in at most (`moss-serve voice --max-seconds`' default too)
+CODE_SECONDS = 0.08                   # the encoder's codes: 12.5 a second, each 4 of the flow's mel frames
+CUT_SEARCH_SECONDS = 2.0              # a recording cut to a prompt ends at its quietest code boundary this close to
+                                      # the limit
 
 
 class RecordingError(ValueError):
@@ -55,3 +59,24 @@ def check_recording(name: str, samples: np.ndarray, rate: int, max_seconds: floa
     clipped = float(np.mean(np.abs(samples) >= 0.999))
     if clipped > CLIPPED_SHARE:
         raise RecordingError(f"the recording is clipped ({clipped:.1%} of its samples at full scale); record it quieter")
+
+
+def prompt_cut(samples: np.ndarray, rate: int, max_seconds: float, min_seconds: float = MIN_VOICE_SECONDS) -> np.ndarray:
+    """A recording longer than a prompt may be → its first max_seconds at most, ended where it is quietest: at the
+    code boundary (a multiple of 80 ms, where the codes and the mel are cut too) within CUT_SEARCH_SECONDS of the
+    limit whose 80 ms around it are the softest (the latest of those within 3 dB of it), so that the prompt ends in a
+    pause rather than inside a word. One
+    within the limit is returned whole. samples [n] float, mono → [m ≤ n] (a view)."""
+    if len(samples) <= max_seconds * rate:
+        return samples
+    code = CODE_SECONDS * rate                                              # samples a code (not whole at every rate)
+    last = int(max_seconds / CODE_SECONDS + 1e-9)                           # the most codes within the limit
+    first = max(int(np.ceil(min_seconds / CODE_SECONDS - 1e-9)), last - int(CUT_SEARCH_SECONDS / CODE_SECONDS), 1)
+    ends = np.round(np.arange(first, last + 1) * code).astype(np.int64)     # candidate ends, in samples
+    half = max(1, int(code // 2))
+    energy = np.cumsum(np.concatenate([[0.0], np.square(samples.astype(np.float64))]))
+    lo, hi = np.clip(ends - half, 0, len(samples)), np.clip(ends + half, 0, len(samples))
+    loudness = (energy[hi] - energy[lo]) / np.maximum(hi - lo, 1)           # mean square around each end
+    # the longest prompt of the ends within 3 dB of the softest (a pause, if there is one; else nearly the limit)
+    best = np.flatnonzero(loudness <= 2 * loudness.min() + 1e-12)[-1]
+    return samples[: ends[best]]

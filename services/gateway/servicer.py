@@ -12,7 +12,7 @@ from moss.speech.v1 import gateway_pb2, gateway_pb2_grpc
 
 from services.common.audio import BYTES_PER_SAMPLE, resolve_format
 from services.common.errors import InvalidArgument
-from services.common.recording import RecordingError, check_rate
+from services.common.recording import LONGEST_RECORDING, RecordingError, check_rate
 from services.gateway.admission import client_of
 from services.gateway.conversation import Conversation
 from services.gateway.speech import Speech
@@ -25,7 +25,6 @@ from services.gateway.voice_owners import owner_of
 # grpc logs an ExecuteBatchError for the status sent on a call already over.
 ANSWER_MARGIN_SECONDS = 0.2
 VOICE_SECONDS = 60.0  # a voice call without a deadline of its own has this long
-RECORDING_SLACK_SECONDS = 1.0  # a recording may be this much longer than the vocoders take before its bytes are dropped
 
 
 def time_to_answer(context: grpc.aio.ServicerContext) -> Callable[[], float | None]:
@@ -68,15 +67,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             check_rate(config.sample_rate)
         except RecordingError as err:
             raise InvalidArgument("config.sample_rate", str(err)) from None
-        most = int((self.voices.longest_recording() + RECORDING_SLACK_SECONDS) * config.sample_rate) * BYTES_PER_SAMPLE[fmt]
+        most = int(LONGEST_RECORDING * config.sample_rate) * BYTES_PER_SAMPLE[fmt]
         pcm = bytearray()
         async for msg in requests:
             if msg.WhichOneof("kind") != "audio":
                 raise InvalidArgument("config", "one config, first: then audio only")
             pcm += msg.audio
             if len(pcm) > most:
-                raise InvalidArgument("audio", f"the recording is over {self.voices.longest_recording():g} s, the most "
-                                               "a voice's prompt takes")
+                raise InvalidArgument("audio", f"the recording is over {LONGEST_RECORDING:g} s; a few seconds of "
+                                               "the speaker are enough")
         recording = recording_of_pcm(bytes(pcm), config.sample_rate, fmt)
         return await self.voices.create(config.name, recording, owner_of(client_of(context)), budget)
 

@@ -1,7 +1,8 @@
 """Voices made, listed and deleted through the API (every door: gRPC's CreateVoice, ListVoices and DeleteVoice;
 HTTP's /v1/audio/voices). The work is the stack's own:
 
-    recording ──checked (services/common/recording.py)──▶ encoder: Encode → its codes
+    recording ──checked, and cut to the longest prompt at a pause (services/common/recording.py)──▶
+              encoder: Encode → its codes
               ──codes + recording──▶ every vocoder replica: AddVoice (the mel and x-vector made there, as
                                      `moss-serve voice` makes them; the voice kept in its voices directory)
 
@@ -35,7 +36,15 @@ from services.common.errors import (
     Unavailable,
     echo,
 )
-from services.common.recording import MIN_VOICE_SECONDS, NAME, NAME_RULE, RecordingError, check_recording
+from services.common.recording import (
+    LONGEST_RECORDING,
+    MIN_VOICE_SECONDS,
+    NAME,
+    NAME_RULE,
+    RecordingError,
+    check_recording,
+    prompt_cut,
+)
 from services.gateway import metrics
 from services.gateway.backends import Backends, Replica
 from services.gateway.listener import refusal
@@ -47,7 +56,6 @@ log = logging.getLogger(__name__)
 
 SECONDS_PER_CODE = 0.08   # the encoder's codes: 12.5 a second
 CHUNK_BYTES = 64 << 10    # the recording's pieces to the encoder
-LONGEST_ASKED = 30.0      # the longest recording taken in, whatever the vocoders say (their limit is ~7 s)
 DEFAULT_MAX_PER_KEY = 8   # --max-voices-per-key's default
 MAX_MAKING = 4            # voices made at once, all keys together
 MAKING_RETRY_SECONDS = 1.0  # the hint of a refusal for those: a voice takes ~0.2-1 s
@@ -96,10 +104,10 @@ class VoiceBook:
         self.making: dict[str, str] = {}  # name → owner, of the voices being made now
 
     def longest_recording(self) -> float:
-        """Seconds of recording the ready vocoders all take (the shortest of their limits; LONGEST_ASKED where none
-        has said)."""
+        """Seconds of prompt the ready vocoders all take (the shortest of their limits; LONGEST_RECORDING where none
+        has said): a longer recording is cut to it."""
         said = [r.max_prompt_seconds for r in self.backends.vocoder.replicas if r.ready and r.max_prompt_seconds]
-        return min(said) if said else LONGEST_ASKED
+        return min(said) if said else LONGEST_RECORDING
 
     def listing(self, owner: str) -> list[gateway_pb2.VoiceInfo]:
         """The voices `owner` may name (voice_owners.owner_of), sorted; UNAVAILABLE while no vocoder has said."""
@@ -115,9 +123,15 @@ class VoiceBook:
         self._check_name(name)
         replicas = self._check_room(name, owner)
         try:
-            check_recording(name, recording.samples, recording.rate, self.longest_recording(), MIN_VOICE_SECONDS)
+            check_recording(name, recording.samples, recording.rate, LONGEST_RECORDING, MIN_VOICE_SECONDS)
         except RecordingError as err:
             raise InvalidArgument(field, str(err)) from None
+        # longer than a prompt may be: its first seconds, to a pause (as `moss-serve voice --prompt-seconds` cuts it)
+        recording = Recording(prompt_cut(recording.samples, recording.rate, self.longest_recording()), recording.rate)
+        try:
+            check_recording(name, recording.samples, recording.rate, LONGEST_RECORDING, MIN_VOICE_SECONDS)
+        except RecordingError as err:  # (what is kept of it is silence)
+            raise InvalidArgument(field, f"its first {len(recording.samples) / recording.rate:.2f} s: {err}") from None
         self.making[name] = owner
         try:
             loop = asyncio.get_running_loop()
