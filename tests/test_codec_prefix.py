@@ -42,6 +42,19 @@ def test_prefix_is_the_prompts_chunks_that_no_later_token_reaches(flow, voices):
         random_codec(two_levels, 0)
 
 
+def test_a_free_place_is_run_through_once_at_the_start_and_a_voice_added_there_is_its_own(flow, voices):
+    """With room for voices added while serving, the first free place has the flow run over a stand-in of an odd
+    prompt length at the start (the kernels' shapes for such a length made then, not while calls wait on the voice's
+    recording); it stays free, and a voice added there records exactly what it records at the start."""
+    prefix = PromptPrefix(flow, voices[:1], capacity=3)
+    assert prefix.voices == voices[:1] and len(prefix.index) == 1
+    assert prefix.keys[0][:, 2:4].abs().sum() > 0 and prefix.keys[0][:, 4:].abs().sum() == 0  # (place 1 run, 2 not)
+    assert prefix.add(flow, voices[1])
+    alone = PromptPrefix(flow, voices[:2])
+    for got, want in zip(prefix.keys + prefix.values + prefix.lefts, alone.keys + alone.values + alone.lefts):
+        torch.testing.assert_close(got[:, :4], want, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("window", [11, 23, 40])
 def test_skipping_the_prefix_gives_the_same_mel(flow, voices, window):
     """Streams of both voices in one call, at their first block, mid-stream and with a full window."""

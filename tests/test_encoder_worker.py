@@ -96,3 +96,24 @@ def test_a_turns_end_that_waited_behind_its_audio_is_finished_in_the_same_round(
         assert worker.batches == 2  # one call for the audio, one for the end: one round
     finally:
         worker.stop()
+
+
+def test_an_ended_turn_goes_ahead_of_the_speakers_still_talking(model):
+    """A round with an end in it takes only the ended streams: the ended speaker's last audio, then its end; the
+    others' audio waits for the next round, and every speaker's codes are still its own."""
+    sizes = []
+    worker = EncoderWorker(max_batch=8, max_wait=0.5, on_batch=lambda size, _: sizes.append(size))
+    try:
+        pool = KVPool(model.cfg, 3)
+        talk = [torch.randn(3000, generator=torch.Generator().manual_seed(10 + i)) * 0.1 for i in range(3)]
+        streams = [EncoderStream(model, pool) for _ in talk]
+        feeds = [worker.submit(Job(s, t)) for s, t in zip(streams, talk)]
+        end = worker.submit(Job(streams[1], None))
+        assert end.result(timeout=30) == encode(model, talk[1])
+        assert all(f.result(timeout=30) is None for f in feeds)
+        assert sizes[:3] == [1, 1, 2]  # the ended speaker's audio, its end; then the two still talking
+        for s, t in ((streams[0], talk[0]), (streams[2], talk[2])):
+            assert worker.submit(Job(s, None)).result(timeout=30) == encode(model, t)
+        assert pool.used() == 0
+    finally:
+        worker.stop()

@@ -6,8 +6,9 @@ that is ready, `max_batch` streams at most, and runs them as one call: every new
 several chunks while the call before ran has all of it in this call (the front end's work is per speaker and call,
 not per sample: one job a stream a call fell behind at 64 speakers sending 100 ms chunks; docs/benchmarks.md). A job
 waits for company at most `max_wait` seconds, and an end of turn never waits: its codes are what the reply waits
-for. A failed call fails the jobs in it. A stream's slot goes back when its caller aborts it (`abort`), on this thread
-between two calls: never while a call it is in may still write to the slot.
+for, so a round with ends in it takes only the ended streams (their last audio, then their ends). A failed call fails
+the jobs in it. A stream's slot goes back when its caller aborts it (`abort`), on this thread between two calls:
+never while a call it is in may still write to the slot.
 
 No asyncio here: `submit` returns a concurrent future; the servicer wraps it, so the gRPC event loop never blocks on
 the model.
@@ -95,10 +96,16 @@ class EncoderWorker(JobThread):
                 if now >= deadline or any(job.samples is None for job in self.pending):
                     break  # an end of turn waits for nobody
                 self.cv.wait(deadline - now)
+            # An ended turn's codes are what its reply waits for: the ended streams' last audio and their ends go in a
+            # round of their own, ahead of the other speakers' audio (the rest of their speech is still to come). At
+            # 114 speakers on an H200 an end waited behind two calls of everyone's audio: 92 ms mean, 207 ms p90.
+            ending = {id(job.stream) for job in self.pending if job.samples is None}
             batch, heads, left = [], {}, []
             for job in self.pending:
                 head = heads.get(id(job.stream), False)
-                if head is False and len(batch) < self.max_batch:
+                if ending and id(job.stream) not in ending:
+                    left.append(job)  # a speaker still talking: the next round
+                elif head is False and len(batch) < self.max_batch:
                     heads[id(job.stream)] = job
                     batch.append(job)
                 elif head and head.samples is not None and job.samples is not None:

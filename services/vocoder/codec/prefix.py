@@ -37,6 +37,14 @@ from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
 from services.vocoder.codec.voice import Voice
 
 
+def stand_in(voice: Voice, tokens: int) -> Voice:
+    """A voice of `tokens` prompt codes made of `voice`'s, repeated: shapes to run the flow over, nothing to hear."""
+    reps = -(-tokens // len(voice.prompt_tokens))
+    return Voice(f"{voice.name}-stand-in", voice.prompt_tokens.repeat(reps)[:tokens],
+                 voice.prompt_mel.repeat(reps, 1)[: tokens * voice.prompt_mel.shape[0] // len(voice.prompt_tokens)],
+                 voice.embedding)
+
+
 def prefix_frames(flow: CausalMaskedDiffWithXvec, voices: list[Voice]) -> int:
     """Mel frames of every voice's prompt that no later token reaches (0: none, or a U-Net of several levels)."""
     cfg = flow.cfg
@@ -80,6 +88,13 @@ class PromptPrefix:
         if self.frames:
             for i, voice in enumerate(voices):
                 self._record(flow, voice, i)
+            if self.capacity > len(voices):
+                # A free place recorded once, unpublished (`add` writes it again): a voice added while serving records
+                # its prompt alone on the device, its calls held meanwhile, and a first prompt of another length had
+                # Triton compile its kernels for that length's shapes then (4.1 s for the first voice made through the
+                # API on an H200, 0.6 s for the next ones). An odd length: the shapes that no multiple of 16 divides.
+                P = len(voices[0].prompt_tokens)
+                self._record(flow, stand_in(voices[0], P + 1 + P % 2), len(voices))
 
     def __bool__(self) -> bool:
         return self.frames > 0
