@@ -104,7 +104,8 @@ class GatewayServicer:
 
     def CreateVoice(self, request_iterator, context):
         """A voice cloned from a recording of its speaker, for the turns that name it from now on, without a restart:
-        a VoiceConfig first, then the recording's audio (mono, 3 s up to the vocoders' max_prompt_seconds, ~7 s).
+        a VoiceConfig first, then the recording's audio (mono, 3 to 30 s; one longer than the vocoders'
+        max_prompt_seconds, ~7 s, is cut to it at a pause).
         The encoder gives its codes, and every vocoder replica makes its mel and x-vector as `moss-serve voice` does
         and keeps it in its voices directory. With API keys, the voice is the calling key's own: another key can
         neither use, list nor delete it (without keys, every voice is everyone's).
