@@ -70,7 +70,7 @@ PARALLEL_MODULES = frozenset({
     "test_auth", "test_bench", "test_bigvgan_package", "test_block_manager", "test_chunk_attention",
     "test_codec_history", "test_codec_parity", "test_codec_peer", "test_codec_prefix", "test_codec_service",
     "test_vocoder_capture", "test_restart_report", "test_voices_live", "test_voice_owners",
-    "test_codec_solve", "test_codec_stream", "test_dashboard", "test_deploy", "test_deploy_tools", "test_e2e",
+    "test_codec_solve", "test_codec_stream", "test_conformer", "test_dashboard", "test_deploy", "test_deploy_tools", "test_e2e",
     "test_encoder_attention", "test_encoder_checkpoint", "test_encoder_graphs", "test_encoder_model",
     "test_encoder_reference", "test_encoder_service", "test_encoder_stream", "test_encoder_vad",
     "test_encoder_worker", "test_engine", "test_error_sizes", "test_flow_steps_agreement", "test_fp8",

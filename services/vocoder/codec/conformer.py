@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.vocoder.codec.config import EncoderConfig
+from services.vocoder.codec.estimator import laid_out
 
 
 def chunk_mask(lengths: torch.Tensor, size: int, chunk: int) -> torch.Tensor:
@@ -71,22 +72,29 @@ class RelPositionAttention(nn.Module):
         self.linear_pos = nn.Linear(n_feat, n_feat, bias=False)
         self.pos_bias_u = nn.Parameter(torch.zeros(self.h, self.d_k))
         self.pos_bias_v = nn.Parameter(torch.zeros(self.h, self.d_k))
+        # q, k and v as one matrix product: their weights and biases stacked [3·n_feat, n_feat], [3·n_feat]
+        linears = (self.linear_q, self.linear_k, self.linear_v)
+        laid_out(self, "qkv_weight", lambda: torch.cat([m.weight for m in linears]))
+        laid_out(self, "qkv_bias", lambda: torch.cat([m.bias for m in linears]))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor) -> torch.Tensor:
-        """x [B, T, d], mask bool [B, T, T], pos_emb [1, 2T-1, d] → [B, T, d]."""
+    def forward(self, x: torch.Tensor, blocked: torch.Tensor, pos_emb: torch.Tensor) -> torch.Tensor:
+        """x [B, T, d], blocked bool [B, 1, T, T] (query i may not read key j: ~chunk_mask), pos_emb [1, 2T-1, d]
+        → [B, T, d].
+
+        The work over [B, h, T, T] is most of a layer's at the flow's 320 frames: each pass over it is one kernel in
+        place (the scores summed, masked, and a row with no key zeroed), and the 1/√d_k scale goes on the queries
+        (exact for d_k = 64: a power of two)."""
         B, T, _ = x.shape
-        q = self.linear_q(x).view(B, T, self.h, self.d_k)
-        k = self.linear_k(x).view(B, T, self.h, self.d_k).transpose(1, 2)
-        v = self.linear_v(x).view(B, T, self.h, self.d_k).transpose(1, 2)
-        p = self.linear_pos(pos_emb).view(1, -1, self.h, self.d_k).transpose(1, 2)       # [1, h, 2T-1, d_k]
-        content = (q + self.pos_bias_u).transpose(1, 2) @ k.transpose(-2, -1)             # [B, h, T, T]
-        position = (q + self.pos_bias_v).transpose(1, 2) @ p.transpose(-2, -1)            # [B, h, T, 2T-1]
+        q, k, v = (F.linear(x, self.qkv_weight, self.qkv_bias).view(B, T, 3, self.h, self.d_k)
+                   .permute(2, 0, 3, 1, 4).contiguous().unbind(0))                          # [B, h, T, d_k] each
+        p = self.linear_pos(pos_emb[0]).view(-1, self.h, self.d_k).transpose(0, 1)          # [h, 2T-1, d_k]
+        scale = 1 / math.sqrt(self.d_k)
+        scores = ((q + self.pos_bias_u[:, None]) * scale) @ k.transpose(-2, -1)           # [B, h, T, T]
+        position = ((q + self.pos_bias_v[:, None]) * scale) @ p.transpose(-2, -1)         # [B, h, T, 2T-1]
         # Query i, key j are i - j apart: pos_emb row T-1-(i-j).
         i, j = torch.arange(T, device=x.device)[:, None], torch.arange(T, device=x.device)[None, :]
-        position = position.gather(-1, (T - 1 - i + j).expand(B, self.h, T, T))
-        scores = (content + position) / math.sqrt(self.d_k)
-        blocked = ~mask[:, None]
-        attn = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1).masked_fill(blocked, 0.0)
+        scores += position.gather(-1, (T - 1 - i + j).expand(B, self.h, T, T))
+        attn = torch.softmax(scores.masked_fill_(blocked, float("-inf")), dim=-1).nan_to_num_(0.0)  # (no key: 0)
         return self.linear_out((attn @ v).transpose(1, 2).reshape(B, T, -1))
 
 
@@ -107,8 +115,8 @@ class ConformerLayer(nn.Module):
         self.self_attn, self.feed_forward = RelPositionAttention(heads, size), FeedForward(size, hidden)
         self.norm_ff, self.norm_mha = nn.LayerNorm(size, eps=1e-12), nn.LayerNorm(size, eps=1e-12)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, pos_emb: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.norm_mha(x), mask, pos_emb)
+    def forward(self, x: torch.Tensor, blocked: torch.Tensor, pos_emb: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.norm_mha(x), blocked, pos_emb)
         return x + self.feed_forward(self.norm_ff(x))
 
 
@@ -170,13 +178,13 @@ class UpsampleConformerEncoder(nn.Module):
         x = self.pre_lookahead_layer(x)                    # [B, T, d]
         pos_emb = self.embed.pos_enc(x)[1]
         chunk = self.cfg.static_chunk_size if streaming else 0
-        mask = chunk_mask(lengths, T, chunk)
+        blocked = ~chunk_mask(lengths, T, chunk)[:, None]   # [B, 1, T, T]: made once for every layer
         for layer in self.encoders:
-            x = layer(x, mask, pos_emb)
+            x = layer(x, blocked, pos_emb)
         x = self.up_layer(x.transpose(1, 2)).transpose(1, 2)  # [B, T·stride, d]
         stride = self.cfg.upsample_stride
         x, pos_emb = self.up_embed(x)
-        mask = chunk_mask(lengths * stride, T * stride, chunk * stride)
+        blocked = ~chunk_mask(lengths * stride, T * stride, chunk * stride)[:, None]
         for layer in self.up_encoders:
-            x = layer(x, mask, pos_emb)
+            x = layer(x, blocked, pos_emb)
         return self.after_norm(x)
