@@ -41,10 +41,16 @@ class Job:
         return [self, *self.followers]
 
 
+# How long speakers' audio waits for company. Nothing reads a turn's codes before its end, and an end never waits, so
+# the wait costs no reply any time; a call's cost is mostly fixed (its kernels), so fewer, fuller calls leave the GPU
+# to the llm and the vocoder. At 2 ms, 114 speakers on an H200 made calls of 4 speakers on average, one after another.
+FEED_WAIT_SECONDS = 0.04
+
+
 class EncoderWorker(JobThread):
     what = "encoder worker"
 
-    def __init__(self, max_batch: int = 64, max_wait: float = 0.002, name: str = "encoder-worker",
+    def __init__(self, max_batch: int = 64, max_wait: float = FEED_WAIT_SECONDS, name: str = "encoder-worker",
                  on_batch=lambda size, seconds: None):
         """on_batch(streams, seconds): after each model call (metrics)."""
         super().__init__(name)
