@@ -13,7 +13,7 @@
 # Inputs carried in .whl/inputs (not in the tree): recording.flac, question.flac, speaker.onnx.
 #   bash docs/results/voices_spoken_2026-11-29/call1.sh
 #
-# Predicted (written 2026-11-29 20:10 UTC, before the call; an H200):
+# Predicted (written 2026-11-29 20:06 UTC, before the call; an H200):
 #   1. CreateVoice alone 0.35-0.6 s (the encoder's codes of 10 s ~30 ms; mel + x-vector on the CPU ~0.15 s; the
 #      prefix recorded on the GPU under exclusive(), 10 flow steps over ~350 frames ~0.1-0.2 s); beside 64 streams
 #      0.4-0.9 s, and the 64 streams 100% stall-free as without it (the exclusive gate holds the vocoder's calls

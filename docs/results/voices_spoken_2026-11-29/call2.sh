@@ -8,7 +8,7 @@
 #      straight after the stack answers (its graphs still being captured in the background).
 #   bash docs/results/voices_spoken_2026-11-29/call2.sh
 #
-# Predicted (written 2026-11-29 20:40 UTC, before the call): 1. every test passes. 2. the first voice alone 0.5-0.8 s
+# Predicted (written 2026-11-29 20:14 UTC, before the call): 1. every test passes. 2. the first voice alone 0.5-0.8 s
 # (4.13 s in call 1, then 0.57-0.59 s); beside 64 streams 0.5-0.8 s, the streams 100% stall-free.
 source bench/wheel_site.sh
 timeout 330 bash bench/gpu_smoke.sh tests-codec 2>&1 | tail -8

@@ -9,7 +9,7 @@
 #      when the new speech starts, where call 1's replies of 6-10 s had all been sent by then).
 #   bash docs/results/voices_spoken_2026-11-29/call3.sh
 #
-# Predicted (written 2026-11-29 20:50 UTC, before the call): 1. the first voice 0.5-0.8 s (4.13 s in call 1), beside 64
+# Predicted (written 2026-11-29 20:23 UTC, before the call): 1. the first voice 0.5-0.8 s (4.13 s in call 1), beside 64
 # streams 0.5-0.8 s, 100% stall-free. 2. end of speech -> first audio p50 100-110 ms (108.0 in call 1). 3. the
 # encoder's finish 92 -> 20-40 ms mean (207 -> 30-60 ms for the slowest tenth); admitted 78 -> 90-128 of 128; p95 380 ->
 # 280-330 ms. 4. the old reply's last audio p95 30-150 ms after the new speech starts (the VAD's onset, then the cancel

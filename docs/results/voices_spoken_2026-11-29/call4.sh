@@ -5,7 +5,7 @@
 # stack's flow graphs hold it), for a first call's rows (1 x 56 tokens) and steady calls' (16 and 32 x 80 tokens).
 #   bash docs/results/voices_spoken_2026-11-29/call4.sh
 #
-# Predicted (written 2026-11-29 21:00 UTC, before the call): in a graph ~0.6-1.0 ms at 1 x 56 (~200 kernels of
+# Predicted (written 2026-11-29 20:31 UTC, before the call): in a graph ~0.6-1.0 ms at 1 x 56 (~200 kernels of
 # 3-4 us), ~1.0-1.5 ms at 16 x 80, ~1.5-2.5 ms at 32 x 80: 2-4% of the calls' 21.9 / 43.2 / 63.7 ms
 # (megakernel-2026-11-29).
 source bench/wheel_site.sh

@@ -2,7 +2,7 @@
 # Call 4 found the flow's conformer encoder at 6.33 ms of a steady call of 32 streams replayed from a graph (predicted
 # 1.5-2.5 ms). Where those go: the profiler's CUDA kernels of one eager run at 32 x 80 tokens, by total time.
 #   bash docs/results/voices_spoken_2026-11-29/call5.sh
-# Predicted (2026-11-29 21:08 UTC): the relative-position attention's [B, h, T, T] work (the gather of the position
+# Predicted (2026-11-29 20:32 UTC): the relative-position attention's [B, h, T, T] work (the gather of the position
 # scores by an expanded index, the masks, the softmax) in the 4 layers at 320 frames: over half of it.
 source bench/wheel_site.sh
 python3 - <<'PY'

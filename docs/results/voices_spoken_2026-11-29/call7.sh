@@ -3,7 +3,7 @@
 # Side by side on one machine: bench/codec_history.py at 1 and 32 streams with the conformer before the change
 # (.whl/inputs/conformer_before.py, the file at d66fb62) and after, alternated twice.
 #   bash docs/results/voices_spoken_2026-11-29/call7.sh
-# Predicted (2026-11-29 21:30 UTC): after faster than before by ~0.1 ms at 1 stream and ~0.9 ms at 32 steady (the
+# Predicted (2026-11-29 20:38 UTC): after faster than before by ~0.1 ms at 1 stream and ~0.9 ms at 32 steady (the
 # encoder's 6.33 -> 5.45 ms at 32 x 80 is smaller in a call whose rows are 32 x 80 only in part); run-to-run +-1 ms.
 source bench/wheel_site.sh
 cp services/vocoder/codec/conformer.py "$SITE/conformer_after.py"

@@ -4,7 +4,7 @@
 # waits). The stack at the defaults, once its graphs are captured (at most 70 s of waiting), then 128 spoken sessions
 # started over 6 s, as call 3.
 #   bash docs/results/voices_spoken_2026-11-29/call8.sh
-# Predicted (2026-11-29 21:00 UTC): the encoder's calls 4 speakers on average -> 20-40; admitted 95 -> 100-120 of 128;
+# Predicted (2026-11-29 20:41 UTC): the encoder's calls 4 speakers on average -> 20-40; admitted 95 -> 100-120 of 128;
 # end of speech -> first audio p95 298 -> 260-290 ms; the encoder's finish ~19 ms as in call 3.
 set -uo pipefail
 source bench/stack.sh
