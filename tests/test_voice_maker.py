@@ -123,6 +123,7 @@ def test_a_long_recording_is_cut_to_a_prompt_at_its_quietest_code_boundary(rate)
     assert len(prompt_cut(loud, rate, 7.04)) == round(88 * 0.08 * rate)   # no pause: all that the limit takes
     pause_early = np.where((t >= 2.0) & (t < 2.5), 0.0, loud)              # a pause too far from the limit: not it
     assert len(prompt_cut(pause_early, rate, 7.04)) / rate > 5.0
+    assert len(prompt_cut(loud, rate, 2.0)) == round(25 * 0.08 * rate)     # a limit under the shortest voice: the limit
 
 
 def test_the_command_cuts_a_long_recording_as_the_api_does(tmp_path, recording, encoder):

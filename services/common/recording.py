@@ -71,7 +71,7 @@ def prompt_cut(samples: np.ndarray, rate: int, max_seconds: float, min_seconds: 
         return samples
     code = CODE_SECONDS * rate                                              # samples a code (not whole at every rate)
     last = int(max_seconds / CODE_SECONDS + 1e-9)                           # the most codes within the limit
-    first = max(int(np.ceil(min_seconds / CODE_SECONDS - 1e-9)), last - int(CUT_SEARCH_SECONDS / CODE_SECONDS), 1)
+    first = min(last, max(int(np.ceil(min_seconds / CODE_SECONDS - 1e-9)), last - int(CUT_SEARCH_SECONDS / CODE_SECONDS), 1))
     ends = np.round(np.arange(first, last + 1) * code).astype(np.int64)     # candidate ends, in samples
     half = max(1, int(code // 2))
     energy = np.cumsum(np.concatenate([[0.0], np.square(samples.astype(np.float64))]))
