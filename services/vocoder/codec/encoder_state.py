@@ -1,0 +1,146 @@
+"""The flow's conformer token encoder run over a stream's new tokens only, its earlier positions' state kept.
+
+Today a flow call runs the encoder (conformer.py) over the voice's prompt and a window of the stream's latest tokens,
+every call: 5-10% of a call on an H200 (docs/benchmarks.md, conformer-2026-11-29). In streaming mode a position
+reads only its own attention chunk and the chunks before it, the look-ahead convolution reads 3 tokens ahead, and the
+upsampling convolution 8 frames (2 tokens) back. So once a call has decoded up to a chunk boundary D' (the decoder's
+blocks end on one: decoder.py), every position before D' is final: its keys and values at every layer are what any
+later call computes for it. `EncoderState` keeps them, and the next call runs the layers over its new positions only,
+reading the kept keys and values before its own. With the whole stream kept this is the offline encoder in streaming
+mode, exactly (tests/test_encoder_state.py), as the reference computes it: its streaming decode runs the encoder over
+every token so far.
+
+Kept per stream: each layer's keys and values of the final positions (the 6 token-rate layers' per token, the 4 up
+layers' per frame), the last 2 positions' embeddings (the look-ahead convolution's second kernel reads its first's
+output 2 positions back) and the last 2 positions' outputs of the token-rate layers (the upsampling convolution's left
+context). At the real size ~44 KB per token in bf16 (~0.55 MB a second of audio).
+
+Not in the serving path yet: one stream at a time, eager (the decoder's calls batch streams in CUDA graphs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from services.vocoder.codec.conformer import ConformerLayer, UpsampleConformerEncoder
+
+
+@dataclass
+class EncoderState:
+    """One stream's encoder state: `done` final positions (token positions of its row: prompt and stream)."""
+
+    done: int = 0
+    keys: list[torch.Tensor] = field(default_factory=list)     # per layer [h, positions, d_k] (up layers: frames)
+    values: list[torch.Tensor] = field(default_factory=list)
+    embedded: torch.Tensor | None = None                        # [2, d]: the embeddings of positions done-2, done-1
+    encoded: torch.Tensor | None = None                         # [2, d]: the token-rate layers' outputs there
+
+
+def rel_sinusoids(distances: torch.Tensor, d_model: int, dtype: torch.dtype) -> torch.Tensor:
+    """distances [n] (query minus key) → ESPnet's relative encodings [n, d_model] (RelPositionalEncoding's rows)."""
+    freq = torch.exp(torch.arange(0, d_model, 2, device=distances.device, dtype=torch.float32)
+                     * -(math.log(10000.0) / d_model))
+    angle = distances.to(torch.float32)[:, None] * freq
+    pe = torch.zeros(len(distances), d_model, device=distances.device)
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(angle), torch.cos(angle)
+    return pe.to(dtype)
+
+
+def _layer(layer: ConformerLayer, x: torch.Tensor, start: int, readable: int, chunk: int, keys: torch.Tensor | None,
+           values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A conformer layer over positions start … start + N - 1 (x [N, d]), their queries reading the kept keys and
+    values of positions 0 … start - 1 and their own: key j is read by query i if j < readable and j's chunk is at most
+    i's → (the layer's output [N, d], this call's keys and values [h, N, d_k])."""
+    att = layer.self_attn
+    N, h, d_k = x.shape[0], att.h, att.d_k
+    normed = layer.norm_mha(x)
+    q, k, v = (F.linear(normed, att.qkv_weight, att.qkv_bias).view(N, 3, h, d_k).permute(1, 2, 0, 3).unbind(0))
+    all_k = k if keys is None else torch.cat([keys, k], 1)                                  # [h, start + N, d_k]
+    all_v = v if values is None else torch.cat([values, v], 1)
+    pos_q = torch.arange(start, start + N, device=x.device)
+    pos_k = torch.arange(start + N, device=x.device)
+    distance = pos_q[:, None] - pos_k[None, :]                                              # [N, start + N]
+    lo = int(distance.min())
+    table = torch.arange(int(distance.max()), lo - 1, -1, device=x.device)                # the distances, high first
+    p = att.linear_pos(rel_sinusoids(table, x.shape[1], x.dtype)).view(-1, h, d_k).transpose(0, 1)  # [h, n, d_k]
+    scale = 1 / math.sqrt(d_k)
+    scores = ((q + att.pos_bias_u[:, None]) * scale) @ all_k.transpose(-2, -1)            # [h, N, start + N]
+    position = ((q + att.pos_bias_v[:, None]) * scale) @ p.transpose(-2, -1)              # [h, N, n]
+    scores += position.gather(-1, (int(distance.max()) - distance).expand(h, -1, -1))
+    blocked = (pos_k[None, :] >= readable) | ((pos_k[None, :] // chunk) > (pos_q[:, None] // chunk) if chunk > 0
+                                               else torch.zeros_like(distance, dtype=torch.bool))
+    attn = torch.softmax(scores.masked_fill_(blocked, float("-inf")), dim=-1).nan_to_num_(0.0)
+    x = x + att.linear_out((attn @ all_v).transpose(0, 1).reshape(N, -1))
+    return x + layer.feed_forward(layer.norm_ff(x)), k, v
+
+
+@torch.inference_mode()
+def extend(encoder: UpsampleConformerEncoder, state: EncoderState, xs: torch.Tensor, final: int,
+           streaming: bool = True) -> tuple[torch.Tensor, EncoderState]:
+    """The encoder over a stream's next positions → (their output frames [stride · N, d], the state after them).
+
+    xs [N, input_size]: the token embeddings of row positions state.done … state.done + N - 1 (the stream's new tokens,
+    then its look-ahead context); `final` of them are decoded (the rest is context, read by the look-ahead convolution
+    only), and state.done + final must end an attention chunk (or the stream). Frames of the first stride · final
+    positions are final; the rest are the context's, for nothing. As UpsampleConformerEncoder.forward gives for those
+    positions over the whole row so far (lengths = done + final, context = N - final)."""
+    cfg = encoder.cfg
+    D, N = state.done, xs.shape[0]
+    lookahead, stride = encoder.pre_lookahead_layer.pre_lookahead_len, cfg.upsample_stride
+    chunk = cfg.static_chunk_size if streaming else 0
+    embedded = encoder.embed(xs[None])[0][0]                                            # [N, d]: x·√d
+    # The look-ahead layer: conv1 reads 3 positions ahead (zeros past the row), conv2 its output 2 positions back
+    # (zeros before the row's start, or the kept positions').
+    pre = encoder.pre_lookahead_layer
+    left = state.embedded if state.embedded is not None else embedded.new_zeros(0, embedded.shape[1])
+    seq = torch.cat([left, embedded, embedded.new_zeros(lookahead, embedded.shape[1])])  # [L + N + 3, d]
+    out = F.leaky_relu(pre.conv1(seq.t()[None]))                                        # [1, d, L + N]
+    if state.embedded is None:
+        out = F.pad(out, (2, 0))
+    x = embedded
+    x = pre.conv2(out)[0].t() + x                                                       # [N, d]
+    readable = D + final
+    keys, values = [], []
+    for i, layer in enumerate(encoder.encoders):
+        x, k, v = _layer(layer, x, D, readable, chunk, *(_kept(state, i)))
+        keys.append(k)
+        values.append(v)
+    encoded = x
+    # Upsampling: nearest x stride, then a causal convolution over 2·stride + 1 frames (the last 2 tokens' frames)
+    before = state.encoded if state.encoded is not None else x.new_zeros(2, x.shape[1])
+    frames = torch.cat([before, x]).repeat_interleave(stride, 0)                        # [(2 + N)·stride, d]
+    x = encoder.up_layer.conv(frames.t()[None])[0].t()[-N * stride :]                  # [N·stride, d]
+    x = encoder.up_embed(x[None])[0][0]
+    n_layers = len(encoder.encoders)
+    for i, layer in enumerate(encoder.up_encoders):
+        x, k, v = _layer(layer, x, D * stride, readable * stride, chunk * stride, *(_kept(state, n_layers + i)))
+        keys.append(k)
+        values.append(v)
+    out = encoder.after_norm(x)
+    if final == 0:
+        return out, state
+    kept = [final] * n_layers + [final * stride] * len(encoder.up_encoders)
+    grown = EncoderState(
+        D + final,
+        [_grow(old, k[:, :n]) for old, k, n in _zip(state.keys, keys, kept)],
+        [_grow(old, v[:, :n]) for old, v, n in _zip(state.values, values, kept)],
+        torch.cat([left, embedded[:final]])[-2:],
+        _grow(state.encoded, encoded[:final], 0)[-2:])
+    return out, grown
+
+
+def _grow(old: torch.Tensor | None, new: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    return new if old is None else torch.cat([old, new], dim)
+
+
+def _kept(state: EncoderState, i: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    return (state.keys[i], state.values[i]) if state.keys else (None, None)
+
+
+def _zip(old: list, new: list, kept: list):
+    """(the kept tensor or None, this call's, how many of its positions are final) per layer."""
+    return zip(old if old else [None] * len(new), new, kept)
