@@ -15,7 +15,11 @@ layers' per frame), the last 2 positions' embeddings (the look-ahead convolution
 output 2 positions back) and the last 2 positions' outputs of the token-rate layers (the upsampling convolution's left
 context). At the real size ~44 KB per token in bf16 (~0.55 MB a second of audio).
 
-Not in the serving path yet: one stream at a time, eager (the decoder's calls batch streams in CUDA graphs).
+`extend` is one stream, eager: the definition. `extend_rows` is many streams in one call in fixed shapes, as a CUDA
+graph needs them (`EncoderStore`: every slot's keys and values in a ring by position); its queries read the `window`
+positions before the call's first, so that a call's work does not grow with the stream. Within the window it is
+`extend`, exactly (tests). Not in the serving path yet: the decoder's rows, its graphs and the stream history's slots
+still run the encoder over prompt + window (decoder.py).
 """
 
 from __future__ import annotations
@@ -144,3 +148,102 @@ def _kept(state: EncoderState, i: int) -> tuple[torch.Tensor | None, torch.Tenso
 def _zip(old: list, new: list, kept: list):
     """(the kept tensor or None, this call's, how many of its positions are final) per layer."""
     return zip(old if old else [None] * len(new), new, kept)
+
+
+# ---- many streams in one call, in fixed tensors (a CUDA graph's shapes) ---------------------------------------------
+class EncoderStore:
+    """Every stream slot's encoder state in fixed tensors, which a call reads and writes in place:
+    - keys[l], values[l] [slots + 1, h, capacity · r, d_k]: layer l's keys and values by row position modulo the
+      capacity (r: 1 for the token-rate layers, stride for the up layers' frames); the last slot is scratch, where
+      padding rows write;
+    - embedded, encoded [slots + 1, 2, d]: the embeddings and the token-rate layers' outputs of each slot's last 2
+      final positions.
+    A call's queries read the `window` positions before their first (and their own), so a stream of any length fits:
+    capacity ≥ window + the call's positions."""
+
+    def __init__(self, encoder: UpsampleConformerEncoder, slots: int, capacity: int, window: int,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+        att = encoder.encoders[0].self_attn
+        d, stride = encoder.cfg.output_size, encoder.cfg.upsample_stride
+        self.capacity, self.window, self.scratch = capacity, window, slots
+        rates = [1] * len(encoder.encoders) + [stride] * len(encoder.up_encoders)
+        self.keys = [torch.zeros(slots + 1, att.h, capacity * r, att.d_k, device=device, dtype=dtype) for r in rates]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.embedded = torch.zeros(slots + 1, 2, d, device=device, dtype=dtype)
+        self.encoded = torch.zeros_like(self.embedded)
+
+
+def _rows_layer(layer: ConformerLayer, x: torch.Tensor, slot: torch.Tensor, done: torch.Tensor, readable: torch.Tensor,
+                chunk: int, keys: torch.Tensor, values: torch.Tensor, window: int) -> torch.Tensor:
+    """A conformer layer over each row's positions done[b] … done[b] + M - 1 (x [B, M, d]; done, readable [B] in this
+    layer's positions), reading the `window` kept positions before them and their own; their keys and values written
+    into the store (keys, values [slots + 1, h, C, d_k]) at their positions → the layer's output [B, M, d]."""
+    att = layer.self_attn
+    B, M, _ = x.shape
+    h, d_k, C = att.h, att.d_k, keys.shape[2]
+    normed = layer.norm_mha(x)
+    q, k, v = (F.linear(normed, att.qkv_weight, att.qkv_bias).view(B, M, 3, h, d_k).permute(2, 0, 3, 1, 4)
+               .unbind(0))                                                                    # [B, h, M, d_k] each
+    own = done[:, None] + torch.arange(M, device=x.device)                                  # [B, M] positions
+    before = done[:, None] - window + torch.arange(window, device=x.device)                 # [B, W]
+    rows = slot[:, None]
+    kept_k = keys[rows, :, before % C].permute(0, 2, 1, 3)                                  # [B, h, W, d_k]
+    kept_v = values[rows, :, before % C].permute(0, 2, 1, 3)
+    all_k, all_v = torch.cat([kept_k, k], 2), torch.cat([kept_v, v], 2)                     # [B, h, W + M, d_k]
+    pos_k = torch.cat([before, own], 1)                                                     # [B, W + M]
+    distance = own[:, :, None] - pos_k[:, None, :]                                          # [B, M, W + M]
+    high = window + M - 1                                                                   # distances: high … -(M-1)
+    table = torch.arange(high, -M, -1, device=x.device)
+    p = att.linear_pos(rel_sinusoids(table, x.shape[2], x.dtype)).view(-1, h, d_k).transpose(0, 1)  # [h, n, d_k]
+    scale = 1 / math.sqrt(d_k)
+    scores = ((q + att.pos_bias_u[:, None]) * scale) @ all_k.transpose(-2, -1)             # [B, h, M, W + M]
+    position = ((q + att.pos_bias_v[:, None]) * scale) @ p.transpose(-2, -1)               # [B, h, M, n]
+    scores += position.gather(-1, (high - distance)[:, None].expand(-1, h, -1, -1))
+    blocked = (pos_k < 0)[:, None, :] | (pos_k >= readable[:, None])[:, None, :]
+    if chunk > 0:
+        blocked = blocked | ((pos_k[:, None, :] // chunk) > (own[:, :, None] // chunk))
+    attn = torch.softmax(scores.masked_fill_(blocked[:, None], float("-inf")), dim=-1).nan_to_num_(0.0)
+    keys[rows, :, own % C] = k.permute(0, 2, 1, 3)                                          # (the final ones and those
+    values[rows, :, own % C] = v.permute(0, 2, 1, 3)                                        # the next call writes over)
+    x = x + att.linear_out((attn @ all_v).transpose(1, 2).reshape(B, M, -1))
+    return x + layer.feed_forward(layer.norm_ff(x))
+
+
+@torch.inference_mode()
+def extend_rows(encoder: UpsampleConformerEncoder, store: EncoderStore, slot: torch.Tensor, done: torch.Tensor,
+                final: torch.Tensor, context: torch.Tensor, xs: torch.Tensor, streaming: bool = True) -> torch.Tensor:
+    """`extend` for B streams at once, in fixed shapes: row b is slot[b]'s next positions from done[b], final[b] of
+    them decoded and context[b] of look-ahead after them (xs [B, N, input_size]: their embeddings, any after them;
+    a padding row: the scratch slot, final 0) → the frames [B, N·stride, d] (row b's first stride·final[b] final).
+    Within the store's window (every kept position within `window` of the call's first) this is `extend`, exactly; a
+    first call (done 0) makes at least 2 positions final. The store is written in place."""
+    cfg = encoder.cfg
+    B, N, _ = xs.shape
+    lookahead, stride = encoder.pre_lookahead_layer.pre_lookahead_len, cfg.upsample_stride
+    chunk = cfg.static_chunk_size if streaming else 0
+    started = (done > 0).to(xs.dtype)[:, None, None]                                      # [B, 1, 1]: a kept left
+    present = (torch.arange(N, device=xs.device)[None, :] < (final + context)[:, None]).to(xs.dtype)[..., None]
+    embedded = encoder.embed(xs)[0] * present                                               # [B, N, d]
+    pre = encoder.pre_lookahead_layer
+    left = store.embedded[slot] * started                                                   # [B, 2, d]
+    seq = torch.cat([left, embedded, embedded.new_zeros(B, lookahead, embedded.shape[2])], 1)
+    out = F.leaky_relu(pre.conv1(seq.transpose(1, 2)))                                      # [B, d, 2 + N]
+    out = torch.cat([out[:, :, :2] * started[:, :, :1], out[:, :, 2:]], 2)                 # (none before a row start)
+    x = pre.conv2(out).transpose(1, 2) + embedded                                          # [B, N, d]
+    readable = done + final
+    n_layers = len(encoder.encoders)
+    for i, layer in enumerate(encoder.encoders):
+        x = _rows_layer(layer, x, slot, done, readable, chunk, store.keys[i], store.values[i], store.window)
+    encoded = x
+    before = store.encoded[slot] * started
+    frames = torch.cat([before, x], 1).repeat_interleave(stride, 1)                        # [B, (2 + N)·stride, d]
+    x = encoder.up_layer.conv(frames.transpose(1, 2)).transpose(1, 2)                      # [B, N·stride, d]
+    x = encoder.up_embed(x)[0]
+    for i, layer in enumerate(encoder.up_encoders):
+        x = _rows_layer(layer, x, slot, done * stride, readable * stride, chunk * stride, store.keys[n_layers + i],
+                        store.values[n_layers + i], store.window * stride)
+    # each row's last 2 final positions, for its next call: in [the kept 2 | this call's N] at final, final + 1
+    tail = (final[:, None] + torch.arange(2, device=xs.device))[..., None].expand(-1, -1, embedded.shape[2])
+    store.embedded[slot] = torch.cat([left, embedded], 1).gather(1, tail)
+    store.encoded[slot] = torch.cat([before, encoded], 1).gather(1, tail)
+    return encoder.after_norm(x)
