@@ -14,9 +14,10 @@ estimator's multiply-adds for the frames the call solves over the card's measure
 Variants (--variants): `per-block`, each transformer block's seven kernels (the default); `megakernel`, a U-Net
 level's blocks in one persistent launch (codec/megakernel.py, off by default: slower); `no-cascade`, the per-block
 path with every row reading its voice prefix itself (chunk_attention.CASCADE_FROM = 0; today's default), and `cascade`,
-the voice prefix read once per voice from 16 streams (off by default: slower). --kernels: each cell's
-kernels, counted by the profiler on one call run without its CUDA graph (the same kernels the graph holds), and per
-Euler step.
+the voice prefix read once per voice from 16 streams (off by default: slower); `encoder-state`, the per-block path with
+the encoder run over each call's new tokens only (--flow-encoder-window 128; codec/encoder_state.py). --kernels: each
+cell's kernels, counted by the profiler on one call run without its CUDA graph (the same kernels the graph holds), and
+per Euler step.
 
     python bench/codec_history.py --streams 1,16,32 --modes history --variants per-block,megakernel --kernels
 """
@@ -39,6 +40,7 @@ from services.vocoder.codec.voice import random_voice
 
 WARM_CHUNKS = (8, 8, 16, 20)   # up to the steady state (the gateway's schedule when measured; now 8, 5, 10, 20)
 CHUNK = 20
+ENCODER_WINDOW = 128  # the `encoder-state` variant's: kept positions a call's encoder reads (codec/encoder_state.py)
 CASCADE_FROM = 256  # the `cascade` variant's: rows x heads (16 streams) from which the prefix is read once per voice
 
 
@@ -48,7 +50,8 @@ def main():
     p.add_argument("--json")
     p.add_argument("--streams", default="1,16,32,64")
     p.add_argument("--modes", default="window,history", help="window, history or both")
-    p.add_argument("--variants", default="per-block", help="per-block, cascade, no-cascade, megakernel: one or more")
+    p.add_argument("--variants", default="per-block",
+                   help="per-block, cascade, no-cascade, megakernel, encoder-state: one or more")
     p.add_argument("--kernels", action="store_true", help="count each cell's kernels with the profiler")
     args = p.parse_args()
     sizes = [int(n) for n in args.streams.split(",")]
@@ -64,7 +67,8 @@ def main():
     for variant, mode in [(v, m) for v in args.variants.split(",") for m in args.modes.split(",")]:
         megakernel.ENABLED = variant == "megakernel"
         chunk_attention.CASCADE_FROM = {"no-cascade": 0, "cascade": CASCADE_FROM}.get(variant, cascade_from)
-        d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=max(sizes) if mode == "history" else 0)
+        d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=max(sizes) if mode == "history" else 0,
+                             encoder_window=ENCODER_WINDOW if variant == "encoder-state" else 0)
         d.set_voices([voice])
         free, _ = torch.cuda.mem_get_info()
         out[f"{mode}_free_gib"] = free / 2**30

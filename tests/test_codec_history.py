@@ -68,6 +68,23 @@ def test_a_history_of_the_whole_stream_is_the_offline_decode(flow, voices, sched
         torch.testing.assert_close(mel, offline, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_with_the_encoders_state_kept_the_default_window_decodes_the_whole_stream(flow, voices, schedule):
+    """The encoder's state kept (encoder_state.py) and every frame kept: calls that run the encoder over their new
+    tokens only give the offline decode in streaming mode, exactly, with the default 40-token window of context (the
+    encoder reads every earlier position through its state; without it this decode is not exact)."""
+    kept = decoder(flow, voices, history_streams=2, history_frames=1000, encoder_window=100)
+    window = decoder(flow, voices, max_context_tokens=1000, history_streams=0)
+    assert kept.history.encoder is not None and kept.max_context == 40
+    tokens = codes(60, seed=3)
+    for voice in voices:
+        offline = offline_mel(window, voice, tokens)
+        mel, state = stream(kept, voice, tokens, SCHEDULES[schedule])
+        assert mel.shape == offline.shape == (80, 240)
+        assert state.slot == 0 and kept.history.held == 0
+        torch.testing.assert_close(mel, offline, atol=2e-5, rtol=1e-5)
+
+
 def offline_mel(d: FlowTokenDecoder, voice, tokens: list[int]) -> torch.Tensor:
     """The whole stream in one decode over every token (a state of no stream: no history)."""
     return d.decode_chunks([(None, FlowState(voice, tuple(tokens)))])[0][0]
@@ -85,9 +102,11 @@ def test_the_default_ring_stays_close_to_the_window_decode(flow, voices):
     assert snr(with_history, offline) > 20 and snr(over_windows, offline) > 20
 
 
-def test_batched_history_rows_are_each_alone(flow, voices):
-    """Streams of two voices at different points (a first call, mid-stream, several calls' worth) in one call."""
-    d = decoder(flow, voices)
+@pytest.mark.parametrize("encoder_window", [0, 100])
+def test_batched_history_rows_are_each_alone(flow, voices, encoder_window):
+    """Streams of two voices at different points (a first call, mid-stream, several calls' worth) in one call; with
+    the encoder's state kept too."""
+    d = decoder(flow, voices, encoder_window=encoder_window)
     inputs = [(voices[0], codes(33, seed=1), [8, 8, 17]), (voices[1], codes(45, seed=2), [20, 25]),
               (voices[0], codes(12, seed=3), [12])]
     alone = [stream(d, v, t, s)[0] for v, t, s in inputs]
@@ -183,11 +202,13 @@ def test_cancelled_streams_free_their_slots_through_the_worker():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs of history calls: needs a GPU")
-def test_history_graphs_on_cuda_are_the_eager_calls(flow, voices):
-    """bf16 on CUDA, with the kernels: a stream through captured graphs is the same stream eagerly."""
+@pytest.mark.parametrize("encoder_window", [0, 100])
+def test_history_graphs_on_cuda_are_the_eager_calls(flow, voices, encoder_window):
+    """bf16 on CUDA, with the kernels: a stream through captured graphs is the same stream eagerly (with the
+    encoder's state kept too)."""
     device = torch.device("cuda")
-    graphs = FlowTokenDecoder(random_codec(tiny(), 0)[0].eval(), device)
-    eager = FlowTokenDecoder(random_codec(tiny(), 0)[0].eval(), device, graphs=False)
+    graphs = FlowTokenDecoder(random_codec(tiny(), 0)[0].eval(), device, encoder_window=encoder_window)
+    eager = FlowTokenDecoder(random_codec(tiny(), 0)[0].eval(), device, graphs=False, encoder_window=encoder_window)
     for d in (graphs, eager):
         d.set_voices(voices)
     graphs.warm_up(voices, 4)

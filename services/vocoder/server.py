@@ -71,7 +71,8 @@ def flow_options(s: VocoderSettings) -> FlowOptions:
                        max_context_tokens=s.flow_context_tokens or defaults.max_context_tokens,
                        n_timesteps=s.flow_steps, cfg_rate=s.flow_cfg_rate,
                        history_streams=s.flow_history_streams,
-                       history_frames=s.flow_history_frames or defaults.history_frames, max_voices=s.max_voices)
+                       history_frames=s.flow_history_frames or defaults.history_frames, max_voices=s.max_voices,
+                       encoder_window=s.flow_encoder_window)
 
 
 async def run(s: VocoderSettings) -> None:

@@ -87,6 +87,10 @@ class VocoderSettings:
                                                     "docs/codec.md)", type=count)
     flow_history_frames: int | None = option(None, "a stream's latest frames kept for its next blocks to read "
                                                    "(default 40)", type=positive(int))
+    flow_encoder_window: int = option(0, "with the stream history, each stream's encoder state kept too: a call runs "
+                                         "the flow's token encoder over its new tokens only, reading this many kept "
+                                         "positions before them (0: off, the encoder runs over prompt + window; not "
+                                         "measured on a GPU yet: codec/encoder_state.py)", type=count)
     flow_solve: str = option("off", "the flow's solve batched at the Euler step (on: a stream's block joins the running "
                                     "solve at the next tick instead of waiting for the flow call in flight; needs the "
                                     "stream history; slower than calls at 128 streams on an H100: docs/codec.md)",

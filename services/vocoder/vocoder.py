@@ -66,6 +66,7 @@ class FlowOptions:
     history_streams: int | None = None  # streams whose solved frames are kept (codec/history.py); None: as many as
                                         # fit in the device's free memory, up to DEFAULT_HISTORY_STREAMS
     history_frames: int = DEFAULT_RING_FRAMES        # each one's latest frames kept
+    encoder_window: int = 0            # with a history, its encoder state kept, reading this many positions (0: off)
     max_voices: int | None = None      # voices in all, those added while serving included (None: the voices given
                                        # and EXTRA_VOICE_PLACES more; prefix.py: ~321 MB a place at the real size)
 
@@ -362,7 +363,7 @@ def _flow_decoder(flow_model, device: torch.device, options: FlowOptions) -> Flo
     return FlowTokenDecoder(flow_model, device, block_tokens=options.block_tokens,
                             max_context_tokens=options.max_context_tokens, n_timesteps=options.n_timesteps,
                             cfg_rate=options.cfg_rate, history_streams=options.history_streams,
-                            history_frames=options.history_frames)
+                            history_frames=options.history_frames, encoder_window=options.encoder_window)
 
 
 def _random_decoder_for(h, codebook_size: int, embed_dim: int, seed: int) -> TokenDecoder:

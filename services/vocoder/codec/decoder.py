@@ -45,6 +45,7 @@ import torch
 from services.common.memory import Pool, size_pool
 from services.settings import GPU_STACK_STREAMS
 from services.vocoder.capture import GraphShape
+from services.vocoder.codec.encoder_state import EncoderRows, EncoderStore
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
 from services.vocoder.codec.flow_graphs import FlowGraphs, on_device
 from services.vocoder.codec.flow_state import FlowState, Plan
@@ -69,9 +70,11 @@ class FlowTokenDecoder:
                  block_tokens: int = DEFAULT_BLOCK_TOKENS, max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
                  n_timesteps: int | None = None, cfg_rate: float | None = None, graphs: bool | None = None,
                  prefix_min_rows: int = PREFIX_MIN_ROWS, history_streams: int | None = DEFAULT_HISTORY_STREAMS,
-                 history_frames: int = DEFAULT_RING_FRAMES):
+                 history_frames: int = DEFAULT_RING_FRAMES, encoder_window: int = 0):
         """history_streams: streams whose solved frames are kept (history.py; 0: none; None: as many as fit in the
-        device's free memory, up to DEFAULT_HISTORY_STREAMS: services/common/memory.py)."""
+        device's free memory, up to DEFAULT_HISTORY_STREAMS: services/common/memory.py). encoder_window: with a
+        history, each slot keeps its encoder state too and a call runs the encoder over its new tokens only, reading
+        this many kept positions before them (encoder_state.py); 0: the encoder runs over prompt + window."""
         cfg = flow.cfg
         if block_tokens < 1:
             raise ValueError(f"flow decoder: block_tokens must be >= 1, got {block_tokens}")
@@ -97,6 +100,7 @@ class FlowTokenDecoder:
             raise ValueError(f"flow decoder: history_streams ({history_streams}) must be >= 0 and history_frames "
                              f"({history_frames}) >= 1")
         self.history_streams, self.history_frames = history_streams, history_frames
+        self.encoder_window = encoder_window
         self.history: StreamHistory | None = None
         self.solve_cap = SOLVE_BLOCKS * block_tokens * self.ratio
         self.ids = itertools.count()
@@ -118,19 +122,28 @@ class FlowTokenDecoder:
             first = -(-first // frames) * frames
             self.solve_cap = max(self.solve_cap, first)
             estimator = self.flow.decoder.estimator
-            streams = size_pool(HISTORY_POOL, StreamHistory.bytes_per_stream(estimator, prefix, self.history_frames),
-                                self.history_streams, DEFAULT_HISTORY_STREAMS, self.device, least=0)
+            per_stream = StreamHistory.bytes_per_stream(estimator, prefix, self.history_frames)
+            if self.encoder_window:
+                per_stream += EncoderStore.bytes_per_slot(self.flow.encoder, self.encoder_window + TOKEN_BUCKETS[-1],
+                                                          next(self.flow.parameters()).element_size())
+            streams = size_pool(HISTORY_POOL, per_stream, self.history_streams, DEFAULT_HISTORY_STREAMS, self.device,
+                                least=0)
             if not streams:  # (no room for one: every stream decodes over its window)
                 return
             self.history = StreamHistory(estimator, prefix, streams, self.history_frames)
+            if self.encoder_window:
+                self.history.encoder = EncoderStore(self.flow.encoder, streams, self.encoder_window + TOKEN_BUCKETS[-1],
+                                                    self.encoder_window, self.device, self.dtype)
             # A history call's graphs: its rows padded to a first call's frames or the cap, their windows to a
             # first call's tokens or a whole window. Few graphs: each takes ~1 s to capture at the real size, and
             # the vocoder captures every one before it serves.
             self.solve_buckets = tuple(sorted({first, self.solve_cap}))
             prompts = [len(v.prompt_tokens) for v in voices]
+            # (with the encoder's state kept, a later call's row holds only its new tokens: at most the cap's)
+            later = self.solve_cap // self.ratio + self.lookahead if self.encoder_window else max(prompts) + self.max_context
             self.history_token_buckets = tuple(sorted({
                 smallest(TOKEN_BUCKETS, max(prompts) + max(self.first_block(v) for v in voices) + self.lookahead)
-                or TOKEN_BUCKETS[-1], smallest(TOKEN_BUCKETS, max(prompts) + self.max_context) or TOKEN_BUCKETS[-1]}))
+                or TOKEN_BUCKETS[-1], smallest(TOKEN_BUCKETS, later) or TOKEN_BUCKETS[-1]}))
 
     @property
     def tokens_per_second(self) -> float:
@@ -334,7 +347,8 @@ class FlowTokenDecoder:
 
     def _run_history(self, rows: list[tuple[FlowState, Plan]]) -> list[torch.Tensor]:
         """History rows → each row's new frames, mel [80, n] float32, on the device: the call solves those only."""
-        lengths = [len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows]
+        lengths = [len(s.voice.prompt_tokens) + p.end - self._kept_positions(s) if self.history.encoder is not None
+                   else len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows]
         spans = [self._solved(s, p) for s, p in rows]
         longest, most = max(lengths), max(b - a for a, b, _ in spans)
         T, N = smallest(self.history_token_buckets, longest), smallest(self.solve_buckets, most)
@@ -348,11 +362,21 @@ class FlowTokenDecoder:
             mel = self.flow(batch, streaming=True, prefix=self.history)
         return [mel[row, :, skip : b - a].float().clone() for row, (a, b, skip) in enumerate(spans)]
 
+    def _kept_positions(self, state: FlowState) -> int:
+        """The row positions (prompt, then stream) whose encoder state a history row's slot keeps: 0 before its first
+        call, then the prompt and the stream's decoded tokens."""
+        return 0 if state.written == 0 else len(state.voice.prompt_tokens) + state.decoded
+
     def history_batch(self, rows: list[tuple[FlowState, Plan]], B: int, T: int, N: int) -> FlowBatch:
         """History rows padded to [B, T] tokens, N solved frames each, with their places in the history, on the
         device."""
         spans = [self._solved(s, p) for s, p in rows]
-        batch = self._batch(rows, B, T, prefixed=True)
+        kept = self.history.encoder is not None
+        batch = self._kept_batch(rows, B, T) if kept else self._batch(rows, B, T, prefixed=True)
+        if kept:  # the solved frames in the frames of the row's new positions
+            spans = [(a + (p.start - self._kept_positions(s)) * self.ratio if self._kept_positions(s) else a,
+                      b + (p.start - self._kept_positions(s)) * self.ratio if self._kept_positions(s) else b, skip)
+                     for (s, p), (a, b, skip) in zip(rows, spans)]
         index = torch.zeros(B, N, dtype=torch.long)
         frames = torch.zeros(B, dtype=torch.long)
         slot, count, at = torch.full((B,), self.history.scratch), torch.zeros(B, dtype=torch.long), torch.zeros(B, dtype=torch.long)
@@ -374,6 +398,34 @@ class FlowTokenDecoder:
         tail = self._tail_frames(state)
         a = (prompt + plan.emit_from - plan.start) * self.ratio - tail
         return a, (prompt + plan.decode_end - plan.start) * self.ratio, tail
+
+    def _kept_batch(self, rows: list[tuple[FlowState, Plan]], B: int, T: int) -> FlowBatch:
+        """History rows whose encoder state is kept, padded to [B, T]: each row's positions from those kept on (at a
+        stream's first call its prompt's, then its tokens; then the look-ahead context), their places in the encoder's
+        store (padding rows: the scratch slot, nothing made final), on the device."""
+        tokens = torch.zeros(B, T, dtype=torch.long)
+        context, done, final, prompt_frames = (torch.zeros(B, dtype=torch.long) for _ in range(4))
+        slot, voice_index = torch.full((B,), self.history.scratch), torch.zeros(B, dtype=torch.long)
+        prompt_mel = torch.zeros(B, T * self.ratio, self.cfg.num_mels)
+        embedding = torch.zeros(B, rows[0][0].voice.embedding.shape[0])
+        for row, (state, plan) in enumerate(rows):
+            voice, kept = state.voice, self._kept_positions(state)
+            new = torch.tensor(state.window(kept - len(voice.prompt_tokens) if kept else 0, plan.end), dtype=torch.long)
+            seq = new if kept else torch.cat([voice.prompt_tokens, new])
+            tokens[row, : len(seq)] = seq
+            context[row] = plan.end - plan.decode_end
+            done[row], final[row] = kept, len(voice.prompt_tokens) + plan.decode_end - kept
+            slot[row], voice_index[row] = state.slot, self.prefix.voice_index(voice)
+            frames = min(voice.prompt_frames, T * self.ratio)
+            prompt_mel[row, :frames] = voice.prompt_mel[:frames]
+            prompt_frames[row], embedding[row] = voice.prompt_frames, voice.embedding
+        to = dict(device=self.device)
+        batch = FlowBatch(on_device(tokens, **to), on_device(done + final, **to), on_device(context, **to),
+                          on_device(prompt_mel, dtype=self.dtype, **to), on_device(prompt_frames, **to),
+                          on_device(embedding, dtype=self.dtype, **to), on_device(torch.zeros(B, dtype=torch.long), **to),
+                          on_device(voice_index, **to))
+        batch.encoder_rows = EncoderRows(*(on_device(t, **to) for t in (slot, done, final)))
+        return batch
 
     def _prefixed(self, B: int, voices) -> bool:
         """Whether a call of B rows (its batch bucket) in these voices reads the prompt prefix."""

@@ -151,6 +151,17 @@ def _zip(old: list, new: list, kept: list):
 
 
 # ---- many streams in one call, in fixed tensors (a CUDA graph's shapes) ---------------------------------------------
+@dataclass
+class EncoderRows:
+    """A call's B rows in the EncoderStore, each [B] long on the device: `slot` (the scratch slot for a padding row),
+    `done` (the row's positions already kept: 0 at a stream's first call) and `final` (the positions this call makes
+    final; 0 for a padding row)."""
+
+    slot: torch.Tensor
+    done: torch.Tensor
+    final: torch.Tensor
+
+
 class EncoderStore:
     """Every stream slot's encoder state in fixed tensors, which a call reads and writes in place:
     - keys[l], values[l] [slots + 1, h, capacity · r, d_k]: layer l's keys and values by row position modulo the
@@ -160,6 +171,14 @@ class EncoderStore:
       final positions.
     A call's queries read the `window` positions before their first (and their own), so a stream of any length fits:
     capacity ≥ window + the call's positions."""
+
+    @staticmethod
+    def bytes_per_slot(encoder: UpsampleConformerEncoder, capacity: int, element_size: int) -> int:
+        """What one slot costs: keys and values of every layer over `capacity` positions (the up layers' frames),
+        and the two tails (~44 KB a position at the real size in bf16)."""
+        att, stride = encoder.encoders[0].self_attn, encoder.cfg.upsample_stride
+        positions = capacity * (len(encoder.encoders) + stride * len(encoder.up_encoders))
+        return (2 * positions * att.h * att.d_k + 4 * encoder.cfg.output_size) * element_size
 
     def __init__(self, encoder: UpsampleConformerEncoder, slots: int, capacity: int, window: int,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):

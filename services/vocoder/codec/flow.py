@@ -144,6 +144,7 @@ class FlowBatch:
     solve_index: torch.Tensor | None = None
     solve_frames: torch.Tensor | None = None
     history: object | None = None  # history.HistoryRows
+    encoder_rows: object | None = None  # encoder_state.EncoderRows: the encoder over the rows' new positions only
 
 
 class CausalMaskedDiffWithXvec(nn.Module):
@@ -171,6 +172,8 @@ class CausalMaskedDiffWithXvec(nn.Module):
         prefix or history: prefix.py's and history.py's views), for the frames after the prefix, or the solved ones."""
         ratio = self.cfg.token_mel_ratio
         spks = self.spk_embed_affine_layer(F.normalize(batch.embedding, dim=1))
+        if batch.encoder_rows is not None:
+            return self._prepare_kept(batch, spks, streaming, prefix)
         T = batch.tokens.shape[1]
         pos = torch.arange(T, device=batch.tokens.device)
         present = (pos[None, :] < (batch.lengths + batch.context)[:, None])[..., None]
@@ -199,3 +202,24 @@ class CausalMaskedDiffWithXvec(nn.Module):
             view, n = prefix.view(batch.voice_index), prefix.frames
             h, mask, cond, noise_index = h[:, n:], mask[:, n:], cond[:, n:], noise_index[:, n:]
         return h, mask, spks, cond, noise_index, view
+
+    def _prepare_kept(self, batch: FlowBatch, spks: torch.Tensor, streaming: bool, history) -> tuple:
+        """prepare() for history rows whose encoder state is kept (encoder_state.py, in history.encoder): the encoder
+        over each row's new positions only (batch.tokens: those positions' tokens, from encoder_rows.done on), then
+        the solved frames (solve_index: in those positions' frames), their condition and noise by their place in the
+        row (prompt, then stream)."""
+        from services.vocoder.codec.encoder_state import extend_rows
+
+        rows, ratio = batch.encoder_rows, self.cfg.token_mel_ratio
+        x = self.input_embedding(batch.tokens.clamp(min=0))                                # [B, N, input_size]
+        h = self.encoder_proj(extend_rows(self.encoder, history.encoder, rows.slot, rows.done, rows.final,
+                                          batch.context, x, streaming))                  # [B, N·ratio, 80]
+        index = batch.solve_index                                                           # [B, Ns]
+        h = h.gather(1, index[..., None].expand(-1, -1, h.shape[-1]))
+        frames = rows.done[:, None] * ratio + index                                        # the row's frames
+        prompt = frames < batch.prompt_frames[:, None]
+        at = frames.clamp(max=batch.prompt_mel.shape[1] - 1)
+        cond = batch.prompt_mel.to(h.dtype).gather(1, at[..., None].expand(-1, -1, h.shape[-1])) * prompt[..., None]
+        mask = (torch.arange(index.shape[1], device=h.device)[None, :] < batch.solve_frames[:, None])
+        view = history.view(batch.voice_index, batch.history, batch.solve_frames)
+        return h, mask.to(h.dtype)[:, :, None], spks, cond, frames, view

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 from services.common.cuda_graph import capture
+from services.vocoder.codec.encoder_state import EncoderRows
 from services.vocoder.codec.flow import CausalMaskedDiffWithXvec, FlowBatch
 from services.vocoder.codec.history import HistoryRows
 
@@ -84,14 +85,16 @@ class FlowGraphs:
         """The graph of a call's shape, captured at its first use (before serving) → (graph, static inputs, output)."""
         key = (B, T, prefix is not None, solved)
         if key not in self.graphs:
-            static = self.empty(B, T, solved, scratch)
+            static = self.empty(B, T, solved, scratch, kept_encoder=getattr(prefix, "encoder", None) is not None)
             graph, out = capture(lambda: self.flow(static, streaming=True, prefix=prefix), self.device, self.pool)
             self.pool = graph.pool()
             self.graphs[key] = (graph, static, out)
         return self.graphs[key]
 
-    def empty(self, B: int, T: int, solved: int | None = None, scratch: int | None = None) -> FlowBatch:
-        """A graph's static inputs; a history call's rows in the scratch slot (the solve's admissions too: solve.py)."""
+    def empty(self, B: int, T: int, solved: int | None = None, scratch: int | None = None,
+              kept_encoder: bool = False) -> FlowBatch:
+        """A graph's static inputs; a history call's rows in the scratch slot (the solve's admissions too: solve.py);
+        kept_encoder: its rows' encoder state kept (encoder_state.py)."""
         to = dict(device=self.device)
 
         def zeros(*shape, dtype=torch.long):
@@ -104,6 +107,8 @@ class FlowGraphs:
             batch.solve_index, batch.solve_frames = zeros(B, solved), zeros(B)
             batch.history = HistoryRows(torch.full((B,), scratch, **to), zeros(B), zeros(B), torch.full((B,), -1, **to),
                                         zeros(B))
+            if kept_encoder:
+                batch.encoder_rows = EncoderRows(torch.full((B,), scratch, **to), zeros(B), zeros(B))
         return batch
 
 
@@ -122,6 +127,6 @@ def copy_into(static: FlowBatch, batch: FlowBatch) -> None:
         src, dst = getattr(batch, field.name), getattr(static, field.name)
         if isinstance(src, torch.Tensor):
             dst.copy_(src)
-        elif isinstance(src, HistoryRows):
-            for part in dataclasses.fields(HistoryRows):
+        elif isinstance(src, (HistoryRows, EncoderRows)):
+            for part in dataclasses.fields(src):
                 getattr(dst, part.name).copy_(getattr(src, part.name))

@@ -84,6 +84,7 @@ class StreamHistory:
         self.in_flight: dict[int, int] = {}       # stream id → calls of it being queued (worker lanes: worker.py)
         self.done: dict = {}                      # stream id → the event its last call's device work ends with
         self.lock = threading.Lock()
+        self.encoder = None                       # encoder_state.EncoderStore: the slots' encoder state, if kept
 
     def copy_voice(self, i: int) -> None:
         """The prefix's place i, recorded since (a voice added while serving): its last frames into the copy a
