@@ -18,8 +18,10 @@ context). At the real size ~44 KB per token in bf16 (~0.55 MB a second of audio)
 `extend` is one stream, eager: the definition. `extend_rows` is many streams in one call in fixed shapes, as a CUDA
 graph needs them (`EncoderStore`: every slot's keys and values in a ring by position); its queries read the `window`
 positions before the call's first, so that a call's work does not grow with the stream. Within the window it is
-`extend`, exactly (tests). Not in the serving path yet: the decoder's rows, its graphs and the stream history's slots
-still run the encoder over prompt + window (decoder.py).
+`extend`, exactly (tests). The decoder's history calls run it when `--flow-encoder-window` is given (off by default,
+until measured on a GPU): the store sits beside the stream history's slots (history.encoder), a row holds only its new
+tokens, and flow.prepare runs the encoder through it (tests/test_codec_history.py: with every frame kept, the offline
+decode exactly, though the window of tokens is the default 40).
 """
 
 from __future__ import annotations
