@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -115,5 +116,24 @@ def test_an_ended_turn_goes_ahead_of_the_speakers_still_talking(model):
         for s, t in ((streams[0], talk[0]), (streams[2], talk[2])):
             assert worker.submit(Job(s, None)).result(timeout=30) == encode(model, t)
         assert pool.used() == 0
+    finally:
+        worker.stop()
+
+
+def test_a_place_let_go_while_audio_waits_for_company_comes_back_at_once(model):
+    """A stream aborted while another speaker's audio waits for company (up to max_wait) has its slot back then, not
+    after that wait and the call."""
+    worker = EncoderWorker(max_batch=8, max_wait=2.0)
+    try:
+        pool = KVPool(model.cfg, 2)
+        talking, leaving = EncoderStream(model, pool), EncoderStream(model, pool)
+        feed = worker.submit(Job(talking, torch.randn(1000) * 0.1))    # waits up to 2 s for company
+        time.sleep(0.1)
+        worker.abort(leaving)
+        deadline = time.monotonic() + 1.0
+        while pool.used() != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.used() == 1 and not feed.done()
+        assert feed.result(timeout=30) is None
     finally:
         worker.stop()
