@@ -65,8 +65,8 @@ def prompt_cut(samples: np.ndarray, rate: int, max_seconds: float, min_seconds: 
     """A recording longer than a prompt may be → its first max_seconds at most, ended where it is quietest: at the
     code boundary (a multiple of 80 ms, where the codes and the mel are cut too) within CUT_SEARCH_SECONDS of the
     limit whose 80 ms around it are the softest (the latest of those within 3 dB of it), so that the prompt ends in a
-    pause rather than inside a word. One
-    within the limit is returned whole. samples [n] float, mono → [m ≤ n] (a view)."""
+    pause rather than inside a word. One within the limit is returned whole. samples [n] float, mono → [m ≤ n] (a
+    view)."""
     if len(samples) <= max_seconds * rate:
         return samples
     code = CODE_SECONDS * rate                                              # samples a code (not whole at every rate)

@@ -33,6 +33,16 @@ def chunk_mask(lengths: torch.Tensor, size: int, chunk: int) -> torch.Tensor:
     return valid[:, None, :] & (pos[None, :] < block_end[:, None])[None]
 
 
+def rel_sinusoids(distances: torch.Tensor, d_model: int) -> torch.Tensor:
+    """distances [n] (a query's position less a key's) → ESPnet's relative encodings [n, d_model], float32."""
+    freq = torch.exp(torch.arange(0, d_model, 2, device=distances.device, dtype=torch.float32)
+                     * -(math.log(10000.0) / d_model))
+    angle = distances.to(torch.float32)[:, None] * freq
+    pe = torch.zeros(len(distances), d_model, device=distances.device)
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(angle), torch.cos(angle)
+    return pe
+
+
 class RelPositionalEncoding(nn.Module):
     """ESPnet's relative encoding: scales x by √d and returns sinusoids for relative positions T-1 … -(T-1)."""
 
@@ -43,11 +53,7 @@ class RelPositionalEncoding(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, T, d] → (x·√d, pos_emb [1, 2T-1, d]: row r holds relative position T-1-r)."""
         T = x.shape[1]
-        rel = torch.arange(T - 1, -T, -1, device=x.device, dtype=torch.float32)[:, None]        # [2T-1, 1]
-        freq = torch.exp(torch.arange(0, self.d_model, 2, device=x.device, dtype=torch.float32)
-                         * -(math.log(10000.0) / self.d_model))
-        pe = torch.zeros(2 * T - 1, self.d_model, device=x.device)
-        pe[:, 0::2], pe[:, 1::2] = torch.sin(rel * freq), torch.cos(rel * freq)
+        pe = rel_sinusoids(torch.arange(T - 1, -T, -1, device=x.device), self.d_model)
         return x * self.xscale, pe[None].to(x.dtype)
 
 
@@ -79,23 +85,36 @@ class RelPositionAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, blocked: torch.Tensor, pos_emb: torch.Tensor) -> torch.Tensor:
         """x [B, T, d], blocked bool [B, 1, T, T] (query i may not read key j: ~chunk_mask), pos_emb [1, 2T-1, d]
-        → [B, T, d].
-
-        The work over [B, h, T, T] is most of a layer's at the flow's 320 frames: each pass over it is one kernel in
-        place (the scores summed, masked, and a row with no key zeroed), and the 1/√d_k scale goes on the queries
-        (exact for d_k = 64: a power of two)."""
+        → [B, T, d]."""
         B, T, _ = x.shape
-        q, k, v = (F.linear(x, self.qkv_weight, self.qkv_bias).view(B, T, 3, self.h, self.d_k)
-                   .permute(2, 0, 3, 1, 4).contiguous().unbind(0))                          # [B, h, T, d_k] each
-        p = self.linear_pos(pos_emb[0]).view(-1, self.h, self.d_k).transpose(0, 1)          # [h, 2T-1, d_k]
-        scale = 1 / math.sqrt(self.d_k)
-        scores = ((q + self.pos_bias_u[:, None]) * scale) @ k.transpose(-2, -1)           # [B, h, T, T]
-        position = ((q + self.pos_bias_v[:, None]) * scale) @ p.transpose(-2, -1)         # [B, h, T, 2T-1]
+        q, k, v = self.qkv(x)
         # Query i, key j are i - j apart: pos_emb row T-1-(i-j).
         i, j = torch.arange(T, device=x.device)[:, None], torch.arange(T, device=x.device)[None, :]
-        scores += position.gather(-1, (T - 1 - i + j).expand(B, self.h, T, T))
+        return self.attend(q, k, v, pos_emb[0], (T - 1 - i + j).expand(B, self.h, T, T), blocked)
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, d] → q, k, v [B, h, T, d_k], in one matrix product."""
+        B, T, _ = x.shape
+        return (F.linear(x, self.qkv_weight, self.qkv_bias).view(B, T, 3, self.h, self.d_k)
+                .permute(2, 0, 3, 1, 4).contiguous().unbind(0))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos_emb: torch.Tensor, rows: torch.Tensor,
+               blocked: torch.Tensor) -> torch.Tensor:
+        """Queries q [B, h, M, d_k] over keys and values k, v [B, h, K, d_k]: softmax((q+u)·k + (q+v)·p) / √d_k over
+        the keys not blocked ([B, 1, M, K]; a query with none: zeros), where query m and key j take the relative
+        encoding pos_emb[rows[b, h, m, j]] (pos_emb [n, d]) → [B, M, d].
+
+        The work over [B, h, M, K] is most of a layer's at the flow's 320 frames: each pass over it is one kernel in
+        place (the scores summed, masked, and a row with no key zeroed), and the 1/√d_k scale goes on the queries
+        (exact for d_k = 64: a power of two)."""
+        B, _, M, _ = q.shape
+        p = self.linear_pos(pos_emb).view(-1, self.h, self.d_k).transpose(0, 1)            # [h, n, d_k]
+        scale = 1 / math.sqrt(self.d_k)
+        scores = ((q + self.pos_bias_u[:, None]) * scale) @ k.transpose(-2, -1)           # [B, h, M, K]
+        position = ((q + self.pos_bias_v[:, None]) * scale) @ p.transpose(-2, -1)         # [B, h, M, n]
+        scores += position.gather(-1, rows)
         attn = torch.softmax(scores.masked_fill_(blocked, float("-inf")), dim=-1).nan_to_num_(0.0)  # (no key: 0)
-        return self.linear_out((attn @ v).transpose(1, 2).reshape(B, T, -1))
+        return self.linear_out((attn @ v).transpose(1, 2).reshape(B, M, -1))
 
 
 class FeedForward(nn.Module):

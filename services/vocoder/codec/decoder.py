@@ -347,8 +347,7 @@ class FlowTokenDecoder:
 
     def _run_history(self, rows: list[tuple[FlowState, Plan]]) -> list[torch.Tensor]:
         """History rows → each row's new frames, mel [80, n] float32, on the device: the call solves those only."""
-        lengths = [len(s.voice.prompt_tokens) + p.end - self._kept_positions(s) if self.history.encoder is not None
-                   else len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows]
+        lengths = [self.history_row_tokens(s, p) for s, p in rows]
         spans = [self._solved(s, p) for s, p in rows]
         longest, most = max(lengths), max(b - a for a, b, _ in spans)
         T, N = smallest(self.history_token_buckets, longest), smallest(self.solve_buckets, most)
@@ -364,24 +363,30 @@ class FlowTokenDecoder:
 
     def _kept_positions(self, state: FlowState) -> int:
         """The row positions (prompt, then stream) whose encoder state a history row's slot keeps: 0 before its first
-        call, then the prompt and the stream's decoded tokens."""
-        return 0 if state.written == 0 else len(state.voice.prompt_tokens) + state.decoded
+        call or without the encoder's state, else the prompt and the stream's decoded tokens."""
+        if self.history.encoder is None or state.written == 0:
+            return 0
+        return len(state.voice.prompt_tokens) + state.decoded
+
+    def history_row_tokens(self, state: FlowState, plan: Plan) -> int:
+        """A history row's tokens: its prompt and window, or, with the encoder's state kept, its positions after those
+        kept (the history's token buckets hold them)."""
+        kept = self._kept_positions(state)
+        return len(state.voice.prompt_tokens) + plan.end - (kept or plan.start)
 
     def history_batch(self, rows: list[tuple[FlowState, Plan]], B: int, T: int, N: int) -> FlowBatch:
         """History rows padded to [B, T] tokens, N solved frames each, with their places in the history, on the
         device."""
-        spans = [self._solved(s, p) for s, p in rows]
-        kept = self.history.encoder is not None
-        batch = self._kept_batch(rows, B, T) if kept else self._batch(rows, B, T, prefixed=True)
-        if kept:  # the solved frames in the frames of the row's new positions
-            spans = [(a + (p.start - self._kept_positions(s)) * self.ratio if self._kept_positions(s) else a,
-                      b + (p.start - self._kept_positions(s)) * self.ratio if self._kept_positions(s) else b, skip)
-                     for (s, p), (a, b, skip) in zip(rows, spans)]
+        batch = self._batch(rows, B, T, prefixed=True, kept_encoder=self.history.encoder is not None)
+        # (the solved frames in the batch row's: with the encoder's state kept, a later call's row starts at its kept
+        # positions, where its window's stream part starts at plan.start)
+        shifts = [(p.start - kept) * self.ratio if (kept := self._kept_positions(s)) else 0 for s, p in rows]
+        spans = [(a + shift, b + shift) for (a, b, _), shift in zip((self._solved(s, p) for s, p in rows), shifts)]
         index = torch.zeros(B, N, dtype=torch.long)
         frames = torch.zeros(B, dtype=torch.long)
         slot, count, at = torch.full((B,), self.history.scratch), torch.zeros(B, dtype=torch.long), torch.zeros(B, dtype=torch.long)
         bank, keep_bank = torch.full((B,), -1), torch.zeros(B, dtype=torch.long)
-        for row, ((state, _), (a, b, _)) in enumerate(zip(rows, spans)):
+        for row, ((state, _), (a, b)) in enumerate(zip(rows, spans)):
             index[row, : b - a] = torch.arange(a, b)
             frames[row], slot[row] = b - a, state.slot
             count[row], at[row] = min(state.written, self.history.ring), state.written % self.history.ring
@@ -399,64 +404,51 @@ class FlowTokenDecoder:
         a = (prompt + plan.emit_from - plan.start) * self.ratio - tail
         return a, (prompt + plan.decode_end - plan.start) * self.ratio, tail
 
-    def _kept_batch(self, rows: list[tuple[FlowState, Plan]], B: int, T: int) -> FlowBatch:
-        """History rows whose encoder state is kept, padded to [B, T]: each row's positions from those kept on (at a
-        stream's first call its prompt's, then its tokens; then the look-ahead context), their places in the encoder's
-        store (padding rows: the scratch slot, nothing made final), on the device."""
-        tokens = torch.zeros(B, T, dtype=torch.long)
-        context, done, final, prompt_frames = (torch.zeros(B, dtype=torch.long) for _ in range(4))
-        slot, voice_index = torch.full((B,), self.history.scratch), torch.zeros(B, dtype=torch.long)
-        prompt_mel = torch.zeros(B, T * self.ratio, self.cfg.num_mels)
-        embedding = torch.zeros(B, rows[0][0].voice.embedding.shape[0])
-        for row, (state, plan) in enumerate(rows):
-            voice, kept = state.voice, self._kept_positions(state)
-            new = torch.tensor(state.window(kept - len(voice.prompt_tokens) if kept else 0, plan.end), dtype=torch.long)
-            seq = new if kept else torch.cat([voice.prompt_tokens, new])
-            tokens[row, : len(seq)] = seq
-            context[row] = plan.end - plan.decode_end
-            done[row], final[row] = kept, len(voice.prompt_tokens) + plan.decode_end - kept
-            slot[row], voice_index[row] = state.slot, self.prefix.voice_index(voice)
-            frames = min(voice.prompt_frames, T * self.ratio)
-            prompt_mel[row, :frames] = voice.prompt_mel[:frames]
-            prompt_frames[row], embedding[row] = voice.prompt_frames, voice.embedding
-        to = dict(device=self.device)
-        batch = FlowBatch(on_device(tokens, **to), on_device(done + final, **to), on_device(context, **to),
-                          on_device(prompt_mel, dtype=self.dtype, **to), on_device(prompt_frames, **to),
-                          on_device(embedding, dtype=self.dtype, **to), on_device(torch.zeros(B, dtype=torch.long), **to),
-                          on_device(voice_index, **to))
-        batch.encoder_rows = EncoderRows(*(on_device(t, **to) for t in (slot, done, final)))
-        return batch
-
     def _prefixed(self, B: int, voices) -> bool:
         """Whether a call of B rows (its batch bucket) in these voices reads the prompt prefix."""
         return self.prefix is not None and B >= self.prefix_min_rows and self.prefix.covers(voices)
 
-    def _batch(self, rows: list[tuple[FlowState, Plan]], B: int, T: int, prefixed: bool = False) -> FlowBatch:
+    def _batch(self, rows: list[tuple[FlowState, Plan]], B: int, T: int, prefixed: bool = False,
+               kept_encoder: bool = False) -> FlowBatch:
         """Rows padded to [B, T] (padding rows: one token of code 0, no prompt, the first voice's prefix) on the
-        device."""
+        device. kept_encoder: history rows whose encoder state is kept; each holds its positions after those kept (at
+        its first call its prompt's, then its tokens'; then the look-ahead context), with its place in the encoder's
+        store (a padding row: the scratch slot, nothing made final), and `lengths` counts its row from the prompt's
+        start."""
         tokens = torch.zeros(B, T, dtype=torch.long)
         lengths, context = torch.ones(B, dtype=torch.long), torch.zeros(B, dtype=torch.long)
         prompt_mel = torch.zeros(B, T * self.ratio, self.cfg.num_mels)
         prompt_frames = torch.zeros(B, dtype=torch.long)
         embedding = torch.zeros(B, rows[0][0].voice.embedding.shape[0])
         noise_shift, voice_index = torch.zeros(B, dtype=torch.long), torch.zeros(B, dtype=torch.long)
+        slot, done = torch.full((B,), self.history.scratch if kept_encoder else 0), torch.zeros(B, dtype=torch.long)
         for row, (state, plan) in enumerate(rows):
             voice = state.voice
-            seq = torch.cat([voice.prompt_tokens, torch.tensor(state.window(plan.start, plan.end), dtype=torch.long)])
+            prompt = len(voice.prompt_tokens)
+            kept = self._kept_positions(state) if kept_encoder else 0
+            start = kept - prompt if kept else plan.start        # the stream's first token in the row
+            seq = torch.tensor(state.window(start, plan.end), dtype=torch.long)
+            seq = seq if kept else torch.cat([voice.prompt_tokens, seq])
             tokens[row, : len(seq)] = seq
-            lengths[row] = len(voice.prompt_tokens) + plan.decode_end - plan.start
+            lengths[row] = prompt + plan.decode_end - (0 if kept_encoder else plan.start)
             context[row] = plan.end - plan.decode_end
-            prompt_mel[row, : voice.prompt_frames] = voice.prompt_mel
+            frames = min(voice.prompt_frames, T * self.ratio)  # (a kept row's later calls hold no prompt frame)
+            prompt_mel[row, :frames] = voice.prompt_mel[:frames]
             prompt_frames[row] = voice.prompt_frames
             embedding[row] = voice.embedding
-            noise_shift[row] = plan.start * self.ratio
+            noise_shift[row] = 0 if kept_encoder else plan.start * self.ratio
             if prefixed:
                 voice_index[row] = self.prefix.voice_index(voice)
+            if kept_encoder:
+                slot[row], done[row] = state.slot, kept
         to = dict(device=self.device)
-        return FlowBatch(on_device(tokens, **to), on_device(lengths, **to), on_device(context, **to),
-                         on_device(prompt_mel, dtype=self.dtype, **to), on_device(prompt_frames, **to),
-                         on_device(embedding, dtype=self.dtype, **to), on_device(noise_shift, **to),
-                         on_device(voice_index, **to))
+        batch = FlowBatch(on_device(tokens, **to), on_device(lengths, **to), on_device(context, **to),
+                          on_device(prompt_mel, dtype=self.dtype, **to), on_device(prompt_frames, **to),
+                          on_device(embedding, dtype=self.dtype, **to), on_device(noise_shift, **to),
+                          on_device(voice_index, **to))
+        if kept_encoder:  # (the positions made final: those decoded less those kept)
+            batch.encoder_rows = EncoderRows(*(on_device(t, **to) for t in (slot, done, lengths - done)))
+        return batch
 
     @torch.inference_mode()
     def warm_up(self, voices: list[Voice], max_batch: int, first_calls: bool = False) -> None:

@@ -21,6 +21,7 @@ from torch import nn
 
 from services.vocoder.codec.config import FlowConfig
 from services.vocoder.codec.conformer import UpsampleConformerEncoder
+from services.vocoder.codec.encoder_state import extend_rows
 from services.vocoder.codec.estimator import CausalConditionalDecoder
 from services.vocoder.codec.frame_ops import euler_step
 
@@ -172,22 +173,25 @@ class CausalMaskedDiffWithXvec(nn.Module):
         prefix or history: prefix.py's and history.py's views), for the frames after the prefix, or the solved ones."""
         ratio = self.cfg.token_mel_ratio
         spks = self.spk_embed_affine_layer(F.normalize(batch.embedding, dim=1))
-        if batch.encoder_rows is not None:
-            return self._prepare_kept(batch, spks, streaming, prefix)
         T = batch.tokens.shape[1]
-        pos = torch.arange(T, device=batch.tokens.device)
-        present = (pos[None, :] < (batch.lengths + batch.context)[:, None])[..., None]
-        x = self.input_embedding(batch.tokens.clamp(min=0)) * present.to(spks.dtype)
-        h = self.encoder_proj(self.encoder(x, batch.lengths, batch.context, streaming))    # [B, T·ratio, 80]
-        frames = torch.arange(T * ratio, device=h.device)
-        mask = (frames[None, :] < (batch.lengths * ratio)[:, None]).to(h.dtype)[:, :, None]  # [B, T·ratio, 1]
+        x = self.input_embedding(batch.tokens.clamp(min=0))
+        frames = torch.arange(T * ratio, device=x.device)[None, :]      # [1 or B, T·ratio]: their places in the row
+        if batch.encoder_rows is None:
+            present = (torch.arange(T, device=x.device)[None, :] < (batch.lengths + batch.context)[:, None])
+            h = self.encoder(x * present[..., None].to(spks.dtype), batch.lengths, batch.context, streaming)
+        else:  # the encoder's state kept: the row holds its positions from encoder_rows.done on (encoder_state.py)
+            rows = batch.encoder_rows
+            h = extend_rows(self.encoder, prefix.encoder, rows.slot, rows.done, rows.final, batch.context, x, streaming)
+            frames = frames + rows.done[:, None] * ratio
+        h = self.encoder_proj(h)                                                            # [B, T·ratio, 80]
+        mask = (frames < (batch.lengths * ratio)[:, None]).to(h.dtype)[:, :, None]          # [B, T·ratio, 1]
         cond = torch.zeros_like(h)
         P = batch.prompt_mel.shape[1]
-        cond[:, :P] = batch.prompt_mel.to(h.dtype) * (frames[None, :P, None] < batch.prompt_frames[:, None, None])
+        cond[:, :P] = batch.prompt_mel.to(h.dtype) * (frames[:, :P, None] < batch.prompt_frames[:, None, None])
         # Noise by place in the stream: a frame decoded again in a later window (the window slid past the stream's
         # start) gets the noise it had, so the flow solves the same problem with less context, not a new one.
-        after_prompt = frames[None, :] >= batch.prompt_frames[:, None]
-        noise_index = frames[None, :] + batch.noise_shift[:, None] * after_prompt
+        after_prompt = frames >= batch.prompt_frames[:, None]
+        noise_index = frames + batch.noise_shift[:, None] * after_prompt
         view = None
         if prefix is not None and prefix.recording:
             view = prefix                                            # recording: the whole prompt, kept as it goes
@@ -202,24 +206,3 @@ class CausalMaskedDiffWithXvec(nn.Module):
             view, n = prefix.view(batch.voice_index), prefix.frames
             h, mask, cond, noise_index = h[:, n:], mask[:, n:], cond[:, n:], noise_index[:, n:]
         return h, mask, spks, cond, noise_index, view
-
-    def _prepare_kept(self, batch: FlowBatch, spks: torch.Tensor, streaming: bool, history) -> tuple:
-        """prepare() for history rows whose encoder state is kept (encoder_state.py, in history.encoder): the encoder
-        over each row's new positions only (batch.tokens: those positions' tokens, from encoder_rows.done on), then
-        the solved frames (solve_index: in those positions' frames), their condition and noise by their place in the
-        row (prompt, then stream)."""
-        from services.vocoder.codec.encoder_state import extend_rows
-
-        rows, ratio = batch.encoder_rows, self.cfg.token_mel_ratio
-        x = self.input_embedding(batch.tokens.clamp(min=0))                                # [B, N, input_size]
-        h = self.encoder_proj(extend_rows(self.encoder, history.encoder, rows.slot, rows.done, rows.final,
-                                          batch.context, x, streaming))                  # [B, N·ratio, 80]
-        index = batch.solve_index                                                           # [B, Ns]
-        h = h.gather(1, index[..., None].expand(-1, -1, h.shape[-1]))
-        frames = rows.done[:, None] * ratio + index                                        # the row's frames
-        prompt = frames < batch.prompt_frames[:, None]
-        at = frames.clamp(max=batch.prompt_mel.shape[1] - 1)
-        cond = batch.prompt_mel.to(h.dtype).gather(1, at[..., None].expand(-1, -1, h.shape[-1])) * prompt[..., None]
-        mask = (torch.arange(index.shape[1], device=h.device)[None, :] < batch.solve_frames[:, None])
-        view = history.view(batch.voice_index, batch.history, batch.solve_frames)
-        return h, mask.to(h.dtype)[:, :, None], spks, cond, frames, view

@@ -106,7 +106,7 @@ class FlowSolve:
                              "holding a slot); others are decoded over their window (decode_chunks)")
         d = self.decoder
         spans = [d._solved(s, p) for s, p in rows]
-        longest = max(len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows)
+        longest = max(d.history_row_tokens(s, p) for s, p in rows)
         B, T = smallest(SOLVE_BUCKETS, len(rows)), smallest(d.history_token_buckets, longest)
         graph = self.use_graphs and B is not None and T is not None
         B, T = (B, T) if graph else (len(rows), longest)
