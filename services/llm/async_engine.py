@@ -128,7 +128,9 @@ class AsyncEngine:
                     self.engine.abort(item[1])
                 elif isinstance(item, tuple) and item[0] is _CALL:
                     _, fn, loop, done = item
-                    _answer(loop, done, fn())
+                    result = fn()
+                    self.on_load(self.engine.load())  # (a caller that has the answer finds it in the metrics)
+                    _answer(loop, done, result)
                 elif item is not None:
                     self._add(item)
                 item = self._inbox.get_nowait()
@@ -172,10 +174,11 @@ class AsyncEngine:
                     return
                 self._fail_all(exc)
                 continue
-            for chunk in chunks:
-                self._deliver(chunk.seq_id, chunk if chunk.error is None else Internal(chunk.error))
+            # The step's metrics first: a client that has its turn's last chunk finds its session pinned in them.
             self.on_step(self.engine.last_step)
             self.on_load(self.engine.load())
+            for chunk in chunks:
+                self._deliver(chunk.seq_id, chunk if chunk.error is None else Internal(chunk.error))
             self._log_if_slow(last_step_end, start, time.perf_counter())
             last_step_end = time.perf_counter()
 
