@@ -16,7 +16,7 @@ CODEC_TESTS=(tests/test_vocoder_activation.py tests/test_vocoder_stream.py tests
              tests/test_chunk_attention.py tests/test_frame_ops.py tests/test_fused_linear.py tests/test_codec_parity.py
              tests/test_codec_prefix.py tests/test_codec_stream.py tests/test_codec_history.py tests/test_codec_solve.py
              tests/test_solve_worker.py tests/test_hift_snake.py tests/test_encoder_attention.py tests/test_encoder_model.py
-             tests/test_encoder_graphs.py tests/test_encoder_stream.py tests/test_encoder_worker.py)
+             tests/test_encoder_graphs.py tests/test_encoder_stream.py tests/test_encoder_worker.py tests/test_vocoder_capture.py)
 run_tests() {  # $1: the log's name; then the files
   local log=$1; shift
   echo "== GPU tests: $log"

@@ -304,6 +304,8 @@ class MpsKeeper:
             if others:
                 self.log(f"{', '.join(dead)} died ({', '.join(str(procs[n].returncode) for n in dead)}); stopping "
                          f"{', '.join(others)} too: they share its GPU's MPS server, which it may have left faulted")
+                for name in others:  # stopped, not failed: started again at once, not after a failure's backoff
+                    self.supervisor.expect_exit(name)
                 self.stack.stop(*others)  # the supervisor starts them all again
 
     def _keep_daemon(self, now: float) -> None:

@@ -269,6 +269,64 @@ def test_a_serving_decoder_runs_shapes_it_has_no_graph_for_eagerly_and_unpadded(
     assert len(logged) == len(serving.graphs.eager_shapes)  # once a shape
 
 
+class StandInGraph:
+    """A captured graph's stand-in on the CPU: replay() runs the flow over the static inputs into the static output,
+    as a replay of a CUDA graph captured over them would."""
+
+    def __init__(self, run, out: torch.Tensor):
+        self.run, self.out, self.replays = run, out, 0
+
+    def replay(self) -> None:
+        self.out.copy_(self.run())
+        self.replays += 1
+
+
+def stand_in_cover(d: FlowTokenDecoder, voices) -> tuple:
+    """The decoder's cover (its plan's largest shape: capture.py), 'captured' as a StandInGraph → its key."""
+    (cover,) = [s for s in d.shapes(voices, max_batch=8) if s.cover]
+    B, T, reads, N = cover.key[1]
+    prefix = d.history if N is not None else d.prefix if reads else None
+    scratch = d.history.scratch if N is not None else None
+    static = d.graphs.empty(B, T, N, scratch, kept_encoder=getattr(prefix, "encoder", None) is not None)
+
+    def run():
+        return d.graphs.flow(static, streaming=True, prefix=prefix)
+
+    out = run().clone()
+    d.graphs.graphs[cover.key[1]] = (StandInGraph(run, out), static, out)
+    return cover.key[1]
+
+
+@pytest.mark.parametrize("history", [0, 4], ids=["windows", "history"])
+def test_a_serving_decoder_pads_a_call_it_has_no_graph_for_into_its_cover(history):
+    """Serving, a call whose shape is not captured replays the cover (the plan's largest graph, captured before
+    serving) padded to its rows, tokens and frames: the frames of a decoder without graphs, nothing run eagerly, and
+    its own shape asked for as covered (captured when the vocoder is idle: capture.py)."""
+    flow = load_vocoder(None, "tiny-codec").decoder.flow
+    voice = load_vocoder(None, "tiny-codec").voices["default"]
+    cpu = torch.device("cpu")
+    serving = FlowTokenDecoder(flow, cpu, history_streams=history)
+    eager = FlowTokenDecoder(flow, cpu, history_streams=history, graphs=False)
+    for d in (serving, eager):
+        d.set_voices([voice])
+    serving.use_graphs = True
+    key = stand_in_cover(serving, [voice])
+    asked = []
+    serving.graphs.serving = True
+    serving.graphs.on_missing = lambda shape, covered: asked.append((shape, covered)) or True
+    streams = [tuple(codes(n, seed=n)) for n in (8, 13, 21)]
+    for _ in range(2):
+        got, want = ([d.decode_chunks([(list(c), d.start(voice)) for c in streams]) for d in (serving, eager)])
+        for (a, _), (b, _) in zip(got, want):
+            assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
+        for d, out in ((serving, got), (eager, want)):
+            for _, state in out:
+                d.release(state)
+    assert serving.graphs.graphs[key][0].replays == 2 and not serving.graphs.eager_shapes
+    assert asked and all(covered and shape != key for shape, covered in asked)
+    assert all(shape[0] < key[0] for shape, _ in asked)  # three rows' bucket, under the cover's
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs of the flow: needs a GPU")
 def test_flow_calls_of_a_shape_not_captured_run_eagerly_once_serving(caplog):
     """Once serving (TokenVocoder.serve), a call shape the warm-up missed is not captured beside the other worker's

@@ -119,3 +119,53 @@ def test_a_wait_longer_than_the_deadline_is_answered_before_the_deadline(tmp_pat
         assert "llm unavailable: not ready" in err.details(), err.details()
         assert 1.5 < seconds < 2.0
     assert "ExecuteBatchError" not in (tmp_path / "logs" / "gateway.log").read_text()
+
+
+def test_a_wait_for_a_stage_that_was_not_ready_is_not_read_as_slow_first_audio(tmp_path):
+    """Admitting by headroom, two turns wait ~3 s for stages that are starting (as after a crash): their first audio
+    comes late at the client, but the rule reads the stages' part of it. Read with the wait (3 s over a 1.5 s target,
+    with half the limit running), the next decision would take the load for too much: three turns arriving while the
+    two play would find the limit of 4 full, the third refused for "TTFA". Read without it, the third is let in, or
+    refused for another reason."""
+    stack = Stack(Ports.free(), without=NO_SPEECH, log_dir=tmp_path / "logs",
+                  extra_args={"gateway": ["--ready-wait", "60", "--admission", "headroom", "--admit-initial-turns", "4",
+                                          "--admit-burst-turns", "0", "--admit-ttfa", "1.5"]})
+    gateway = stack.target("gateway")
+    try:
+        stack.start("gateway")
+        wait_for(lambda: health(gateway) is not None, 60, "the gateway never answered")
+
+        async def turn(channel, tokens: int, first_audio: asyncio.Event | None = None):
+            """A turn → seconds from its request to its first audio at the client, or the details of its refusal."""
+            start, ttfa = time.monotonic(), None
+            request = gateway_pb2.SynthesizeRequest(text="hello", sampling=common_pb2.SamplingParams(
+                max_new_tokens=tokens, seed=1))
+            try:
+                async for m in gateway_pb2_grpc.GatewayStub(channel).Synthesize(request, timeout=120):
+                    if m.HasField("audio") and ttfa is None:
+                        ttfa = time.monotonic() - start
+                        if first_audio is not None:
+                            first_audio.set()
+            except grpc.aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+                return err.details()
+            return ttfa
+
+        async def scenario():
+            async with grpc.aio.insecure_channel(gateway) as channel:
+                heard = [asyncio.Event(), asyncio.Event()]
+                early = [asyncio.create_task(turn(channel, 150, e)) for e in heard]
+                await asyncio.sleep(3.0)
+                await asyncio.to_thread(stack.start, "llm")
+                await asyncio.to_thread(stack.start, "vocoder")
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in heard)), 60)
+                later = await asyncio.gather(*(turn(channel, 6) for _ in range(3)))  # a decision at the first
+                assert not any(t.done() for t in early), "the early turns ended before the next arrived"
+                return await asyncio.gather(*early), later
+
+        waited, later = asyncio.run(scenario())
+        assert min(waited) > 3.0  # at the client, the wait is in their first audio
+        refusals = [x for x in later if isinstance(x, str)]
+        assert not any("TTFA" in x for x in refusals), refusals
+    finally:
+        stack.stop_all()

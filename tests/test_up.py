@@ -180,10 +180,13 @@ class FakeStack:
 
 class FakeSupervisor:
     def __init__(self):
-        self.told = []
+        self.told, self.expected = [], []
 
     def started(self, name, now=None):
         self.told.append(name)
+
+    def expect_exit(self, name):
+        self.expected.append(name)
 
 
 GPU = ["llm", "llm-2", "vocoder", "vocoder-2"]
@@ -219,12 +222,13 @@ def test_a_dead_mps_daemon_is_started_again_then_its_clients(stand_in, monkeypat
     ([["llm", "vocoder"], ["llm-2", "vocoder-2"]], ["vocoder-2"]),    # --gpus 0,1: the dead one's GPU only
 ])
 def test_a_dead_client_takes_the_others_of_its_gpu_with_it(stand_in, groups, stopped):  # noqa: F811
-    stack, said = FakeStack(), []
+    stack, said, supervisor = FakeStack(), [], FakeSupervisor()
     with MpsDaemon(binary=stand_in) as daemon:
-        keeper = MpsKeeper(daemon, stack, FakeSupervisor(), groups, log=said.append, shared_fate=True)
+        keeper = MpsKeeper(daemon, stack, supervisor, groups, log=said.append, shared_fate=True)
         stack.procs["llm-2"].returncode = -9  # killed
         keeper.poll()
         assert stack.calls == [("stop", *stopped)]  # the supervisor starts them again, the dead one too
+        assert supervisor.expected == stopped       # ... the stopped at once: they did not fail
         assert "llm-2 died (-9); stopping" in said[-1] and "gateway" not in said[-1]
         keeper.poll()
         assert len(stack.calls) == 1  # dealt with once

@@ -65,13 +65,47 @@ def shape(batch: int, timeline: Timeline, seconds: float = 0.02, log: list | Non
     return GraphShape(batch, capture)
 
 
-def test_split_keeps_one_windows_calls_first_and_orders_the_rest_by_batch():
+def test_split_keeps_the_covers_and_one_windows_calls_if_asked_first_and_orders_the_rest_by_batch():
     t = Timeline()
     shapes = [shape(b, t) for b in (1, 4, 2, 1, 32, 2)]
+    shapes[4] = shapes[4]._replace(cover=True)
     first, rest = split(shapes)
-    assert [s.batch for s in first] == [1, 1]
-    assert [s.batch for s in rest] == [2, 2, 4, 32]
-    assert rest[0] is shapes[2] and rest[1] is shapes[5]  # (a batch's graphs stay in plan order)
+    assert [s.batch for s in first] == [32]
+    assert [s.batch for s in rest] == [1, 1, 2, 2, 4]     # one window's calls first while serving
+    assert rest[2] is shapes[2] and rest[3] is shapes[5]  # (a batch's graphs stay in plan order)
+    first, rest = split(shapes, first_calls=True)         # --graphs-before-serving first
+    assert [s.batch for s in first] == [1, 1, 32]
+    assert [s.batch for s in rest] == [2, 2, 4]
+
+
+def test_a_covered_call_moves_its_graph_first_among_those_captured_while_idle():
+    """demand(covered=True): the call was padded into a cover, so its graph waits for the vocoder to be idle as the
+    others do, first among them; a busy vocoder captures nothing, and a later uncovered demand still comes at once."""
+    t = Timeline()
+    gate = DeviceGate()
+
+    class Queue:
+        pending = [object()]  # a job always waiting: never idle
+
+    gate.watch(Queue())
+    shapes = [GraphShape(b, lambda b=b: t.span("capture", 0.03), ("owner", b)) for b in (2, 3, 4, 6)]
+    with busy_worker(gate, t):
+        background = BackgroundCapture(shapes, gate, lambda s: s.capture(), idle_seconds=0.01).start()
+        try:
+            assert background.demand(("owner", 4), covered=True) and background.demand(("owner", 4), covered=True)
+            assert [s.batch for s in background.queue] == [4, 2, 3, 6] and not background.needed
+            time.sleep(0.15)
+            assert background.captured == 0                        # covered: not worth holding the calls
+            assert background.demand(("owner", 6))                 # not covered: next, between two calls
+            deadline = time.monotonic() + 2
+            while background.captured < 1 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(0.1)
+            assert background.captured == 1 and [s.batch for s in background.queue] == [4, 2, 3]
+            assert background.demanded == {("owner", 4), ("owner", 6)}
+            assert t.overlaps("capture", "call") == []
+        finally:
+            background.stop()
 
 
 def test_captures_wait_for_an_idle_vocoder_and_calls_wait_for_a_capture(vocoder, caplog):
@@ -144,7 +178,7 @@ def test_a_graph_a_call_needed_is_captured_between_calls_while_the_rest_wait_for
             while background.captured < 1 and time.monotonic() < deadline:
                 time.sleep(0.005)
             time.sleep(0.1)
-            assert background.captured == 1 and background.demanded == 1
+            assert background.captured == 1 and background.demanded == {("owner", 4)}
             assert [s.batch for s in background.queue] == [2, 3]
             assert timeline_calls_after(t, "capture") > 0  # the worker went on
             assert t.overlaps("capture", "call") == []
@@ -195,6 +229,33 @@ def test_a_generator_call_of_a_shape_not_captured_asks_for_its_graph(vocoder):
     assert (2, 16) not in runner.eager_shapes                                      # planned: not logged as eager
 
 
+def test_a_generator_call_of_a_shape_not_captured_is_padded_into_its_cover(vocoder):
+    """Serving, with a graph of more rows captured for the call's frames (its cover): the call replays it, padded,
+    gives the eager samples, and asks for its own graph as covered (captured when the vocoder is idle)."""
+    from services.vocoder.runner import GeneratorRunner
+
+    runner = GeneratorRunner(vocoder.generator, vocoder.hop_size, vocoder.device, graphs=True)
+    static_in = [runner._input(4, 16)]
+    static_out = runner.generator(*static_in).clone()
+
+    class StandIn:  # replays as a graph captured over static_in would
+        replays = 0
+
+        def replay(self):
+            static_out.copy_(runner.generator(*static_in))
+            StandIn.replays += 1
+
+    runner.graphs[(4, 16)] = (StandIn(), static_in, static_out)
+    asked = []
+    runner.on_missing = lambda key, covered: asked.append((key, covered)) or True
+    runner.serving = True
+    mels = [torch.randn(runner.num_mels, 14) for _ in range(2)]
+    eager = GeneratorRunner(vocoder.generator, vocoder.hop_size, vocoder.device, graphs=False)
+    for got, want in zip(runner(mels), eager(mels)):
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5)
+    assert StandIn.replays == 1 and asked == [((2, 16), True)] and not runner.eager_shapes
+
+
 def test_a_failed_capture_leaves_the_rest_eager_and_the_gate_open(caplog):
     t = Timeline()
 
@@ -223,6 +284,8 @@ def test_the_generators_plan_lists_each_graph_once_and_registers_the_last_window
     try:
         shapes = runner.shapes([1, 2], exact_frames=[30, 31], exact_batches=[1])
         assert len(shapes) == 2 * len(runner.frame_buckets) + 2
+        # the covers: each length's most rows (the frames buckets' batch 2, the exact lengths' batch 1)
+        assert sorted(s.key[1] for s in shapes if s.cover) == sorted([(2, f) for f in runner.frame_buckets] + [(1, 30), (1, 31)])
         assert runner.exact_frames >= {30, 31} and runner.exact_batch >= 1
         for s in shapes:
             s.capture()
@@ -256,15 +319,20 @@ def test_the_flows_plan_covers_every_call_and_the_lane_only_first_calls():
     for s in decoder.shapes(voices, max_batch=4, first_calls=True):
         s.capture()
     assert sorted(captured) == [(B, decoder.history_token_buckets[0], decoder.solve_buckets[0]) for B in (1, 2, 3, 4)]
-    first, _ = split(shapes)
-    assert {s.batch for s in first} == {1} and len(first) == len(decoder.history_token_buckets) * len(decoder.solve_buckets)
+    (cover,) = [s for s in shapes if s.cover]
+    assert cover.key[1] == (8, decoder.history_token_buckets[-1], True, decoder.solve_buckets[-1])  # holds every call
+    assert split(shapes)[0] == [cover]
+    first, _ = split(shapes, first_calls=True)
+    assert [s for s in first if s.batch != 1] == [cover]
+    assert len(first) == len(decoder.history_token_buckets) * len(decoder.solve_buckets) + 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs captured while serving: needs a GPU")
 def test_graphs_captured_while_two_lanes_serve_give_each_stream_its_samples():
-    """On CUDA, the server's plan (graph_shapes): one window's graphs before serving, the rest captured by the
-    background thread between the two lanes' calls (some calls eager, then graphs): no capture fails, every graph of
-    the plan is captured, and each stream's samples are its samples alone with every graph captured first."""
+    """On CUDA, the server's plan (graph_shapes): the covers before serving, the rest captured
+    by the background thread between the two lanes' calls (some calls padded into the covers, then their own graphs):
+    no capture fails, every graph of the plan is captured, and each stream's samples are its samples alone with every
+    graph captured first."""
     from services.vocoder.server import capture_while_serving, graph_shapes
     from services.vocoder.streamer import DEFAULT_LOOKAHEAD
     from services.vocoder.worker import FIRST_CHUNK_LANE_BATCH, Lanes

@@ -8,7 +8,9 @@ Two signals, both at the gateway, on the listener's clock (services/common/playb
   before any stall;
 - time to first audio of the turns that started lately: the other half of what an admitted stream is promised. It
   counts from the turn's admission (pipeline.Turn.admitted_at): a wait for a place or a start slot is the gateway's
-  queue, which the limit itself sets, not the stages' answer to more turns.
+  queue, which the limit itself sets, not the stages' answer to more turns. A wait for a stage that was not ready
+  (starting, restarting after a crash) is left out too: after a vocoder's restart under load, the turns that had waited
+  through it brought first audio of ~6 s at p95 and cut the limit as if the stages were slow (2026-11-29).
 
 The rule, an additive-increase / multiplicative-decrease limit on the turns running at once (as TCP's window, or the
 adaptive concurrency limits of RPC servers), decided with an arrival at most every `period` seconds, from the last

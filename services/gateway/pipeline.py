@@ -116,6 +116,7 @@ class Turn:
         self.limits = limits
         self.deadline = self.admitted_at + (timeout if timeout is not None else limits.default_timeout)
         self.first_tokens_sent: float | None = None
+        self.ready_waited = 0.0  # seconds the turn waited for a stage that was not ready (starting, restarting)
         self.stalls = 0
         self.turn_tokens: llm_pb2.PromptTokens | None = None  # a session's turn: what it added to the history
         self.gen_req = llm_pb2.GenerateRequest()
@@ -148,7 +149,7 @@ class Turn:
             return
         # A replica of each stage (the session's llm while it is ready); a stage still starting is waited
         # for, within the deadline.
-        llm, vocoder, _ = await self.backends.acquire(self._left(), self.session.replica if self.session else None)
+        llm, vocoder, self.ready_waited = await self.backends.acquire(self._left(), self.session.replica if self.session else None)
         # before any stage works on the turn
         self.voice = resolve_voice(self.req.voice, vocoder.voices, self.backends.voice_owners, self.owner)
         pump = None
@@ -360,7 +361,8 @@ class Turn:
                     if playing:
                         self.headroom.observe_slack(now, -late)
                     else:
-                        self.headroom.observe_ttfa(now, now - self.admitted_at)
+                        # (less a wait for a stage not ready: a restart's outage says nothing of the load)
+                        self.headroom.observe_ttfa(now, now - self.admitted_at - self.ready_waited)
                 with self.client.writing() if self.marks_writes else contextlib.nullcontext():
                     yield gateway_pb2.SynthesizeResponse(audio=gateway_pb2.AudioChunk(
                         pcm=msg.pcm, sample_offset=msg.sample_offset, num_samples=msg.num_samples))

@@ -4,21 +4,28 @@ At the real size the vocoder has ~220 graphs: the generator's per (batch bucket,
 (batch bucket, token bucket, frames solved), for each worker lane (runner.py, codec/flow_graphs.py). Captured
 all before serving they took 63-88 s on an H200, and a vocoder restarted after a crash answered nothing
 meanwhile (docs/benchmarks.md). So:
-- **before serving**, the graphs of calls of one window (batch bucket 1) of every kind: all that one stream's turn
-  reaches, a first chunk and the chunks after it;
-- **while serving**, the rest, by a thread of its own, one graph at a time: a graph some call has needed first, as soon
-  as the calls running end (new calls wait for it); the others, smallest batch first (the order a growing load reaches
-  them in), only while the vocoder is idle: no call running and none waiting, for `IDLE_SECONDS`. A call that comes
-  during a capture waits for it (one graph: `capture_seconds` in the log line below).
+- **before serving**, the covers: each kind's largest graph (`GraphShape.cover`: the most rows, tokens and frames a
+  call can have), into which a call of a shape not captured yet is padded, so that every call replays a graph from the
+  first (`--graphs-before-serving first` adds the graphs of calls of one window, batch bucket 1: all that one stream's
+  turn reaches; they come first while serving otherwise);
+- **while serving**, the rest, by a thread of its own, one graph at a time, smallest batch first (the order a growing
+  load reaches them in), only while the vocoder is idle: no call running and none waiting, for `IDLE_SECONDS`. A graph
+  some call has needed comes first. A call that comes during a capture waits for it (one graph: `capture_seconds` in
+  the log line below).
 
 Why never beside a call: a capture forbids every other thread's CUDA work until it ends (CUDA's global capture mode),
 and beside a worker's calls a capture failed and took the vocoder down (flow_graphs.py). `DeviceGate` keeps the
 workers' calls and the captures apart. Until its shape is captured, a call runs eagerly, unpadded, as a shape that
 no plan covers does: correct, and much slower at the real size (a flow call is ~6,000 kernels launched one by one,
-~0.3 s on an H200 against ~30 ms replayed). Why a needed graph at once: a vocoder restarted under load ran every call
-of the shapes not yet captured eagerly, and captured nothing, since it was never idle; its turns' first audio took
-seconds (docs/benchmarks.md). Holding the calls for one capture (~0.35 s for the flow's, ~25 ms for the generator's)
-costs less than a single eager call more.
+~0.3 s on an H200 against ~30 ms replayed). Why covers: a vocoder restarted under load ran every call of the shapes not
+yet captured eagerly, and captured nothing, since it was never idle; its turns' first audio took seconds
+(docs/benchmarks.md). Capturing each needed graph at once, holding the calls (~0.6 s for a flow graph), still left
+the load's first audio 15-19 s late and its streams stalling seconds after the vocoder was back (2026-11-29). A cover
+costs one graph of each kind before serving (~0.7 s for a flow graph), and a call padded into it runs as a full call
+does (63.7 ms for 32 streams' flow against 43.2 ms for 16's on an H200): slower than its own graph and far faster
+than eagerly, and never waiting on a capture. So a needed graph with a cover waits for the vocoder to be idle, as the
+rest do, just first among them. Only a call with no cover (none captured) has its graph captured as soon as the calls
+running end (new calls wait for it), since one capture costs less than a single eager call more.
 `vocoder_graphs_pending` counts the graphs still to capture, and the log says when the last is captured: benchmarks
 that follow a start wait for that line.
 """
@@ -35,16 +42,18 @@ from typing import NamedTuple
 log = logging.getLogger(__name__)
 
 IDLE_SECONDS = 0.05  # how long the vocoder is idle before a capture while serving begins
-FIRST_BATCH = 1      # graphs of calls of up to this many windows are captured before serving
+FIRST_BATCH = 1      # graphs of calls of up to this many windows: before serving with --graphs-before-serving first
 
 
 class GraphShape(NamedTuple):
-    """A graph to capture: its batch bucket (the order they are captured in), the call that captures it, and its key
-    (id of its owner, the owner's key of the shape: what the owner's on_missing names it by)."""
+    """A graph to capture: its batch bucket (the order they are captured in), the call that captures it, its key
+    (id of its owner, the owner's key of the shape: what the owner's on_missing names it by), and whether it is a
+    cover (the largest of its kind, into which the calls of its kind not captured yet are padded)."""
 
     batch: int
     capture: Callable[[], object]
     key: tuple | None = None
+    cover: bool = False
 
 
 class DeviceGate:
@@ -128,10 +137,12 @@ def exclusive(gate: DeviceGate | None):
     return gate.alone(0.0, urgent=lambda: True) if gate is not None else contextlib.nullcontext(True)
 
 
-def split(shapes: list[GraphShape]) -> tuple[list[GraphShape], list[GraphShape]]:
-    """→ (the graphs to capture before serving, the rest in the order to capture them while serving)."""
-    first = [s for s in shapes if s.batch <= FIRST_BATCH]
-    rest = sorted((s for s in shapes if s.batch > FIRST_BATCH), key=lambda s: s.batch)  # (stable: plan order)
+def split(shapes: list[GraphShape], first_calls: bool = False) -> tuple[list[GraphShape], list[GraphShape]]:
+    """→ (the graphs to capture before serving: the covers, and with first_calls those of one window's calls; the rest
+    in the order to capture them while serving)."""
+    before = [s.cover or (first_calls and s.batch <= FIRST_BATCH) for s in shapes]
+    first = [s for s, b in zip(shapes, before) if b]
+    rest = sorted((s for s, b in zip(shapes, before) if not b), key=lambda s: s.batch)  # (stable: plan order)
     return first, rest
 
 
@@ -145,7 +156,8 @@ class BackgroundCapture:
         self.queue, self.gate, self.run_capture, self.idle_seconds = list(shapes), gate, run_capture, idle_seconds
         self.total = len(self.queue)
         self.needed: list[GraphShape] = []  # demanded by a call, in the order they were (under gate.cv)
-        self.captured = self.demanded = 0
+        self.captured = 0
+        self.demanded: set[tuple] = set()  # the keys calls needed
         self.failed: BaseException | None = None
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="vocoder-capture", daemon=True)
@@ -156,12 +168,13 @@ class BackgroundCapture:
         return 0 if self.failed is not None else self.total - self.captured
 
     def watch(self, owner) -> None:
-        """owner (a GeneratorRunner or FlowGraphs) tells this capture of the calls it runs eagerly (its on_missing)."""
-        owner.on_missing = lambda key, o=id(owner): self.demand((o, key))
+        """owner (a GeneratorRunner or FlowGraphs) tells this capture of the calls whose graph it lacks (on_missing)."""
+        owner.on_missing = lambda key, covered=False, o=id(owner): self.demand((o, key), covered)
 
-    def demand(self, key: tuple) -> bool:
-        """A call needed the graph of this key and runs eagerly → whether its capture is planned (then it comes next,
-        as soon as the calls running end). From a worker's thread."""
+    def demand(self, key: tuple, covered: bool = False) -> bool:
+        """A call needed the graph of this key → whether its capture is planned. Covered (the call was padded into a
+        cover): it comes first among those captured while idle; else (the call runs eagerly) next, as soon as the
+        calls running end. From a worker's thread."""
         with self.gate.cv:
             if self.failed is not None or self.stopping.is_set():
                 return False
@@ -169,9 +182,12 @@ class BackgroundCapture:
                 return True
             for i, shape in enumerate(self.queue):
                 if shape.key == key:
-                    self.needed.append(self.queue.pop(i))
-                    self.demanded += 1
-                    self.gate.cv.notify_all()
+                    self.demanded.add(key)
+                    if covered:
+                        self.queue.insert(0, self.queue.pop(i))
+                    else:
+                        self.needed.append(self.queue.pop(i))
+                        self.gate.cv.notify_all()
                     return True
         return False
 
@@ -216,4 +232,4 @@ class BackgroundCapture:
                 self.captured += 1
         log.info("vocoder: every CUDA graph captured: the last %d while serving, in %.1f s (%.1f s of captures, "
                  "capture_seconds %.2f on average; %d of them needed by a call first)", self.captured,
-                 time.perf_counter() - started, busy, busy / max(self.captured, 1), self.demanded)
+                 time.perf_counter() - started, busy, busy / max(self.captured, 1), len(self.demanded))

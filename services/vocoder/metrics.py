@@ -32,8 +32,8 @@ for _stage in ("mel", "generator"):
 HISTORY_HELD = Gauge("vocoder_flow_history_streams", "Streams holding a slot of the flow's stream history (their "
                      "frames solved once); the streams beyond its slots are decoded over their window, slower")
 HISTORY_SLOTS = Gauge("vocoder_flow_history_slots", "Slots of the flow's stream history (--flow-history-streams)")
-GRAPHS_PENDING = Gauge("vocoder_graphs_pending", "CUDA graphs still to capture while serving (--graphs-before-serving "
-                       "first); until then calls of their shapes run eagerly, slower")
+GRAPHS_PENDING = Gauge("vocoder_graphs_pending", "CUDA graphs still to capture while serving (--graphs-before-serving); "
+                       "until then calls of their shapes are padded into a larger graph, slower")
 FLOW_TICK = Histogram("vocoder_flow_tick_seconds", "One tick of the flow's solve (--flow-solve on): an Euler step of "
                       "every row in flight (device time on CUDA)", buckets=LATENCY_BUCKETS)
 FLOW_TICK_ROWS = Histogram("vocoder_flow_tick_rows", "Rows in flight at a tick of the flow's solve",

@@ -1,10 +1,11 @@
 """Runs the BigVGAN generator over windows of mel frames, several streams' windows as one batch.
 
 On CUDA: bfloat16 weights, the fused anti-aliased activation (activation.py), channels-last activations
-(channels_last.py: no layout transforms around cuDNN's NHWC convolutions) and one CUDA graph per
-(batch bucket, frames bucket). The server captures them all with `warm_up` before it serves; once it serves, a
-shape it did not capture runs eagerly (logged: `_run` says why); outside a server a shape is captured at its first
-use. On CPU: the same padding and grouping, eager, float32.
+(channels_last.py: no layout transforms around cuDNN's NHWC convolutions) and one CUDA graph per (batch bucket, frames
+bucket), captured by the server (services/vocoder/capture.py: some before it serves, the rest while it serves); once it
+serves, a shape not captured yet is padded into a captured graph of more rows, or, with none, runs eagerly (logged:
+`_run` says why); outside a server a shape is captured at its first use. On CPU: the same padding and grouping, eager,
+float32.
 
 **Padding never mixes streams.** A window is padded to the smallest frames bucket that holds it by
 repeating its last frame, so its padded content is a function of the window alone; only windows of the
@@ -82,9 +83,10 @@ class GeneratorRunner:
         # eagerly, not captured (_run says why), and is logged once. Before (tests, benches): captured at first use.
         self.serving = False
         self.eager_shapes: set[tuple[int, int]] = set()
-        # Told of a call whose shape is not captured while serving → whether its capture is planned (capture.py: then
-        # it comes next); None: no capture while serving.
-        self.on_missing: Callable[[tuple], bool] | None = None
+        # Told of a call whose shape is not captured while serving, and whether a captured graph covers it → whether its
+        # capture is planned (capture.py: then it comes next, at once if nothing covers it); None: no capture while
+        # serving.
+        self.on_missing: Callable[[tuple, bool], bool] | None = None
         # A conditioned generator's further inputs per row (dtype, shape after the batch axis): what warm_up
         # captures graphs with. HiFT: its source's phase at an anchor frame, that frame, the frame whose phase
         # it returns, the window's first sample (codec/hift.py).
@@ -142,7 +144,11 @@ class GeneratorRunner:
         if exact_frames and exact_batches:
             self.exact_frames.update(exact_frames)
             self.exact_batch = max(self.exact_batch, max(exact_batches))
-        return [GraphShape(batch, lambda b=batch, f=frames: self._graph(b, f), (id(self), (batch, frames)))
+        largest = {}  # frames → the most rows planned: the cover of that length's calls (capture.py)
+        for batch, frames in keys:
+            largest[frames] = max(batch, largest.get(frames, 0))
+        return [GraphShape(batch, lambda b=batch, f=frames: self._graph(b, f), (id(self), (batch, frames)),
+                           cover=batch == largest[frames])
                 for batch, frames in dict.fromkeys(keys) if (batch, frames) not in self.graphs]
 
     # ---- running ---------------------------------------------------------------------------------
@@ -227,10 +233,13 @@ class GeneratorRunner:
         if graph and self.serving and (bucket, frames) not in self.graphs:
             # Not captured now: a capture syncs the device and forbids other threads' CUDA calls meanwhile, and the
             # other worker (worker.py's lane) is serving. On an H200 the flow's captures while serving failed the
-            # lane's calls and then the vocoder (docs/benchmarks.md). Eagerly, unpadded, this call takes longer.
-            graph = False
-            planned = self.on_missing is not None and self.on_missing((bucket, frames))
-            if not planned and (bucket, frames) not in self.eager_shapes:
+            # lane's calls and then the vocoder (docs/benchmarks.md). Padded into a graph of more rows (a cover: the
+            # server captures the largest batch bucket before serving), or else eagerly, unpadded, this call takes
+            # longer.
+            cover = min((b for b, f in self.graphs if f == frames and b > bucket), default=None)
+            planned = self.on_missing is not None and self.on_missing((bucket, frames), cover is not None)
+            graph, bucket = cover is not None, cover or bucket
+            if not graph and not planned and (bucket, frames) not in self.eager_shapes:
                 self.eager_shapes.add((bucket, frames))
                 log.warning("vocoder: generator calls of %d windows of %d frames run eagerly: their shape is not "
                             "captured", bucket, frames)

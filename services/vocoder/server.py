@@ -109,8 +109,9 @@ async def run(s: VocoderSettings) -> None:
         solve.warm_up()
     lane = vocoder.lane() if s.first_chunk_lane == "on" else None  # first chunks beside the other calls (worker.py)
     shapes = graph_shapes(vocoder, lane, batches, limits.max_batch, left, lookahead, flow_calls=solve is None)
-    # Before serving: every graph, or those of one window's calls (capture.py; the solve's worker takes no gate).
-    first, rest = (shapes, []) if s.graphs_before_serving == "all" or solve is not None else split(shapes)
+    # Before serving: every graph, or the covers (and one window's calls: capture.py; the solve's worker takes no gate).
+    first, rest = ((shapes, []) if s.graphs_before_serving == "all" or solve is not None
+                   else split(shapes, first_calls=s.graphs_before_serving == "first"))
     with torch.inference_mode():
         for shape in first:
             shape.capture()
@@ -121,7 +122,7 @@ async def run(s: VocoderSettings) -> None:
         log.info("vocoder: %d CUDA graphs captured before serving in %.1f s, %d to capture while serving (%s)",
                  sum(len(v.runner.graphs) + len(getattr(v.decoder, "graphs", ())) for v in parts)
                  + len(solve.graphs if solve else ()), time.perf_counter() - started, len(rest),
-                 "--graphs-before-serving " + ("all" if not rest else "first"))
+                 "--graphs-before-serving " + ("all" if not rest else s.graphs_before_serving))
     if getattr(vocoder.decoder, "history", None) is not None:
         metrics.watch_history(vocoder.decoder.history)
     # The workers' device work goes through a gate: graphs captured while serving, and voices added, keep calls away.

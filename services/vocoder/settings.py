@@ -59,9 +59,10 @@ class VocoderSettings:
               "turns admitted; under count admission past the knee, more stalls (docs/benchmarks.md) (default: on where "
               "moss-serve up runs the stack on a GPU, else off)", choices=["on", "off"], show_default=False)
     graphs_before_serving: str = option(
-        "first", "on a GPU, the CUDA graphs captured before the vocoder serves: first (calls of one window: one stream's "
-                 "turn; the rest while serving, when the vocoder is idle, and until then those calls run eagerly) or "
-                 "all (every graph: a start takes ~1 min more at the real size; capture.py)", choices=["first", "all"])
+        "covers", "on a GPU, the CUDA graphs captured before the vocoder serves: covers (each kind's largest, into which "
+                  "the calls of shapes not captured yet are padded; the rest while serving, when the vocoder is idle, "
+                  "one window's calls first), first (the covers and one window's calls: ~5 s more at the real size) or "
+                  "all (every graph: ~1 min more; capture.py)", choices=["covers", "first", "all"])
     # The codec decoder's options (docs/codec.md): `up` hands them on.
     voices_dir: str | None = option(None, "the flow decoder's voices, <name>.safetensors each (default: the codec "
                                           "directory's voices/; a preset without it: one random 'default' voice)")
@@ -89,8 +90,8 @@ class VocoderSettings:
                                                    "(default 40)", type=positive(int))
     flow_encoder_window: int = option(0, "with the stream history, each stream's encoder state kept too: a call runs "
                                          "the flow's token encoder over its new tokens only, reading this many kept "
-                                         "positions before them (0: off, the encoder runs over prompt + window; not "
-                                         "measured on a GPU yet: codec/encoder_state.py)", type=count)
+                                         "positions before them (0: off, the encoder runs over prompt + window; on an "
+                                         "H200 128 was slower: docs/codec.md)", type=count)
     flow_solve: str = option("off", "the flow's solve batched at the Euler step (on: a stream's block joins the running "
                                     "solve at the next tick instead of waiting for the flow call in flight; needs the "
                                     "stream history; slower than calls at 128 streams on an H100: docs/codec.md)",

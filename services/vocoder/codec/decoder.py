@@ -327,10 +327,10 @@ class FlowTokenDecoder:
         longest = max(lengths)
         voices = [s.voice for s, _ in rows]
         graph = self.use_graphs and smallest(TOKEN_BUCKETS, longest) is not None and len(rows) <= BATCH_BUCKETS[-1]
-        if graph:  # (padded to its buckets, unless that shape runs eagerly: FlowGraphs.ready)
-            B, T = smallest(BATCH_BUCKETS, len(rows)), smallest(TOKEN_BUCKETS, longest)
-            graph = self.graphs.ready(B, T, self._prefixed(B, voices))
-        B, T = (B, T) if graph else (len(rows), longest)
+        if graph:  # (padded to its buckets or a graph that holds them, else eagerly: FlowGraphs.pick)
+            graph = self.graphs.pick(smallest(BATCH_BUCKETS, len(rows)), smallest(TOKEN_BUCKETS, longest),
+                                     lambda b: self._prefixed(b, voices))
+        B, T = graph[:2] if graph else (len(rows), longest)
         prefixed = self._prefixed(B, voices)
         batch = self._batch(rows, B, T, prefixed)
         if graph:
@@ -352,8 +352,8 @@ class FlowTokenDecoder:
         longest, most = max(lengths), max(b - a for a, b, _ in spans)
         T, N = smallest(self.history_token_buckets, longest), smallest(self.solve_buckets, most)
         B = smallest(BATCH_BUCKETS, len(rows))
-        graph = self.use_graphs and None not in (T, N, B) and self.graphs.ready(B, T, True, N)
-        B, T, N = (B, T, N) if graph else (len(rows), longest, most)
+        graph = self.use_graphs and None not in (T, N, B) and self.graphs.pick(B, T, lambda b: True, N)
+        B, T, N = graph if graph else (len(rows), longest, most)
         batch = self.history_batch(rows, B, T, N)
         if graph:
             mel = self.graphs.replay(batch, B, T, self.history, N, self.history.scratch)
@@ -484,5 +484,8 @@ class FlowTokenDecoder:
                 for N in self.solve_buckets[:1] if first_calls else self.solve_buckets:
                     shapes.append(GraphShape(B, lambda B=B, T=T, N=N: self.graphs.capture(
                         B, T, self.history, N, self.history.scratch), (id(self.graphs), (B, T, True, N))))
-        return shapes
+        # The cover: the most rows, tokens and frames solved, which holds every call of this plan (capture.py); for
+        # window calls, whether a call reads the prefix depends on its rows, and the largest call decides it.
+        largest = max(shapes, key=lambda s: (s.key[1][0], s.key[1][1], s.key[1][3] or 0), default=None)
+        return [s._replace(cover=s is largest) for s in shapes]
 

@@ -8,13 +8,14 @@ it reads the prompt prefix, N frames solved per row for a stream-history call), 
 and replayed: a call copies its inputs into the graph's static ones (`copy_into`) and replays it. The output mel
 [B, 80, frames] is the graph's own tensor, overwritten by the next replay: callers copy out what they keep.
 
-Once serving, a worker never captures a shape: a shape not captured yet (`ready` says so, logged once a shape) runs
-eagerly, unpadded (slower). The server captures the graphs of one window's calls before serving, and the rest while
-serving with every worker idle (services/vocoder/capture.py): a capture syncs the device and forbids CUDA calls from
-the process's other threads until it ends. On an H200, with the streams past the stream history's 128 slots decoding
-over windows, a worker's capture beside the other worker's calls failed the lane's event query, the capture with it,
-and the device-side assert that followed restarted the vocoder, failing every stream (CUDA's thread-local capture mode
-did not save it: the capture's own device sync fails beside another capture; docs/benchmarks.md).
+Once serving, a worker never captures a shape: a shape not captured yet is padded into a larger captured graph that
+holds it (`pick`), or, with none, runs eagerly, unpadded (much slower). The server captures the graphs of one window's
+calls and the largest ones (which hold every call) before serving, and the rest while serving with every worker idle
+(services/vocoder/capture.py): a capture syncs the device and forbids CUDA calls from the process's other threads until
+it ends. On an H200, with the streams past the stream history's 128 slots decoding over windows, a worker's capture
+beside the other worker's calls failed the lane's event query, the capture with it, and the device-side assert that
+followed restarted the vocoder, failing every stream (CUDA's thread-local capture mode did not save it: the capture's
+own device sync fails beside another capture; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ class FlowGraphs:
         self.pool = None
         self.serving = False  # TokenVocoder.serve, after the server's warm-up: a shape not captured runs eagerly
         self.eager_shapes: set[tuple] = set()
-        # Told of a call whose shape is not captured while serving → whether its capture is planned (capture.py: then
-        # it comes next); None: no capture while serving.
-        self.on_missing: Callable[[tuple], bool] | None = None
+        # Told of a call whose shape is not captured while serving, and whether a captured graph covers it → whether
+        # its capture is planned (capture.py: then it comes next, at once if nothing covers it); None: no capture while
+        # serving.
+        self.on_missing: Callable[[tuple, bool], bool] | None = None
 
     def __len__(self) -> int:
         return len(self.graphs)
@@ -66,20 +68,28 @@ class FlowGraphs:
         graph.replay()
         return out
 
-    def ready(self, B: int, T: int, reads: bool, solved: int | None = None) -> bool:
-        """Whether a call of B rows of T tokens (reads: a prefix or the history; solved: a history call's frames per
-        row) replays a graph: captured, or not serving yet (then captured at its first call). Once serving, a shape
-        not captured is logged once and the caller runs the call eagerly, unpadded (the module docstring says why)."""
-        key = (B, T, reads, solved)
+    def pick(self, B: int, T: int, reads: Callable[[int], bool], solved: int | None = None) -> tuple | None:
+        """The graph a call of B rows of T tokens replays → its (B', T', N') (solved: a history call's frames per row,
+        N' None for a window call); reads(B'): whether a call of that batch bucket reads a prefix or the history.
+        Its own shape if captured, or not serving yet (then captured at its first call). Once serving, a shape not
+        captured asks for its capture (on_missing) and the call is padded into the smallest captured graph that
+        holds it (a cover: more rows, tokens or frames solved, which padding never reaches; the server captures one
+        before serving: capture.py), or, with none, runs eagerly, unpadded (None; logged once a shape)."""
+        key = (B, T, reads(B), solved)
         if key in self.graphs or not self.serving:
-            return True
-        planned = self.on_missing is not None and self.on_missing(key)
+            return B, T, solved
+        covers = [k for k in self.graphs if k[0] >= B and k[1] >= T and k[2] == reads(k[0])
+                  and (k[3] is None) == (solved is None) and (solved is None or k[3] >= solved)]
+        cover = min(covers, key=lambda k: (k[0], k[1], k[3] or 0), default=None)
+        planned = self.on_missing is not None and self.on_missing(key, cover is not None)
+        if cover is not None:
+            return cover[0], cover[1], cover[3]
         if not planned and key not in self.eager_shapes:
             self.eager_shapes.add(key)
             log.warning("vocoder: flow calls of %d rows, %d tokens (%s, %s frames solved) run eagerly: their shape is "
                         "not captured", B, T,
-                        "history" if solved is not None else "prefix" if reads else "no prefix", solved)
-        return False
+                        "history" if solved is not None else "prefix" if key[2] else "no prefix", solved)
+        return None
 
     def capture(self, B: int, T: int, prefix, solved: int | None = None, scratch: int | None = None):
         """The graph of a call's shape, captured at its first use (before serving) → (graph, static inputs, output)."""
