@@ -69,7 +69,7 @@ PARALLEL_MODULES = frozenset({
     "test_fuzz_gateway", "test_load_cleanup", "test_rolling_restart",
     "test_auth", "test_bench", "test_bigvgan_package", "test_block_manager", "test_chunk_attention",
     "test_codec_history", "test_codec_parity", "test_codec_peer", "test_codec_prefix", "test_codec_service",
-    "test_vocoder_capture", "test_restart_report", "test_voices_live", "test_voice_owners",
+    "test_vocoder_capture", "test_restart_report", "test_rolling_report", "test_voices_live", "test_voice_owners",
     "test_codec_solve", "test_codec_stream", "test_conformer", "test_encoder_state", "test_dashboard", "test_deploy",
     "test_deploy_tools", "test_e2e",
     "test_encoder_attention", "test_encoder_checkpoint", "test_encoder_graphs", "test_encoder_model",
