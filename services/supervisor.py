@@ -1,8 +1,10 @@
 """Keeps the services of `moss-serve up` running: one that exits is started again while the others keep
 serving (the gateway holds requests for a stage that is restarting: gateway/backends.py).
 
-The wait before a restart doubles with each failure in a row (1 s, 2 s, 4 s, ... up to 30 s), so a service
-that cannot start does not spin; it goes back to 1 s once the service has run for a minute. An exit asked for
+A service that dies after running well is started again at once: its start is most of what its restart costs (a
+vocoder back ~12 s after a kill on an H200; its first second was this wait, once). The wait before the next restart
+then doubles with each failure in a row (1 s, 2 s, 4 s, ... up to 30 s), so a service that cannot start does not spin;
+it goes back to none once the service has run for a minute. An exit asked for
 (`expect_exit`: a drained replica of a rolling restart) is no failure: the service starts again at once.
 """
 
@@ -21,7 +23,7 @@ HEALTHY_AFTER = 60.0
 @dataclass
 class _State:
     started: float
-    backoff: float = FIRST_BACKOFF
+    backoff: float = 0.0  # the wait before its next restart: none after a good run
     restart_at: float | None = None  # set while the service is down and waiting to be started again
 
 
@@ -32,7 +34,7 @@ class Supervisor:
         self.stack, self.log = stack, log
         self.first_backoff, self.max_backoff, self.healthy_after = first_backoff, max_backoff, healthy_after
         now = time.monotonic()
-        self.state = {name: _State(now, first_backoff) for name in stack.procs}
+        self.state = {name: _State(now) for name in stack.procs}
         self.restarts = {name: 0 for name in stack.procs}
         self.expected: set[str] = set()  # services whose next exit was asked for
 
@@ -45,7 +47,7 @@ class Supervisor:
             if st.restart_at is None:
                 if proc is not None and proc.poll() is None:
                     if now - st.started >= self.healthy_after:
-                        st.backoff = self.first_backoff
+                        st.backoff = 0.0
                     continue
                 how = f"exited with code {proc.returncode}" if proc is not None else "was stopped"
                 if name in self.expected:
@@ -53,7 +55,7 @@ class Supervisor:
                     self.log(f"{name} {how}, as asked; starting it again")
                 else:
                     st.restart_at = now + st.backoff
-                    self.log(f"{name} {how}; starting it again in {st.backoff:.0f} s")
+                    self.log(f"{name} {how}; starting it again " + (f"in {st.backoff:.0f} s" if st.backoff else "at once"))
             elif now >= st.restart_at:
                 self.stack.start(name)
                 self.restarts[name] += 1
@@ -61,7 +63,7 @@ class Supervisor:
                 if name in self.expected:
                     self.expected.discard(name)
                 else:
-                    st.backoff = min(st.backoff * 2, self.max_backoff)
+                    st.backoff = min(max(st.backoff * 2, self.first_backoff), self.max_backoff)
 
     def expect_exit(self, name: str) -> None:
         """`name` was asked to exit (drained): start it again as soon as it has, without counting a failure."""

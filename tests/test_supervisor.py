@@ -33,7 +33,7 @@ class FakeStack:
         self.started.append(name)
 
 
-def test_backoff_doubles_while_a_service_keeps_dying_and_resets_once_it_runs():
+def test_a_first_death_restarts_at_once_then_the_wait_doubles_and_resets_once_it_runs():
     stack, lines = FakeStack(["llm", "vocoder"]), []
     sup = Supervisor(stack, log=lines.append, first_backoff=1, max_backoff=4, healthy_after=60)
     t = time.monotonic()
@@ -47,13 +47,14 @@ def test_backoff_doubles_while_a_service_keeps_dying_and_resets_once_it_runs():
         assert stack.started.count("llm") == len(waits) - 1  # not before its wait is over
         t = restart_at
         sup.poll(t)
-    assert waits == [1, 2, 4, 4]  # doubling, capped
+    assert waits == [0, 1, 2, 4]  # at once, then doubling, capped
     assert stack.started == ["llm"] * 4 and sup.restarts == {"llm": 4, "vocoder": 0}  # the vocoder untouched
+    assert "llm exited with code 1; starting it again at once" in lines[0]
     assert "llm exited with code 1; starting it again in 4 s" in lines[-1]
     sup.poll(t + 61)  # ran for a minute: forgiven
     stack.procs["llm"].returncode = -9
     sup.poll(t + 62)
-    assert sup.state["llm"].restart_at - (t + 62) == 1
+    assert sup.state["llm"].restart_at - (t + 62) == 0
 
 
 def service_processes(pid: int) -> list[tuple[int, list[str]]]:
