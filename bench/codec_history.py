@@ -17,7 +17,11 @@ path with every row reading its voice prefix itself (chunk_attention.CASCADE_FRO
 the voice prefix read once per voice from 16 streams (off by default: slower); `encoder-state`, the per-block path with
 the encoder run over each call's new tokens only (--flow-encoder-window 128; codec/encoder_state.py). --kernels: each
 cell's kernels, counted by the profiler on one call run without its CUDA graph (the same kernels the graph holds), and
-per Euler step.
+per Euler step. --beside-llm: each cell timed again while the llm decodes beside it as in the stack (this process and
+an llm child clients of one MPS daemon, the llm's share 25%: 64 sequences at context 512, steps back to back:
+bench/studies/gpu_sharing.py's child), with the llm's step time meanwhile against its own alone.
+
+    python bench/codec_history.py --streams 1,16,32 --modes history --kernels --beside-llm
 
     python bench/codec_history.py --streams 1,16,32 --modes history --variants per-block,megakernel --kernels
 """
@@ -25,8 +29,11 @@ per Euler step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import os
+import time
 from pathlib import Path
 
 import torch
@@ -53,7 +60,15 @@ def main():
     p.add_argument("--variants", default="per-block",
                    help="per-block, cascade, no-cascade, megakernel, encoder-state: one or more")
     p.add_argument("--kernels", action="store_true", help="count each cell's kernels with the profiler")
+    p.add_argument("--beside-llm", action="store_true", help="time each cell again beside the llm's decode steps "
+                   "(under an MPS daemon of this run's own, the llm at 25%%)")
     args = p.parse_args()
+    with contextlib.ExitStack() as stack:
+        llm = stack.enter_context(BesideLlm()) if args.beside_llm else None  # (before this process touches CUDA)
+        run(args, llm)
+
+
+def run(args, llm: BesideLlm | None) -> None:
     sizes = [int(n) for n in args.streams.split(",")]
     device, cfg = torch.device("cuda"), moss_speech()
     voice = random_voice(cfg.flow, prompt_tokens=40, seed=3)
@@ -62,6 +77,10 @@ def main():
     rate = matmul_rate()
     out = gpu_record(bf16_matmul_tflops=rate / 1e12)
     print(f"{out['gpu']}: bf16 matmul {rate / 1e12:.0f} TFLOP/s", flush=True)
+    if llm is not None:
+        out["llm_alone_ms"] = llm.alone_ms()
+        print(f"the llm's decode step alone (64 sequences, context 512, 25% of the GPU): {out['llm_alone_ms']:.2f} ms",
+              flush=True)
     tokens = torch.randint(0, 16384, (max(sizes), sum(WARM_CHUNKS) + CHUNK), generator=g).tolist()
     mels, cascade_from = {}, chunk_attention.CASCADE_FROM
     for variant, mode in [(v, m) for v in args.variants.split(",") for m in args.modes.split(",")]:
@@ -95,6 +114,9 @@ def main():
                 if args.kernels:
                     cell["kernels"] = count_kernels(d, rows)
                     cell["kernels_per_step"] = cell["kernels"] / d.flow.decoder.n_timesteps
+                if llm is not None:
+                    beside, llm_ms = llm.beside(lambda: timed(lambda: d.decode_chunks(rows), 10))
+                    cell.update(beside_llm_ms=beside * 1e3, x_floor_beside_llm=beside / floor, llm_step_ms=llm_ms)
                 out["cells"][f"{variant} | {mode} | {n} | {shape}"] = cell
                 print(f"{variant:10s} {mode:8s} {n:3d} streams {shape:12s} {cell['ms']:7.2f} ms  "
                       f"{cell['x_realtime']:6.0f}x RT  solved {solved:6d} frames  {cell['x_floor']:5.1f}x floor  "
@@ -106,15 +128,58 @@ def main():
         d = None
         torch.cuda.empty_cache()
     print(f"\n{out['gpu']}, torch {out['torch']}, {out['date']}")
+    beside = f" {'beside llm':>10s} {'x floor':>7s} {'llm step':>8s}" if llm is not None else ""
     print(f"{'variant':10s} {'mode':8s} {'streams':>7s} {'shape':12s} {'ms':>8s} {'x RT':>6s} {'frames':>7s} "
-          f"{'floor ms':>8s} {'x floor':>7s} {'kernels/step':>12s} {'SNR dB':>7s}")
+          f"{'floor ms':>8s} {'x floor':>7s} {'kernels/step':>12s} {'SNR dB':>7s}{beside}")
     for key, c in out["cells"].items():
         variant, mode, n, shape = key.split(" | ")
         per_step = f"{c['kernels_per_step']:.0f}" if "kernels_per_step" in c else "-"
+        beside = (f" {c['beside_llm_ms']:10.2f} {c['x_floor_beside_llm']:7.1f} {c['llm_step_ms']:8.2f}"
+                  if "beside_llm_ms" in c else "")
         print(f"{variant:10s} {mode:8s} {n:>7s} {shape:12s} {c['ms']:8.2f} {c['x_realtime']:6.0f} {c['solved_frames']:7d} "
-              f"{c['floor_ms']:8.2f} {c['x_floor']:7.1f} {per_step:>12s} {c['snr_vs_first_db']:7.1f}")
+              f"{c['floor_ms']:8.2f} {c['x_floor']:7.1f} {per_step:>12s} {c['snr_vs_first_db']:7.1f}{beside}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
+
+
+class BesideLlm:
+    """The llm decoding beside this process as in the stack: an MPS daemon of its own, this process a client of it
+    (entered before this process touches CUDA), and an llm child at 25% of the GPU (gpu_sharing.py's: 64 sequences
+    at context 512, steps back to back, its products checked)."""
+
+    SECONDS = 4.0  # each run of the llm's loop: longer than the calls timed beside it
+
+    def __enter__(self) -> BesideLlm:
+        import sys
+        from types import SimpleNamespace
+
+        from services.mps import MpsDaemon
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent / "studies"))
+        from gpu_sharing import Child
+
+        self.daemon = MpsDaemon().__enter__()
+        os.environ.update(self.daemon.env())
+        args = SimpleNamespace(size="real", device="cuda", batch=64, context=512, windows=1, seconds=self.SECONDS,
+                               kv_gb=8.0, quantization="none", flow_variant="defaults", llm_pdl="on")
+        self.child = Child("llm", args, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"})
+        return self
+
+    def alone_ms(self) -> float:
+        return self.child.ask("llm")[0]["ms"]
+
+    def beside(self, timing):
+        """timing() run while the llm's loop runs → (what it returned, the llm's ms a step meanwhile)."""
+        self.child.send("ready")
+        self.child.read()  # {"prepared": "llm"}: its sequences decoding
+        self.child.send("go")
+        time.sleep(0.3)    # (its steps under way)
+        result = timing()
+        return result, self.child.read()["results"][0]["ms"]
+
+    def __exit__(self, *exc) -> None:
+        self.child.close()
+        self.daemon.__exit__(*exc)
 
 
 def count_kernels(d: FlowTokenDecoder, rows) -> int:

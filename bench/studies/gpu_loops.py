@@ -27,7 +27,7 @@ class LlmLoop:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         model = random_model(cfg, device=device, dtype=dtype)
         config = EngineConfig(kv_cache_bytes=int(kv_gb * (1 << 30)), max_num_seqs=batch, max_num_batched_tokens=2048,
-                              max_model_len=8192, quantization=quantization)
+                              max_model_len=min(8192, cfg.max_position_embeddings), quantization=quantization)
         self.engine = LLMEngine(model, tiny_tokenizer(preset("tiny")), config)
         self.batch, self.context, self.device = batch, context, device
         blocks = self.engine.block_manager.num_blocks
