@@ -76,7 +76,7 @@ def test_one_replica_drains_at_a_time_and_the_next_waits_until_it_serves_again()
     supervisor.poll(now=1)  # noted: started again at once, no failure counted
     supervisor.poll(now=1)
     assert stack.procs["llm"] is not first["llm"] and supervisor.restarts["llm"] == 1
-    assert supervisor.state["llm"].backoff == supervisor.first_backoff
+    assert supervisor.state["llm"].backoff == 0  # no failure counted: a death now would restart it at once
     rolling.poll(now=1)
     rolling.poll(now=2)  # started, not serving yet: the second replica waits
     assert first["llm-2"].signals == []
