@@ -9,6 +9,7 @@
 # Prints a table and writes $OUT/restart.json; each start's and kill's log and load under $OUT/restart/.
 #   STARTS="cold warm" KILLS="vocoder llm" bash bench/restart.sh
 #   WAIT_GRAPHS=0: a kill 30 s after the last one, not after every graph of the vocoder is captured.
+#   LOAD=0: each kill with no load running (the stage idle: does a kill fault its neighbour only mid-work?).
 set -uo pipefail
 source bench/stack.sh
 FLAGS=(--kv-cache-gb 32 --max-num-seqs 256 "$@")
@@ -59,10 +60,13 @@ for victim in ${KILLS:-vocoder llm}; do
   fi
   before=$(pid_of "$victim")
   lines=$(wc -l < "$OUT/up.log")
-  serve bench --reply-seconds 2-20 --no-progress --timeout 120 --rate 10 --seconds 25 --warmup 0 \
-    --out "$DIR/load_$k" > "$DIR/load_$k.log" 2>&1 &
-  load=$!
-  sleep 8
+  load=
+  if [ "${LOAD:-1}" = 1 ]; then
+    serve bench --reply-seconds 2-20 --no-progress --timeout 120 --rate 10 --seconds 25 --warmup 0 \
+      --out "$DIR/load_$k" > "$DIR/load_$k.log" 2>&1 &
+    load=$!
+    sleep 8
+  fi
   t0=$(date +%s.%N)
   kill -9 "$before"
   answered=null
@@ -71,7 +75,7 @@ for victim in ${KILLS:-vocoder llm}; do
     if [ "$(since "$t0" | cut -d. -f1)" -gt 150 ]; then break; fi
   done
   [ "$(since "$t0" | cut -d. -f1)" -le 150 ] && answered=$(since "$t0")
-  wait "$load"
+  [ -n "$load" ] && wait "$load"
   tail -n +"$((lines + 1))" "$OUT/up.log" > "$DIR/log_kill_$k.txt"
   printf 'kill\t%s\t%s\t%s\t%s\n' "$victim" "$t0" "$answered" "$k" >> "$DIR/events.tsv"
 done
