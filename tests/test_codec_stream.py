@@ -242,10 +242,9 @@ def test_serve_marks_each_workers_graphs_apart():
     assert lane.runner.serving and lane.decoder.graphs.serving
 
 
-@pytest.mark.parametrize("history", [0, 4], ids=["windows", "history"])
-def test_a_serving_decoder_runs_shapes_it_has_no_graph_for_eagerly_and_unpadded(caplog, history):
-    """The choice itself, on the CPU: a decoder told it has graphs, serving, with none captured, must not capture (on a
-    CPU that would fail) but decode eagerly, unpadded: the frames of a decoder without graphs; logged once a shape."""
+def serving_and_eager(history: int) -> tuple[FlowTokenDecoder, FlowTokenDecoder, object]:
+    """Two CPU decoders of one tiny flow and voice (history: its stream slots): one to be told it has graphs and
+    serves, one without graphs (the frames to compare with) → (serving, eager, voice)."""
     flow = load_vocoder(None, "tiny-codec").decoder.flow
     voice = load_vocoder(None, "tiny-codec").voices["default"]
     cpu = torch.device("cpu")
@@ -253,6 +252,14 @@ def test_a_serving_decoder_runs_shapes_it_has_no_graph_for_eagerly_and_unpadded(
     eager = FlowTokenDecoder(flow, cpu, history_streams=history, graphs=False)
     for d in (serving, eager):
         d.set_voices([voice])
+    return serving, eager, voice
+
+
+@pytest.mark.parametrize("history", [0, 4], ids=["windows", "history"])
+def test_a_serving_decoder_runs_shapes_it_has_no_graph_for_eagerly_and_unpadded(caplog, history):
+    """The choice itself, on the CPU: a decoder told it has graphs, serving, with none captured, must not capture (on a
+    CPU that would fail) but decode eagerly, unpadded: the frames of a decoder without graphs; logged once a shape."""
+    serving, eager, voice = serving_and_eager(history)
     serving.use_graphs, serving.graphs.serving = True, True
     streams = [tuple(codes(n, seed=n)) for n in (8, 13, 21)]
     with caplog.at_level("WARNING", logger="services.vocoder.codec.flow_graphs"):
@@ -302,13 +309,7 @@ def test_a_serving_decoder_pads_a_call_it_has_no_graph_for_into_its_cover(histor
     """Serving, a call whose shape is not captured replays the cover (the plan's largest graph, captured before
     serving) padded to its rows, tokens and frames: the frames of a decoder without graphs, nothing run eagerly, and
     its own shape asked for as covered (captured when the vocoder is idle: capture.py)."""
-    flow = load_vocoder(None, "tiny-codec").decoder.flow
-    voice = load_vocoder(None, "tiny-codec").voices["default"]
-    cpu = torch.device("cpu")
-    serving = FlowTokenDecoder(flow, cpu, history_streams=history)
-    eager = FlowTokenDecoder(flow, cpu, history_streams=history, graphs=False)
-    for d in (serving, eager):
-        d.set_voices([voice])
+    serving, eager, voice = serving_and_eager(history)
     serving.use_graphs = True
     key = stand_in_cover(serving, [voice])
     asked = []

@@ -31,7 +31,6 @@ import argparse
 import ctypes
 import json
 import math
-import statistics
 from pathlib import Path
 
 import bench_path  # noqa: F401  (bench/ and the tree on the import path)
@@ -83,6 +82,36 @@ __device__ __forceinline__ float ld_peer(const float* mine, unsigned peer) {  //
   return v;
 }
 
+// acc[MT][2][4] = A @ B^T for ROWS rows and 16 columns: A [ROWS][K] (shared, row stride sa), B the 16 rows of the
+// columns (shared, row stride sb); mma.sync m16n8k16, its fragments as PTX lays them out (gid = lane / 4, tig = lane % 4)
+template <int K>
+__device__ __forceinline__ void products(float (*acc)[2][4], const bf16* A, int sa, const bf16* B, int sb, int gid,
+                                         int tig) {
+  #pragma unroll
+  for (int m = 0; m < MT; ++m)
+    #pragma unroll
+    for (int t = 0; t < 2; ++t)
+      #pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][t][e] = 0.f;
+  #pragma unroll 4
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    unsigned b[2][2];
+    #pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      const bf16* w = B + (t * 8 + gid) * sb + k0 + tig * 2;
+      b[t][0] = ld32(w);
+      b[t][1] = ld32(w + 8);
+    }
+    #pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      const bf16* a = A + (m * 16 + gid) * sa + k0 + tig * 2;
+      unsigned a0 = ld32(a), a1 = ld32(a + 8 * sa), a2 = ld32(a + 8), a3 = ld32(a + 8 * sa + 8);
+      mma(acc[m][0], a0, a1, a2, a3, b[0][0], b[0][1]);
+      mma(acc[m][1], a0, a1, a2, a3, b[1][0], b[1][1]);
+    }
+  }
+}
+
 extern "C" __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(128)
 cluster_ff(const bf16* __restrict__ normed, const bf16* __restrict__ x, const bf16* __restrict__ w1,
            const bf16* __restrict__ b1, const bf16* __restrict__ w2, const bf16* __restrict__ b2,
@@ -122,29 +151,7 @@ cluster_ff(const bf16* __restrict__ normed, const bf16* __restrict__ x, const bf
 
   {  // ff1: warp w's 16 hidden columns, every row; + b1, exact GELU → sH (bf16)
     float acc[MT][2][4];
-    #pragma unroll
-    for (int m = 0; m < MT; ++m)
-      #pragma unroll
-      for (int t = 0; t < 2; ++t)
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[m][t][e] = 0.f;
-    #pragma unroll 4
-    for (int k0 = 0; k0 < C; k0 += 16) {
-      unsigned b[2][2];
-      #pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        const bf16* w = sW1 + (warp * 16 + t * 8 + gid) * SW1 + k0 + tig * 2;
-        b[t][0] = ld32(w);
-        b[t][1] = ld32(w + 8);
-      }
-      #pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        const bf16* a = sA + (m * 16 + gid) * SA + k0 + tig * 2;
-        unsigned a0 = ld32(a), a1 = ld32(a + 8 * SA), a2 = ld32(a + 8), a3 = ld32(a + 8 * SA + 8);
-        mma(acc[m][0], a0, a1, a2, a3, b[0][0], b[0][1]);
-        mma(acc[m][1], a0, a1, a2, a3, b[1][0], b[1][1]);
-      }
-    }
+    products<C>(acc, sA, SA, sW1 + warp * 16 * SW1, SW1, gid, tig);
     #pragma unroll
     for (int m = 0; m < MT; ++m)
       #pragma unroll
@@ -162,29 +169,7 @@ cluster_ff(const bf16* __restrict__ normed, const bf16* __restrict__ x, const bf
   for (int chunk = 0; chunk < 4; ++chunk) {  // ff2's part over this block's hidden columns: warp w's 64 outputs
     const int n0 = warp * 64 + chunk * 16;
     float acc[MT][2][4];
-    #pragma unroll
-    for (int m = 0; m < MT; ++m)
-      #pragma unroll
-      for (int t = 0; t < 2; ++t)
-        #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[m][t][e] = 0.f;
-    #pragma unroll
-    for (int k0 = 0; k0 < HB; k0 += 16) {
-      unsigned b[2][2];
-      #pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        const bf16* w = sW2 + (n0 + t * 8 + gid) * SW2 + k0 + tig * 2;
-        b[t][0] = ld32(w);
-        b[t][1] = ld32(w + 8);
-      }
-      #pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        const bf16* a = sH + (m * 16 + gid) * SH + k0 + tig * 2;
-        unsigned a0 = ld32(a), a1 = ld32(a + 8 * SH), a2 = ld32(a + 8), a3 = ld32(a + 8 * SH + 8);
-        mma(acc[m][0], a0, a1, a2, a3, b[0][0], b[0][1]);
-        mma(acc[m][1], a0, a1, a2, a3, b[1][0], b[1][1]);
-      }
-    }
+    products<HB>(acc, sH, SH, sW2 + n0 * SW2, SW2, gid, tig);
     #pragma unroll
     for (int m = 0; m < MT; ++m)
       #pragma unroll
@@ -313,23 +298,11 @@ def snr_db(got: torch.Tensor, want: torch.Tensor) -> float:
     return float(10 * torch.log10(want.float().pow(2).sum() / noise.clamp_min(1e-30)))
 
 
-def graph_us(fn, repeats: int = 20, replays: int = 30) -> float:
-    """Microseconds a call of fn: a CUDA graph of `repeats` calls, the median of `replays` replays."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeats):
-            fn()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / repeats)
-    return statistics.median(times)
+def graph_us(fn, device, repeats: int = 100, replays: int = 30) -> float:
+    """Microseconds a call of fn: a CUDA graph of `repeats` calls, the median of `replays` replays (measure.py)."""
+    from measure import graph_time
+
+    return graph_time(fn, repeats, replays, device) * 1e6 / repeats
 
 
 def main() -> None:
@@ -363,8 +336,8 @@ def main() -> None:
             cluster(normed, x, got, got_normed)
             torch.cuda.synchronize()
             cell = {"out_snr_db": snr_db(got, want[0]), "normed_snr_db": snr_db(got_normed, want_normed[0]),
-                    "per_block_us": graph_us(lambda: reference(normed, x)),
-                    "cluster_us": graph_us(lambda: cluster(normed, x, got, got_normed))}
+                    "per_block_us": graph_us(lambda: reference(normed, x), device),
+                    "cluster_us": graph_us(lambda: cluster(normed, x, got, got_normed), device)}
             cell["ratio"] = cell["cluster_us"] / cell["per_block_us"]
             out["cells"][str(R)] = cell
             print(f"{R:6d} {cell['per_block_us']:12.2f} {cell['cluster_us']:10.2f} {cell['ratio']:6.2f} "
