@@ -35,15 +35,17 @@ from services.gateway.voice_owners import VoiceOwners
 
 log = logging.getLogger(__name__)
 
-RECOVERY_CHECK_SECONDS = 0.5  # ... and at most how long between two checks of one that is not ready
+# ... and at most how long between two checks of one that is not ready: a restarted stage is found ~0.1-0.3 s after it
+# serves (with 0.5 s and a reconnect backoff of up to 1 s, 0.45-1.1 s of every restart on an H200: docs/benchmarks.md)
+RECOVERY_CHECK_SECONDS = 0.1
 CHECK_TIMEOUT = 1.0
 VOICES_SECONDS = 5.0  # a ready vocoder's voices are asked again this often
-# A stage that restarts is found again within a second: the default backoff grows to two minutes,
-# and a channel in backoff fails calls at once without trying to connect.
+# A stage that restarts is found again within a quarter second: the default backoff grows to two minutes,
+# and a channel in backoff fails calls at once without trying to connect. (Loopback: a try costs nothing.)
 CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_reconnect_backoff_ms", 250),
 ]
 
 
