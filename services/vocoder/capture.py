@@ -15,17 +15,18 @@ meanwhile (docs/benchmarks.md). So:
 
 Why never beside a call: a capture forbids every other thread's CUDA work until it ends (CUDA's global capture mode),
 and beside a worker's calls a capture failed and took the vocoder down (flow_graphs.py). `DeviceGate` keeps the
-workers' calls and the captures apart. Until its shape is captured, a call runs eagerly, unpadded, as a shape that
-no plan covers does: correct, and much slower at the real size (a flow call is ~6,000 kernels launched one by one,
-~0.3 s on an H200 against ~30 ms replayed). Why covers: a vocoder restarted under load ran every call of the shapes not
-yet captured eagerly, and captured nothing, since it was never idle; its turns' first audio took seconds
-(docs/benchmarks.md). Capturing each needed graph at once, holding the calls (~0.6 s for a flow graph), still left
-the load's first audio 15-19 s late and its streams stalling seconds after the vocoder was back (2026-11-29). A cover
-costs one graph of each kind before serving (~0.7 s for a flow graph), and a call padded into it runs as a full call
-does (63.7 ms for 32 streams' flow against 43.2 ms for 16's on an H200): slower than its own graph and far faster
-than eagerly, and never waiting on a capture. So a needed graph with a cover waits for the vocoder to be idle, as the
-rest do, just first among them. Only a call with no cover (none captured) has its graph captured as soon as the calls
-running end (new calls wait for it), since one capture costs less than a single eager call more.
+workers' calls and the captures apart. Until its shape is captured, a call is padded into its kind's cover; with no
+cover captured it runs eagerly, unpadded, as a shape that no plan holds does: correct, and much slower at the real size
+(a flow call is ~6,000 kernels launched one by one, ~0.3 s on an H200 against ~30 ms replayed). Why covers: a vocoder
+restarted under load ran every call of the shapes not yet captured eagerly, and captured nothing, since it was never
+idle; its turns' first audio took seconds (docs/benchmarks.md). Capturing each needed graph at once, holding the calls
+(~0.6 s for a flow graph), still left the load's first audio 15-19 s late and its streams stalling seconds after the
+vocoder was back (2026-11-29). A cover costs one graph of each kind before serving (~0.7 s for a flow graph), and a
+call padded into it runs as a full call does (63.7 ms for 32 streams' flow against 43.2 ms for 16's on an H200): slower
+than its own graph and far faster than eagerly, and never waiting on a capture. So a needed graph with a cover waits
+for the vocoder to be idle, as the rest do, just first among them. Only a call with no cover (none captured) has its
+graph captured as soon as the calls running end (new calls wait for it), since one capture costs less than a single
+eager call more.
 `vocoder_graphs_pending` counts the graphs still to capture, and the log says when the last is captured: benchmarks
 that follow a start wait for that line.
 """

@@ -79,8 +79,9 @@ class GeneratorRunner:
         self.exact_frames: set[int] = set()  # last-window lengths that run in graphs (warm_up)
         self.exact_batch = 0                 # the most last windows of one length a graph takes (warm_up)
         self.pool = None
-        # Serving (set by TokenVocoder.serve once the server's warm-up is over): a shape the warm-up missed runs
-        # eagerly, not captured (_run says why), and is logged once. Before (tests, benches): captured at first use.
+        # Serving (set by TokenVocoder.serve once the server's warm-up is over): a shape not captured yet is padded
+        # into a captured graph of more rows, or else runs eagerly and is logged once (_run says why). Before (tests,
+        # benches): captured at first use.
         self.serving = False
         self.eager_shapes: set[tuple[int, int]] = set()
         # Told of a call whose shape is not captured while serving, and whether a captured graph covers it → whether its

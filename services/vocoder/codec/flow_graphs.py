@@ -9,8 +9,8 @@ and replayed: a call copies its inputs into the graph's static ones (`copy_into`
 [B, 80, frames] is the graph's own tensor, overwritten by the next replay: callers copy out what they keep.
 
 Once serving, a worker never captures a shape: a shape not captured yet is padded into a larger captured graph that
-holds it (`pick`), or, with none, runs eagerly, unpadded (much slower). The server captures the graphs of one window's
-calls and the largest ones (which hold every call) before serving, and the rest while serving with every worker idle
+holds it (`pick`), or, with none, runs eagerly, unpadded (much slower). The server captures the largest graphs (the
+covers, which hold every call) before serving, and the rest while serving with every worker idle
 (services/vocoder/capture.py): a capture syncs the device and forbids CUDA calls from the process's other threads until
 it ends. On an H200, with the streams past the stream history's 128 slots decoding over windows, a worker's capture
 beside the other worker's calls failed the lane's event query, the capture with it, and the device-side assert that
@@ -44,7 +44,7 @@ class FlowGraphs:
         self.ratio, self.num_mels = frames_per_token, num_mels
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, FlowBatch, torch.Tensor]] = {}
         self.pool = None
-        self.serving = False  # TokenVocoder.serve, after the server's warm-up: a shape not captured runs eagerly
+        self.serving = False  # TokenVocoder.serve, after the server's warm-up: from then on `pick` captures nothing
         self.eager_shapes: set[tuple] = set()
         # Told of a call whose shape is not captured while serving, and whether a captured graph covers it → whether
         # its capture is planned (capture.py: then it comes next, at once if nothing covers it); None: no capture while
