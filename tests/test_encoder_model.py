@@ -112,6 +112,25 @@ def test_offline_is_the_oracles_encoder(model):
     assert len(set(ours.flatten().tolist())) > 5  # the codes tell frames apart (spread_codebook)
 
 
+@torch.no_grad()
+def test_a_whole_segment_encoded_in_the_services_pool_holds_places_for_its_call_as_no_speaker(model):
+    """A turn's segment encoded again at its end (stream._reencode) runs in free places of the service's pool: for its
+    call they are used, and they are not speakers (the encoder_speakers gauge reads `speakers`); then all go back."""
+    pool = KVPool(model.cfg, 4)
+    speaker = model.start(pool)
+    seen = []
+    feed = model.feed
+    model.feed = lambda states, mels, p: (seen.append((p is pool, pool.used(), pool.speakers())), feed(states, mels, p))[1]
+    try:
+        model(torch.randn(2, 16, 40, generator=torch.Generator().manual_seed(4)), pool)
+    finally:
+        del model.feed
+    assert seen == [(True, 3, 1)]                # two rows in the pool for the call, one speaker
+    assert (pool.used(), pool.speakers(), pool.borrowed) == (1, 1, 0)
+    model.finish(speaker, pool)
+    assert pool.used() == pool.speakers() == 0
+
+
 @settings(max_examples=25, deadline=None)
 @given(cuts=st.lists(st.integers(0, 80), max_size=8))
 @torch.no_grad()

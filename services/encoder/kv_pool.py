@@ -44,6 +44,7 @@ class KVPool:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.free = list(range(slots - 1, -1, -1))
+        self.borrowed = 0  # slots a whole segment's encoding holds for its call (WhisperVQEncoder.forward): no speaker's
 
     @property
     def frames(self) -> int:
@@ -59,3 +60,7 @@ class KVPool:
 
     def used(self) -> int:
         return self.slots - len(self.free)
+
+    def speakers(self) -> int:
+        """The slots speakers hold (`used` less those borrowed for a call; read from another thread, so never under 0)."""
+        return max(0, self.used() - self.borrowed)

@@ -25,8 +25,9 @@ REQUESTS.labels("OK")
 
 
 def watch_speakers(pool, places: int) -> None:
-    """The encoder's keys and values (kv_pool.py), read when scraped."""
-    SPEAKERS.set_function(pool.used)
+    """The encoder's keys and values (kv_pool.py), read when scraped: the places speakers hold (a turn's segment encoded
+    again at its end borrows places for its call: not a speaker's; bench's sampled peak once read 4 for 2 sessions)."""
+    SPEAKERS.set_function(pool.speakers)
     SPEAKER_PLACES.set(places)
 
 

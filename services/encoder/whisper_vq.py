@@ -223,9 +223,14 @@ class WhisperVQEncoder(nn.Module):
         """mel [B, n_mels, T] (T ≤ segment_mel_frames) → codes [B, ceil(T / mel_frames_per_code)]: each row a whole
         segment at once, as `feed` then `finish` give it, in free slots of `pool` (the service's: its layers then
         replay from its CUDA graphs) or, without one or room in it, in a pool of its own sized to the rows."""
-        if pool is None or len(pool.free) < mel.shape[0]:
+        rows = mel.shape[0]
+        if pool is None or len(pool.free) < rows:
             w = self.conv1.weight
-            pool = KVPool(self.cfg, mel.shape[0], w.device, w.dtype, frames=max(1, (mel.shape[2] + 1) // 2))
-        states = [self.start(pool) for _ in range(mel.shape[0])]
-        codes = self.feed(states, list(mel), pool)
-        return torch.stack([torch.cat([c, last]) for c, last in zip(codes, self.finish_many(states, pool))])
+            pool = KVPool(self.cfg, rows, w.device, w.dtype, frames=max(1, (mel.shape[2] + 1) // 2))
+        pool.borrowed += rows  # (held for this call alone: the service's count of speakers leaves them out)
+        try:
+            states = [self.start(pool) for _ in range(rows)]
+            codes = self.feed(states, list(mel), pool)
+            return torch.stack([torch.cat([c, last]) for c, last in zip(codes, self.finish_many(states, pool))])
+        finally:
+            pool.borrowed -= rows
