@@ -5,7 +5,7 @@
 #   2. bench/codec_history.py --beside-llm again, its whole log kept ($OUT/codec_history.log).
 #   bash docs/results/flow_2026-11-30/call2.sh
 #
-# Predicted (written 2026-11-30 01:52 UTC, before the call): 1. the round takes 50-80 s (each replica drains for up to
+# Predicted (written 2026-11-30 01:27 UTC, before the call): 1. the round takes 50-80 s (each replica drains for up to
 # ~20 s, the length of its longest reply, then is back in 12-16 s); 0 admitted turns fail in every group; refusals
 # during the round (one replica's capacity), none before; admitted stall-free >= 95%. 2. alone: a first call ~22 ms,
 # 32 streams steady ~60 ms; beside the llm 1.5-2.5x those; the llm's step 9-12 ms beside (6.4 alone).
