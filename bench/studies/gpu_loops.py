@@ -52,8 +52,10 @@ class LlmLoop:
 
     def run(self, seconds: float) -> dict:
         e, steps = self.engine, 0
+        # the sequences prefilled first began decoding while the others prefilled: the one furthest on bounds the run
+        left = self.new_tokens - max(s.num_steps for s in e.scheduler.running) - 8
         start = time.perf_counter()
-        while time.perf_counter() - start < seconds and steps < self.new_tokens - 8:
+        while time.perf_counter() - start < seconds and steps < left:
             e.step()
             if e.last_step.decode_tokens != self.batch or e.last_step.prefill_tokens:
                 raise RuntimeError(f"step {steps} was not a pure decode step of {self.batch}: {e.last_step}")
