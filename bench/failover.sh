@@ -13,8 +13,9 @@ if start_stack --replicas 2 --kv-cache-gb 8 --max-num-seqs 64 "$@"; then
     --ramp 6 --no-progress --out "$OUT/failover" > "$OUT/failover.log" 2>&1 &
   BENCH=$!
   sleep "$KILL_AFTER"
-  # llm-2: the child of this stack's `up` that serves on the second replica's port (no other process on the host)
-  pkill -KILL -P "$STACK_PID" -f "[s]ervices.cli llm .*--port 50062 " && echo "killed llm-2 at $(date +%T)"
+  # llm-2: the process serving the second replica's port (one started from its spare keeps the spare's command line)
+  llm2=$(python3 -c "from services.stack import listener_pid; print(listener_pid(50062) or '')")
+  [ -n "$llm2" ] && kill -KILL "$llm2" && echo "killed llm-2 at $(date +%T)"
   wait "$BENCH"
   cat "$OUT/failover.log"
   python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:9091/metrics').read().decode())" \

@@ -16,7 +16,10 @@ FLAGS=(--kv-cache-gb 32 --max-num-seqs 256 "$@")
 DIR=$OUT/restart
 mkdir -p "$DIR"
 : > "$DIR/events.tsv"
-pid_of() { pgrep -f "services.cli $1 " | head -1; }
+pid_of() {  # SERVICE → the pid serving its gRPC port (one started from its spare keeps the spare's command line)
+  python3 -c "import sys; from services.settings import GRPC_PORTS; from services.stack import listener_pid; \
+print(listener_pid(GRPC_PORTS[sys.argv[1]]) or '')" "$1"
+}
 since() { python3 -c "print(round($(date +%s.%N) - $1, 2))"; }
 
 start_timed() {  # LABEL: the stack started now → a "start" event

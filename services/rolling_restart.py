@@ -5,7 +5,10 @@ Replica k is its llm and its vocoder (llm-k and vocoder-k: one GPU's under --gpu
 server). Each in turn is drained (SIGUSR2, services/common/server.py): its health says NOT_SERVING, the gateway sends
 new turns to the replicas still serving, and the turns already running on it end as they would have. It then exits,
 the supervisor starts it again at once (supervisor.py's expect_exit: no failure, no backoff), and the next replica is
-drained only once this one serves again. With two replicas or more no admitted turn fails. A Converse session whose
+drained only once this one serves again and is warm (its vocoder's CUDA graphs all captured, or WARM_TIMEOUT gone
+by: on an H200 the next drain, begun while the restarted vocoder still had 190 graphs to capture, left it alone with
+the load and calls padded into its largest graphs, and the admission limit fell 48 → 5; docs/benchmarks.md,
+spare-2026-11-30). With two replicas or more no admitted turn fails. A Converse session whose
 last turn ran on a drained llm goes on from the history the gateway holds, on another replica.
 
 With one replica each stage is down from the end of its drain until it is back (the log says so when the restart
@@ -23,6 +26,8 @@ from collections.abc import Callable
 from services.common.server import DRAIN_SECONDS
 
 DRAIN_TIMEOUT = DRAIN_SECONDS + 15.0  # a replica still running by then is stopped (SIGTERM, then SIGKILL)
+WARM_TIMEOUT = 150.0  # a restarted replica serving but not warm by then: the next is drained anyway (its vocoder took
+                      # 60-70 s for its graphs while serving on an H200)
 
 
 def replica_groups(names: list[str]) -> list[list[str]]:
@@ -39,15 +44,15 @@ class RollingRestart:
 
     def __init__(self, stack, supervisor, groups: list[list[str]], start_timeout: float,
                  log: Callable[[str], None] = lambda m: print(f"moss-serve up: {m}", file=sys.stderr),
-                 drain_timeout: float = DRAIN_TIMEOUT):
+                 drain_timeout: float = DRAIN_TIMEOUT, warm_timeout: float = WARM_TIMEOUT):
         """stack: a started services.stack.Stack (its procs, `serving` and `stop`); supervisor: the one that starts
         what exits (its `expect_exit`)."""
         self.stack, self.supervisor, self.groups, self.log = stack, supervisor, groups, log
-        self.start_timeout, self.drain_timeout = start_timeout, drain_timeout
+        self.start_timeout, self.drain_timeout, self.warm_timeout = start_timeout, drain_timeout, warm_timeout
         self.requested = 0  # rounds asked for and not begun
         self.queue: list[list[str]] = []  # this round's replicas not yet drained
         self.group: list[str] | None = None  # the replica being restarted
-        self.phase = ""  # "draining" (asked to exit), then "starting" (exited: waiting until it serves again)
+        self.phase = ""  # "draining" (asked to exit), "starting" (exited: waiting until it serves again), "warming"
         self.since = 0.0
         self.old: dict = {}  # name → the process that was asked to drain
         self.rounds = 0  # rounds done
@@ -73,8 +78,10 @@ class RollingRestart:
             return
         if self.phase == "draining":
             self._wait_exit(now)
-        else:
+        elif self.phase == "starting":
             self._wait_serving(now)
+        else:
+            self._wait_warm(now)
 
     def _drain(self, group: list[str], now: float) -> None:
         self.group, self.phase, self.since = group, "draining", now
@@ -103,12 +110,25 @@ class RollingRestart:
                    and proc.poll() is None and self.stack.serving(name) for name in group)
         if back:
             self.log(f"rolling restart: {', '.join(group)} serving again")
+            self.phase, self.since = "warming", now
+            self._wait_warm(now)
         elif now - self.since > self.start_timeout:
             self.log(f"rolling restart: {', '.join(group)} not serving {self.start_timeout:.0f} s after it stopped; "
                      f"the restart ends here (the supervisor goes on starting it)")
             self.queue = []
+            self._next(back=False)
+
+    def _wait_warm(self, now: float) -> None:
+        if all(self.stack.warm(name) for name in self.group):
+            self.log(f"rolling restart: {', '.join(self.group)} warm after {now - self.since:.0f} s")
+        elif now - self.since > self.warm_timeout:
+            self.log(f"rolling restart: {', '.join(self.group)} not warm {self.warm_timeout:.0f} s after it served; "
+                     f"going on")
         else:
             return
+        self._next(back=True)
+
+    def _next(self, back: bool) -> None:
         self.group = None
         if not self.queue:
             self.rounds += 1

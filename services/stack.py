@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.common.lifetime import PARENT_ENV
 from services.common.tls import ChannelTls
 from services.settings import GRPC_PORTS, HTTP_PORT, METRICS_PORTS
+from services.spare import Spare
 
 SERVICES = ("llm", "vocoder", "encoder", "gateway")
 NO_SPEECH = ("encoder",)  # Stack(without=...): a stack that takes no spoken turns (tests)
@@ -83,6 +84,33 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+SPARE_TRIES = 3  # spares of one instance that may exit by themselves before it is given no more
+
+
+def listener_pid(port: int) -> int | None:
+    """The process listening on this TCP port on this host (Linux's /proc), or None. A service started from its spare
+    keeps the spare's command line (spare.py), so its port, not its command, names it (bench/restart.sh's kills)."""
+    sockets = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()  # sl, local address:port (hex), remote, state (0A: LISTEN), ..., inode (10th)
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                sockets.add(f"socket:[{fields[9]}]")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in sockets for fd in (proc / "fd").iterdir()):
+                return int(proc.name)
+        except OSError:  # gone, or not ours to look into
+            continue
+    return None
+
+
 class ServiceExited(RuntimeError):
     """A service of the stack exited before it served (it said why on its stderr: a setting, a checkpoint, its GPU)."""
 
@@ -109,10 +137,12 @@ class Ports:
         return cls({s: free_port() for s in names}, {s: free_port() for s in names}, free_port() if http else 0)
 
 
-def is_serving(target: str, timeout: float = 1.0, tls: ChannelTls | None = None) -> bool:
+def is_serving(target: str, timeout: float = 1.0, tls: ChannelTls | None = None, service: str = "") -> bool:
+    """Whether the health check of `service` (the server as a whole by default) says SERVING."""
     try:
         with grpc.secure_channel(target, tls.credentials()) if tls else grpc.insecure_channel(target) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
+                                                              timeout=timeout)
             return reply.status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError:
         return False
@@ -122,11 +152,13 @@ class Stack:
     def __init__(self, ports: Ports | None = None, host: str = "127.0.0.1", extra_args: dict[str, list[str]] | None = None,
                  log_dir: str | Path | None = None, env: dict[str, dict[str, str]] | None = None,
                  health_tls: dict[str, ChannelTls] | None = None, replicas: dict[str, int] | None = None,
-                 without: tuple[str, ...] = ()):
+                 without: tuple[str, ...] = (), spares: tuple[str, ...] = ()):
         """extra_args, env, health_tls: by service ("llm": every llm replica) or by instance ("llm-2": that one
         too); env is what to add to its environment (e.g. an MPS daemon's pipe directory); health_tls is how to
         reach it for its health check, where it serves TLS. replicas: service → processes (llm, vocoder).
-        without: services not started (the encoder, for a stack that takes no spoken turns: tests)."""
+        without: services not started (the encoder, for a stack that takes no spoken turns: tests).
+        spares: services whose every process keeps a spare once it runs (spare.py: `keep_spares`), which its next
+        start then uses."""
         if unknown := set(without) - {"encoder"}:
             raise ValueError(f"without: only the encoder may be left out, not {', '.join(sorted(unknown))}")
         self.names = [name for name in instances(replicas) if service_of(name) not in without]
@@ -139,6 +171,9 @@ class Stack:
         self.env = env or {}
         self.health_tls = health_tls or {}
         self.procs: dict[str, subprocess.Popen] = {}
+        self.spare_services = set(spares)
+        self.spares: dict[str, Spare] = {}
+        self.spare_deaths: dict[str, int] = {}  # spares that exited by themselves, by instance
 
     @staticmethod
     def _settings(table: dict, name: str) -> list:
@@ -162,16 +197,53 @@ class Stack:
                 cmd += ["--encoder-target", ",".join(map(self.target, self.replicas("encoder")))]
         return cmd + [arg for args in self._settings(self.extra_args, name) for arg in args]
 
-    def start(self, name: str) -> None:
-        """Start one process. From the main thread: it ends when the thread that started it does (lifetime.py)."""
-        out = None
-        if self.log_dir:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            out = open(self.log_dir / f"{name}.log", "ab")
+    def _log(self, name: str):
+        """Its log file, opened to append (None: the processes write to this one's stderr)."""
+        if not self.log_dir:
+            return None
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return open(self.log_dir / f"{name}.log", "ab")
+
+    def _env(self, name: str) -> dict[str, str]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
         for extra in self._settings(self.env, name):
             env.update(extra)
-        self.procs[name] = subprocess.Popen(self.command(name), stdout=out, stderr=subprocess.STDOUT if out else None, env=env)
+        return env
+
+    def start(self, name: str) -> bool:
+        """Start one process: its spare if it has one that fits, else a new one → whether the spare served. From the
+        main thread: it ends when the thread that started it does (lifetime.py)."""
+        command, env = self.command(name), self._env(name)
+        spare = self.spares.pop(name, None)
+        if spare is not None:
+            proc = spare.go() if spare.fits(command, env) else None
+            if proc is not None:
+                self.procs[name] = proc
+                return True
+            spare.discard()
+        out = self._log(name)
+        self.procs[name] = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT if out else None, env=env)
+        return False
+
+    def keep_spares(self) -> None:
+        """A spare for each running process of the spared services that has none (spare.py). Called by the
+        supervisor: the first ones once the stack serves, not beside its start, and a new one as soon as one served."""
+        for name, spare in list(self.spares.items()):
+            if spare.proc.poll() is not None:  # it exited by itself (spare.py: it touched the driver, or crashed)
+                del self.spares[name]
+                self.spare_deaths[name] = self.spare_deaths.get(name, 0) + 1
+                if self.spare_deaths[name] == SPARE_TRIES:
+                    print(f"moss-serve up: {name}'s spare exited by itself {SPARE_TRIES} times (code "
+                          f"{spare.proc.returncode}); {name} restarts without one", file=sys.stderr)
+        for name in self.names:
+            if (service_of(name) in self.spare_services and name not in self.spares and name in self.procs
+                    and self.spare_deaths.get(name, 0) < SPARE_TRIES):
+                self.spares[name] = Spare(self.command(name), self._env(name), self._log(name))
+
+    def drop_spares(self) -> None:
+        for spare in self.spares.values():
+            spare.discard()
+        self.spares.clear()
 
     def start_all(self, timeout: float = 120.0) -> None:
         for name in self.names:
@@ -181,6 +253,13 @@ class Stack:
     def serving(self, name: str) -> bool:
         """Whether its health check says SERVING now (at most a second's wait)."""
         return is_serving(self.target(name), tls=(self._settings(self.health_tls, name) or [None])[-1])
+
+    def warm(self, name: str) -> bool:
+        """Whether it serves with nothing left to prepare (server.py's WARM_SERVICE: a vocoder's graphs all captured)."""
+        from services.common.server import WARM_SERVICE
+
+        return is_serving(self.target(name), tls=(self._settings(self.health_tls, name) or [None])[-1],
+                          service=WARM_SERVICE)
 
     def wait_serving(self, services=None, timeout: float = 120.0) -> None:
         services = self.names if services is None else services
@@ -213,7 +292,8 @@ class Stack:
                 proc.wait()
 
     def stop_all(self) -> None:
-        """The gateway first (no new turns), then llm and vocoder together."""
+        """The spares, then the gateway (no new turns), then llm and vocoder together."""
+        self.drop_spares()
         self.stop("gateway")
         self.stop(*reversed(self.names))
 

@@ -6,6 +6,9 @@ vocoder back ~12 s after a kill on an H200; its first second was this wait, once
 then doubles with each failure in a row (1 s, 2 s, 4 s, ... up to 30 s), so a service that cannot start does not spin;
 it goes back to none once the service has run for a minute. An exit asked for
 (`expect_exit`: a drained replica of a rolling restart) is no failure: the service starts again at once.
+
+Where the stack keeps spares (spare.py: a process per service that has done its imports and waits), a restart is the
+spare's, and the stack starts the next spare at the following poll.
 """
 
 from __future__ import annotations
@@ -57,13 +60,16 @@ class Supervisor:
                     st.restart_at = now + st.backoff
                     self.log(f"{name} {how}; starting it again " + (f"in {st.backoff:.0f} s" if st.backoff else "at once"))
             elif now >= st.restart_at:
-                self.stack.start(name)
+                if self.stack.start(name):
+                    self.log(f"{name} started again from its spare (its imports done ahead)")
                 self.restarts[name] += 1
                 st.started, st.restart_at = now, None
                 if name in self.expected:
                     self.expected.discard(name)
                 else:
                     st.backoff = min(max(st.backoff * 2, self.first_backoff), self.max_backoff)
+        if self.stack.spare_services:
+            self.stack.keep_spares()
 
     def expect_exit(self, name: str) -> None:
         """`name` was asked to exit (drained): start it again as soon as it has, without counting a failure."""

@@ -17,6 +17,7 @@ from services.settings import forward
 from services.vocoder.settings import VocoderSettings
 
 SERVICES_ON_GPU = ("llm", "vocoder", "encoder")
+POLL_SECONDS = 0.1  # how often up looks at its services: a death is noticed (and the spare told to go) this soon
 GPU_STARTING_TURNS = 16  # --max-starting-turns on a GPU: a burst of 128 at once on an H100 played 100% stall-free
 # Turns a CPU core plays at once (the headroom rule's start and a burst's most, where `up` runs the stack on a CPU):
 # on 2 cores, the embedded default (the codec's flow + HiFT) played 2 streams 100% stall-free, 4 at 50%, 6 and 8 at 0%
@@ -146,8 +147,9 @@ def run_up(args) -> int:
         env[name] = {**extra_env, **env.get(name, {})}
     health = {"llm": tls.client(mutual=True), "vocoder": tls.client(mutual=True), "encoder": tls.client(mutual=True),
               "gateway": tls.client(mutual=False)} if tls else {}
+    spares = args.spares if args.spares is not None else args.device == "cuda"
     stack = Stack(ports, host=args.host, extra_args=extra, env=env, health_tls=health, replicas=counts,
-                  without=("encoder",) if args.no_encoder else ())
+                  without=("encoder",) if args.no_encoder else (), spares=SERVICES_ON_GPU if spares else ())
     stopping, hangups = [], []
     # Ctrl-C (SIGINT) stops up even where it was started with SIGINT ignored, as a shell's background job is (and so
     # a test runner's worker process): Python then leaves it ignored, and `kill -INT` would do nothing.
@@ -239,7 +241,7 @@ def keep_running(stack, mps, stopping: list, groups: list[list[str]], hangups: l
         if keeper is not None:
             keeper.poll()
         rolling.poll()
-        time.sleep(0.5)
+        time.sleep(POLL_SECONDS)
 
 
 def gpu_groups(args, names: list[str]) -> list[list[str]]:

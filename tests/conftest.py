@@ -66,7 +66,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 # Measured on the 2-core development machine (2026-11-29): the whole suite one test at a time 878-921 s; in two parts
 # 388 s (these, two at a time) + 208 s (the rest, alone), `make test` 10 min in all.
 PARALLEL_MODULES = frozenset({
-    "test_fuzz_gateway", "test_load_cleanup", "test_rolling_restart",
+    "test_fuzz_gateway", "test_load_cleanup", "test_rolling_restart", "test_spare",
     "test_auth", "test_bench", "test_bigvgan_package", "test_block_manager", "test_chunk_attention",
     "test_codec_history", "test_codec_parity", "test_codec_peer", "test_codec_prefix", "test_codec_service",
     "test_vocoder_capture", "test_restart_report", "test_rolling_report", "test_voices_live", "test_voice_owners",

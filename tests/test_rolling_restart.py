@@ -36,9 +36,12 @@ class FakeProc:
 
 
 class FakeStack:
+    spare_services = frozenset()  # (keeps no spares)
+
     def __init__(self, names):
         self.procs = {name: FakeProc() for name in names}
         self.up: set[str] = set(names)  # serving
+        self.cold: set[str] = set()  # serving, still preparing (a vocoder capturing graphs)
         self.stopped = []
 
     def start(self, name):
@@ -46,6 +49,9 @@ class FakeStack:
 
     def serving(self, name):
         return name in self.up
+
+    def warm(self, name):
+        return name in self.up and name not in self.cold
 
     def stop(self, *names):
         self.stopped += names
@@ -114,6 +120,47 @@ def test_a_replica_that_does_not_drain_in_time_is_stopped_and_one_that_does_not_
     rolling.poll(now=50)
     assert not rolling.busy and rolling.rounds == 1 and "rolling restart: stopped" in said
     assert not stack.procs["llm-2"].signals  # the second replica was never drained
+
+
+def test_the_next_replica_is_drained_only_once_the_restarted_one_is_warm_or_its_wait_is_over():
+    stack, said = FakeStack(NAMES), []
+    supervisor = Supervisor(stack, log=said.append)
+    rolling = RollingRestart(stack, supervisor, replica_groups(NAMES), start_timeout=60, log=said.append,
+                             warm_timeout=100)
+    first = dict(stack.procs)
+    for round_ in range(2):
+        rolling.request()
+        rolling.poll(now=0)
+        old = {name: stack.procs[name] for name in ("llm", "vocoder")}
+        for proc in old.values():
+            proc.returncode = 0
+        supervisor.poll(now=1)
+        supervisor.poll(now=1)
+        stack.cold.add("vocoder")  # serving, its graphs still being captured
+        rolling.poll(now=1)
+        rolling.poll(now=2)
+        assert "rolling restart: llm, vocoder serving again" in said
+        rolling.poll(now=50)
+        assert first["llm-2"].signals == [signal.SIGUSR2] * round_  # not drained while the vocoder is cold
+        if round_ == 0:
+            stack.cold.clear()
+            rolling.poll(now=60)
+            rolling.poll(now=60)
+            assert "rolling restart: llm, vocoder warm after 58 s" in said
+        else:
+            rolling.poll(now=103)  # never warm: the wait is over
+            rolling.poll(now=103)
+            assert "rolling restart: llm, vocoder not warm 100 s after it served; going on" in said
+        assert first["llm-2"].signals == [signal.SIGUSR2] * (round_ + 1)
+        first["llm-2"].returncode = first["vocoder-2"].returncode = 0  # (drained; its new process left serving)
+        supervisor.poll(now=104)
+        supervisor.poll(now=104)
+        stack.cold.clear()
+        rolling.poll(now=105)
+        rolling.poll(now=106)
+        assert rolling.rounds == round_ + 1 and not rolling.busy
+        first["llm-2"].returncode = first["vocoder-2"].returncode = None  # (stand-ins: the next round signals them)
+        stack.procs["llm-2"], stack.procs["vocoder-2"] = first["llm-2"], first["vocoder-2"]
 
 
 # ---- the real thing: `moss-serve up --replicas 2` under load ------------------------------------------------------------

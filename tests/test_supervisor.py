@@ -24,6 +24,8 @@ class FakeProc:
 
 
 class FakeStack:
+    spare_services = frozenset()  # (keeps no spares)
+
     def __init__(self, names):
         self.procs = {n: FakeProc() for n in names}
         self.started = []

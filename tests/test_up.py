@@ -163,6 +163,8 @@ class FakeProc:
 class FakeStack:
     """What MpsKeeper uses of a Stack: its processes, stop and start."""
 
+    spare_services = frozenset()  # (keeps no spares)
+
     def __init__(self):
         self.names = ["llm", "llm-2", "vocoder", "vocoder-2", "gateway"]
         self.procs = {name: FakeProc() for name in self.names}
@@ -273,7 +275,7 @@ def test_a_supervisor_told_of_a_start_does_not_start_it_again():
         def poll(self):
             return None if self.alive else 1
 
-    stack = SimpleNamespace(procs={"llm": Proc(alive=False)}, started=[])
+    stack = SimpleNamespace(procs={"llm": Proc(alive=False)}, started=[], spare_services=())
     stack.start = lambda name: stack.started.append(name)
     supervisor = Supervisor(stack, log=lambda m: None)
     supervisor.poll(now=0.0)  # it died: to be started again after 1 s ...

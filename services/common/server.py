@@ -26,6 +26,11 @@ GRACE_SECONDS = 5.0
 # turn runs as long as its reply: 20 s of audio is ~5 s of llm work, and a vocoder stream ends with its turn).
 DRAIN_NOTICE_SECONDS = 1.5
 DRAIN_SECONDS = 120.0
+# The health check's name for "nothing left to prepare": SERVING once a service that serves while it still prepares
+# (a vocoder capturing CUDA graphs) is done, so that a rolling restart drains the next replica only then. Others are
+# warm as soon as they serve.
+WARM_SERVICE = "warm"
+WARM_POLL_SECONDS = 0.5
 
 
 async def serve(
@@ -45,6 +50,7 @@ async def serve(
     fatal: asyncio.Future | None = None,
     write_timeout: float | None = None,
     on_stalled: Callable[[str], None] = lambda method: None,
+    warm: Callable[[], bool] | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM, then stop taking calls, give running ones GRACE_SECONDS, and clean up; or until
     SIGUSR2, then drain: NOT_SERVING first, running calls given DRAIN_SECONDS (above), exit 0.
@@ -63,7 +69,9 @@ async def serve(
     serving stops as on SIGTERM, then serve raises it.
     write_timeout: seconds a streaming call may wait for its client to take a message, then it ends CANCELLED and
     on_stalled(method) is told (interceptor.py); None: as long as it takes (llm, vocoder: their client is the
-    gateway, which reads what it asked for)."""
+    gateway, which reads what it asked for).
+    warm: whether the service has nothing left to prepare (polled; WARM_SERVICE's health says so); None: warm when
+    serving."""
     # gRPC sets SO_REUSEPORT by default on Linux: a second copy of a service would then bind the same port
     # and silently take half of the new connections. Off, a port in use is an error at start.
     # ErrorInterceptor first: it sees (and counts) the UNAUTHENTICATED of a refused key too.
@@ -89,11 +97,19 @@ async def serve(
 
     async def set_serving(serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        for service in ("", full_service_name):
+        for service in ("", full_service_name) + ((WARM_SERVICE,) if warm is None else ()):
             await health.set(service, status)
 
+    async def watch_warmth() -> None:
+        while not warm():
+            await asyncio.sleep(WARM_POLL_SECONDS)
+        await health.set(WARM_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+
+    if warm is not None:
+        await health.set(WARM_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
     await set_serving(readiness is None)
     watcher = asyncio.create_task(readiness(set_serving)) if readiness else None
+    warming = asyncio.create_task(watch_warmth()) if warm is not None else None
     log.info("%s serving on %s%s", name, address, "" if tls is None else " (mutual TLS)" if tls.client_ca else " (TLS)")
 
     stop, drain = asyncio.Event(), asyncio.Event()
@@ -105,9 +121,10 @@ async def serve(
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     waits[0].cancel()
     log.info("%s stopping", name)
-    if watcher is not None:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+    for task in (watcher, warming):
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
     await health.enter_graceful_shutdown()
     if drain.is_set():
         log.info("%s draining: NOT_SERVING for %.1f s, then no new calls and up to %.0f s for the running ones",

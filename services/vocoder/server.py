@@ -151,4 +151,5 @@ async def run(s: VocoderSettings) -> None:
         on_stop=lambda: (background.stop() if background else None, servicer.worker.stop()),
         tls=s.tls,
         fatal=fatal,
+        warm=(lambda: background.pending == 0) if background is not None else None,  # every graph captured
     )

@@ -1,0 +1,104 @@
+"""A service's spare process: started ahead by `moss-serve up`, it has imported what the service runs on and waits.
+When the service's process exits, the supervisor tells the spare to go, and it serves under the same command line
+without paying for its imports again.
+
+Why: a GPU stage's restart is mostly its start. On an H200 a vocoder took 6-10 s from its death to its first log line
+(imports of torch, Triton and its own modules, then CUDA), out of 12-14 s to serving again; beside a loaded stack the
+imports alone took longer (docs/benchmarks.md, start-2026-11-29 and spare-2026-11-30).
+
+A spare must not touch the GPU before it goes. Under MPS a process becomes a client of the server of its day when it
+first initialises the driver, and after a fault that server takes no client until all of its old ones are gone: a
+spare that had initialised CUDA would be one of those. So it imports modules only, and it checks that the driver
+library is still not loaded (any CUDA call loads it); if it is, it exits, and the supervisor starts the service
+afresh instead.
+
+    python -m services.spare vocoder --port ... (the service's own arguments, as after `python -m services.cli`)
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+GO = b"go\n"
+# What each service's start imports before it does any work (measured as the bulk of its import time).
+PRELOAD = {
+    "llm": ("torch", "services.llm.server", "services.llm.engine.engine", "services.llm.model.checkpoint"),
+    "vocoder": ("torch", "triton", "services.vocoder.server", "services.vocoder.vocoder"),
+    "encoder": ("torch", "triton", "services.encoder.server"),
+}
+DRIVER = "libcuda.so"
+
+
+def driver_loaded(maps: str | None = None) -> bool:
+    """Whether this process has loaded the CUDA driver (any CUDA call does: cudart opens it on its first)."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:  # not Linux: nothing to check against
+            return False
+    return DRIVER in maps
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    from services.common.lifetime import die_with_parent
+
+    die_with_parent()
+    for module in PRELOAD.get(argv[0] if argv else "", ()):
+        importlib.import_module(module)
+    if driver_loaded():
+        print(f"moss-serve spare for {argv[0]}: the CUDA driver was loaded by an import; a spare must not be a GPU "
+              f"client before it serves, so it exits", file=sys.stderr)
+        return 1
+    if sys.stdin.buffer.readline() != GO:  # EOF: up stopped, or set this spare aside
+        return 0
+    from services.cli import main as cli
+
+    return cli(argv)
+
+
+class Spare:
+    """`moss-serve up`'s handle on one spare: the command line and environment it will serve with."""
+
+    def __init__(self, command: list[str], env: dict[str, str], stdout=None):
+        """command: the service's own command (`python -m services.cli SERVICE ...`); env: its environment."""
+        self.command, self.env = list(command), dict(env)
+        args = command[command.index("services.cli") + 1:]
+        self.proc = subprocess.Popen([sys.executable, "-m", "services.spare", *args], stdin=subprocess.PIPE,
+                                     stdout=stdout, stderr=subprocess.STDOUT if stdout else None, env=env)
+
+    def fits(self, command: list[str], env: dict[str, str]) -> bool:
+        """Whether it was started for exactly this command line and environment (an MPS share or a port may change)."""
+        return self.command == list(command) and self.env == dict(env)
+
+    def go(self) -> subprocess.Popen | None:
+        """Tell it to serve → its process, or None if it has exited (it then cannot serve)."""
+        if self.proc.poll() is not None:
+            return None
+        try:
+            self.proc.stdin.write(GO)
+            self.proc.stdin.flush()
+            self.proc.stdin.close()  # (it reads one line; the pipe's end is of no use to it after that)
+        except (BrokenPipeError, OSError):
+            return None
+        return self.proc
+
+    def discard(self) -> None:
+        """End it at once (SIGKILL: it holds nothing yet, no GPU context and no port)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        if self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":  # (`python -m services.spare`: the module's own copy, so that what patches it is seen)
+    from services.spare import main as spare_main
+
+    sys.exit(spare_main())

@@ -1,0 +1,130 @@
+"""A spare process (services/spare.py): it waits without serving, serves the command line it was made for when told,
+and `moss-serve up --spares` restarts a dead service from its spare, then makes the next one."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from services.spare import Spare, driver_loaded
+from services.stack import Ports, is_serving, listener_pid
+from tests.test_supervisor import say
+
+
+def test_a_spare_waits_then_runs_its_own_command_line(tmp_path):
+    command = [sys.executable, "-m", "services.cli", "gateway", "--help"]
+    env = {**os.environ}
+    log = tmp_path / "spare.log"
+    spare = Spare(command, env, open(log, "ab"))
+    time.sleep(1.0)
+    assert spare.proc.poll() is None  # waiting, not serving
+    assert spare.fits(command, env)
+    assert not spare.fits(command + ["--port", "1"], env)
+    assert not spare.fits(command, {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"})
+    proc = spare.go()
+    assert proc is spare.proc and proc.wait(60) == 0
+    assert "usage: moss-serve gateway" in log.read_text()
+    assert spare.go() is None  # it has exited: it cannot serve again
+
+
+def test_a_spare_set_aside_ends_at_once_and_one_told_nothing_exits_quietly(tmp_path):
+    command = [sys.executable, "-m", "services.cli", "vocoder", "--help"]
+    spare = Spare(command, dict(os.environ), open(tmp_path / "a.log", "ab"))
+    spare.discard()
+    assert spare.proc.returncode == -signal.SIGKILL
+    quiet = subprocess.run([sys.executable, "-m", "services.spare", "vocoder", "--help"], stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0 and "usage" not in quiet.stdout  # EOF before `go`: it never ran the command
+
+
+def test_a_spare_knows_whether_the_cuda_driver_was_loaded():
+    assert driver_loaded("7f00-7f10 r-xp 0 08:01 12 /usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04\n")
+    assert not driver_loaded("7f00-7f10 r-xp 0 08:01 12 /usr/lib/python3.12/libpython3.12.so\n")
+    assert not driver_loaded()  # this process: no CUDA call made on a CPU machine, nor by the imports a spare makes
+
+
+def spares_of(parent: int) -> dict[str, int]:
+    """service → pid of each idle spare whose parent is `parent` (those not serving: no port of their own)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = [a.decode() for a in f.read().split(b"\0")]
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == parent and "services.spare" in argv:
+            found[argv[argv.index("services.spare") + 1]] = int(entry)
+    return found
+
+
+def test_up_restarts_a_dead_service_from_its_spare_and_makes_the_next(tmp_path):
+    ports = Ports.free()
+    flags = []
+    for service in ("gateway", "llm", "vocoder"):
+        flags += [f"--{service}-port", str(ports.grpc[service]), f"--{service}-metrics-port", str(ports.metrics[service])]
+    flags += ["--http-port", "0", "--no-encoder", "--spares"]
+    log = tmp_path / "up.log"
+    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=open(log, "w"))
+    gateway = f"127.0.0.1:{ports.grpc['gateway']}"
+    try:
+        deadline = time.monotonic() + 180
+        while not is_serving(gateway) or "Ctrl-C stops" not in log.read_text() or len(spares_of(up.pid)) < 2:
+            assert up.poll() is None and time.monotonic() < deadline, "no stack with two spares:\n" + log.read_text()
+            time.sleep(0.3)
+        spares = spares_of(up.pid)
+        assert set(spares) == {"llm", "vocoder"}, spares
+        llm = listener_pid(ports.grpc["llm"])
+        assert llm is not None and llm not in spares.values()
+
+        os.kill(llm, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while listener_pid(ports.grpc["llm"]) in (None, llm):
+            assert time.monotonic() < deadline, "the llm's port was never served again:\n" + log.read_text()
+            time.sleep(0.1)
+        assert listener_pid(ports.grpc["llm"]) == spares["llm"]  # the spare serves, under its own pid
+        assert "llm started again from its spare" in log.read_text()
+        assert say(gateway) > 0
+        while (now := spares_of(up.pid)).get("llm") in (None, spares["llm"]):  # and the next spare is made
+            assert time.monotonic() < deadline, f"no new spare for the llm: {now}"
+            time.sleep(0.2)
+        assert now["vocoder"] == spares["vocoder"]  # the vocoder's left as it was
+
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 0
+        left = [pid for pid in [*now.values(), spares["llm"]] if os.path.exists(f"/proc/{pid}")
+                and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+        assert left == [], "spares outlived moss-serve up"
+    finally:
+        if up.poll() is None:
+            up.kill()
+        for pid in spares_of(up.pid).values():
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stack_gives_up_on_spares_that_keep_dying(tmp_path, monkeypatch, capsys):
+    from services.stack import SPARE_TRIES, Stack
+
+    # Every process "has loaded the driver" (each spare's services.spare patched by a sitecustomize): each exits 1.
+    (tmp_path / "sitecustomize.py").write_text("import services.spare\nservices.spare.DRIVER = ''\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    stack = Stack(Ports.free(), log_dir=tmp_path, spares=("llm",), without=("encoder",))
+    stack.procs["llm"] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        made = []
+        for _ in range(SPARE_TRIES + 2):
+            stack.keep_spares()
+            if "llm" in stack.spares:
+                made.append(stack.spares["llm"].proc.pid)
+                assert stack.spares["llm"].proc.wait(120) == 1  # it saw "the driver" and exited
+        stack.keep_spares()
+        assert len(made) == SPARE_TRIES and "llm" not in stack.spares
+        assert (tmp_path / "llm.log").read_text().count("the CUDA driver was loaded by an import") == SPARE_TRIES
+        assert f"llm's spare exited by itself {SPARE_TRIES} times" in capsys.readouterr().err
+    finally:
+        stack.procs["llm"].kill()
+        stack.drop_spares()
