@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
+import os
 import signal
 import sys
 
@@ -222,6 +223,13 @@ def run_service(args) -> int:
 
             if problem := unusable(settings.device):  # (PyTorch's own error: pages of traceback at the first kernel)
                 print(f"moss-serve {args.command}: {problem}", file=sys.stderr)
+                if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+                    # `up` saw this GPU before starting anything: under its MPS daemon, a GPU that vanished is a server
+                    # that takes no new client, as a faulted one does until all of its old clients are gone. Said as
+                    # a lost GPU, so that up stops those clients too and starts them all on a fresh server (up.py's
+                    # MpsKeeper); as a plain failure, up would start this one again and again while they lived.
+                    print(f"moss-serve {args.command}: (its MPS server takes no new client: faulted?)", file=sys.stderr)
+                    return exit_now(DeviceLost.EXIT_CODE)
                 return 2
             check_matmul(settings.device)  # wrong products under some MPS shares: refuse to serve (matmul_check.py)
             if getattr(settings, "quantization", "none") == "fp8":  # the llm's FP8 GEMMs: cuBLASLt's own kernels
@@ -234,12 +242,21 @@ def run_service(args) -> int:
         return 1
     except DeviceLost as e:  # its GPU context is gone: exit, to be started again on a fresh one (device.py)
         print(f"moss-serve {args.command}: {e}", file=sys.stderr)
-        return DeviceLost.EXIT_CODE
+        return exit_now(DeviceLost.EXIT_CODE)
     except ValueError as e:  # a model, voice or setting refused at start (a checkpoint's wrong tensors, a bad voice,
         # a GPU share whose matrix products are wrong)
         print(f"moss-serve {args.command}: cannot start: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def exit_now(code: int) -> int:
+    """Exit with `code` without the interpreter's teardown. After a sticky CUDA error that teardown runs PyTorch's
+    destructors, which throw, and the process aborts (SIGABRT) instead of saying why it ends: an H200's vocoder whose
+    GPU had failed died -6, not 3, and up left its neighbours on the faulted MPS server."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

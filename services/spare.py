@@ -7,20 +7,22 @@ Why: a GPU stage's restart is mostly its start. On an H200 a vocoder took 6-10 s
 imports alone took longer (docs/benchmarks.md, start-2026-11-29 and spare-2026-11-30).
 
 A spare must not touch the GPU before it goes. Under MPS a process becomes a client of the server of its day when it
-first initialises the driver, and after a fault that server takes no client until all of its old ones are gone: a
-spare that had initialised CUDA would be one of those. So it imports modules only, and it checks that the driver
-library is still not loaded (any CUDA call loads it); if it is, it exits, and the supervisor starts the service
-afresh instead.
+initialises the driver (cuInit), and after a fault that server takes no client until all of its old ones are gone: a
+spare that had initialised CUDA would be one of those. Importing torch maps the driver's library (on an H200 every
+spare had libcuda.so loaded after its imports) but does not initialise it. So a spare imports modules only, and then
+asks the driver whether it was initialised (cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED until cuInit); if it
+was, the spare exits, and the supervisor starts the service afresh instead.
 
     python -m services.spare vocoder --port ... (the service's own arguments, as after `python -m services.cli`)
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
+import os
 import subprocess
 import sys
-from pathlib import Path
 
 GO = b"go\n"
 # What each service's start imports before it does any work (measured as the bulk of its import time).
@@ -29,17 +31,19 @@ PRELOAD = {
     "vocoder": ("torch", "triton", "services.vocoder.server", "services.vocoder.vocoder"),
     "encoder": ("torch", "triton", "services.encoder.server"),
 }
-DRIVER = "libcuda.so"
+DRIVER = "libcuda.so.1"
+CUDA_ERROR_NOT_INITIALIZED = 3
 
 
-def driver_loaded(maps: str | None = None) -> bool:
-    """Whether this process has loaded the CUDA driver (any CUDA call does: cudart opens it on its first)."""
-    if maps is None:
-        try:
-            maps = Path("/proc/self/maps").read_text()
-        except OSError:  # not Linux: nothing to check against
-            return False
-    return DRIVER in maps
+def driver_initialized() -> bool:
+    """Whether this process has initialised the CUDA driver (cuInit: what makes it an MPS client). A process that has
+    not loaded the driver's library has not; one that has is asked with a call that needs cuInit and makes none."""
+    try:
+        lib = ctypes.CDLL(DRIVER, mode=os.RTLD_NOLOAD)  # only if already loaded: loading it here would prove nothing
+    except OSError:
+        return False
+    count = ctypes.c_int()
+    return lib.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     for module in PRELOAD.get(argv[0] if argv else "", ()):
         importlib.import_module(module)
-    if driver_loaded():
-        print(f"moss-serve spare for {argv[0]}: the CUDA driver was loaded by an import; a spare must not be a GPU "
+    if driver_initialized():
+        print(f"moss-serve spare for {argv[0]}: an import initialised the CUDA driver; a spare must not be a GPU "
               f"client before it serves, so it exits", file=sys.stderr)
         return 1
     if sys.stdin.buffer.readline() != GO:  # EOF: up stopped, or set this spare aside

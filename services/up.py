@@ -263,7 +263,10 @@ class MpsKeeper:
       them all again (with its backoff) as clients of a fresh server. A faulted server takes no new client until
       all of its old ones are gone (CUDA error 807, "MPS server is not ready to accept new MPS client requests").
       (Each also finds a faulted context by itself within PROBE_SECONDS, idle or not: services/common/device.py;
-      this is sooner.)
+      this is sooner.) A client the server refuses at its start exits 3 too (cli.py), and so does one that aborts
+      (SIGABRT: PyTorch's destructors throwing on a sticky CUDA error): either way the clients still holding the
+      faulted server must go, or no new one is ever taken (an H200's encoder held one for minutes while the llm and
+      the vocoder were refused at each restart).
     - A client killed by a signal takes the others with it only with `shared_fate` (--mps-shared-fate). Off by
       default: on an H200 five SIGKILLs under load (two of the vocoder, three of the llm) left the other stage
       serving with no CUDA error, and only the dead one was started again (docs/benchmarks.md, restart-2026-11-29),
@@ -291,7 +294,9 @@ class MpsKeeper:
             self._share_fate()
 
     def _takes_others(self, code: int) -> bool:
-        return code == DeviceLost.EXIT_CODE or (self.shared_fate and code < 0)
+        # SIGABRT too: a client aborts when PyTorch's destructors throw on a sticky CUDA error (cli.py's exit_now is
+        # there to exit 3 first, but an abort can still come from a thread's work)
+        return code in (DeviceLost.EXIT_CODE, -signal.SIGABRT) or (self.shared_fate and code < 0)
 
     def _share_fate(self) -> None:
         for group in self.groups:

@@ -95,3 +95,17 @@ def test_each_services_share_of_the_gpu_goes_into_its_environment():
 def test_up_refuses_a_share_that_is_not_a_percentage(capsys):
     assert main(["up", "--device", "cuda", "--mps", "--mps-vocoder-threads", "0"]) == 2
     assert "--mps-vocoder-threads is a percentage, 1 to 100" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("under_mps, code", [(False, 2), (True, 3)])
+def test_a_gpu_stage_refused_its_gpu_under_mps_says_its_gpu_is_lost(tmp_path, under_mps, code):
+    """Under up's MPS daemon a GPU that is not there at a stage's start is a server taking no new client (faulted):
+    exit 3, so that up's MpsKeeper stops the clients still holding it. Elsewhere a plain usage error (2). (This CPU
+    torch is built without CUDA: the same check refuses it.)"""
+    env = {**os.environ, **({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path)} if under_mps else {})}
+    env.pop("CUDA_MPS_PIPE_DIRECTORY", None) if not under_mps else None
+    done = subprocess.run([sys.executable, "-m", "services.cli", "llm", "--device", "cuda", "--preset", "tiny",
+                           "--port", "0"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == code, done.stderr
+    assert "moss-serve llm: --device cuda:" in done.stderr
+    assert ("takes no new client" in done.stderr) == under_mps

@@ -247,18 +247,20 @@ def test_a_dead_client_takes_the_others_of_its_gpu_with_it(stand_in, groups, sto
         assert stack.calls[-1] == (("stop", *up_there) if up_there else ("start", "llm-2"))
 
 
-def test_by_default_a_killed_client_leaves_its_neighbours_and_one_that_lost_its_gpu_takes_them(stand_in):  # noqa: F811
+@pytest.mark.parametrize("code", [3, -6])  # DeviceLost.EXIT_CODE; SIGABRT (PyTorch's destructors on a sticky error)
+def test_by_default_a_killed_client_leaves_its_neighbours_and_one_that_lost_its_gpu_takes_them(stand_in, code):  # noqa: F811
     """The default (--no-mps-shared-fate): a SIGKILLed client is the supervisor's alone to start again; one that exits
-    saying its GPU context is lost (a fault, injected here as its exit code) takes the others of its GPU with it."""
+    saying its GPU context is lost, or aborts (a fault, injected here as its exit code), takes the others of its GPU
+    with it."""
     stack, said = FakeStack(), []
     with MpsDaemon(binary=stand_in) as daemon:
         keeper = MpsKeeper(daemon, stack, FakeSupervisor(), [GPU], log=said.append)
         stack.procs["llm-2"].returncode = -9
         keeper.poll()
         assert stack.calls == [] and said == []
-        stack.procs["vocoder"].returncode = 3  # DeviceLost.EXIT_CODE
+        stack.procs["vocoder"].returncode = code
         keeper.poll()
-        assert stack.calls == [("stop", "llm", "vocoder-2")] and "vocoder died (3)" in said[-1]
+        assert stack.calls == [("stop", "llm", "vocoder-2")] and f"vocoder died ({code})" in said[-1]
     assert parser().parse_args(["up"]).mps_shared_fate is False
     assert parser().parse_args(["up", "--mps-shared-fate"]).mps_shared_fate is True
 
