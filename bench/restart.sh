@@ -10,6 +10,8 @@
 #   STARTS="cold warm" KILLS="vocoder llm" bash bench/restart.sh
 #   WAIT_GRAPHS=0: a kill 30 s after the last one, not after every graph of the vocoder is captured.
 #   LOAD=0: each kill with no load running (the stage idle: does a kill fault its neighbour only mid-work?).
+#   KILLS="fault": not a kill but the GPU's MPS clients faulted on purpose (bench/gpu_fault.py), the path a kill that
+#   faults a neighbour takes: every GPU stage stopped and started again; "stage back" is the last of llm and vocoder.
 set -uo pipefail
 source bench/stack.sh
 FLAGS=(--kv-cache-gb 32 --max-num-seqs 256 "$@")
@@ -71,7 +73,11 @@ for victim in ${KILLS:-vocoder llm}; do
     sleep 8
   fi
   t0=$(date +%s.%N)
-  kill -9 "$before"
+  if [ "$victim" = fault ]; then  # every GPU stage's MPS server faulted on purpose (bench/gpu_fault.py)
+    python3 bench/gpu_fault.py --pid "$(pid_of llm)" > "$DIR/fault_$k.txt" 2>&1
+  else
+    kill -9 "$before"
+  fi
   answered=null
   until serve say "after the kill" -o "$WORK/after.wav" --max-new-tokens 8 --timeout 15 > /dev/null 2>&1; do
     sleep 0.5

@@ -45,9 +45,11 @@ def kill_row(dir_: Path, stage: str, t0: float, say: str, k: str) -> dict:
     log = dir_ / f"log_kill_{k}.txt"
     text = log.read_text(errors="replace") if log.exists() else ""
     back = None
-    for m in re.finditer(STAMP + rf" INFO services.gateway.backends: gateway: {stage} at \S+ is ready", text):
-        back = unix(m.group(1)) - t0
-        break
+    for name in ("llm", "vocoder") if stage == "fault" else (stage,):  # a fault restarts both: the later one is back
+        m = re.search(STAMP + rf" INFO services.gateway.backends: gateway: {name} at \S+ is ready", text)
+        back = None if m is None else max(back or 0.0, unix(m.group(1)) - t0)
+        if back is None:
+            break
     first_audio = None
     bench = dir_ / f"load_{k}" / "bench.json"
     if bench.exists():

@@ -126,13 +126,13 @@ def parser() -> argparse.ArgumentParser:
     processes.add_argument("--mps-shared-fate", action=argparse.BooleanOptionalAction, default=False,
                     help="with --mps: when one GPU's llm or vocoder is killed by a signal, stop the others of that GPU "
                          "too and start them all again on a fresh MPS server (default: off, only the dead one is started "
-                         "again: on an H200 under load 10 of 15 vocoder kills and 5 of 5 llm kills faulted no neighbour, "
+                         "again: on an H200 under load 14 of 19 vocoder kills and 6 of 7 llm kills faulted no neighbour, "
                          "and the dead one alone was back sooner). One that reports its GPU lost (exit code 3) takes the "
                          "others with it either way")
     processes.add_argument("--spares", action=argparse.BooleanOptionalAction, default=None,
                     help="keep a spare process for each llm, vocoder and encoder: started once the stack serves, it has "
                          "imported what the service runs on and waits, so that a restart skips those imports "
-                         "(services/spare.py; ~0.5 GB of host memory each). Default: on with --device cuda, off on a CPU")
+                         "(services/spare.py; a few hundred MB of host memory each). Default: on with --device cuda, off on a CPU")
     processes.add_argument("--replicas", type=positive(int), default=1,
                     help="llm and vocoder processes each, behind the one gateway; replica k serves on the ports given "
                          "plus 10 x (k - 1) (default 1)")

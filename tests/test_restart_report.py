@@ -45,3 +45,38 @@ def test_a_start_and_a_kill_that_faulted_the_other_stage(tmp_path):
     assert report["kills"] == [dict(killed="vocoder", back_s=28.1, load_first_audio_s=28.5, say_s=None,
                                     faulted=["llm"])]
     assert "| vocoder | 28.1 s | 28.5 s | – | llm |" in out
+
+
+def test_a_fault_on_purpose_is_back_when_the_later_of_llm_and_vocoder_is(tmp_path):
+    fault = 50.0
+    (tmp_path / "log_kill_2.txt").write_text(
+        "moss-serve up: llm exited with code 3; starting it again at once\n"
+        f"{stamp(fault + 9.4)} INFO services.gateway.backends: gateway: llm at 127.0.0.1:50052 is ready\n"
+        f"{stamp(fault + 11.2)} INFO services.gateway.backends: gateway: vocoder at 127.0.0.1:50053 is ready\n")
+    (tmp_path / "events.tsv").write_text(f"kill\tfault\t{T0 + fault}\t12.0\t2\n")
+    subprocess.run([sys.executable, str(ROOT / "bench" / "restart_report.py"), str(tmp_path), "--json",
+                    str(tmp_path / "r.json")], capture_output=True, text=True, check=True)
+    [row] = json.loads((tmp_path / "r.json").read_text())["kills"]
+    assert row == dict(killed="fault", back_s=11.2, load_first_audio_s=None, say_s=12.0, faulted=["llm"])
+    (tmp_path / "log_kill_2.txt").write_text(  # the vocoder never came back: not back
+        f"{stamp(fault + 9.4)} INFO services.gateway.backends: gateway: llm at 127.0.0.1:50052 is ready\n")
+    subprocess.run([sys.executable, str(ROOT / "bench" / "restart_report.py"), str(tmp_path), "--json",
+                    str(tmp_path / "r.json")], capture_output=True, text=True, check=True)
+    assert json.loads((tmp_path / "r.json").read_text())["kills"][0]["back_s"] is None
+
+
+def test_the_fault_on_purpose_joins_the_stage_s_mps_server_or_refuses(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_fault import client_env
+
+    stage = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe"), "PATH": "/usr/bin", "HOME": "/x"})
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={"PATH": "/usr/bin"})
+    try:
+        assert client_env(stage.pid) == {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe")}
+        refused = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_fault.py"), "--pid", str(plain.pid)],
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and "no MPS client" in refused.stderr
+    finally:
+        stage.kill()
+        plain.kill()
