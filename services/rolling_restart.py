@@ -26,6 +26,7 @@ from collections.abc import Callable
 from services.common.server import DRAIN_SECONDS
 
 DRAIN_TIMEOUT = DRAIN_SECONDS + 15.0  # a replica still running by then is stopped (SIGTERM, then SIGKILL)
+WARM_CHECK_SECONDS = 1.0
 WARM_TIMEOUT = 150.0  # a restarted replica serving but not warm by then: the next is drained anyway (its vocoder took
                       # 60-70 s for its graphs while serving on an H200)
 
@@ -53,6 +54,7 @@ class RollingRestart:
         self.queue: list[list[str]] = []  # this round's replicas not yet drained
         self.group: list[str] | None = None  # the replica being restarted
         self.phase = ""  # "draining" (asked to exit), "starting" (exited: waiting until it serves again), "warming"
+        self.warm_checked = float("-inf")  # when the warming replica's health was last asked
         self.since = 0.0
         self.old: dict = {}  # name → the process that was asked to drain
         self.rounds = 0  # rounds done
@@ -110,7 +112,7 @@ class RollingRestart:
                    and proc.poll() is None and self.stack.serving(name) for name in group)
         if back:
             self.log(f"rolling restart: {', '.join(group)} serving again")
-            self.phase, self.since = "warming", now
+            self.phase, self.since, self.warm_checked = "warming", now, float("-inf")
             self._wait_warm(now)
         elif now - self.since > self.start_timeout:
             self.log(f"rolling restart: {', '.join(group)} not serving {self.start_timeout:.0f} s after it stopped; "
@@ -119,6 +121,9 @@ class RollingRestart:
             self._next(back=False)
 
     def _wait_warm(self, now: float) -> None:
+        if now - self.since < self.warm_timeout and now - self.warm_checked < WARM_CHECK_SECONDS:
+            return  # (a health check each poll would open ten channels a second for up to WARM_TIMEOUT)
+        self.warm_checked = now
         if all(self.stack.warm(name) for name in self.group):
             self.log(f"rolling restart: {', '.join(self.group)} warm after {now - self.since:.0f} s")
         elif now - self.since > self.warm_timeout:

@@ -25,7 +25,8 @@ import subprocess
 import sys
 
 GO = b"go\n"
-# What each service's start imports before it does any work (measured as the bulk of its import time).
+# What each service's start imports before it does any work: its heavy modules (cli.py imports the server module
+# of its service; the rest come with it or soon after).
 PRELOAD = {
     "llm": ("torch", "services.llm.server", "services.llm.engine.engine", "services.llm.model.checkpoint"),
     "vocoder": ("torch", "triton", "services.vocoder.server", "services.vocoder.vocoder"),
