@@ -41,7 +41,7 @@ def replica_groups(names: list[str]) -> list[list[str]]:
 
 
 class RollingRestart:
-    """Polled by up's loop (`poll`, every half second); `request` (from the SIGHUP handler) starts a round."""
+    """Polled by up's loop (`poll`, every POLL_SECONDS of up.py); `request` (from the SIGHUP handler) starts a round."""
 
     def __init__(self, stack, supervisor, groups: list[list[str]], start_timeout: float,
                  log: Callable[[str], None] = lambda m: print(f"moss-serve up: {m}", file=sys.stderr),
