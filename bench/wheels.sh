@@ -6,8 +6,9 @@
 #   bash bench/wheels.sh --parity   # and the codec parity tests' CPU oracle (cosyvoice2-eu, conformer) and what its
 #                                   # modules import beyond the image: einops, diffusers (without them the parity
 #                                   # tests failed on the device, 2026-11-27); tests/codec_reference.py stands in
-#                                   # for omegaconf. .whl is then ~32 MB: with the tree's ~33 MB that is over what a
-#                                   # device call carries (64 MiB); move py-spy's wheel out for such a call
+#                                   # for omegaconf. .whl is then ~32 MB: with the tree (kept under 30 MiB by
+#                                   # tests/test_house.py) that is near what a device call carries (64 MiB); move
+#                                   # py-spy's wheel out for such a call
 # Beyond the services' own imports: cffi and pycparser, because soundfile's wheel (librosa's) imports cffi, which the
 # image lacks, and transformers then fails to import any model beside it (the llm bench's peer, 2026-11-27);
 # py-spy, to sample the services' stacks during a load.
