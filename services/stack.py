@@ -250,16 +250,16 @@ class Stack:
             self.start(name)
         self.wait_serving(self.names, timeout)
 
-    def serving(self, name: str) -> bool:
-        """Whether its health check says SERVING now (at most a second's wait)."""
-        return is_serving(self.target(name), tls=(self._settings(self.health_tls, name) or [None])[-1])
+    def serving(self, name: str, service: str = "") -> bool:
+        """Whether its health check (of `service`: the server as a whole by default) says SERVING now (at most a
+        second's wait)."""
+        return is_serving(self.target(name), tls=(self._settings(self.health_tls, name) or [None])[-1], service=service)
 
     def warm(self, name: str) -> bool:
         """Whether it serves with nothing left to prepare (server.py's WARM_SERVICE: a vocoder's graphs all captured)."""
         from services.common.server import WARM_SERVICE
 
-        return is_serving(self.target(name), tls=(self._settings(self.health_tls, name) or [None])[-1],
-                          service=WARM_SERVICE)
+        return self.serving(name, WARM_SERVICE)
 
     def wait_serving(self, services=None, timeout: float = 120.0) -> None:
         services = self.names if services is None else services
