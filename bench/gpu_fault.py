@@ -31,13 +31,17 @@ def fault() -> None:
     import triton.language as tl
 
     @triton.jit
-    def store_far(ptr):
-        tl.store(ptr + (1 << 40), 1.0)
+    def store_far(ptr, go_ptr):
+        go = tl.load(go_ptr)
+        tl.store(ptr + (1 << 40), 1.0, mask=go != 0)
 
     x = torch.zeros(1, device="cuda")
+    go = torch.zeros(1, dtype=torch.int32, device="cuda")
+    store_far[(1,)](x, go)  # compiled here, and masked off: the time printed below is the fault's, not the compile's
     torch.cuda.synchronize()
+    go.fill_(1)
     print(f"fault at {time.time():.3f}", flush=True)
-    store_far[(1,)](x)
+    store_far[(1,)](x, go)
     torch.cuda.synchronize()  # raises: the access was illegal
 
 

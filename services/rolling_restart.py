@@ -19,11 +19,11 @@ A second SIGHUP during a restart queues one more round after it.
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from collections.abc import Callable
 
 from services.common.server import DRAIN_SECONDS
+from services.supervisor import report
 
 DRAIN_TIMEOUT = DRAIN_SECONDS + 15.0  # a replica still running by then is stopped (SIGTERM, then SIGKILL)
 WARM_CHECK_SECONDS = 1.0
@@ -44,7 +44,7 @@ class RollingRestart:
     """Polled by up's loop (`poll`, every POLL_SECONDS of up.py); `request` (from the SIGHUP handler) starts a round."""
 
     def __init__(self, stack, supervisor, groups: list[list[str]], start_timeout: float,
-                 log: Callable[[str], None] = lambda m: print(f"moss-serve up: {m}", file=sys.stderr),
+                 log: Callable[[str], None] = report,
                  drain_timeout: float = DRAIN_TIMEOUT, warm_timeout: float = WARM_TIMEOUT):
         """stack: a started services.stack.Stack (its procs, `serving` and `stop`); supervisor: the one that starts
         what exits (its `expect_exit`)."""

@@ -23,6 +23,7 @@ from services.common.lifetime import PARENT_ENV
 from services.common.tls import ChannelTls
 from services.settings import GRPC_PORTS, HTTP_PORT, METRICS_PORTS
 from services.spare import Spare
+from services.supervisor import report
 
 SERVICES = ("llm", "vocoder", "encoder", "gateway")
 NO_SPEECH = ("encoder",)  # Stack(without=...): a stack that takes no spoken turns (tests)
@@ -85,6 +86,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 SPARE_TRIES = 3  # spares of one instance that may exit by themselves before it is given no more
+# Spares kept for each instance. Two, because a spare can be spent without serving: after a kill that faulted the MPS
+# server, the dead stage's spare is refused at its start (it exits 3, and the stages still on the faulted server are
+# stopped), and its restart then waited seconds for the next spare's imports (4.3 s of an H200's 20.3 s, 2026-11-30).
+SPARES_EACH = 2
 
 
 def listener_pid(port: int) -> int | None:
@@ -152,13 +157,13 @@ class Stack:
     def __init__(self, ports: Ports | None = None, host: str = "127.0.0.1", extra_args: dict[str, list[str]] | None = None,
                  log_dir: str | Path | None = None, env: dict[str, dict[str, str]] | None = None,
                  health_tls: dict[str, ChannelTls] | None = None, replicas: dict[str, int] | None = None,
-                 without: tuple[str, ...] = (), spares: tuple[str, ...] = ()):
+                 without: tuple[str, ...] = (), spares: tuple[str, ...] = (), spares_each: int = SPARES_EACH):
         """extra_args, env, health_tls: by service ("llm": every llm replica) or by instance ("llm-2": that one
         too); env is what to add to its environment (e.g. an MPS daemon's pipe directory); health_tls is how to
         reach it for its health check, where it serves TLS. replicas: service → processes (llm, vocoder).
         without: services not started (the encoder, for a stack that takes no spoken turns: tests).
-        spares: services whose every process keeps a spare once it runs (spare.py: `keep_spares`), which its next
-        start then uses."""
+        spares: services whose every process keeps `spares_each` spares once it runs (spare.py: `keep_spares`),
+        which its next starts then use, the oldest first."""
         if unknown := set(without) - {"encoder"}:
             raise ValueError(f"without: only the encoder may be left out, not {', '.join(sorted(unknown))}")
         self.names = [name for name in instances(replicas) if service_of(name) not in without]
@@ -172,7 +177,8 @@ class Stack:
         self.health_tls = health_tls or {}
         self.procs: dict[str, subprocess.Popen] = {}
         self.spare_services = set(spares)
-        self.spares: dict[str, Spare] = {}
+        self.spares_each = spares_each
+        self.spares: dict[str, list[Spare]] = {}  # by instance, the oldest first (the likeliest to be done importing)
         self.spare_deaths: dict[str, int] = {}  # spares that exited by themselves, by instance
 
     @staticmethod
@@ -211,11 +217,12 @@ class Stack:
         return env
 
     def start(self, name: str) -> bool:
-        """Start one process: its spare if it has one that fits, else a new one → whether the spare served. From the
-        main thread: it ends when the thread that started it does (lifetime.py)."""
+        """Start one process: its oldest spare that fits and still waits, else a new one → whether a spare served.
+        From the main thread: it ends when the thread that started it does (lifetime.py)."""
         command, env = self.command(name), self._env(name)
-        spare = self.spares.pop(name, None)
-        if spare is not None:
+        kept = self.spares.get(name, [])
+        while kept:
+            spare = kept.pop(0)
             proc = spare.go() if spare.fits(command, env) else None
             if proc is not None:
                 self.procs[name] = proc
@@ -226,23 +233,25 @@ class Stack:
         return False
 
     def keep_spares(self) -> None:
-        """A spare for each running process of the spared services that has none (spare.py). Called by the
-        supervisor: the first ones once the stack serves, not beside its start, and a new one as soon as one served."""
-        for name, spare in list(self.spares.items()):
-            if spare.proc.poll() is not None:  # it exited by itself (spare.py: it touched the driver, or crashed)
-                del self.spares[name]
+        """`spares_each` spares for each running process of the spared services (spare.py). Called by the
+        supervisor: the first ones once the stack serves, not beside its start, and new ones as soon as one served."""
+        for name, kept in self.spares.items():
+            for spare in [spare for spare in kept if spare.proc.poll() is not None]:
+                kept.remove(spare)  # it exited by itself (spare.py: it touched the driver, or crashed)
                 self.spare_deaths[name] = self.spare_deaths.get(name, 0) + 1
                 if self.spare_deaths[name] == SPARE_TRIES:
-                    print(f"moss-serve up: {name}'s spare exited by itself {SPARE_TRIES} times (code "
-                          f"{spare.proc.returncode}); {name} restarts without one", file=sys.stderr)
+                    report(f"{name}'s spares exited by themselves {SPARE_TRIES} times (the last with code "
+                           f"{spare.proc.returncode}); {name} restarts without one")
         for name in self.names:
-            if (service_of(name) in self.spare_services and name not in self.spares and name in self.procs
-                    and self.spare_deaths.get(name, 0) < SPARE_TRIES):
-                self.spares[name] = Spare(self.command(name), self._env(name), self._log(name))
+            if service_of(name) in self.spare_services and name in self.procs:
+                kept = self.spares.setdefault(name, [])
+                while len(kept) < self.spares_each and self.spare_deaths.get(name, 0) < SPARE_TRIES:
+                    kept.append(Spare(self.command(name), self._env(name), self._log(name)))
 
     def drop_spares(self) -> None:
-        for spare in self.spares.values():
-            spare.discard()
+        for kept in self.spares.values():
+            for spare in kept:
+                spare.discard()
         self.spares.clear()
 
     def start_all(self, timeout: float = 120.0) -> None:

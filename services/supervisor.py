@@ -7,8 +7,8 @@ then doubles with each failure in a row (1 s, 2 s, 4 s, ... up to 30 s), so a se
 it goes back to none once the service has run for a minute. An exit asked for
 (`expect_exit`: a drained replica of a rolling restart) is no failure: the service starts again at once.
 
-Where the stack keeps spares (spare.py: a process per service that has done its imports and waits), a restart is the
-spare's, and the stack starts the next spare at the following poll.
+Where the stack keeps spares (spare.py: processes that have done a service's imports and wait, two per instance), a
+restart is a spare's, and the stack makes the next one at the following poll.
 """
 
 from __future__ import annotations
@@ -17,10 +17,17 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 30.0
 HEALTHY_AFTER = 60.0
+
+
+def report(message: str) -> None:
+    """One line of what `moss-serve up` does while it runs, timed as the services' own log lines are: a restart's
+    steps are tenths of a second apart, and its lines interleave with theirs."""
+    print(f"{datetime.now().strftime('%Y-%m-%d %H:%M:%S,%f')[:-3]} moss-serve up: {message}", file=sys.stderr)
 
 
 @dataclass
@@ -31,7 +38,7 @@ class _State:
 
 
 class Supervisor:
-    def __init__(self, stack, log: Callable[[str], None] = lambda m: print(f"moss-serve up: {m}", file=sys.stderr),
+    def __init__(self, stack, log: Callable[[str], None] = report,
                  first_backoff: float = FIRST_BACKOFF, max_backoff: float = MAX_BACKOFF, healthy_after: float = HEALTHY_AFTER):
         """stack: a started services.stack.Stack (its `procs` and `start`)."""
         self.stack, self.log = stack, log

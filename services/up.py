@@ -14,6 +14,7 @@ from services.encoder.settings import EncoderSettings
 from services.gateway.settings import GatewaySettings
 from services.llm.settings import LlmSettings
 from services.settings import forward
+from services.supervisor import report
 from services.vocoder.settings import VocoderSettings
 
 SERVICES_ON_GPU = ("llm", "vocoder", "encoder")
@@ -278,7 +279,7 @@ class MpsKeeper:
       start), then every client."""
 
     def __init__(self, mps, stack, supervisor, groups: list[list[str]],
-                 log=lambda m: print(f"moss-serve up: {m}", file=sys.stderr),
+                 log=report,
                  first_backoff: float = 1.0, max_backoff: float = 30.0, shared_fate: bool = False):
         self.mps, self.stack, self.supervisor, self.groups, self.log = mps, stack, supervisor, groups, log
         self.shared_fate = shared_fate

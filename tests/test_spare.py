@@ -50,9 +50,10 @@ def test_a_spare_knows_whether_the_cuda_driver_was_initialised():
         raise AssertionError("libcuda.so.1 loads on a machine without a GPU: check driver_initialized() here")
 
 
-def spares_of(parent: int) -> dict[str, int]:
-    """service → pid of each idle spare whose parent is `parent` (those not serving: no port of their own)."""
-    found = {}
+def spares_of(parent: int, *serving: int) -> dict[str, set[int]]:
+    """service → pids of the spares whose parent is `parent`, but those `serving` (a spare that serves keeps its
+    command line)."""
+    found: dict[str, set[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -63,12 +64,14 @@ def spares_of(parent: int) -> dict[str, int]:
                 argv = [a.decode() for a in f.read().split(b"\0")]
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == parent and "services.spare" in argv:
-            found[argv[argv.index("services.spare") + 1]] = int(entry)
+        if ppid == parent and "services.spare" in argv and int(entry) not in serving:
+            found.setdefault(argv[argv.index("services.spare") + 1], set()).add(int(entry))
     return found
 
 
 def test_up_restarts_a_dead_service_from_its_spare_and_makes_the_next(tmp_path):
+    from services.stack import SPARES_EACH
+
     ports = Ports.free()
     flags = []
     for service in ("gateway", "llm", "vocoder"):
@@ -77,43 +80,50 @@ def test_up_restarts_a_dead_service_from_its_spare_and_makes_the_next(tmp_path):
     log = tmp_path / "up.log"
     up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *flags], stderr=open(log, "w"))
     gateway = f"127.0.0.1:{ports.grpc['gateway']}"
+
+    def all_kept(spares):
+        return len(spares) == 2 and all(len(pids) == SPARES_EACH for pids in spares.values())
+
     try:
         deadline = time.monotonic() + 180
-        while not is_serving(gateway) or "Ctrl-C stops" not in log.read_text() or len(spares_of(up.pid)) < 2:
-            assert up.poll() is None and time.monotonic() < deadline, "no stack with two spares:\n" + log.read_text()
+        while not is_serving(gateway) or "Ctrl-C stops" not in log.read_text() or not all_kept(spares_of(up.pid)):
+            assert up.poll() is None and time.monotonic() < deadline, "no stack with its spares:\n" + log.read_text()
             time.sleep(0.3)
         spares = spares_of(up.pid)
         assert set(spares) == {"llm", "vocoder"}, spares
         llm = listener_pid(ports.grpc["llm"])
-        assert llm is not None and llm not in spares.values()
+        assert llm is not None and not any(llm in pids for pids in spares.values())
 
         os.kill(llm, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while listener_pid(ports.grpc["llm"]) in (None, llm):
             assert time.monotonic() < deadline, "the llm's port was never served again:\n" + log.read_text()
             time.sleep(0.1)
-        assert listener_pid(ports.grpc["llm"]) == spares["llm"]  # the spare serves, under its own pid
+        serving = listener_pid(ports.grpc["llm"])
+        assert serving in spares["llm"]  # a spare serves, under its own pid
         assert "llm started again from its spare" in log.read_text()
         assert say(gateway) > 0
-        while (now := spares_of(up.pid)).get("llm") in (None, spares["llm"]):  # and the next spare is made
+        while not all_kept(now := spares_of(up.pid, serving)):  # and the next spare is made
             assert time.monotonic() < deadline, f"no new spare for the llm: {now}"
             time.sleep(0.2)
-        assert now["vocoder"] == spares["vocoder"]  # the vocoder's left as it was
+        assert now["llm"] - spares["llm"] and now["llm"] & spares["llm"]  # one new, the other kept
+        assert now["vocoder"] == spares["vocoder"]  # the vocoder's left as they were
 
         up.send_signal(signal.SIGTERM)
         assert up.wait(60) == 0
-        left = [pid for pid in [*now.values(), spares["llm"]] if os.path.exists(f"/proc/{pid}")
+        left = [pid for pid in [*now["llm"], *now["vocoder"], serving] if os.path.exists(f"/proc/{pid}")
                 and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
         assert left == [], "spares outlived moss-serve up"
     finally:
         if up.poll() is None:
             up.kill()
-        for pid in spares_of(up.pid).values():
-            os.kill(pid, signal.SIGKILL)
+        for pids in spares_of(up.pid).values():
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_stack_gives_up_on_spares_that_keep_dying(tmp_path, monkeypatch, capsys):
-    from services.stack import SPARE_TRIES, Stack
+    from services.stack import SPARE_TRIES, SPARES_EACH, Stack
 
     # Every spare "has initialised the driver" (its services.spare patched by a sitecustomize): each exits 1.
     (tmp_path / "sitecustomize.py").write_text("import services.spare\nservices.spare.driver_initialized = lambda: True\n")
@@ -124,13 +134,36 @@ def test_a_stack_gives_up_on_spares_that_keep_dying(tmp_path, monkeypatch, capsy
         made = []
         for _ in range(SPARE_TRIES + 2):
             stack.keep_spares()
-            if "llm" in stack.spares:
-                made.append(stack.spares["llm"].proc.pid)
-                assert stack.spares["llm"].proc.wait(120) == 1  # it saw "the driver" and exited
+            kept = stack.spares.get("llm", [])
+            assert len(kept) in (0, SPARES_EACH)
+            for spare in kept:
+                made.append(spare.proc.pid)
+                assert spare.proc.wait(120) == 1  # it saw "the driver" and exited
         stack.keep_spares()
-        assert len(made) == SPARE_TRIES and "llm" not in stack.spares
-        assert (tmp_path / "llm.log").read_text().count("an import initialised the CUDA driver") == SPARE_TRIES
-        assert f"llm's spare exited by itself {SPARE_TRIES} times" in capsys.readouterr().err
+        # made in rounds of SPARES_EACH until SPARE_TRIES of them had died
+        assert len(made) == -(-SPARE_TRIES // SPARES_EACH) * SPARES_EACH and not stack.spares["llm"]
+        assert (tmp_path / "llm.log").read_text().count("an import initialised the CUDA driver") == len(made)
+        assert f"llm's spares exited by themselves {SPARE_TRIES} times" in capsys.readouterr().err
     finally:
         stack.procs["llm"].kill()
+        stack.drop_spares()
+
+
+def test_a_start_takes_the_oldest_spare_that_still_waits(tmp_path):
+    """A spare that exited (or no longer fits its command) is set aside, and the next one serves."""
+    from services.stack import Stack
+
+    stack = Stack(Ports.free(), log_dir=tmp_path, spares=("llm",), without=("encoder",))
+    stack.procs["llm"] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stack.keep_spares()
+        first, second = stack.spares["llm"]
+        first.proc.kill()
+        first.proc.wait()
+        stack.procs["llm"].kill()
+        assert stack.start("llm")  # the second served
+        assert stack.procs["llm"] is second.proc and stack.spares["llm"] == []
+    finally:
+        for proc in stack.procs.values():
+            proc.kill()
         stack.drop_spares()

@@ -20,6 +20,10 @@ from services.common.tls import ServerTls
 log = logging.getLogger(__name__)
 
 GRACE_SECONDS = 5.0
+# After its device is lost a service waits only this long for its running calls: they have been failed with the
+# error already (UNAVAILABLE, naming the service) and need only send it; the rest wait on a client that no longer
+# matters (an H200's vocoder spent the whole GRACE_SECONDS so after a fault, while up could start no GPU stage again).
+FATAL_GRACE_SECONDS = 0.5
 # SIGUSR2 drains a service instead (`moss-serve up`'s rolling restart, rolling_restart.py): its health says NOT_SERVING
 # for DRAIN_NOTICE_SECONDS while it still takes calls, so that the gateway's health checks (every 0.5 s by default) send
 # new turns to the other replicas; then it takes no new call and gives the running ones up to DRAIN_SECONDS to end (a
@@ -66,7 +70,7 @@ async def serve(
     whose one client, the gateway, carries every turn on one connection).
     tls: serve TLS (mutual, with a client CA) instead of plaintext (tls.py).
     fatal: completes with an exception when the service can no longer work (its device lost: device.py):
-    serving stops as on SIGTERM, then serve raises it.
+    serving stops as on SIGTERM but with FATAL_GRACE_SECONDS for the running calls, then serve raises it.
     write_timeout: seconds a streaming call may wait for its client to take a message, then it ends CANCELLED and
     on_stalled(method) is told (interceptor.py); None: as long as it takes (llm, vocoder: their client is the
     gateway, which reads what it asked for).
@@ -132,7 +136,7 @@ async def serve(
         await asyncio.sleep(DRAIN_NOTICE_SECONDS)
         await server.stop(DRAIN_SECONDS)
     else:
-        await server.stop(GRACE_SECONDS)
+        await server.stop(FATAL_GRACE_SECONDS if fatal is not None and fatal.done() else GRACE_SECONDS)
     result = on_stop()
     if asyncio.iscoroutine(result):
         await result

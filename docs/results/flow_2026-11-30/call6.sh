@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Not run yet (written 2026-11-30, for the next session's device time). The restart path left unmeasured:
+# Run 2026-11-30 (session 2). The restart path left unmeasured:
 # bench/restart.sh with KILLS="vocoder fault llm fault": a fault on purpose (bench/gpu_fault.py) takes the path a
 # kill that faults a neighbour takes (every GPU stage stopped and started again, now from spares).
 #   bash docs/results/flow_2026-11-30/next_call6.sh
