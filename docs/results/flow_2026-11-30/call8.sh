@@ -6,7 +6,7 @@
 # start, ~5 s earlier). Every line of up's own log now carries its time.
 #   bash docs/results/flow_2026-11-30/call8.sh
 #
-# Predicted (written 2026-11-30 03:58 UTC, before the call): a fault: every GPU stage stopped within 1 s of it, the llm
+# Predicted (written 2026-11-30 03:31 UTC, before the call): a fault: every GPU stage stopped within 1 s of it, the llm
 # serving ~12 s after, the vocoder ~17 s (its spare's models 9-11 s beside the others' loads, 28 graphs ~5 s): back
 # 16-19 s, `say` 17-20 s (call 6: 27.6 s from the fault process's start, ~22.5 s from the store). A vocoder's kill
 # 10-11 s back if it faults nothing, 16-19 s if it does; the llm's 8-12 s.
