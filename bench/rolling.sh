@@ -28,7 +28,7 @@ sleep "${HUP_AFTER:-10}"
 hup=$(date +%s.%N)
 kill -HUP "$STACK_PID"
 done_at=null
-for _ in $(seq 1 1200); do  # (up's own lines carry no time: this loop notes when the round's last line came)
+for _ in $(seq 1 1200); do  # (this loop notes when the round's last line came)
   if grep -qE "rolling restart: (done|stopped)" "$OUT/up.log"; then done_at=$(date +%s.%N); break; fi
   sleep 0.5
 done

@@ -2,7 +2,7 @@
 # Run 2026-11-30 (session 2). The restart path left unmeasured:
 # bench/restart.sh with KILLS="vocoder fault llm fault": a fault on purpose (bench/gpu_fault.py) takes the path a
 # kill that faults a neighbour takes (every GPU stage stopped and started again, now from spares).
-#   bash docs/results/flow_2026-11-30/next_call6.sh
+#   bash docs/results/flow_2026-11-30/call6.sh
 #
 # Predicted (written 2026-11-30 02:03 UTC, before any run): a fault: every GPU stage back 10-13 s after it (the llm's
 # and the vocoder's spare starts side by side; 20.1-27.0 s before spares), `say` 11-15 s; the kills as in call 5

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Not run yet (written 2026-11-30, for the next session's device time): the rolling restart with spares and the warm
-# wait (call 2 had neither), then bench/codec_history.py --beside-llm (its llm loop fixed after calls 1-2).
-#   bash docs/results/flow_2026-11-30/next_call7.sh
+# Run 2026-11-30 (session 2), after call 8: the rolling restart with spares (two per stage) and the warm wait (call 2
+# had neither). bench/codec_history.py --beside-llm, planned here too, was left for a later call (device time).
+#   bash docs/results/flow_2026-11-30/call7.sh
 #
 # Predicted (written 2026-11-30 02:03 UTC, before any run): a round of 120-200 s; 0 admitted turns fail; the admission
 # limit stays >= 20 after the round, and turns sent after it are refused at most as often as before the SIGHUP.
@@ -11,8 +11,3 @@ source bench/wheel_site.sh
 RATE=5 LOAD_SECONDS=150 HUP_AFTER=10 timeout 420 bash bench/rolling.sh 2>&1 | tail -14
 grep -E "rolling restart|admission limit" "$OUT/up.log" | tail -12 | cut -c1-160
 (cd "$OUT" && tar czf call7.tgz up.log rolling_load.log rolling 2>/dev/null && rm -rf rolling)
-timeout $((585 - SECONDS)) python3 bench/codec_history.py --streams 1,32 --modes history --beside-llm \
-  --json "$OUT/codec_history.json" > "$OUT/codec_history.log" 2>&1
-echo "codec_history exit $?"
-grep -nE "Error|Traceback" "$OUT/codec_history.log" | head -5
-tail -8 "$OUT/codec_history.log"
