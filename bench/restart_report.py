@@ -3,10 +3,11 @@
     python3 bench/restart_report.py DIR [--json restart.json]
 
 DIR holds events.tsv (restart.sh's lines: start LABEL T0 TURN_S GRAPHS_S, kill STAGE T0 SAY_S K), up_LABEL.log,
-log_kill_K.txt and load_K/bench.json. A start: its first answered turn, the vocoder's and the llm's "serving" lines and
-the vocoder's last graph, in seconds after `up` (T0). A kill: when the gateway found the stage ready again, the first
-reply audio at the load's client of a turn sent after the kill, the `say` probe's answer, and whether another stage
-faulted (exited with code 3).
+log_kill_K.txt and load_K/bench.json. A start: its first answered turn, the vocoder's and the llm's "serving" lines
+and the vocoder's last graph, in seconds after `up` (T0). A kill: when the gateway found the stage ready again (the
+later of llm and vocoder where all were restarted: a fault, or a kill that faulted the other), the first reply audio
+at the load's client of a turn sent after the kill, the `say` probe's answer, and whether another stage faulted
+(exited with code 3).
 """
 
 from __future__ import annotations
@@ -45,7 +46,10 @@ def kill_row(dir_: Path, stage: str, t0: float, say: str, k: str) -> dict:
     log = dir_ / f"log_kill_{k}.txt"
     text = log.read_text(errors="replace") if log.exists() else ""
     back = None
-    for name in ("llm", "vocoder") if stage == "fault" else (stage,):  # a fault restarts both: the later one is back
+    # A fault restarts both, and so does a kill that faulted the other (up: "... too: they share its GPU's MPS server"):
+    # the later one is back
+    both = stage == "fault" or "too: they share its GPU's MPS server" in text
+    for name in ("llm", "vocoder") if both else (stage,):
         m = re.search(STAMP + rf" INFO services.gateway.backends: gateway: {name} at \S+ is ready", text)
         back = None if m is None else max(back or 0.0, unix(m.group(1)) - t0)
         if back is None:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import faulthandler
+import io
 import os
 import signal
 import sys
@@ -248,6 +250,21 @@ def run_service(args) -> int:
         print(f"moss-serve {args.command}: cannot start: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def read_ahead(argv: list[str]) -> None:
+    """What a spare of this service does before it is told to serve (spare.py), on the CPU only: the vocoder reads its
+    codec (vocoder.py's codec_ahead). Arguments it cannot take are left for the service's own start to refuse."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # (--help, errors)
+            args = parser().parse_args(argv)
+    except SystemExit:
+        return
+    if args.command == "vocoder":
+        from services.vocoder.vocoder import codec_ahead
+
+        s = from_args(VocoderSettings, args, tls=None)
+        codec_ahead(s.vocoder_dir, s.preset, s.seed)
 
 
 def exit_now(code: int) -> int:

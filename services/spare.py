@@ -1,6 +1,7 @@
 """A service's spare process: started ahead by `moss-serve up`, it has imported what the service runs on and waits.
 When the service's process exits, the supervisor tells the spare to go, and it serves under the same command line
-without paying for its imports again.
+without paying for its imports again. What a service reads on the CPU before it touches the GPU, a spare reads ahead
+too (cli.py's read_ahead: the vocoder's codec).
 
 Why: a GPU stage's restart is mostly its start. On an H200 a vocoder took 6-10 s from its death to its first log line
 (imports of torch, Triton and its own modules, then CUDA), out of 12-14 s to serving again; beside a loaded stack the
@@ -9,9 +10,10 @@ imports alone took longer (docs/benchmarks.md, start-2026-11-29 and spare-2026-1
 A spare must not touch the GPU before it goes. Under MPS a process becomes a client of the server of its day when it
 initialises the driver (cuInit), and after a fault that server takes no client until all of its old ones are gone: a
 spare that had initialised CUDA would be one of those. Importing torch maps the driver's library (on an H200 every
-spare had libcuda.so loaded after its imports) but does not initialise it. So a spare imports modules only, and then
-asks the driver whether it was initialised (cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED until cuInit); if it
-was, the spare exits, and the supervisor starts the service afresh instead.
+spare had libcuda.so loaded after its imports) but does not initialise it. So a spare imports modules and reads on the
+CPU only, and then asks the driver whether it was initialised (cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED
+until cuInit); if it was, the spare exits, and the supervisor starts the service afresh instead. What it reads ahead
+stays on the CPU (a vocoder's spare holds its codec there: ~0.5 GB at the real size).
 
     python -m services.spare vocoder --port ... (the service's own arguments, as after `python -m services.cli`)
 """
@@ -54,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()
     for module in PRELOAD.get(argv[0] if argv else "", ()):
         importlib.import_module(module)
+    from services.cli import read_ahead
+
+    try:
+        read_ahead(argv)
+    except Exception as e:  # noqa: BLE001  (a codec that cannot be read: the service's own start says so)
+        print(f"moss-serve spare for {argv[0]}: nothing read ahead ({type(e).__name__}: {e})", file=sys.stderr)
     if driver_initialized():
         print(f"moss-serve spare for {argv[0]}: an import initialised the CUDA driver; a spare must not be a GPU "
               f"client before it serves, so it exits", file=sys.stderr)

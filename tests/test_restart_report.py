@@ -58,11 +58,28 @@ def test_a_fault_on_purpose_is_back_when_the_later_of_llm_and_vocoder_is(tmp_pat
                     str(tmp_path / "r.json")], capture_output=True, text=True, check=True)
     [row] = json.loads((tmp_path / "r.json").read_text())["kills"]
     assert row == dict(killed="fault", back_s=11.2, load_first_audio_s=None, say_s=12.0, faulted=["llm"])
+
     (tmp_path / "log_kill_2.txt").write_text(  # the vocoder never came back: not back
         f"{stamp(fault + 9.4)} INFO services.gateway.backends: gateway: llm at 127.0.0.1:50052 is ready\n")
     subprocess.run([sys.executable, str(ROOT / "bench" / "restart_report.py"), str(tmp_path), "--json",
                     str(tmp_path / "r.json")], capture_output=True, text=True, check=True)
     assert json.loads((tmp_path / "r.json").read_text())["kills"][0]["back_s"] is None
+
+
+def test_a_kill_that_took_every_gpu_stage_is_back_when_the_later_one_is(tmp_path):
+    """An llm's kill whose spare the faulted server refused: up stopped the vocoder too, which came back last."""
+    kill = 50.0
+    (tmp_path / "log_kill_1.txt").write_text(
+        f"{stamp(kill + 0.5)} moss-serve up: llm exited with code 3; starting it again in 1 s\n"
+        f"{stamp(kill + 0.5)} moss-serve up: llm died (3); stopping vocoder, encoder too: they share its GPU's MPS "
+        "server, which it may have left faulted\n"
+        f"{stamp(kill + 10.7)} INFO services.gateway.backends: gateway: llm at 127.0.0.1:50052 is ready\n"
+        f"{stamp(kill + 14.2)} INFO services.gateway.backends: gateway: vocoder at 127.0.0.1:50053 is ready\n")
+    (tmp_path / "events.tsv").write_text(f"kill\tllm\t{T0 + kill}\t21.4\t1\n")
+    subprocess.run([sys.executable, str(ROOT / "bench" / "restart_report.py"), str(tmp_path), "--json",
+                    str(tmp_path / "r.json")], capture_output=True, text=True, check=True)
+    [row] = json.loads((tmp_path / "r.json").read_text())["kills"]
+    assert row["back_s"] == 14.2 and row["faulted"] == ["llm"]
 
 
 def test_the_fault_on_purpose_joins_the_stage_s_mps_server_or_refuses(tmp_path):

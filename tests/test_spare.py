@@ -167,3 +167,48 @@ def test_a_start_takes_the_oldest_spare_that_still_waits(tmp_path):
         for proc in stack.procs.values():
             proc.kill()
         stack.drop_spares()
+
+
+def test_a_codec_read_ahead_is_what_the_next_load_serves(tmp_path):
+    """The codec built on the CPU ahead (a vocoder's spare does so) is the one load_vocoder then serves, once: the
+    same modules, the same weights as a load without it, and no device touched meanwhile."""
+    from services.vocoder import vocoder as v
+    from services.vocoder.codec.checkpoint import random_codec, save_codec
+    from services.vocoder.codec.config import PRESETS
+
+    assert v.codec_ahead(None, "tiny-codec", 3)
+    ahead = v._AHEAD[(None, "tiny-codec", 3)][0]
+    served = v.load_vocoder(None, "tiny-codec", seed=3)
+    assert served.decoder.flow is ahead and not v._AHEAD
+    fresh = v.load_vocoder(None, "tiny-codec", seed=3)  # nothing ahead: built now, and alike
+    assert fresh.decoder.flow is not ahead
+    for (name, a), b in zip(ahead.state_dict().items(), fresh.decoder.flow.state_dict().values()):
+        assert a.equal(b), name
+    assert not v.codec_ahead(None, "tiny", 0)  # the stand-in has no codec to read
+
+    cfg = PRESETS["tiny"]()
+    save_codec(*random_codec(cfg, 5), cfg, tmp_path / "codec")
+    assert v.codec_ahead(tmp_path / "codec", "moss-speech", 0)  # a codec directory: read from its files
+    flow = v._AHEAD[(str(tmp_path / "codec"), "moss-speech", 0)][0]
+    assert v._take_codec(tmp_path / "codec", "moss-speech", 0)[0] is flow and not v._AHEAD
+
+
+def test_a_vocoder_spare_serves_the_codec_it_read_ahead(tmp_path):
+    from services.stack import free_port
+
+    port, metrics = free_port(), free_port()
+    command = [sys.executable, "-m", "services.cli", "vocoder", "--host", "127.0.0.1", "--port", str(port),
+               "--metrics-port", str(metrics), "--preset", "tiny-codec"]
+    log = tmp_path / "vocoder.log"
+    spare = Spare(command, dict(os.environ), open(log, "ab"))
+    try:
+        time.sleep(1.0)
+        assert spare.proc.poll() is None
+        proc = spare.go()
+        deadline = time.monotonic() + 120
+        while not is_serving(f"127.0.0.1:{port}"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        assert "the codec's modules were read ahead" in log.read_text()
+    finally:
+        spare.discard()
