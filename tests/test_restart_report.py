@@ -18,6 +18,13 @@ def stamp(seconds: float) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S,") + f"{when.microsecond // 1000:03d}"
 
 
+def report(tmp_path) -> tuple[dict, str]:
+    """bench/restart_report.py run on tmp_path → (its JSON, its printed table)."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "restart_report.py"), str(tmp_path), "--json",
+                          str(tmp_path / "r.json")], capture_output=True, text=True, check=True).stdout
+    return json.loads((tmp_path / "r.json").read_text()), out
+
+
 def test_a_start_and_a_kill_that_faulted_the_other_stage(tmp_path):
     (tmp_path / "up_warm.log").write_text(
         f"{stamp(20.5)} INFO services.common.server: vocoder serving on 127.0.0.1:50053\n"
@@ -37,12 +44,10 @@ def test_a_start_and_a_kill_that_faulted_the_other_stage(tmp_path):
     (tmp_path / "load_1" / "bench.json").write_text(json.dumps(
         dict(levels={"rate 10/s": dict(started_unix=began, streams=streams)})))
     (tmp_path / "events.tsv").write_text(f"start\twarm\t{T0}\t26.1\t94.2\nkill\tvocoder\t{T0 + kill}\tnull\t1\n")
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "restart_report.py"), str(tmp_path), "--json",
-                          str(tmp_path / "r.json")], capture_output=True, text=True, check=True).stdout
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert report["starts"] == [dict(start="warm", first_turn_s=26.1, every_graph_s=94.2, vocoder_serving_s=20.5,
+    result, out = report(tmp_path)
+    assert result["starts"] == [dict(start="warm", first_turn_s=26.1, every_graph_s=94.2, vocoder_serving_s=20.5,
                                      llm_serving_s=14.2)]
-    assert report["kills"] == [dict(killed="vocoder", back_s=28.1, load_first_audio_s=28.5, say_s=None,
+    assert result["kills"] == [dict(killed="vocoder", back_s=28.1, load_first_audio_s=28.5, say_s=None,
                                     faulted=["llm"])]
     assert "| vocoder | 28.1 s | 28.5 s | – | llm |" in out
 
@@ -54,16 +59,12 @@ def test_a_fault_on_purpose_is_back_when_the_later_of_llm_and_vocoder_is(tmp_pat
         f"{stamp(fault + 9.4)} INFO services.gateway.backends: gateway: llm at 127.0.0.1:50052 is ready\n"
         f"{stamp(fault + 11.2)} INFO services.gateway.backends: gateway: vocoder at 127.0.0.1:50053 is ready\n")
     (tmp_path / "events.tsv").write_text(f"kill\tfault\t{T0 + fault}\t12.0\t2\n")
-    subprocess.run([sys.executable, str(ROOT / "bench" / "restart_report.py"), str(tmp_path), "--json",
-                    str(tmp_path / "r.json")], capture_output=True, text=True, check=True)
-    [row] = json.loads((tmp_path / "r.json").read_text())["kills"]
+    [row] = report(tmp_path)[0]["kills"]
     assert row == dict(killed="fault", back_s=11.2, load_first_audio_s=None, say_s=12.0, faulted=["llm"])
 
     (tmp_path / "log_kill_2.txt").write_text(  # the vocoder never came back: not back
         f"{stamp(fault + 9.4)} INFO services.gateway.backends: gateway: llm at 127.0.0.1:50052 is ready\n")
-    subprocess.run([sys.executable, str(ROOT / "bench" / "restart_report.py"), str(tmp_path), "--json",
-                    str(tmp_path / "r.json")], capture_output=True, text=True, check=True)
-    assert json.loads((tmp_path / "r.json").read_text())["kills"][0]["back_s"] is None
+    assert report(tmp_path)[0]["kills"][0]["back_s"] is None
 
 
 def test_a_kill_that_took_every_gpu_stage_is_back_when_the_later_one_is(tmp_path):
@@ -76,9 +77,7 @@ def test_a_kill_that_took_every_gpu_stage_is_back_when_the_later_one_is(tmp_path
         f"{stamp(kill + 10.7)} INFO services.gateway.backends: gateway: llm at 127.0.0.1:50052 is ready\n"
         f"{stamp(kill + 14.2)} INFO services.gateway.backends: gateway: vocoder at 127.0.0.1:50053 is ready\n")
     (tmp_path / "events.tsv").write_text(f"kill\tllm\t{T0 + kill}\t21.4\t1\n")
-    subprocess.run([sys.executable, str(ROOT / "bench" / "restart_report.py"), str(tmp_path), "--json",
-                    str(tmp_path / "r.json")], capture_output=True, text=True, check=True)
-    [row] = json.loads((tmp_path / "r.json").read_text())["kills"]
+    [row] = report(tmp_path)[0]["kills"]
     assert row["back_s"] == 14.2 and row["faulted"] == ["llm"]
 
 
