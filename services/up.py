@@ -19,6 +19,7 @@ from services.vocoder.settings import VocoderSettings
 
 SERVICES_ON_GPU = ("llm", "vocoder", "encoder")
 POLL_SECONDS = 0.1  # how often up looks at its services: a death is noticed (and the spare told to go) this soon
+CPU_START_QUIET = 0.005  # --admit-start-quiet on a CPU: a burst's refusals before its admitted turns' start (admission.py)
 GPU_STARTING_TURNS = 16  # --max-starting-turns on a GPU: a burst of 128 at once on an H100 played 100% stall-free
 # Turns a CPU core plays at once (the headroom rule's start and a burst's most, where `up` runs the stack on a CPU):
 # on 2 cores, the embedded default (the codec's flow + HiFT) played 2 streams 100% stall-free, 4 at 50%, 6 and 8 at 0%
@@ -42,7 +43,8 @@ def up_service_args(args) -> dict[str, list[str]]:
     else:  # a CPU plays a few streams a core: the rule starts there, and a burst on an idle stack gets no more
         turns = str(cpu_turns())
         gateway += [*(["--admit-initial-turns", turns] if args.admit_initial_turns is None else []),
-                    *(["--admit-burst-turns", turns] if args.admit_burst_turns is None else [])]
+                    *(["--admit-burst-turns", turns] if args.admit_burst_turns is None else []),
+                    *(["--admit-start-quiet", str(CPU_START_QUIET)] if args.admit_start_quiet is None else [])]
     if args.model_dir:
         llm += ["--model-dir", args.model_dir]
     if args.vocoder_dir:

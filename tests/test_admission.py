@@ -43,6 +43,38 @@ def test_places_queue_and_refusal():
     asyncio.run(scenario())
 
 
+def test_an_admitted_turn_starts_once_the_calls_pause_and_waits_no_longer_than_its_most():
+    """With start_quiet, a burst's refusals come before the start of the turns it admits (admission.py)."""
+
+    async def started_after(arrivals: float, quiet: float, most: float) -> float:
+        admission = Admission(max_turns=1, max_queued=0, start_quiet=quiet, start_quiet_max=most)
+        began = time.perf_counter()
+        entered, done = asyncio.get_running_loop().create_future(), asyncio.Event()
+
+        async def admitted():
+            async with admission.turn(None):
+                entered.set_result(time.perf_counter() - began)
+                await done.wait()  # (its place kept: the calls below are refused)
+
+        task = asyncio.create_task(admitted())
+        while time.perf_counter() - began < arrivals:  # a call every 2 ms, refused (every place taken)
+            await asyncio.sleep(0.002)
+            with pytest.raises(ResourceExhausted):
+                admission.turn(None)
+        await entered
+        done.set()
+        await task
+        return entered.result()
+
+    alone = asyncio.run(started_after(0.0, quiet=0.02, most=1.0))
+    assert 0.02 <= alone < 0.5                                           # its own call, then 20 ms of quiet
+    burst = asyncio.run(started_after(0.15, quiet=0.02, most=1.0))
+    assert 0.15 + 0.02 <= burst < 1.0                                    # after the calls stopped
+    capped = asyncio.run(started_after(0.6, quiet=0.02, most=0.1))
+    assert 0.1 <= capped < 0.55                                          # the most it waits, calls or not
+    assert asyncio.run(started_after(0.0, quiet=0.0, most=1.0)) < 0.02   # none asked: at once
+
+
 def test_a_turn_that_cannot_be_taken_is_refused_by_the_call_itself_and_counts_nothing():
     """Refusals come from `turn()` before any context manager exists (a burst of them is served one after another),
     for every reason: the client's own limit, no place and no queue slot. Nothing is counted for them, so the

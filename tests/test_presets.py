@@ -239,7 +239,7 @@ def test_up_admits_by_headroom_on_every_device_scaled_to_it():
     a core and a burst gets no more; what is given stays; a bare gateway counts."""
     import os
 
-    from services.up import CPU_TURNS_PER_CORE
+    from services.up import CPU_START_QUIET, CPU_TURNS_PER_CORE
 
     def gateway(*argv):
         return parser().parse_args(["gateway", *up_service_args(parser().parse_args(["up", *argv]))["gateway"]])
@@ -249,6 +249,8 @@ def test_up_admits_by_headroom_on_every_device_scaled_to_it():
     cores = len(os.sched_getaffinity(0))
     assert (cpu.admission, cpu.max_starting_turns) == ("headroom", None)
     assert cpu.admit_initial_turns == cpu.admit_burst_turns == cores * CPU_TURNS_PER_CORE
+    assert (cpu.admit_start_quiet, cuda.admit_start_quiet) == (CPU_START_QUIET, None)  # a CPU's refusals first
+    assert gateway("--admit-start-quiet", "0").admit_start_quiet == 0
     given = gateway("--device", "cuda", "--admission", "count", "--max-starting-turns", "0")
     assert (given.admission, given.max_starting_turns) == ("count", 0)
     given = gateway("--admit-initial-turns", "7", "--admit-burst-turns", "0")

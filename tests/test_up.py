@@ -20,7 +20,7 @@ from services.common.tls import StackTls
 from services.gateway.client import synthesize
 from services.mps import MpsDaemon
 from services.stack import Ports, is_serving
-from services.up import MpsKeeper, cpu_turns, gpu_env, replicas, up_service_args
+from services.up import CPU_START_QUIET, MpsKeeper, cpu_turns, gpu_env, replicas, up_service_args
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def tls_dir(tmp_path_factory):
 
 # what `up` adds to the gateway's flags on a CPU (tests/test_presets.py checks the figures)
 CPU_ADMISSION = ["--admission", "headroom", "--admit-initial-turns", str(cpu_turns()), "--admit-burst-turns",
-                 str(cpu_turns())]
+                 str(cpu_turns()), "--admit-start-quiet", str(CPU_START_QUIET)]
 
 
 def test_up_forwards_the_gateway_options():

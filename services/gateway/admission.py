@@ -15,6 +15,11 @@ Ongoing sessions first: a turn of a Converse session that has been answered befo
 new one (a Synthesize call, a session's first turn), and under admission by headroom it may run up to `ONGOING_RESERVE`
 over the limit: past the knee, new sessions are refused before a conversation is cut off mid-way.
 
+Refusals first in a burst (`start_quiet`): an admitted turn may wait, before it starts, until no call has come in for
+`start_quiet` seconds (at most START_QUIET_MAX). On a 2-core CPU a burst's refusals share the cores with the start of
+the turns it admits (the gateway's calls to the stages, the llm's prefill): with the admitted turns waiting 30 ms,
+the refusals of bursts of 96 came at p95 27-40 ms, not 63-77 ms (docs/benchmarks.md, refusals-cpu-2026-11-30).
+
 The hint is how long the queue ahead would take to drain at the recent pace: the mean duration of the last
 turns, times the turns ahead of a newcomer per running place (a client at its own limit: its own turns, one place
 each); at least RETRY_MIN and at most RETRY_MAX.
@@ -40,6 +45,7 @@ RETRY_MIN, RETRY_MAX = 0.1, 30.0
 RECENT_TURNS = 32
 ONGOING_RESERVE = 0.1  # share of the headroom limit that only turns of ongoing sessions may take
 LOG_EVERY = 5.0  # seconds between log lines of the headroom limit falling
+START_QUIET_MAX = 0.03  # seconds at most that an admitted turn waits for a quiet moment (`start_quiet`)
 
 log = logging.getLogger(__name__)
 
@@ -99,16 +105,20 @@ class Place:
 
 class Admission:
     def __init__(self, max_turns: int, max_queued: int, max_per_client: int = 0, headroom: Headroom | None = None,
-                 max_starting: int = 0):
+                 max_starting: int = 0, start_quiet: float = 0.0, start_quiet_max: float = START_QUIET_MAX):
         """max_per_client: turns one client may have running or waiting (0: no limit of its own). headroom: also
         refuse, at once, a turn the stages have no room for (headroom.py); the turns feed it their signals.
         max_starting: turns admitted but without first audio yet (prefill, first chunks), at most; more wait, in
         order, within their deadlines (0: no limit). A burst then starts as a quick ramp: every stage's start-up work
-        (the llm's prefills, the vocoder's first chunks) comes in batches it serves in time, not all at once."""
+        (the llm's prefills, the vocoder's first chunks) comes in batches it serves in time, not all at once.
+        start_quiet: seconds without a new call that an admitted turn waits for before it starts, at most
+        start_quiet_max (0: none), so that a burst's refusals are answered first (above)."""
         self.max_turns, self.max_queued, self.max_per_client = max_turns, max_queued, max_per_client
         self.given_max_turns = max_turns  # --max-turns; max_turns is less where the vocoders have fewer slots
         self.headroom = headroom
         self.starting = asyncio.Semaphore(max_starting) if max_starting else None
+        self.start_quiet, self.start_quiet_max = start_quiet, start_quiet_max
+        self.last_call = -math.inf  # when the latest turn asked (perf_counter), admitted or not
         metrics.HEADROOM_LIMIT.set(headroom.limit if headroom else max_turns)
         self.running = 0
         self.held = 0  # of the turns running, those held because their clients stopped reading (Place.held)
@@ -151,6 +161,7 @@ class Admission:
         ongoing: a turn of a session answered before. A turn that cannot be taken is refused (ResourceExhausted)
         by this call itself, before any context manager is made: in a burst of refusals each one's own work
         delays the last."""
+        self.last_call = time.perf_counter()
         counted = client is not None and bool(self.max_per_client)
         if counted and self.by_client[client] >= self.max_per_client:
             metrics.ADMISSIONS_REFUSED_CLIENT.inc()
@@ -217,6 +228,8 @@ class Admission:
             self.running += 1
         start = time.perf_counter()
         try:
+            if self.start_quiet:
+                await self._quiet()
             place = Place(await self._start_slot(deadline), asked, self)
             try:
                 yield place
@@ -225,6 +238,12 @@ class Admission:
         finally:
             self.recent.append(time.perf_counter() - start)
             self._release()
+
+    async def _quiet(self) -> None:
+        """Wait until no turn has asked for `start_quiet` seconds, or `start_quiet_max` have gone by."""
+        until = time.perf_counter() + self.start_quiet_max
+        while (wait := min(self.last_call + self.start_quiet, until) - time.perf_counter()) > 0:
+            await asyncio.sleep(wait)
 
     async def _start_slot(self, deadline: float | None) -> asyncio.Semaphore | None:
         """Wait for a start slot (--max-starting-turns) → the semaphore to release once started, or None."""

@@ -10,7 +10,7 @@ from services.common.auth import KEYS_ENV, load_keys
 from services.common.metrics import start_metrics_server
 from services.common.server import serve
 from services.gateway import metrics
-from services.gateway.admission import Admission
+from services.gateway.admission import START_QUIET_MAX, Admission
 from services.gateway.backends import Backends
 from services.gateway.headroom import Headroom, HeadroomRule
 from services.gateway.servicer import GatewayServicer
@@ -31,7 +31,8 @@ async def run(s: GatewaySettings) -> None:
         log.warning("gateway: no API keys (--api-keys-file, $%s): any client may call it", KEYS_ENV)
     per_client = per_client_limit(s, keyed=bool(api_keys))
     speech = Speech(backends, TurnLimits(s.max_text_chars, s.max_new_tokens, s.default_timeout, s.max_message_bytes),
-                    Admission(s.turns_at_once(), s.max_queued_turns, per_client, headroom(s), s.max_starting_turns or 0))
+                    Admission(s.turns_at_once(), s.max_queued_turns, per_client, headroom(s), s.max_starting_turns or 0,
+                              s.admit_start_quiet or 0.0))
     log.info("gateway: %s", admission_line(s, per_client))
     backends.voice_owners = VoiceOwners(s.voice_owners)
     if api_keys and s.voice_owners is None:
@@ -100,7 +101,9 @@ def admission_line(s: GatewaySettings, per_client: int) -> str:
             else "by count")
     return (f"admission {rule}; at most {turns} turns running (--max-turns), {s.max_queued_turns} waiting, "
             f"{s.max_starting_turns or 'any number'} starting, {per_client or 'no limit of its own'} per client "
-            f"(an API key, else an address other than this host's)")
+            f"(an API key, else an address other than this host's)"
+            + (f"; an admitted turn starts after {1e3 * s.admit_start_quiet:.0f} ms without a new call (at most "
+               f"{1e3 * START_QUIET_MAX:.0f} ms)" if s.admit_start_quiet else ""))
 
 
 def initial_turns(s: GatewaySettings) -> int:

@@ -40,9 +40,9 @@ class GatewaySettings:
     GROUP: ClassVar[str] = DOORS
     GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
         PROCESSES: ("host", "port", "metrics_port"),
-        ADMISSION: ("max_turns", "max_queued_turns", "max_starting_turns", "admission", "admit_initial_turns",
-                    "admit_burst_turns", "admit_burst_window", "admit_low_slack", "admit_high_slack", "admit_ttfa",
-                    "admit_growth", "max_turns_per_client"),
+        ADMISSION: ("max_turns", "max_queued_turns", "max_starting_turns", "admission", "admit_start_quiet",
+                    "admit_initial_turns", "admit_burst_turns", "admit_burst_window", "admit_low_slack",
+                    "admit_high_slack", "admit_ttfa", "admit_growth", "max_turns_per_client"),
         SECURITY: ("api_keys_file", "allowed_origins", "voice_owners", "max_voices_per_key"),
     }
 
@@ -79,6 +79,10 @@ class GatewaySettings:
               "from playback slack and TTFA, the rest refused at once (services/gateway/headroom.py) (default: headroom "
               "where moss-serve up runs the stack, on any device; a bare gateway: count)", choices=["count", "headroom"],
         show_default=False)
+    admit_start_quiet: float | None = option(
+        None, "seconds without a new call that an admitted turn waits for before it starts, at most 0.03 s, so that a "
+              "burst's refusals are answered first (default: 0.005 where moss-serve up runs the stack on a CPU, whose "
+              "cores the refusals share with the admitted turns' start; else 0: none)", type=seconds, show_default=False)
     admit_initial_turns: int | None = option(
         None, f"--admission headroom: turns at once before the signals say more or fewer, and the least the limit falls "
               f"to if under {HeadroomRule.min_limit} (default: {HeadroomRule.initial_limit}, an H100's; where moss-serve "
