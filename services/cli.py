@@ -254,7 +254,8 @@ def run_service(args) -> int:
 
 def read_ahead(argv: list[str]) -> None:
     """What a spare of this service does before it is told to serve (spare.py), on the CPU only: the vocoder reads its
-    codec (vocoder.py's codec_ahead). Arguments it cannot take are left for the service's own start to refuse."""
+    codec, the encoder its weights (common/read_ahead.py). Arguments it cannot take are left for the service's own
+    start to refuse."""
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # (--help, errors)
             args = parser().parse_args(argv)
@@ -265,6 +266,10 @@ def read_ahead(argv: list[str]) -> None:
 
         s = from_args(VocoderSettings, args, tls=None)
         codec_ahead(s.vocoder_dir, s.preset, s.seed)
+    elif args.command == "encoder":
+        from services.encoder.server import model_ahead
+
+        model_ahead(from_args(EncoderSettings, args, tls=None))
 
 
 def exit_now(code: int) -> int:

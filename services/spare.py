@@ -1,7 +1,7 @@
 """A service's spare process: started ahead by `moss-serve up`, it has imported what the service runs on and waits.
 When the service's process exits, the supervisor tells the spare to go, and it serves under the same command line
 without paying for its imports again. What a service reads on the CPU before it touches the GPU, a spare reads ahead
-too (cli.py's read_ahead: the vocoder's codec).
+too (cli.py's read_ahead: the vocoder's codec, the encoder's weights).
 
 Why: a GPU stage's restart is mostly its start. On an H200 a vocoder took 6-10 s from its death to its first log line
 (imports of torch, Triton and its own modules, then CUDA), out of 12-14 s to serving again; beside a loaded stack the
@@ -13,7 +13,8 @@ spare that had initialised CUDA would be one of those. Importing torch maps the 
 spare had libcuda.so loaded after its imports) but does not initialise it. So a spare imports modules and reads on the
 CPU only, and then asks the driver whether it was initialised (cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED
 until cuInit); if it was, the spare exits, and the supervisor starts the service afresh instead. What it reads ahead
-stays on the CPU (a vocoder's spare holds its codec there: ~0.5 GB at the real size).
+stays on the CPU (at the real size a vocoder's spare holds its codec there, ~0.5 GB, and an encoder's its weights,
+~1.4 GB).
 
     python -m services.spare vocoder --port ... (the service's own arguments, as after `python -m services.cli`)
 """

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from services.spare import Spare, driver_initialized
 from services.stack import Ports, is_serving, listener_pid
 from tests.test_supervisor import say
@@ -177,9 +179,9 @@ def test_a_codec_read_ahead_is_what_the_next_load_serves(tmp_path):
     from services.vocoder.codec.config import PRESETS
 
     assert v.codec_ahead(None, "tiny-codec", 3)
-    ahead = v._AHEAD[(None, "tiny-codec", 3)][0]
+    ahead = v.CODEC.kept[(None, "tiny-codec", 3)][0]
     served = v.load_vocoder(None, "tiny-codec", seed=3)
-    assert served.decoder.flow is ahead and not v._AHEAD
+    assert served.decoder.flow is ahead and not v.CODEC.kept
     fresh = v.load_vocoder(None, "tiny-codec", seed=3)  # nothing ahead: built now, and alike
     assert fresh.decoder.flow is not ahead
     for (name, a), b in zip(ahead.state_dict().items(), fresh.decoder.flow.state_dict().values()):
@@ -189,17 +191,33 @@ def test_a_codec_read_ahead_is_what_the_next_load_serves(tmp_path):
     cfg = PRESETS["tiny"]()
     save_codec(*random_codec(cfg, 5), cfg, tmp_path / "codec")
     assert v.codec_ahead(tmp_path / "codec", "moss-speech", 0)  # a codec directory: read from its files
-    flow = v._AHEAD[(str(tmp_path / "codec"), "moss-speech", 0)][0]
-    assert v._take_codec(tmp_path / "codec", "moss-speech", 0)[0] is flow and not v._AHEAD
+    flow = v.CODEC.kept[(str(tmp_path / "codec"), "moss-speech", 0)][0]
+    assert v._take_codec(tmp_path / "codec", "moss-speech", 0)[0] is flow and not v.CODEC.kept
 
 
-def test_a_vocoder_spare_serves_the_codec_it_read_ahead(tmp_path):
+def test_an_encoder_read_ahead_is_what_the_next_load_serves():
+    from services.encoder import server as e
+    from services.encoder.settings import EncoderSettings
+
+    s = EncoderSettings(preset="tiny", device="cpu")
+    assert e.model_ahead(s)
+    ahead = e.MODEL.kept[(None, "tiny", 0)]
+    assert e.load_encoder(s) is ahead and not e.MODEL.kept  # (on the CPU, .to() keeps the module)
+    fresh = e.load_encoder(s)
+    assert fresh is not ahead
+    for (name, a), b in zip(ahead.state_dict().items(), fresh.state_dict().values()):
+        assert a.equal(b), name
+
+
+@pytest.mark.parametrize("service, preset, what", [("vocoder", "tiny-codec", "the vocoder's codec"),
+                                                   ("encoder", "tiny", "the encoder's weights")])
+def test_a_spare_serves_what_it_read_ahead(tmp_path, service, preset, what):
     from services.stack import free_port
 
     port, metrics = free_port(), free_port()
-    command = [sys.executable, "-m", "services.cli", "vocoder", "--host", "127.0.0.1", "--port", str(port),
-               "--metrics-port", str(metrics), "--preset", "tiny-codec"]
-    log = tmp_path / "vocoder.log"
+    command = [sys.executable, "-m", "services.cli", service, "--host", "127.0.0.1", "--port", str(port),
+               "--metrics-port", str(metrics), "--preset", preset]
+    log = tmp_path / f"{service}.log"
     spare = Spare(command, dict(os.environ), open(log, "ab"))
     try:
         time.sleep(1.0)
@@ -209,6 +227,6 @@ def test_a_vocoder_spare_serves_the_codec_it_read_ahead(tmp_path):
         while not is_serving(f"127.0.0.1:{port}"):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
-        assert "the codec's modules were read ahead" in log.read_text()
+        assert f"{what} was read ahead (a spare's)" in log.read_text()
     finally:
         spare.discard()

@@ -10,6 +10,7 @@ from moss.speech.v1 import encoder_pb2, encoder_pb2_grpc
 
 from services.common.memory import Pool, size_pool
 from services.common.metrics import start_metrics_server
+from services.common.read_ahead import ReadAhead
 from services.common.server import serve
 from services.encoder import metrics
 from services.encoder.checkpoint import load_tokenizer, random_tokenizer
@@ -23,12 +24,26 @@ from services.encoder.whisper_vq import WhisperVQEncoder
 log = logging.getLogger(__name__)
 
 
+# The encoder's weights read (or built) on the CPU ahead of a start, by (directory, preset, seed): a spare's.
+MODEL = ReadAhead("the encoder's weights")
+
+
+def model_ahead(s: EncoderSettings) -> bool:
+    """Read the encoder's weights on the CPU now, for load_encoder's next call with these settings to take (a spare's
+    work: read_ahead.py). Touches no GPU."""
+    return MODEL.read((s.encoder_dir, s.preset, s.seed), lambda: _cpu_model(s))
+
+
+def _cpu_model(s: EncoderSettings) -> WhisperVQEncoder:
+    if s.encoder_dir:
+        return load_tokenizer(s.encoder_dir)
+    return random_tokenizer(glm4_voice() if s.preset == "moss-speech" else tiny(), s.seed)
+
+
 def load_encoder(s: EncoderSettings) -> WhisperVQEncoder:
     """The tokenizer's encoder from --encoder-dir, or the preset with random weights; bf16 on CUDA."""
-    if s.encoder_dir:
-        model = load_tokenizer(s.encoder_dir)
-    else:
-        model = random_tokenizer(glm4_voice() if s.preset == "moss-speech" else tiny(), s.seed)
+    model = MODEL.take((s.encoder_dir, s.preset, s.seed), lambda: _cpu_model(s))
+    if not s.encoder_dir:
         log.warning("encoder: no --encoder-dir: the %r preset with RANDOM weights", s.preset)
     device = torch.device(s.device)
     return model.to(device, torch.bfloat16 if device.type == "cuda" else torch.float32)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, echo, listed
+from services.common.read_ahead import ReadAhead
 from services.vocoder import generator as gen
 from services.vocoder.codec import checkpoint as codec_checkpoint
 from services.vocoder.codec import config as codec_config
@@ -310,19 +311,18 @@ class TokenVocoder:
         return (torch.zeros(self.harmonics), torch.tensor(0), torch.tensor(frames), torch.tensor(0))
 
 
-# The codec's modules built on the CPU ahead of a start, by (directory, preset, seed): what a spare process does before
-# it is told to serve (spare.py), so that its start only moves them to the device. After a fault every GPU stage starts
-# at once, and on an H200 this build took the vocoder 3.5 s of its 17.5 s back beside the others' (2026-11-30).
-_AHEAD: dict[tuple, tuple] = {}
+# The codec's modules built on the CPU ahead of a start, by (directory, preset, seed): a spare's (read_ahead.py).
+CODEC = ReadAhead("the vocoder's codec")
 
 
 def codec_ahead(directory: str | Path | None, preset: str, seed: int) -> bool:
     """Read (or build, for a preset) the codec's flow and HiFT on the CPU now, for load_vocoder's next call with the
     same arguments to take → whether there is a codec to read. Touches no GPU."""
-    key = (str(directory) if directory is not None else None, preset, seed)
-    if key not in _AHEAD and (codec := _cpu_codec(directory, preset, seed)) is not None:
-        _AHEAD[key] = codec
-    return key in _AHEAD
+    return CODEC.read(_codec_key(directory, preset, seed), lambda: _cpu_codec(directory, preset, seed))
+
+
+def _codec_key(directory: str | Path | None, preset: str, seed: int) -> tuple:
+    return str(directory) if directory is not None else None, preset, seed
 
 
 def _cpu_codec(directory: str | Path | None, preset: str, seed: int):
@@ -337,10 +337,7 @@ def _cpu_codec(directory: str | Path | None, preset: str, seed: int):
 
 def _take_codec(directory: str | Path | None, preset: str, seed: int):
     """The codec read ahead for these arguments (taken: once), else read now."""
-    ahead = _AHEAD.pop((str(directory) if directory is not None else None, preset, seed), None)
-    if ahead is not None:
-        log.info("vocoder: the codec's modules were read ahead (a spare's)")
-    return ahead or _cpu_codec(directory, preset, seed)
+    return CODEC.take(_codec_key(directory, preset, seed), lambda: _cpu_codec(directory, preset, seed))
 
 
 def load_vocoder(directory: str | Path | None, preset: str = "tiny", device: str = "cpu", seed: int = 0,
