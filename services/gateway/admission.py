@@ -17,8 +17,8 @@ over the limit: past the knee, new sessions are refused before a conversation is
 
 Refusals first in a burst (`start_quiet`): an admitted turn may wait, before it starts, until no call has come in for
 `start_quiet` seconds (at most START_QUIET_MAX). On a 2-core CPU a burst's refusals share the cores with the start of
-the turns it admits (the gateway's calls to the stages, the llm's prefill): with the admitted turns waiting 30 ms,
-the refusals of bursts of 96 came at p95 27-40 ms, not 63-77 ms (docs/benchmarks.md, refusals-cpu-2026-11-30).
+the turns it admits (the gateway's calls to the stages, the llm's prefill): with start_quiet 5 ms the refusals of
+bursts of 96 came at p95 29-36 ms in 9 of 9, against 38-89 ms without (docs/benchmarks.md, refusals-cpu-2026-11-30).
 
 The hint is how long the queue ahead would take to drain at the recent pace: the mean duration of the last
 turns, times the turns ahead of a newcomer per running place (a client at its own limit: its own turns, one place
