@@ -4,7 +4,8 @@
 #   - a start: `moss-serve up` (FLAGS) to the first answered `moss-serve say` (tried every 0.5 s), and to the
 #     vocoder's "every CUDA graph captured"; "cold" with Triton's cache in an empty directory, "warm" with it kept;
 #   - a kill: under a Poisson load of 10 a second (replies of 2-20 s), the stage SIGKILLed 8 s in; then the seconds to
-#     the next answered `say`, and (bench/restart_report.py, from the load's bench.json and the stack's log) to the
+#     the next turn answered to bench/answer_probe.py (tries from one process, 0.2 s apart), and
+#     (bench/restart_report.py, from the load's bench.json and the stack's log) to the
 #     stage's return and to the next first audio of a turn the load sent after the kill.
 # Prints a table and writes $OUT/restart.json; each start's and kill's log and load under $OUT/restart/.
 #   STARTS="cold warm" KILLS="vocoder llm" bash bench/restart.sh
@@ -80,12 +81,7 @@ for victim in ${KILLS:-vocoder llm}; do
   else
     kill -9 "$before"
   fi
-  answered=null
-  until serve say "after the kill" -o "$WORK/after.wav" --max-new-tokens 8 --timeout 15 > /dev/null 2>&1; do
-    sleep 0.5
-    if [ "$(since "$t0" | cut -d. -f1)" -gt 150 ]; then break; fi
-  done
-  [ "$(since "$t0" | cut -d. -f1)" -le 150 ] && answered=$(since "$t0")
+  answered=$(python3 bench/answer_probe.py --since "$t0" --limit 150)  # tries from one process, 0.2 s apart
   [ -n "$load" ] && wait "$load"
   tail -n +"$((lines + 1))" "$OUT/up.log" > "$DIR/log_kill_$k.txt"
   printf 'kill\t%s\t%s\t%s\t%s\n' "$victim" "$t0" "$answered" "$k" >> "$DIR/events.tsv"

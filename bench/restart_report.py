@@ -6,8 +6,8 @@ DIR holds events.tsv (restart.sh's lines: start LABEL T0 TURN_S GRAPHS_S, kill S
 log_kill_K.txt and load_K/bench.json. A start: its first answered turn, the vocoder's and the llm's "serving" lines
 and the vocoder's last graph, in seconds after `up` (T0). A kill: when the gateway found the stage ready again (the
 later of llm and vocoder where all were restarted: a fault, or a kill that faulted the other), the first reply audio
-at the load's client of a turn sent after the kill, the `say` probe's answer, and whether another stage faulted
-(exited with code 3).
+at the load's client of a turn sent after the kill, the probe's answer (bench/answer_probe.py; a `moss-serve say` a
+try before 2026-11-30's calls 10 on), and whether another stage faulted (exited with code 3).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def main() -> None:
     for r in starts:
         print(f"| {r['start']} | {show(r['first_turn_s'])} | {show(r['vocoder_serving_s'])} | "
               f"{show(r['llm_serving_s'])} | {show(r['every_graph_s'])} |")
-    print("\n| killed | stage back | load's next first audio | `say` answered | faulted (exit 3) |")
+    print("\n| killed | stage back | load's next first audio | probe answered | faulted (exit 3) |")
     print("| --- | --- | --- | --- | --- |")
     for r in kills:
         print(f"| {r['killed']} | {show(r['back_s'])} | {show(r['load_first_audio_s'])} | {show(r['say_s'])} | "

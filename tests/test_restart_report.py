@@ -96,3 +96,25 @@ def test_the_fault_on_purpose_joins_the_stage_s_mps_server_or_refuses(tmp_path):
     finally:
         stage.kill()
         plain.kill()
+
+
+def test_the_answer_probe_says_null_when_nothing_answers_within_its_limit():
+    import time
+
+    from services.stack import free_port
+
+    started = time.time()
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "answer_probe.py"), "--since", str(started),
+                          "--target", f"127.0.0.1:{free_port()}", "--limit", "1.5", "--try-seconds", "0.5"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    assert out.strip() == "null" and time.time() - started >= 1.5
+
+
+def test_the_answer_probe_times_a_served_turn(stack):
+    import time
+
+    started = time.time()
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "answer_probe.py"), "--since", str(started),
+                          "--target", stack.target("gateway"), "--limit", "60"],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    assert 0 < float(out) < time.time() - started
