@@ -6,9 +6,9 @@
 # say`'s.
 #   bash docs/results/flow_2026-11-30/next_call10.sh
 #
-# Predicted (written 2026-11-30 04:11 UTC, before any run): every GPU stage back 14-17 s after a fault; the flow moved
-# in under 0.5 s; Y 5-7 s beside the others (it is most of the 8.4-8.6 s "models" of call 9), ~2 s after a plain
-# vocoder kill; the probe within 1 s of the load's next first audio.
+# Predicted (written 2026-11-30 04:11 UTC, the probe's clause 05:18, before any run): every GPU stage back 14-17 s after
+# a fault; the flow moved in under 0.5 s; Y 5-7 s beside the others (it is most of the 8.4-8.6 s "models" of call 9),
+# ~2 s after a plain vocoder kill; the probe within 1 s of the load's next first audio.
 source bench/wheel_site.sh
 STARTS=cold KILLS="fault vocoder fault llm" WAIT_GRAPHS=0 LAST_KILL=$((440 - SECONDS)) timeout $((570 - SECONDS)) \
   bash bench/restart.sh
