@@ -350,16 +350,16 @@ def load_vocoder(directory: str | Path | None, preset: str = "tiny", device: str
     files only is the stand-in's (token_decoder.json beside it, or a random one). voices_dir: the flow's voices
     (default: <directory>/voices; a preset without one gets a random "default" voice)."""
     dev = torch.device(device)
-    if directory is not None and (Path(directory) / "codec.json").exists():
-        flow_model, hift, cfg = _take_codec(directory, preset, seed)
+    if (codec := _take_codec(directory, preset, seed)) is not None and directory is not None:  # a codec directory
+        flow_model, hift, cfg = codec
         kept = Path(voices_dir or Path(directory) / "voices")
         voices = load_voices(kept, cfg.flow)
         out = hift
         if generator == "bigvgan":
             out, _ = gen.load_generator(directory)
         return _codec_vocoder(flow_model, out, dev, voices, flow, kept)
-    if directory is None and preset in ("tiny-codec", "moss-speech"):
-        flow_model, hift, cfg = _take_codec(directory, preset, seed)
+    if codec is not None:  # a codec preset
+        flow_model, hift, cfg = codec
         voices = (load_voices(voices_dir, cfg.flow) if voices_dir else
                   {DEFAULT: random_voice(cfg.flow, prompt_tokens=10 if preset == "tiny-codec" else DEFAULT_PROMPT_TOKENS,
                                          seed=seed)})
