@@ -57,7 +57,9 @@ def main() -> int:
     try:
         fault()
     except Exception as e:  # noqa: BLE001  the point: the driver's error for the illegal access
-        print(f"faulted: {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
+        # when the driver said so: on an H200 a stack's stages once found the fault 11.2 s after the store
+        # (docs/benchmarks.md, starts-2026-11-30), so whether the store or its report waited is worth knowing
+        print(f"faulted at {time.time():.3f}: {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
         os._exit(0)  # (no teardown in a faulted context)
     print("the kernel did not fault", file=sys.stderr)
     return 1

@@ -6,7 +6,8 @@ DIR holds events.tsv (restart.sh's lines: start LABEL T0 TURN_S GRAPHS_S, kill S
 log_kill_K.txt and load_K/bench.json. A start: its first answered turn, the vocoder's and the llm's "serving" lines
 and the vocoder's last graph, in seconds after `up` (T0). A kill: when the gateway found the stage ready again (the
 later of llm and vocoder where all were restarted: a fault, or a kill that faulted the other), the first reply audio
-at the load's client of a turn sent after the kill, the probe's answer (bench/answer_probe.py; a `moss-serve say` a
+at the load's client of a turn sent after the kill, when the stack found it (a stage's "its GPU failed", or up's word
+that the killed stage exited), the probe's answer (bench/answer_probe.py; a `moss-serve say` a
 try before 2026-11-30's calls 10 on), and whether another stage faulted (exited with code 3).
 """
 
@@ -63,8 +64,12 @@ def kill_row(dir_: Path, stage: str, t0: float, say: str, k: str) -> dict:
                  if s["code"] == "OK" and s["chunk_arrivals_s"] and began + s["sent_s"] > t0]
         first_audio = min(after, default=None)
     faulted = sorted(set(re.findall(r"moss-serve up: (\w+) exited with code 3", text)))
-    return dict(killed=stage, back_s=rnd(back), load_first_audio_s=rnd(first_audio), say_s=num(say),
-                faulted=faulted)
+    # When the stack found it: a stage's word that its GPU failed (a fault), or up's that the killed stage exited. On an
+    # H200 a fault was once found 11.2 s after its store (docs/benchmarks.md, starts-2026-11-30).
+    found = (re.search(STAMP + r" CRITICAL \S+: \w+: its GPU failed", text) if stage == "fault" else
+             re.search(STAMP + rf" moss-serve up: {stage}\S* exited with code", text))
+    return dict(killed=stage, found_s=None if found is None else rnd(unix(found.group(1)) - t0), back_s=rnd(back),
+                load_first_audio_s=rnd(first_audio), say_s=num(say), faulted=faulted)
 
 
 def num(s: str) -> float | None:
@@ -94,10 +99,10 @@ def main() -> None:
     for r in starts:
         print(f"| {r['start']} | {show(r['first_turn_s'])} | {show(r['vocoder_serving_s'])} | "
               f"{show(r['llm_serving_s'])} | {show(r['every_graph_s'])} |")
-    print("\n| killed | stage back | load's next first audio | probe answered | faulted (exit 3) |")
-    print("| --- | --- | --- | --- | --- |")
+    print("\n| killed | found | stage back | load's next first audio | probe answered | faulted (exit 3) |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for r in kills:
-        print(f"| {r['killed']} | {show(r['back_s'])} | {show(r['load_first_audio_s'])} | {show(r['say_s'])} | "
+        print(f"| {r['killed']} | {show(r['found_s'])} | {show(r['back_s'])} | {show(r['load_first_audio_s'])} | {show(r['say_s'])} | "
               f"{', '.join(r['faulted']) or 'none'} |")
     if a.json:
         Path(a.json).write_text(json.dumps(dict(starts=starts, kills=kills), indent=1))

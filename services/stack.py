@@ -234,7 +234,8 @@ class Stack:
 
     def keep_spares(self) -> None:
         """`spares_each` spares for each running process of the spared services (spare.py). Called by the
-        supervisor: the first ones once the stack serves, not beside its start, and new ones as soon as one served."""
+        supervisor: the first ones once the stack serves, not beside its start, and new ones once the services it started
+        again serve (supervisor.py)."""
         for name, kept in self.spares.items():
             for spare in [spare for spare in kept if spare.proc.poll() is not None]:
                 kept.remove(spare)  # it exited by itself (spare.py: it touched the driver, or crashed)
@@ -259,10 +260,11 @@ class Stack:
             self.start(name)
         self.wait_serving(self.names, timeout)
 
-    def serving(self, name: str, service: str = "") -> bool:
-        """Whether its health check (of `service`: the server as a whole by default) says SERVING now (at most a
-        second's wait)."""
-        return is_serving(self.target(name), tls=(self._settings(self.health_tls, name) or [None])[-1], service=service)
+    def serving(self, name: str, service: str = "", timeout: float = 1.0) -> bool:
+        """Whether its health check (of `service`: the server as a whole by default) says SERVING now (at most
+        `timeout` s of waiting)."""
+        return is_serving(self.target(name), timeout, tls=(self._settings(self.health_tls, name) or [None])[-1],
+                          service=service)
 
     def warm(self, name: str) -> bool:
         """Whether it serves with nothing left to prepare (server.py's WARM_SERVICE: a vocoder's graphs all captured)."""

@@ -8,7 +8,10 @@ it goes back to none once the service has run for a minute. An exit asked for
 (`expect_exit`: a drained replica of a rolling restart) is no failure: the service starts again at once.
 
 Where the stack keeps spares (spare.py: processes that have done a service's imports and wait, two per instance), a
-restart is a spare's, and the stack makes the next one at the following poll.
+restart is a spare's, and the stack makes the next ones once every service it started again serves: a spare's imports
+and reads ahead (the codec built on the CPU, the encoder's weights) are seconds of every core, and beside the starts
+of every GPU stage after a fault they would be paid by those starts. On an H200 those starts took 13-17 s where each
+step of them, timed alone, took under a second (docs/benchmarks.md, fault-2026-11-30).
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ from datetime import datetime
 FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 30.0
 HEALTHY_AFTER = 60.0
+# While a service started again does not serve yet, its health is asked this often (a refused connection answers at
+# once; a server that is up, within SERVING_TIMEOUT), and no spare is made; after START_GIVE_UP s without serving the
+# spares are made anyway (a start that hangs must not leave the next restart without one).
+SERVING_CHECK_SECONDS = 0.5
+SERVING_TIMEOUT = 0.2
+START_GIVE_UP = 120.0
 
 
 def report(message: str) -> None:
@@ -47,6 +56,8 @@ class Supervisor:
         self.state = {name: _State(now) for name in stack.procs}
         self.restarts = {name: 0 for name in stack.procs}
         self.expected: set[str] = set()  # services whose next exit was asked for
+        self.starting: dict[str, float] = {}  # services started again and not yet seen serving → when started
+        self.next_check = 0.0
 
     def poll(self, now: float | None = None) -> None:
         """Look at every service once: note an exit, start one whose wait is over, forgive one that has
@@ -71,12 +82,24 @@ class Supervisor:
                     self.log(f"{name} started again from its spare (its imports done ahead)")
                 self.restarts[name] += 1
                 st.started, st.restart_at = now, None
+                self.starting[name] = now
                 if name in self.expected:
                     self.expected.discard(name)
                 else:
                     st.backoff = min(max(st.backoff * 2, self.first_backoff), self.max_backoff)
-        if self.stack.spare_services:
+        if self.stack.spare_services and not self.still_starting(now):
             self.stack.keep_spares()
+
+    def still_starting(self, now: float) -> bool:
+        """Whether a service started again does not serve yet (asked at most every SERVING_CHECK_SECONDS)."""
+        if self.starting and now >= self.next_check:
+            self.next_check = now + SERVING_CHECK_SECONDS
+            for name, started in list(self.starting.items()):
+                proc = self.stack.procs.get(name)
+                if (now - started > START_GIVE_UP or proc is None or proc.poll() is not None
+                        or self.stack.serving(name, timeout=SERVING_TIMEOUT)):
+                    del self.starting[name]
+        return bool(self.starting)
 
     def expect_exit(self, name: str) -> None:
         """`name` was asked to exit (drained): start it again as soon as it has, without counting a failure."""

@@ -47,20 +47,24 @@ def test_a_start_and_a_kill_that_faulted_the_other_stage(tmp_path):
     result, out = report(tmp_path)
     assert result["starts"] == [dict(start="warm", first_turn_s=26.1, every_graph_s=94.2, vocoder_serving_s=20.5,
                                      llm_serving_s=14.2)]
-    assert result["kills"] == [dict(killed="vocoder", back_s=28.1, load_first_audio_s=28.5, say_s=None,
-                                    faulted=["llm"])]
-    assert "| vocoder | 28.1 s | 28.5 s | – | llm |" in out
+    assert result["kills"] == [dict(killed="vocoder", found_s=None, back_s=28.1, load_first_audio_s=28.5, say_s=None,
+                                    faulted=["llm"])]  # (up's lines carried no time then: not found)
+    assert "| vocoder | – | 28.1 s | 28.5 s | – | llm |" in out
 
 
 def test_a_fault_on_purpose_is_back_when_the_later_of_llm_and_vocoder_is(tmp_path):
     fault = 50.0
     (tmp_path / "log_kill_2.txt").write_text(
+        f"{stamp(fault + 0.2)} INFO services.gateway.admission: admission limit 11 -> 5 turns\n"
+        f"{stamp(fault + 0.3)} CRITICAL services.llm.async_engine: llm: its GPU failed (CUDA error: an illegal memory "
+        "access was encountered); restarting: failing every request and stopping\n"
         "moss-serve up: llm exited with code 3; starting it again at once\n"
         f"{stamp(fault + 9.4)} INFO services.gateway.backends: gateway: llm at 127.0.0.1:50052 is ready\n"
         f"{stamp(fault + 11.2)} INFO services.gateway.backends: gateway: vocoder at 127.0.0.1:50053 is ready\n")
     (tmp_path / "events.tsv").write_text(f"kill\tfault\t{T0 + fault}\t12.0\t2\n")
     [row] = report(tmp_path)[0]["kills"]
-    assert row == dict(killed="fault", back_s=11.2, load_first_audio_s=None, say_s=12.0, faulted=["llm"])
+    assert row == dict(killed="fault", found_s=0.3, back_s=11.2, load_first_audio_s=None, say_s=12.0,
+                       faulted=["llm"])
 
     (tmp_path / "log_kill_2.txt").write_text(  # the vocoder never came back: not back
         f"{stamp(fault + 9.4)} INFO services.gateway.backends: gateway: llm at 127.0.0.1:50052 is ready\n")
@@ -78,7 +82,7 @@ def test_a_kill_that_took_every_gpu_stage_is_back_when_the_later_one_is(tmp_path
         f"{stamp(kill + 14.2)} INFO services.gateway.backends: gateway: vocoder at 127.0.0.1:50053 is ready\n")
     (tmp_path / "events.tsv").write_text(f"kill\tllm\t{T0 + kill}\t21.4\t1\n")
     [row] = report(tmp_path)[0]["kills"]
-    assert row["back_s"] == 14.2 and row["faulted"] == ["llm"]
+    assert row["back_s"] == 14.2 and row["faulted"] == ["llm"] and row["found_s"] == 0.5
 
 
 def test_the_fault_on_purpose_joins_the_stage_s_mps_server_or_refuses(tmp_path):

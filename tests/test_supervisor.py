@@ -59,6 +59,61 @@ def test_a_first_death_restarts_at_once_then_the_wait_doubles_and_resets_once_it
     assert sup.state["llm"].restart_at - (t + 62) == 0
 
 
+class SparedStack(FakeStack):
+    """A stack that keeps spares: it counts the calls that make them, and says what `up` asks of health."""
+    spare_services = frozenset({"llm", "vocoder"})
+
+    def __init__(self, names):
+        super().__init__(names)
+        self.kept, self.asked, self.up = 0, [], set()
+
+    def keep_spares(self):
+        self.kept += 1
+
+    def serving(self, name, timeout=1.0):
+        self.asked.append(name)
+        return name in self.up
+
+
+def test_spares_are_made_again_only_once_every_restarted_service_serves():
+    """A spare's imports and reads ahead take every core for seconds: made beside the starts after a fault they slow
+    them, so they wait until those starts serve (or give up on one that never does)."""
+    from services.supervisor import SERVING_CHECK_SECONDS, START_GIVE_UP
+
+    stack = SparedStack(["llm", "vocoder"])
+    sup = Supervisor(stack, log=lambda _: None)
+    t = time.monotonic()
+    sup.poll(t)
+    assert stack.kept == 1  # a stack that serves keeps its spares
+    stack.procs["llm"].returncode = stack.procs["vocoder"].returncode = 3
+    sup.poll(t + 1)  # both seen dead (and nothing started yet: spares may still be made)
+    kept = stack.kept
+    sup.poll(t + 1.1)  # both started again
+    assert stack.started == ["llm", "vocoder"]
+    for k in range(2, 10):
+        sup.poll(t + 1.1 + k * 0.1)  # polled every 0.1 s; health asked every SERVING_CHECK_SECONDS
+    assert stack.kept == kept and 2 <= len(stack.asked) <= 2 * (0.9 / SERVING_CHECK_SECONDS + 1)
+    stack.up.add("llm")
+    sup.poll(t + 3)
+    assert stack.kept == kept  # the vocoder still starts
+    stack.up.add("vocoder")
+    sup.poll(t + 4)
+    assert stack.kept == kept + 1  # every restarted one serves: spares again
+    asked = len(stack.asked)
+    sup.poll(t + 5)
+    assert stack.kept == kept + 2 and len(stack.asked) == asked  # no health asked of a stack that serves
+
+    stack.up.clear()
+    stack.procs["llm"].returncode = 1
+    sup.poll(t + 100)
+    sup.poll(t + 102)  # started again after its wait; it never serves
+    kept = stack.kept
+    sup.poll(t + 103)
+    assert stack.kept == kept
+    sup.poll(t + 102 + START_GIVE_UP + 1)
+    assert stack.kept == kept + 1  # given up on: the next restart gets its spare
+
+
 def service_processes(pid: int) -> list[tuple[int, list[str]]]:
     """(pid, argv) of each `services.cli <service> ...` process whose parent is `pid`."""
     found = []

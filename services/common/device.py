@@ -12,6 +12,7 @@ gateway starts a turn not yet answered again elsewhere), stops serving and exits
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,20 @@ def unusable(device: str) -> str | None:
     if index is not None and index >= torch.cuda.device_count():
         return f"--device {device}: this process sees {torch.cuda.device_count()} GPU(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}"
     return None
+
+
+def open_context(device: str) -> float:
+    """Make this process's context on `device` now → the seconds it took (0 on a CPU). A GPU stage's start logs it
+    apart from its models' steps: under MPS a context is a client of the server, and after a fault a new server."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 0.0
+    started = time.perf_counter()
+    torch.zeros(1, device=device)
+    torch.cuda.synchronize(device)
+    return time.perf_counter() - started
 
 
 def lost(device: torch.device | str) -> bool:

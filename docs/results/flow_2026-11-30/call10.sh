@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Not run yet (written 2026-11-30, for the next session's device time): more rows of the fate-shared path (calls 8-9
+# Run 2026-11-30 05:59 UTC (written earlier that day): more rows of the fate-shared path (calls 8-9
 # gave six, 14.2-19.2 s), with the vocoder's start now split in its log ("the flow moved to cuda in X s; the voices'
 # prompt prefix, the stream history and the generator set up in Y s"), to find what the three concurrent starts
 # contend for. Its probe column is bench/answer_probe.py's now (tries from one process, 0.2 s apart), not `moss-serve

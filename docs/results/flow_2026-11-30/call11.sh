@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Not run yet (written 2026-11-30, for the next session's device time): the rolling restart again with a load that
+# Run 2026-11-30 06:10 UTC (written earlier that day): the rolling restart again with a load that
 # outlasts the round (call 7's ended first, so the turns after the round, the reason for the warm wait, went
 # unmeasured): Poisson 5/s for 330 s, SIGHUP 10 s in.
 #   bash docs/results/flow_2026-11-30/next_call11.sh

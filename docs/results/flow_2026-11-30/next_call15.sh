@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Not run yet (written 2026-11-30 06:30 UTC, for the next session's device time): the fate-shared path again, now that
+# the supervisor makes spares again only once the restarted stages serve. Calls 10 and 13 found each step of the GPU
+# stages' starts after a fault 20-170x slower than alone (the llm's random weights 5.3-8.7 s against 0.06 s; the
+# flow's move 5.5-7.9 s against 0.15 s; call 14: not the dead processes' memory, not the contexts), with the new spares'
+# imports and reads ahead (torch, Triton, the codec built on the CPU, the encoder's weights) on every core beside them.
+#   bash docs/results/flow_2026-11-30/next_call15.sh
+#
+# Predicted (written 2026-11-30 06:30 UTC, before any run): if the spares were the cause, after each fault the weights
+# ~1 s, the move under 1 s, every GPU stage back 8-11 s (13-27 s in calls 10 and 13); if not, as before, and the cause
+# is the load's gateway or the three starts themselves (then run call12_contention.py with a CPU load beside it). The
+report's "found" column (new): 0.2 s for each fault, or, if a fault is found ~10 s late again (1 of 2 in calls 10 and
+13), fault_K.txt's "faulted at" tells whether gpu_fault's own store waited (its time ~10 s after "fault at") or the
+stages' finding it did (its time within 0.1 s).
+source bench/wheel_site.sh
+STARTS=cold KILLS="fault fault fault" WAIT_GRAPHS=0 LAST_KILL=$((440 - SECONDS)) timeout $((570 - SECONDS)) \
+  bash bench/restart.sh 2>&1 | tail -10
+grep -E "died|context made|moved to|weights took|ready in|captured before|serving on" "$OUT/up.log" | cut -c1-170 | tail -40
+(cd "$OUT" && tar czf call15.tgz restart up.log && rm -rf restart)
