@@ -230,3 +230,18 @@ def test_a_spare_serves_what_it_read_ahead(tmp_path, service, preset, what):
         assert f"{what} was read ahead (a spare's)" in log.read_text()
     finally:
         spare.discard()
+
+
+def test_the_llm_spare_imports_what_its_start_s_meta_build_would():
+    """The llm's start builds its model on the meta device (its size checked before a byte is allocated; a checkpoint's
+    keys), and the first meta initialisation imports torch._dynamo, ~1 s: a spare has it imported already."""
+    code = ("import importlib, sys, torch\n"
+            "from services.spare import PRELOAD\n"
+            "for m in PRELOAD['llm']: importlib.import_module(m)\n"
+            "from services.llm.model.config import preset\n"
+            "from services.llm.model.model import MossSpeechForCausalLM\n"
+            "before = set(sys.modules)\n"
+            "with torch.device('meta'): MossSpeechForCausalLM(preset('tiny'))\n"
+            "print(sorted(m for m in set(sys.modules) - before if m.startswith('torch')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.strip() == "[]", f"the meta build imported: {out}"
