@@ -171,8 +171,10 @@ async def one_barge_in(stub, sampling, spec: LoadSpec) -> list[StreamRecord]:
         began = ended = started = time.perf_counter()
         for i in range(0, len(pcm), step):
             await asyncio.sleep(max(0.0, started + i / rate - time.perf_counter()))
-            await call.write(gateway_pb2.ConverseRequest(audio=gateway_pb2.UserAudio(pcm=pcm[i : i + step].tobytes())))
+            # Timed as the piece is handed over, not once the write returns: the reply's last audio and its cancel can
+            # arrive (and be timed by the reader) before this coroutine runs again, ~0.2 s later on a busy 2-core CPU.
             now = time.perf_counter()
+            await call.write(gateway_pb2.ConverseRequest(audio=gateway_pb2.UserAudio(pcm=pcm[i : i + step].tobytes())))
             if i <= speech_from < i + step:
                 began = now
             if i < speech_to <= i + step:
