@@ -15,13 +15,15 @@
 # kernels and the vocoder in `.to`, with the new spares' imports on the busiest cores if they were the cause.
 source bench/wheel_site.sh
 # Where the starts' seconds go: at the first restart of every stage, three rounds ~1.5 s apart of the host's busiest
-# processes (top) and of each service's and spare's Python stack (py-spy dump; .whl carries py-spy's wheel).
+# processes (top) and of each service's and spare's Python stack (py-spy dump --native: the C++ frames too, an
+# OpenMP barrier or a driver call; it pauses each process a moment, so the first fault's row is not a clean one;
+# .whl carries py-spy's wheel).
 (until grep -q "died (3)" "$OUT/up.log" 2>/dev/null; do sleep 0.2; done
  for round in 1 2 3; do
    sleep 1.5; date +%T.%N >> "$OUT/sample.txt"; top -b -n 1 -w 220 | head -30 >> "$OUT/sample.txt"
    for pid in $(pgrep -f "services.(spare|cli) (llm|vocoder|encoder)"); do
      echo "== $pid: $(tr '\0' ' ' < /proc/$pid/cmdline | cut -c1-90)" >> "$OUT/sample.txt"
-     timeout 5 "$SITE/bin/py-spy" dump --nonblocking --pid "$pid" >> "$OUT/sample.txt" 2>&1
+     timeout 5 "$SITE/bin/py-spy" dump --native --pid "$pid" >> "$OUT/sample.txt" 2>&1
    done
  done) &
 STARTS=cold KILLS="fault fault fault" WAIT_GRAPHS=0 LAST_KILL=$((440 - SECONDS)) timeout $((570 - SECONDS)) \
