@@ -17,8 +17,8 @@ import json
 import numpy as np
 import torch
 
+from services.vocoder.loader import FlowOptions, load_vocoder
 from services.vocoder.streamer import DEFAULT_LOOKAHEAD, MelStreamer
-from services.vocoder.vocoder import FlowOptions, load_vocoder
 
 # The gateway's chunk schedules (common.proto ChunkPolicy): the default (8, 8, 16, 20, ...), the earlier default
 # (4, 4, 8, 16, 20, ...), the smallest (one token a chunk), and one flow block a chunk.

@@ -36,7 +36,8 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "protos")]
 
 from services.common.audio import read_audio, write_wav  # noqa: E402
-from services.vocoder.vocoder import FlowOptions, TokenVocoder, load_vocoder  # noqa: E402
+from services.vocoder.loader import FlowOptions, load_vocoder  # noqa: E402
+from services.vocoder.vocoder import TokenVocoder  # noqa: E402
 from services.voice_maker import ENCODER_RATE, MEL_RATE, flow_mel, resample  # noqa: E402
 
 DB_PER_NEPER = 20 / math.log(10)  # the flow's log-mel is the natural log of a magnitude

@@ -147,8 +147,8 @@ def table(mode: str, rows: list[Agreement], summary: dict) -> str:
 def vocode_pairs(rows: list[Agreement], vocoder_dir: str | None, preset: str, device: str, wav_dir: Path) -> list[str]:
     """Each prompt's two sampled replies through the vocoder, whole, as WAVs to listen to → the files written."""
     from services.common.audio import write_wav
+    from services.vocoder.loader import load_vocoder
     from services.vocoder.streamer import MelStreamer
-    from services.vocoder.vocoder import load_vocoder
 
     vocoder = load_vocoder(vocoder_dir, preset, device=device)
     wav_dir.mkdir(parents=True, exist_ok=True)

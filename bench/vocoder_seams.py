@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from services.vocoder import generator as gen
+from services.vocoder.loader import _random_decoder_for
 from services.vocoder.streamer import DEFAULT_LOOKAHEAD, MelStreamer
-from services.vocoder.vocoder import TokenVocoder, _random_decoder_for
+from services.vocoder.vocoder import TokenVocoder
 
 
 def snr_db(reference: np.ndarray, x: np.ndarray) -> float:

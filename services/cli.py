@@ -262,7 +262,7 @@ def read_ahead(argv: list[str]) -> None:
     except SystemExit:
         return
     if args.command == "vocoder":
-        from services.vocoder.vocoder import codec_ahead
+        from services.vocoder.loader import codec_ahead
 
         s = from_args(VocoderSettings, args, tls=None)
         codec_ahead(s.vocoder_dir, s.preset, s.seed)

@@ -36,7 +36,7 @@ GO = b"go\n"
 PRELOAD = {
     "llm": ("torch", "torch._dynamo", "services.llm.server", "services.llm.engine.engine",
             "services.llm.model.checkpoint"),
-    "vocoder": ("torch", "triton", "services.vocoder.server", "services.vocoder.vocoder"),
+    "vocoder": ("torch", "triton", "services.vocoder.server", "services.vocoder.loader"),
     "encoder": ("torch", "triton", "services.encoder.server"),
 }
 DRIVER = "libcuda.so.1"

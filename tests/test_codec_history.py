@@ -15,8 +15,8 @@ from services.vocoder.codec.config import tiny
 from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.flow_state import FlowState
 from services.vocoder.codec.voice import random_voice
+from services.vocoder.loader import FlowOptions, load_vocoder
 from services.vocoder.streamer import MelStreamer
-from services.vocoder.vocoder import FlowOptions, load_vocoder
 from services.vocoder.worker import Job, Lanes, VocoderWorker
 
 CPU = torch.device("cpu")

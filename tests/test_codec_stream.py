@@ -16,8 +16,9 @@ from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.flow_state import FlowState
 from services.vocoder.codec.hift import HiFTGenerator, receptive_field
 from services.vocoder.codec.voice import VoiceError, load_voices, random_voice, save_voice
+from services.vocoder.loader import FlowOptions, load_vocoder
 from services.vocoder.streamer import MelStreamer
-from services.vocoder.vocoder import FlowOptions, MelFormatMismatch, TokenVocoder, load_vocoder
+from services.vocoder.vocoder import MelFormatMismatch, TokenVocoder
 from services.vocoder.worker import Job, VocoderWorker
 
 # The gateway's default chunk schedule (common.proto ChunkPolicy: 8, 5, 10, 20, ...), its earlier one, a smaller first

@@ -24,8 +24,8 @@ from services.llm.model.checkpoint import random_model
 from services.llm.model.config import tiny_config
 from services.llm.model.tokenizer import tiny_tokenizer
 from services.stack import free_port
+from services.vocoder.loader import load_vocoder
 from services.vocoder.streamer import MelStreamer
-from services.vocoder.vocoder import load_vocoder
 from services.vocoder.worker import Job, VocoderWorker
 
 CFG = tiny_config()

@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import flow_steps_agreement as fsa  # noqa: E402
 
-from services.vocoder.vocoder import load_vocoder  # noqa: E402
+from services.vocoder.loader import load_vocoder  # noqa: E402
 
 
 def test_a_log_mel_ten_times_louder_is_20_db_away_over_the_frames_both_have():

@@ -107,7 +107,7 @@ def test_a_vocoder_sizes_its_history_to_its_memory_and_the_gateway_follows(tmp_p
     """Told it has room for ten streams' histories, the vocoder keeps five (half the free memory), says so, and the
     gateway admits at most five turns at once."""
     from services.vocoder.codec.history import StreamHistory
-    from services.vocoder.vocoder import FlowOptions, load_vocoder
+    from services.vocoder.loader import FlowOptions, load_vocoder
 
     decoder = load_vocoder(None, "tiny-codec", flow=FlowOptions(history_streams=1)).decoder
     per_stream = StreamHistory.bytes_per_stream(decoder.flow.decoder.estimator, decoder.prefix)
@@ -127,7 +127,7 @@ def test_the_sizes_planned_are_the_sizes_allocated():
     from services.encoder.config import tiny as encoder_tiny
     from services.encoder.kv_pool import KVPool
     from services.vocoder.codec.history import StreamHistory
-    from services.vocoder.vocoder import FlowOptions, load_vocoder
+    from services.vocoder.loader import FlowOptions, load_vocoder
 
     decoder = load_vocoder(None, "tiny-codec", flow=FlowOptions(history_streams=1)).decoder
     estimator, prefix = decoder.flow.decoder.estimator, decoder.prefix

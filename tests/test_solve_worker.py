@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from services.vocoder.codec.solve import FlowSolve
+from services.vocoder.loader import FlowOptions, load_vocoder
 from services.vocoder.solve_worker import SolveWorker
 from services.vocoder.streamer import MelStreamer
-from services.vocoder.vocoder import FlowOptions, load_vocoder
 from services.vocoder.worker import Job, VocoderWorker
 
 # (tokens, chunk schedule, first round): the gateway's chunks, a late starter, and a whole stream in one chunk

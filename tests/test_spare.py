@@ -174,7 +174,7 @@ def test_a_start_takes_the_oldest_spare_that_still_waits(tmp_path):
 def test_a_codec_read_ahead_is_what_the_next_load_serves(tmp_path):
     """The codec built on the CPU ahead (a vocoder's spare does so) is the one load_vocoder then serves, once: the
     same modules, the same weights as a load without it, and no device touched meanwhile."""
-    from services.vocoder import vocoder as v
+    from services.vocoder import loader as v
     from services.vocoder.codec.checkpoint import random_codec, save_codec
     from services.vocoder.codec.config import PRESETS
 

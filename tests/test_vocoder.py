@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from services.vocoder import generator as gen
+from services.vocoder.loader import load_vocoder
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.token_decoder import (
     TokenDecoderConfig,
@@ -12,7 +13,7 @@ from services.vocoder.token_decoder import (
     random_token_decoder,
     save_token_decoder,
 )
-from services.vocoder.vocoder import MelFormatMismatch, TokenVocoder, load_vocoder
+from services.vocoder.vocoder import MelFormatMismatch, TokenVocoder
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ import torch
 from lanes import run_streams
 
 from services.vocoder.capture import BackgroundCapture, DeviceGate, GraphShape, split
+from services.vocoder.loader import FlowOptions, load_vocoder
 from services.vocoder.streamer import MelStreamer
-from services.vocoder.vocoder import FlowOptions, load_vocoder
 from services.vocoder.worker import Job, VocoderWorker
 
 

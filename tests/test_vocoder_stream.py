@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from services.vocoder import generator as gen
+from services.vocoder.loader import _random_decoder_for
 from services.vocoder.receptive_field import receptive_field
 from services.vocoder.streamer import DEFAULT_LOOKAHEAD, MelStreamer
-from services.vocoder.vocoder import TokenVocoder, _random_decoder_for
+from services.vocoder.vocoder import TokenVocoder
 
 # (1-token chunks for the first 14 tokens: every window then is one token's frames with the whole context; CI time)
 SCHEDULES = {"1-token chunks": [1] * 14 + [10], "irregular": [3, 1, 5, 2, 1, 7, 4, 1], "one chunk": [24]}
@@ -263,7 +264,7 @@ def test_a_streams_frames_made_on_the_lane_stay_whole_while_the_playing_stream_s
     import importlib.util
     import sys
 
-    from services.vocoder.vocoder import load_vocoder
+    from services.vocoder.loader import load_vocoder
 
     studies = Path(__file__).resolve().parents[1] / "bench" / "studies"
     sys.path.insert(0, str(studies))  # (its bench_path)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from services.common.errors import InvalidArgument
+from services.vocoder.loader import load_vocoder
 from services.vocoder.streamer import MelStreamer
-from services.vocoder.vocoder import load_vocoder
 from services.vocoder.worker import Job, VocoderWorker
 
 

@@ -23,8 +23,8 @@ from services.vocoder.codec.config import tiny
 from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.flow_state import FlowState
 from services.vocoder.codec.voice import Voice, random_voice, save_voice
+from services.vocoder.loader import FlowOptions, load_vocoder
 from services.vocoder.streamer import MelStreamer
-from services.vocoder.vocoder import FlowOptions, load_vocoder
 
 CPU = torch.device("cpu")
 

@@ -26,8 +26,8 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[2] / "protos")]
 
 from services.vocoder import streamer as streamer_module  # noqa: E402
+from services.vocoder.loader import load_vocoder  # noqa: E402
 from services.vocoder.streamer import MelStreamer  # noqa: E402
-from services.vocoder.vocoder import load_vocoder  # noqa: E402
 
 SLEEP_CYCLES = 500_000_000  # ~0.3 s of the playing stream busy
 

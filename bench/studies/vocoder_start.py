@@ -23,9 +23,9 @@ import torch  # noqa: E402
 from services.vocoder import runner as runner_module  # noqa: E402
 from services.vocoder.capture import split  # noqa: E402
 from services.vocoder.codec import flow_graphs  # noqa: E402
+from services.vocoder.loader import load_vocoder  # noqa: E402
 from services.vocoder.runner import LAST_WINDOW_BATCH, smallest  # noqa: E402
 from services.vocoder.streamer import DEFAULT_LOOKAHEAD  # noqa: E402
-from services.vocoder.vocoder import load_vocoder  # noqa: E402
 from services.vocoder.worker import FIRST_CHUNK_LANE_BATCH, FLOW_LIMITS  # noqa: E402
 
 IMPORTED = time.perf_counter()

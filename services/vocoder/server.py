@@ -18,11 +18,12 @@ from services.vocoder import metrics
 from services.vocoder.capture import IDLE_SECONDS, BackgroundCapture, DeviceGate, GraphShape, split
 from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.solve import FlowSolve
+from services.vocoder.loader import FlowOptions, load_vocoder
 from services.vocoder.runner import LAST_WINDOW_BATCH, smallest
 from services.vocoder.servicer import VocoderServicer
 from services.vocoder.settings import VocoderSettings
 from services.vocoder.streamer import DEFAULT_LOOKAHEAD
-from services.vocoder.vocoder import FlowOptions, TokenVocoder, load_vocoder
+from services.vocoder.vocoder import TokenVocoder
 from services.vocoder.worker import FIRST_CHUNK_LANE_BATCH
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from services.vocoder.worker import DEFAULT_FIRST_CHUNK_BUDGET, FLOW_LIMITS, STA
 if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
     from services.common.tls import ServerTls
 
-PRESETS = ("tiny", "tiny-codec", "moss-speech")  # services/vocoder/vocoder.py's presets (not imported: torch)
+PRESETS = ("tiny", "tiny-codec", "moss-speech")  # services/vocoder/loader.py's presets (not imported: torch)
 
 
 @dataclass
