@@ -389,3 +389,21 @@ def test_many_speakers_barge_in_by_voice_the_bench_reports_it_and_nothing_is_hel
     assert "encoder places" in held
     assert main(["bench", "--barge-in", "1"]) == 2
     assert "--barge-in needs --speech WAV" in capsys.readouterr().err
+
+
+def test_the_end_of_speech_is_timed_before_its_write_not_after():
+    """A spoken turn's clock (end of speech → first audio) starts as EndOfSpeech is handed over: on a busy client a
+    write can return after the reply's first audio has arrived, and a clock started then would understate the wait."""
+    from services.gateway.client import Conversation
+
+    class SlowCall:  # a call whose EndOfSpeech write returns 0.3 s late
+        async def write(self, request):
+            if request.WhichOneof("kind") == "end_of_speech":
+                await asyncio.sleep(0.3)
+
+    async def speak() -> tuple[float, float]:
+        ended = await Conversation(SlowCall()).send_speech(np.zeros(1600, np.float32), 16000, realtime=False)
+        return ended, time.perf_counter()
+
+    ended, returned = run(speak())
+    assert returned - ended >= 0.3

@@ -117,11 +117,12 @@ async def one_session(stub, texts: list[tuple[int, str]], sampling, spec: LoadSp
             if records:  # the listener hears the last reply out, then speaks
                 last = records[-1]
                 await asyncio.sleep(max(0.0, last.chunks[0][0] + last.audio_seconds + spec.turn_gap - time.perf_counter()))
-            if spec.speech is not None:
-                await conv.send_speech(*spec.speech)  # as the user speaks it: the encoder works meanwhile
+            if spec.speech is not None:  # as the user speaks it: the encoder works meanwhile
+                sent = await conv.send_speech(*spec.speech)  # (its end)
             else:
+                sent = time.perf_counter()
                 await conv.send(text)
-            record = StreamRecord(sent=time.perf_counter(), prompt=prompt, turn=turn)  # (spoken: its end)
+            record = StreamRecord(sent=sent, prompt=prompt, turn=turn)
             records.append(record)
             async for msg in conv.replies():
                 take(record, msg)

@@ -135,9 +135,11 @@ class Conversation:
     async def send_speech(self, samples: np.ndarray, sample_rate: int, *, chunk_seconds: float = 0.1,
                           realtime: bool = True, detect_speech: bool = False, end_silence_seconds: float = 0.0,
                           reply: int = gateway_pb2.REPLY_MODALITY_SPEECH,
-                          sampling: common_pb2.SamplingParams | None = None) -> None:
+                          sampling: common_pb2.SamplingParams | None = None) -> float:
         """A spoken turn's audio: `samples` (float, mono) streamed as PCM16 in chunks, each once the one before has
-        played (realtime) or at once; then EndOfSpeech (without detect_speech: with it, the gateway finds the end)."""
+        played (realtime) or at once; then EndOfSpeech (without detect_speech: with it, the gateway finds the end)
+        → when the speech ended (time.perf_counter()): read before EndOfSpeech is written, not once the write returns,
+        which on a busy client can be after the reply's first audio has arrived."""
         await self._write(gateway_pb2.ConverseRequest(speech=gateway_pb2.SpeechInput(
             sample_rate=sample_rate, format=common_pb2.AUDIO_FORMAT_PCM16, detect_speech=detect_speech,
             end_silence_seconds=end_silence_seconds, sampling=sampling, reply=reply)))
@@ -150,15 +152,16 @@ class Conversation:
             await self._write(gateway_pb2.ConverseRequest(audio=gateway_pb2.UserAudio(pcm=pcm[i : i + step].tobytes())))
         if realtime:  # the last chunk is spoken to its end before the speech ends
             await asyncio.sleep(max(0.0, started + len(pcm) / sample_rate - time.perf_counter()))
+        ended = time.perf_counter()
         if not detect_speech:
             await self._write(gateway_pb2.ConverseRequest(end_of_speech=gateway_pb2.EndOfSpeech()))
         self.turns_sent += 1
+        return ended
 
     async def speak(self, samples: np.ndarray, sample_rate: int, **options) -> SynthesisResult:
         """One spoken turn (send_speech's options) → its reply, whose client_ttfa runs from the end of the speech
         (EndOfSpeech sent)."""
-        await self.send_speech(samples, sample_rate, **options)
-        end = time.perf_counter()
+        end = await self.send_speech(samples, sample_rate, **options)
         result = SynthesisResult()
         async for msg in self.replies():
             result.take(msg, end)
