@@ -8,7 +8,8 @@ and the vocoder's last graph, in seconds after `up` (T0). A kill: when the gatew
 later of llm and vocoder where all were restarted: a fault, or a kill that faulted the other), the first reply audio
 at the load's client of a turn sent after the kill, when the stack found it (a stage's "its GPU failed", or up's word
 that the killed stage exited), the probe's answer (bench/answer_probe.py; a `moss-serve say` a
-try before 2026-11-30's calls 10 on), and whether another stage faulted (exited with code 3).
+try before 2026-11-30's calls 10 on), whether another stage faulted (exited with code 3), and the seconds of each
+step of the GPU stages' starts after it (STEPS, from their logs).
 """
 
 from __future__ import annotations
@@ -69,7 +70,30 @@ def kill_row(dir_: Path, stage: str, t0: float, say: str, k: str) -> dict:
     found = (re.search(STAMP + r" CRITICAL \S+: \w+: its GPU failed", text) if stage == "fault" else
              re.search(STAMP + rf" moss-serve up: {stage}\S* exited with code", text))
     return dict(killed=stage, found_s=None if found is None else rnd(unix(found.group(1)) - t0), back_s=rnd(back),
-                load_first_audio_s=rnd(first_audio), say_s=num(say), faulted=faulted)
+                load_first_audio_s=rnd(first_audio), say_s=num(say), faulted=faulted, steps=start_steps(text))
+
+
+# The steps of a GPU stage's start, as its log says them (services/*/server.py, services/vocoder/loader.py): the first
+# of each after the kill, in seconds. A restart of every GPU stage is as slow as its slowest stage's sum of these.
+STEPS = (
+    ("llm context", r"llm: its CUDA context made in ([\d.]+) s"),
+    ("llm weights", r"the weights took ([\d.]+) s"),
+    ("llm KV and runner", r"llm: the KV cache and the runner \(its CUDA graphs on a GPU\) ready in ([\d.]+) s"),
+    ("llm warm-up", r"llm: warm-up of \d+ synthetic turns in ([\d.]+) s"),
+    ("vocoder context", r"vocoder: its CUDA context made in ([\d.]+) s"),
+    ("vocoder flow move", r"vocoder: the flow moved to \S+ in ([\d.]+) s"),
+    ("vocoder voices, history, generator", r"the stream history and the generator set up in ([\d.]+) s"),
+    ("vocoder covers", r"vocoder: \d+ CUDA graphs captured before serving in ([\d.]+) s"),
+)
+
+
+def start_steps(text: str) -> dict[str, float]:
+    """The seconds of each start step (STEPS) that the log of a kill shows, by name."""
+    found = {}
+    for name, pattern in STEPS:
+        if m := re.search(pattern, text):
+            found[name] = float(m.group(1))
+    return found
 
 
 def num(s: str) -> float | None:
@@ -104,6 +128,11 @@ def main() -> None:
     for r in kills:
         print(f"| {r['killed']} | {show(r['found_s'])} | {show(r['back_s'])} | {show(r['load_first_audio_s'])} | {show(r['say_s'])} | "
               f"{', '.join(r['faulted']) or 'none'} |")
+    if any(r["steps"] for r in kills):
+        print("\n| killed | " + " | ".join(name for name, _ in STEPS) + " |")
+        print("| --- |" + " --- |" * len(STEPS))
+        for r in kills:
+            print(f"| {r['killed']} | " + " | ".join(show(r["steps"].get(name)) for name, _ in STEPS) + " |")
     if a.json:
         Path(a.json).write_text(json.dumps(dict(starts=starts, kills=kills), indent=1))
 

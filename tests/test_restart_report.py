@@ -48,7 +48,7 @@ def test_a_start_and_a_kill_that_faulted_the_other_stage(tmp_path):
     assert result["starts"] == [dict(start="warm", first_turn_s=26.1, every_graph_s=94.2, vocoder_serving_s=20.5,
                                      llm_serving_s=14.2)]
     assert result["kills"] == [dict(killed="vocoder", found_s=None, back_s=28.1, load_first_audio_s=28.5, say_s=None,
-                                    faulted=["llm"])]  # (up's lines carried no time then: not found)
+                                    faulted=["llm"], steps={})]  # (up's lines carried no time then: not found)
     assert "| vocoder | – | 28.1 s | 28.5 s | – | llm |" in out
 
 
@@ -64,7 +64,7 @@ def test_a_fault_on_purpose_is_back_when_the_later_of_llm_and_vocoder_is(tmp_pat
     (tmp_path / "events.tsv").write_text(f"kill\tfault\t{T0 + fault}\t12.0\t2\n")
     [row] = report(tmp_path)[0]["kills"]
     assert row == dict(killed="fault", found_s=0.3, back_s=11.2, load_first_audio_s=None, say_s=12.0,
-                       faulted=["llm"])
+                       faulted=["llm"], steps={})
 
     (tmp_path / "log_kill_2.txt").write_text(  # the vocoder never came back: not back
         f"{stamp(fault + 9.4)} INFO services.gateway.backends: gateway: llm at 127.0.0.1:50052 is ready\n")
@@ -83,6 +83,30 @@ def test_a_kill_that_took_every_gpu_stage_is_back_when_the_later_one_is(tmp_path
     (tmp_path / "events.tsv").write_text(f"kill\tllm\t{T0 + kill}\t21.4\t1\n")
     [row] = report(tmp_path)[0]["kills"]
     assert row["back_s"] == 14.2 and row["faulted"] == ["llm"] and row["found_s"] == 0.5
+
+
+def test_each_gpu_stage_s_start_steps_are_read_from_its_log(tmp_path):
+    """Where a restart's seconds went: each step the llm's and the vocoder's logs time, the first after the kill."""
+    fault = 50.0
+    lines = [
+        "INFO services.llm.server: llm: its CUDA context made in 0.1 s",
+        "INFO services.vocoder.server: vocoder: its CUDA context made in 0.2 s",
+        "INFO services.llm.server: weights and KV cache in torch.bfloat16; the weights took 7.4 s",
+        "INFO services.vocoder.loader: vocoder: the flow moved to cuda in 5.8 s; the voices' prompt prefix, the stream "
+        "history and the generator set up in 3.3 s",
+        "INFO services.llm.server: llm: the KV cache and the runner (its CUDA graphs on a GPU) ready in 2.8 s",
+        "INFO services.llm.server: llm: warm-up of 74 synthetic turns in 0.7 s",
+        "INFO services.vocoder.server: vocoder: 28 CUDA graphs captured before serving in 5.1 s, 190 to capture while "
+        "serving (--graphs-before-serving covers)",
+        "INFO services.llm.server: weights and KV cache in torch.bfloat16; the weights took 99.0 s",  # a later start
+    ]
+    (tmp_path / "log_kill_1.txt").write_text("".join(f"{stamp(fault + 1 + k)} {line}\n" for k, line in enumerate(lines)))
+    (tmp_path / "events.tsv").write_text(f"kill\tfault\t{T0 + fault}\tnull\t1\n")
+    result, out = report(tmp_path)
+    assert result["kills"][0]["steps"] == {
+        "llm context": 0.1, "llm weights": 7.4, "llm KV and runner": 2.8, "llm warm-up": 0.7, "vocoder context": 0.2,
+        "vocoder flow move": 5.8, "vocoder voices, history, generator": 3.3, "vocoder covers": 5.1}
+    assert "| fault | 0.1 s | 7.4 s | 2.8 s | 0.7 s | 0.2 s | 5.8 s | 3.3 s | 5.1 s |" in out
 
 
 def test_the_fault_on_purpose_joins_the_stage_s_mps_server_or_refuses(tmp_path):
