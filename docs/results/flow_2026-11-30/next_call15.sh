@@ -27,7 +27,7 @@ source bench/wheel_site.sh
    done
  done) &
 STARTS=cold KILLS="fault fault fault" WAIT_GRAPHS=0 LAST_KILL=$((440 - SECONDS)) timeout $((570 - SECONDS)) \
-  bash bench/restart.sh 2>&1 | tail -10
+  bash bench/restart.sh 2>&1 | tail -18
 grep -E "died|context made|moved to|weights took|ready in|captured before|serving on" "$OUT/up.log" | cut -c1-170 | tail -40
 grep -A12 "^top -" "$OUT/sample.txt" | head -16
 (cd "$OUT" && tar czf call15.tgz restart up.log sample.txt && rm -rf restart)
