@@ -12,6 +12,7 @@ gateway starts a turn not yet answered again elsewhere), stops serving and exits
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING
 # start ~2 s sooner without it.
 if TYPE_CHECKING:
     import torch
+
+log = logging.getLogger(__name__)
 
 # Idle, a service asks every so often whether its device still works: under MPS a fault in another client of
 # its server reaches this one's context too, and a faulted server takes no new client until every old one is
@@ -47,18 +50,19 @@ def unusable(device: str) -> str | None:
     return None
 
 
-def open_context(device: str) -> float:
-    """Make this process's context on `device` now → the seconds it took (0 on a CPU). A GPU stage's start logs it
-    apart from its models' steps: under MPS a context is a client of the server, and after a fault a new server."""
+def open_context(service: str, device: str) -> None:
+    """Make this process's context on a CUDA `device` now and log how long it took (nothing on a CPU). A GPU stage's
+    start logs it apart from its models' steps: under MPS a context is a client of the server, and after a fault a new
+    server (bench/restart_report.py reads the line)."""
     import torch
 
     device = torch.device(device)
     if device.type != "cuda":
-        return 0.0
+        return
     started = time.perf_counter()
     torch.zeros(1, device=device)
     torch.cuda.synchronize(device)
-    return time.perf_counter() - started
+    log.info("%s: its CUDA context made in %.1f s", service, time.perf_counter() - started)
 
 
 def lost(device: torch.device | str) -> bool:

@@ -87,8 +87,7 @@ def speaker_places(model: WhisperVQEncoder, s: EncoderSettings) -> KVPool:
 
 
 async def run(s: EncoderSettings) -> None:
-    if s.device.startswith("cuda"):
-        log.info("encoder: its CUDA context made in %.1f s", open_context(s.device))
+    open_context("encoder", s.device)
     model = load_encoder(s)
     servicer = EncoderServicer(model, s, speaker_places(model, s))
     warm_up(servicer)

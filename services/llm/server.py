@@ -127,8 +127,7 @@ def _match_config_dtype(model) -> None:
 
 
 async def run(s: LlmSettings) -> None:
-    if s.device.startswith("cuda"):
-        log.info("llm: its CUDA context made in %.1f s", open_context(s.device))
+    open_context("llm", s.device)
     llm = build_engine(s)
     if s.device.startswith("cuda"):  # first uses of kernels and code paths, before any request meets them
         started = time.perf_counter()

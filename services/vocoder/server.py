@@ -80,8 +80,7 @@ async def run(s: VocoderSettings) -> None:
     if s.speaker_model and not Path(s.speaker_model).is_file():
         raise ValueError(f"--speaker-model {s.speaker_model}: no such file (the codec's speaker-embedding model in "
                          "ONNX, CosyVoice2's campplus.onnx)")
-    if s.device.startswith("cuda"):
-        log.info("vocoder: its CUDA context made in %.1f s", open_context(s.device))
+    open_context("vocoder", s.device)
     started = time.perf_counter()
     vocoder = load_vocoder(s.vocoder_dir, s.preset, s.device, s.seed, voices_dir=s.voices_dir, flow=flow_options(s),
                            generator=s.generator or "hift")
