@@ -6,7 +6,8 @@
 #   - a kill: under a Poisson load of 10 a second (replies of 2-20 s), the stage SIGKILLed 8 s in; then the seconds to
 #     the next turn answered to bench/answer_probe.py (tries from one process, 0.2 s apart), and
 #     (bench/restart_report.py, from the load's bench.json and the stack's log) to the
-#     stage's return and to the next first audio of a turn the load sent after the kill.
+#     stage's return and to the next first audio of a turn the load sent after the kill; and a Converse session
+#     answered once before the kill: the seconds to its next answered turn, and whether its history went on.
 # Prints a table and writes $OUT/restart.json; each start's and kill's log and load under $OUT/restart/.
 #   STARTS="cold warm" KILLS="vocoder llm" bash bench/restart.sh
 #   WAIT_GRAPHS=0: a kill 30 s after the last one, not after every graph of the vocoder is captured.
@@ -66,6 +67,11 @@ for victim in ${KILLS:-vocoder llm}; do
   fi
   [ "$victim" = fault ] || before=$(pid_of "$victim")
   lines=$(wc -l < "$OUT/up.log")
+  # a session answered once before the kill, its next turns tried after it (bench/answer_probe.py --session)
+  python3 bench/answer_probe.py --session "$DIR/session_$k.ready" --since-file "$DIR/kill_$k.t" --limit 150 \
+    > "$DIR/session_$k.txt" 2>&1 &
+  session=$!
+  for _ in $(seq 1 150); do [ -s "$DIR/session_$k.ready" ] && break; sleep 0.2; done
   load=
   if [ "${LOAD:-1}" = 1 ]; then
     serve bench --reply-seconds 2-20 --no-progress --timeout 120 --rate 10 --seconds 25 --warmup 0 \
@@ -81,10 +87,12 @@ for victim in ${KILLS:-vocoder llm}; do
   else
     kill -9 "$before"
   fi
+  echo "$t0" > "$DIR/kill_$k.t"
   answered=$(python3 bench/answer_probe.py --since "$t0" --limit 150)  # tries from one process, 0.2 s apart
+  wait "$session"
   [ -n "$load" ] && wait "$load"
   tail -n +"$((lines + 1))" "$OUT/up.log" > "$DIR/log_kill_$k.txt"
-  printf 'kill\t%s\t%s\t%s\t%s\n' "$victim" "$t0" "$answered" "$k" >> "$DIR/events.tsv"
+  printf 'kill\t%s\t%s\t%s\t%s\t%s\n' "$victim" "$t0" "$answered" "$k" "$(tail -1 "$DIR/session_$k.txt")" >> "$DIR/events.tsv"
 done
 stop_stack
 python3 bench/restart_report.py "$DIR" --json "$OUT/restart.json"

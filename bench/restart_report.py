@@ -2,14 +2,15 @@
 
     python3 bench/restart_report.py DIR [--json restart.json]
 
-DIR holds events.tsv (restart.sh's lines: start LABEL T0 TURN_S GRAPHS_S, kill STAGE T0 SAY_S K), up_LABEL.log,
+DIR holds events.tsv (restart.sh's lines: start LABEL T0 TURN_S GRAPHS_S, kill STAGE T0 SAY_S K [SESSION]), up_LABEL.log,
 log_kill_K.txt and load_K/bench.json. A start: its first answered turn, the vocoder's and the llm's "serving" lines
 and the vocoder's last graph, in seconds after `up` (T0). A kill: when the gateway found the stage ready again (the
 later of llm and vocoder where all were restarted: a fault, or a kill that faulted the other), the first reply audio
 at the load's client of a turn sent after the kill, when the stack found it (a stage's "its GPU failed", or up's word
-that the killed stage exited), the probe's answer (bench/answer_probe.py; a `moss-serve say` a
-try before 2026-11-30's calls 10 on), whether another stage faulted (exited with code 3), and the seconds of each
-step of the GPU stages' starts after it (STEPS, from their logs).
+that the killed stage exited), the probe's answer (bench/answer_probe.py; a `moss-serve say` a try before
+2026-11-30's calls 10 on), the session opened before the kill (answer_probe.py --session: the seconds to its next
+answered turn, and whether that turn's prompt held the first turn: its history went on), whether another stage
+faulted (exited with code 3), and the seconds of each step of the GPU stages' starts after it (STEPS, from their logs).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def start_row(dir_: Path, label: str, t0: float, turn: str, graphs: str) -> dict
                 llm_serving_s=at(first_line(log, r"INFO services.common.server: llm serving")))
 
 
-def kill_row(dir_: Path, stage: str, t0: float, say: str, k: str) -> dict:
+def kill_row(dir_: Path, stage: str, t0: float, say: str, k: str, session: str = "") -> dict:
     log = dir_ / f"log_kill_{k}.txt"
     text = log.read_text(errors="replace") if log.exists() else ""
     back = None
@@ -69,8 +70,14 @@ def kill_row(dir_: Path, stage: str, t0: float, say: str, k: str) -> dict:
     # H200 a fault was once found 11.2 s after its store (docs/benchmarks.md, starts-2026-11-30).
     found = (re.search(STAMP + r" CRITICAL \S+: \w+: its GPU failed", text) if stage == "fault" else
              re.search(STAMP + rf" moss-serve up: {stage}\S* exited with code", text))
+    # the session probe's line: "SECONDS FIRST_PROMPT ANSWERED_PROMPT yes|no", or "null REASON"
+    fields = session.split()
+    session_s = num(fields[0]) if fields and fields[0] != "null" else None
+    history = fields[3] if session_s is not None and len(fields) == 4 else None
     return dict(killed=stage, found_s=None if found is None else rnd(unix(found.group(1)) - t0), back_s=rnd(back),
-                load_first_audio_s=rnd(first_audio), say_s=num(say), faulted=faulted, steps=start_steps(text))
+                load_first_audio_s=rnd(first_audio), say_s=num(say), session_s=session_s, session_history=history,
+                session_note=None if session_s is not None or not fields else session, faulted=faulted,
+                steps=start_steps(text))
 
 
 # The steps of a GPU stage's start, as its log says them (services/*/server.py, services/vocoder/loader.py): the first
@@ -116,18 +123,19 @@ def main() -> None:
         if kind == "start":
             starts.append(start_row(dir_, f[0], float(f[1]), f[2], f[3]))
         elif kind == "kill":
-            kills.append(kill_row(dir_, f[0], float(f[1]), f[2], f[3]))
+            kills.append(kill_row(dir_, f[0], float(f[1]), f[2], f[3], f[4] if len(f) > 4 else ""))
     show = lambda x: "–" if x is None else f"{x} s"  # noqa: E731
     print("| start | first turn answered | vocoder serving | llm serving | every vocoder graph |")
     print("| --- | --- | --- | --- | --- |")
     for r in starts:
         print(f"| {r['start']} | {show(r['first_turn_s'])} | {show(r['vocoder_serving_s'])} | "
               f"{show(r['llm_serving_s'])} | {show(r['every_graph_s'])} |")
-    print("\n| killed | found | stage back | load's next first audio | probe answered | faulted (exit 3) |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n| killed | found | stage back | load's next first audio | probe answered | session's next turn | "
+          "its history | faulted (exit 3) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in kills:
         print(f"| {r['killed']} | {show(r['found_s'])} | {show(r['back_s'])} | {show(r['load_first_audio_s'])} | {show(r['say_s'])} | "
-              f"{', '.join(r['faulted']) or 'none'} |")
+              f"{show(r['session_s'])} | {r['session_history'] or r['session_note'] or '–'} | {', '.join(r['faulted']) or 'none'} |")
     if any(r["steps"] for r in kills):
         print("\n| killed | " + " | ".join(name for name, _ in STEPS) + " |")
         print("| --- |" + " --- |" * len(STEPS))

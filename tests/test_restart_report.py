@@ -48,8 +48,9 @@ def test_a_start_and_a_kill_that_faulted_the_other_stage(tmp_path):
     assert result["starts"] == [dict(start="warm", first_turn_s=26.1, every_graph_s=94.2, vocoder_serving_s=20.5,
                                      llm_serving_s=14.2)]
     assert result["kills"] == [dict(killed="vocoder", found_s=None, back_s=28.1, load_first_audio_s=28.5, say_s=None,
+                                    session_s=None, session_history=None, session_note=None,
                                     faulted=["llm"], steps={})]  # (up's lines carried no time then: not found)
-    assert "| vocoder | – | 28.1 s | 28.5 s | – | llm |" in out
+    assert "| vocoder | – | 28.1 s | 28.5 s | – | – | – | llm |" in out
 
 
 def test_a_fault_on_purpose_is_back_when_the_later_of_llm_and_vocoder_is(tmp_path):
@@ -61,10 +62,14 @@ def test_a_fault_on_purpose_is_back_when_the_later_of_llm_and_vocoder_is(tmp_pat
         "moss-serve up: llm exited with code 3; starting it again at once\n"
         f"{stamp(fault + 9.4)} INFO services.gateway.backends: gateway: llm at 127.0.0.1:50052 is ready\n"
         f"{stamp(fault + 11.2)} INFO services.gateway.backends: gateway: vocoder at 127.0.0.1:50053 is ready\n")
-    (tmp_path / "events.tsv").write_text(f"kill\tfault\t{T0 + fault}\t12.0\t2\n")
-    [row] = report(tmp_path)[0]["kills"]
-    assert row == dict(killed="fault", found_s=0.3, back_s=11.2, load_first_audio_s=None, say_s=12.0,
-                       faulted=["llm"], steps={})
+    (tmp_path / "events.tsv").write_text(f"kill\tfault\t{T0 + fault}\t12.0\t2\t13.41 181 214 yes\n")
+    result, out = report(tmp_path)
+    assert result["kills"][0] == dict(killed="fault", found_s=0.3, back_s=11.2, load_first_audio_s=None, say_s=12.0,
+                                   session_s=13.41, session_history="yes", session_note=None, faulted=["llm"], steps={})
+    assert "| fault | 0.3 s | 11.2 s | – | 12.0 s | 13.41 s | yes | llm |" in out
+    (tmp_path / "events.tsv").write_text(f"kill\tfault\t{T0 + fault}\t12.0\t2\tnull no turn answered in time\n")
+    row = report(tmp_path)[0]["kills"][0]
+    assert (row["session_s"], row["session_history"], row["session_note"]) == (None, None, "null no turn answered in time")
 
     (tmp_path / "log_kill_2.txt").write_text(  # the vocoder never came back: not back
         f"{stamp(fault + 9.4)} INFO services.gateway.backends: gateway: llm at 127.0.0.1:50052 is ready\n")
@@ -146,3 +151,35 @@ def test_the_answer_probe_times_a_served_turn(stack):
                           "--target", stack.target("gateway"), "--limit", "60"],
                          capture_output=True, text=True, check=True, timeout=120).stdout
     assert 0 < float(out) < time.time() - started
+
+
+def test_the_session_probe_finds_its_session_going_on_with_its_history_after_a_stage_s_restart(stack, tmp_path):
+    """--session: a Converse session answered once before the llm went, tried through the llm's absence; its
+    answered turn's prompt carries the first turn and its reply."""
+    import time
+
+    ready, since = tmp_path / "ready", tmp_path / "since"
+    probe = subprocess.Popen([sys.executable, str(ROOT / "bench" / "answer_probe.py"), "--session", str(ready),
+                              "--since-file", str(since), "--target", stack.target("gateway"), "--limit", "90",
+                              "--try-seconds", "5"], stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            if ready.exists() and ready.read_text().strip():
+                break
+            assert probe.poll() is None, probe.stdout.read()
+            time.sleep(0.1)
+        first_prompt = int(ready.read_text())
+        stack.stop("llm")
+        since.write_text(f"{time.time()}\n")
+        time.sleep(1.0)  # tries meet no llm: each fails and the session goes on
+        stack.start("llm")
+        stack.wait_serving(["llm"])
+        out, _ = probe.communicate(timeout=120)
+    finally:
+        probe.kill()
+        if "llm" not in stack.procs:  # the session's stack serves the next test
+            stack.start("llm")
+            stack.wait_serving(["llm"])
+    seconds, first, answered, carried = out.split()
+    assert float(seconds) >= 1.0 and int(first) == first_prompt
+    assert carried == "yes" and int(answered) >= first_prompt + 8  # the first turn's 8 audio tokens at least

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Not run yet (written 2026-11-30 07:35 UTC, for a later session's device time): the flow's honest floors beside the
+# Run 2026-11-30 08:37 UTC (written 2026-11-30 07:35 UTC): the flow's honest floors beside the
 # llm (issue 60's "time alone and beside the llm"): bench/codec_history.py --beside-llm failed in calls 1 and 2 of
 # this directory (the llm child's loop ran past what its first sequences could decode) and was fixed on a CPU, not run
 # again on a GPU.

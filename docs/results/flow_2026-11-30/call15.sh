@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Not run yet (written 2026-11-30 06:30 UTC, for the next session's device time): the fate-shared path again, now that
+# Run 2026-11-30 08:40 UTC (written 2026-11-30 06:30 UTC): the fate-shared path again, now that
 # the supervisor makes spares again only once the restarted stages serve. Calls 10 and 13 found each step of the GPU
 # stages' starts after a fault 20-170x slower than alone (the llm's random weights 5.3-8.7 s against 0.06 s; the
 # flow's move 5.5-7.9 s against 0.15 s; call 14: not the dead processes' memory, not the contexts), with the new spares'

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Not run yet (written 2026-11-30 07:25 UTC, for a later session's device time): the spoken figures of
+# Run 2026-11-30 08:45 UTC (written 2026-11-30 07:25 UTC): the spoken figures of
 # voices_spoken_2026-11-29 measured again with the bench's clocks read as the audio is handed over, not once the write
 # returns (docs/benchmarks.md, barge-in-clock-2026-11-30): one spoken session, 128 started over 6 s, 64 hands-free
 # barge-ins 0.5 s into replies of 20 s. The stack at the defaults, once every vocoder graph is captured.
