@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # How fast the real-size stack starts and comes back from a stage's SIGKILL, measured from a client on a lent GPU
 # machine (docs/benchmarks.md, start-2026-11-29):
-#   - a start: `moss-serve up` (FLAGS) to the first answered `moss-serve say` (tried every 0.5 s), and to the
-#     vocoder's "every CUDA graph captured"; "cold" with Triton's cache in an empty directory, "warm" with it kept;
+#   - a start: `moss-serve up` (FLAGS) to the first turn answered to bench/answer_probe.py (one process's tries, 0.2 s
+#     apart; a new `moss-serve say` every 0.5 s before 2026-11-30's call 18, each try 1-2 s of imports), and to the
+#     vocoder's "every CUDA graph captured" (waited for until GRAPH_WAIT s after the start, 240 by default); "cold" with
+#     Triton's cache in an empty directory, "warm" with it kept;
 #   - a kill: under a Poisson load of 10 a second (replies of 2-20 s), the stage SIGKILLed 8 s in; then the seconds to
 #     the next turn answered to bench/answer_probe.py (tries from one process, 0.2 s apart), and
 #     (bench/restart_report.py, from the load's bench.json and the stack's log) to the
@@ -34,13 +36,8 @@ start_timed() {  # LABEL: the stack started now → a "start" event
   STACK_PID=$!
   trap 'exit 143' TERM INT
   trap 'stop_stack; rm -rf "$WORK"' EXIT
-  while [ "$(since "$t0" | cut -d. -f1)" -lt 200 ]; do
-    if serve say "hello there" -o "$WORK/first.wav" --max-new-tokens 8 --timeout 20 > /dev/null 2>&1; then
-      turn=$(since "$t0"); break
-    fi
-    sleep 0.5
-  done
-  while [ "$(since "$t0" | cut -d. -f1)" -lt 240 ]; do
+  turn=$(python3 bench/answer_probe.py --since "$t0" --limit 200)  # one process's tries, 0.2 s apart
+  while [ "$(since "$t0" | cut -d. -f1)" -lt "${GRAPH_WAIT:-240}" ]; do
     if grep -q "every CUDA graph captured" "$OUT/up.log"; then graphs=$(since "$t0"); break; fi
     sleep 0.5
   done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 2026-11-30 09:00 UTC: issue 61's targets on one tree, from a client: a cold and a warm start, then a
+# Run 2026-11-30 09:00 UTC (rc 0, 488 s): issue 61's targets on one tree, from a client: a cold and a warm start, then a
 # vocoder's SIGKILL, an llm's, and a fault on purpose, each 8 s into a Poisson load of 10 a second; and new, a Converse
 # session answered once before each kill, its next turns tried after it (bench/answer_probe.py --session): when one is
 # answered, and whether its prompt holds the first turn (the history went on).
