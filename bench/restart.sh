@@ -49,6 +49,7 @@ export TRITON_CACHE_DIR=$WORK/triton
 n=0
 for label in ${STARTS:-cold warm}; do
   [ "$n" -gt 0 ] && stop_stack
+  [ -e "$DIR/up_$label.log" ] && label=$label$((n + 1))  # a second "warm" is "warm3": each start its own log
   start_timed "$label"
   n=$((n + 1))
 done

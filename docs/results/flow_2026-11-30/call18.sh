@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run 2026-11-30 09:17 UTC: the stack's start, cold then warm twice (no kills), after two changes: the flow moves to
+# Run 2026-11-30 09:17 UTC (rc 0, 112 s; at commit cda6531): the stack's start, cold then warm twice (no kills), after two changes: the flow moves to
 # the GPU in one copy (services/common/module_move.py), and the first answered turn is timed by bench/answer_probe.py
 # (one process, tries 0.2 s apart) rather than a new `moss-serve say` every 0.5 s (1-2 s of imports a try).
 #   bash docs/results/flow_2026-11-30/call18.sh

@@ -43,7 +43,6 @@ import itertools
 import torch
 
 from services.common.memory import Pool, size_pool
-from services.common.module_move import move_module
 from services.settings import GPU_STACK_STREAMS
 from services.vocoder.capture import GraphShape
 from services.vocoder.codec.encoder_state import EncoderRows, EncoderStore
@@ -84,7 +83,7 @@ class FlowTokenDecoder:
                              f"look-ahead ({block_tokens} + {cfg.pre_lookahead_len})")
         cuda = device.type == "cuda"
         self.device, self.dtype = device, dtype or (torch.bfloat16 if cuda else torch.float32)
-        self.flow = move_module(flow, device, self.dtype).eval()  # one copy, not one per tensor (module_move.py)
+        self.flow = flow.to(device=device, dtype=self.dtype).eval()
         if n_timesteps is not None:
             self.flow.decoder.n_timesteps = n_timesteps
         if cfg_rate is not None:
