@@ -129,14 +129,8 @@ def main() -> None:
     p.add_argument("--check-only", action="store_true", help="only compare paged with dense logits")
     p.add_argument("--quantization", choices=["none", "fp8"], default="none",
                    help="the engine's layer GEMMs (and the floor's): fp8 checks against a second, unquantized copy")
-    p.add_argument("--products", choices=["cublas", "stream"], default="cublas",
-                   help="who multiplies the layers' bf16 weights at up to 64 rows (runner/fp8.py's PRODUCTS); the floor "
-                        "stays cuBLAS's")
     p.add_argument("--json")
     args = p.parse_args()
-    from services.llm.runner import fp8 as layer_products
-
-    layer_products.PRODUCTS = args.products
 
     device = torch.device(args.device)
     cfg = preset(args.preset)
@@ -153,8 +147,7 @@ def main() -> None:
     result = {
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]), "argv": sys.argv,
         "date": datetime.datetime.now().isoformat(timespec="seconds"), "preset": args.preset,
-        "device": device_name(device), "dtype": str(dtype), "quantization": args.quantization,
-        "products": args.products, "torch": torch.__version__,
+        "device": device_name(device), "dtype": str(dtype), "quantization": args.quantization, "torch": torch.__version__,
         "transformers": transformers_version(), "cuda": torch.version.cuda, "args": vars(args),
         "batches": batches, "contexts": contexts, "prefill_lengths": prefills, "peer_contexts": peer_contexts,
         "ours": {"prefill": {}, "decode": {}}, "gemm_floor_ms": {}, "skipped": {}, "errors": {}, "phases": {},
@@ -173,7 +166,7 @@ def main() -> None:
     if device.type == "cuda":
         result["device_memory_gib"] = torch.cuda.get_device_properties(device).total_memory / 2**30
     log(f"{result['device']}, torch {torch.__version__}, transformers {result['transformers']}, {args.preset} {dtype}, "
-        f"quantization {args.quantization}, products {args.products}")
+        f"quantization {args.quantization}")
     log(f"command: {result['command']}")
 
     # ---- model

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Run 2026-11-30 08:54 UTC: the llm's layer products at decode's few rows, cuBLAS against a weight-streaming Triton
+# Run 2026-11-30 08:54 UTC (at commit 295b864: since then the bench is bench/studies/stream_matmul.py, with the kernel,
+# and bench/llm_engine.py has no --products): the llm's layer products at decode's few rows, cuBLAS against a
+# weight-streaming Triton
 # kernel (services/llm/runner/kernels/stream_matmul.py), alone (with a sweep of its configs) and under MPS at the
 # llm's 25%; then the engine's decode step and prefill with each (bench/llm_engine.py --products).
 #   bash docs/results/decode_2026-11-30/call1.sh

@@ -65,19 +65,9 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 DECODE_ROWS = 64
 
 
-# Who multiplies few rows by a bf16 weight on CUDA: "cublas" (F.linear) or "stream" (kernels/stream_matmul.py, which
-# reads the weight once at up to STREAM_ROWS rows). Set once, before a runner captures its graphs (--products).
-PRODUCTS = "cublas"
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     """F.linear(x, weight) for either kind of weight: x [M, K], weight [N, K] → [M, N] in x's dtype."""
     if not isinstance(weight, Fp8Weight):
-        if PRODUCTS == "stream" and x.is_cuda and x.dtype == torch.bfloat16 and weight.dtype == x.dtype:
-            from services.llm.runner.kernels.stream_matmul import STREAM_ROWS, stream_matmul
-
-            if x.shape[0] <= STREAM_ROWS and x.stride(-1) == 1 and weight.stride(-1) == 1:
-                return stream_matmul(x, weight)
         return F.linear(x, weight)
     q, scale = quantize_rows(x)
     if x.is_cuda:

@@ -1,16 +1,27 @@
-"""The llm's layer products at decode's few rows: cuBLAS (F.linear) against the weight-streaming Triton kernel
-(services/llm/runner/kernels/stream_matmul.py) and against reading the weights at the copy bandwidth, side by side.
+"""Does a Triton kernel that streams the weight beat cuBLAS at the llm's layer products at decode's few rows? (No: equal
+alone at its best config, 1.75-2.1x slower under MPS at the llm's 25%: docs/benchmarks.md, stream-matmul-2026-11-30.
+It ran inside the engine at commit 295b864, as `bench/llm_engine.py --products stream`.)
 
-Each timing is a CUDA graph of one product per layer over 36 layers' own weights (random bf16 at the real size:
-qkv 6144x4096, o 4096x4096, gate_up 24576x4096, down 4096x12288; 13.9 GB), so no weight is in L2 when it is read,
-as in a decode step. Rows 1-64; the roofline of a product is its weight's bytes over the copy bandwidth (read +
-written, as bench/llm_engine.py counts it).
+The kernel: y = x @ wᵀ for x [M ≤ 64, K] and a bf16 weight w [N, K], each program owning BLOCK_N output columns for
+every row and walking K once, so each weight byte is read once and the few rows of x come from L2 (evict-first loads
+for the weight). Two forms: DOT (rows padded to BLOCK_M ≥ 16 on the tensor cores) for 2-64 rows; one row on the CUDA
+cores into a [BLOCK_N, BLOCK_K] float32 tile summed over K after the loop. Float32 sums, rounded once, as cuBLAS. On
+compute capability 9+ it launches while the kernel before still runs (services/common/launch.py). Triton's CPU
+interpreter gets bf16 products wrong (tl.dot), so the CPU smoke run is in float32.
 
-  python3 bench/stream_matmul.py --json out.json                  # alone, with a sweep of the kernel's configs
-  python3 bench/stream_matmul.py --mps-share 25 --json out.json   # the same, then a child under an MPS daemon at
-                                                                  # the llm's share in the stack (cuBLAS, the default
-                                                                  # config and the sweep's best)
-  python3 bench/stream_matmul.py --device cpu --layers 2 --rows 1,3 --small   # a smoke run (Triton's interpreter)
+Why it was tried: the engine's decode step at batch 1 is 1.46x its roofline, bytes over the copy bandwidth
+(roofline-2026-11-29), and the guess was cuBLAS's GEMVs. Here cuBLAS read the fused gate_up weight at ~4.05 TB/s and
+the four products at ~3.6 TB/s together, and the kernel did no better.
+
+The study: each timing is a CUDA graph of one product per layer over 36 layers' own weights (random bf16 at the real
+size: qkv 6144x4096, o 4096x4096, gate_up 24576x4096, down 4096x12288; 13.9 GB), so no weight is in L2 when it is read,
+as in a decode step. Rows 1-64. Its "floor" column divides the bytes by a copy's bandwidth measured inside a CUDA
+graph, which read 2.77 TB/s on an H200 where bench/llm_engine.py's eager copy reads 4.25: that column is not a floor.
+
+  python3 bench/studies/stream_matmul.py --json out.json                  # alone, with a sweep of the kernel's configs
+  python3 bench/studies/stream_matmul.py --mps-share 25 --json out.json   # then a child under an MPS daemon at the
+                                                                          # llm's share (cuBLAS, default, best config)
+  python3 bench/studies/stream_matmul.py --device cpu --layers 2 --rows 1,3 --small --sweep-rows 1,3   # a smoke run
 
 First the kernel against a float32 product (and cuBLAS's error beside it); then per row count the whole layer
 chain (4 x 36 products) and per shape each config; the table last.
@@ -26,16 +37,97 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from services.llm.runner.kernels.stream_matmul import StreamConfig, stream_matmul  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from services.common import launch  # noqa: E402
+from services.common.launch import inputs_ready  # noqa: E402
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+
+
+@triton.jit
+def _stream_matmul_kernel(x_ptr, w_ptr, y_ptr, M, N, K, x_stride, w_stride, y_stride,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          DOT: tl.constexpr, PDL: tl.constexpr):
+    # Program j: y[:, j·BLOCK_N : (j+1)·BLOCK_N] = x [M, K] @ w [BLOCK_N, K]ᵀ. The weight's strip is read with
+    # evict-first: each line is used once, and x's rows, read by every program, stay in L2.
+    inputs_ready(PDL)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    col_ok = cols[:, None] < N
+    w_rows = w_ptr + cols[:, None].to(tl.int64) * w_stride
+    if DOT:
+        rows = tl.arange(0, BLOCK_M)
+        row_ok = rows[:, None] < M
+        x_rows = x_ptr + rows[:, None].to(tl.int64) * x_stride
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            k_ok = (k + ks)[None, :] < K
+            x = tl.load(x_rows + k + ks[None, :], mask=row_ok & k_ok, other=0.0)
+            w = tl.load(w_rows + k + ks[None, :], mask=col_ok & k_ok, other=0.0, eviction_policy="evict_first")
+            acc = tl.dot(x, tl.trans(w), acc)
+        tl.store(y_ptr + rows[:, None].to(tl.int64) * y_stride + cols[None, :], acc.to(y_ptr.dtype.element_ty),
+                 mask=row_ok & (cols[None, :] < N))
+    else:
+        # One row: tile [BLOCK_N, BLOCK_K] of products, summed over K after the loop.
+        tile = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            k_ok = (k + ks) < K
+            x = tl.load(x_ptr + k + ks, mask=k_ok, other=0.0).to(tl.float32)
+            w = tl.load(w_rows + k + ks[None, :], mask=col_ok & k_ok[None, :], other=0.0,
+                        eviction_policy="evict_first")
+            tile += w.to(tl.float32) * x[None, :]
+        tl.store(y_ptr + cols, tl.sum(tile, axis=1).to(y_ptr.dtype.element_ty), mask=cols < N)
+
+
+# Rows up to this many go through the kernel (decode steps and short prefills); more rows make a product whose
+# FLOPs, not its bytes, set its time, and cuBLAS's tiles are the better there.
+STREAM_ROWS = 64
+
+
+def default_config(m: int, n: int, k: int) -> StreamConfig:
+    """The config for an [m, k] @ [n, k]ᵀ product: enough programs to keep every multiprocessor's loads in flight
+    (≥ 2 a multiprocessor at N = 4096) with each strip walked in 16 KB steps."""
+    block_n = 16 if n <= 8192 else 64
+    if m == 1:
+        return StreamConfig(block_n=block_n, block_k=512 if block_n == 16 else 128, warps=4, stages=1)
+    return StreamConfig(block_n=block_n, block_k=256 if block_n == 16 else 128, warps=4, stages=4)
+
+
+def stream_matmul(x: torch.Tensor, w: torch.Tensor, config: StreamConfig | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (M ≤ STREAM_ROWS), w [N, K] (both with a contiguous last dim, one dtype) → y [M, N] = x @ wᵀ in x's
+    dtype. Grid and arguments depend only on shapes: capturable in a CUDA graph."""
+    assert x.dim() == 2 and w.dim() == 2 and x.shape[1] == w.shape[1], (x.shape, w.shape)
+    assert x.stride(-1) == 1 and w.stride(-1) == 1 and x.dtype == w.dtype
+    m, k = x.shape
+    n = w.shape[0]
+    assert m <= STREAM_ROWS, f"{m} rows: stream_matmul is for up to {STREAM_ROWS}"
+    cfg = config or default_config(m, n, k)
+    y = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
+    dot = m > 1
+    _stream_matmul_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x, w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
+        BLOCK_M=max(16, triton.next_power_of_2(m)) if dot else 1, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        DOT=dot, PDL=(pdl := launch.pdl(x)), launch_pdl=pdl, num_warps=cfg.warps, num_stages=cfg.stages)
+    return y
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
 SMALL = {"qkv": (96, 64), "o": (64, 64), "gate_up": (256, 64), "down": (64, 192)}
