@@ -89,7 +89,14 @@ def main() -> int:
     if args.session:
         if not args.since_file:
             p.error("--session needs --since-file")
-        print(asyncio.run(session_answer(args.target, args.session, args.since_file, args.limit, args.try_seconds)))
+        import grpc
+
+        try:
+            print(asyncio.run(session_answer(args.target, args.session, args.since_file, args.limit, args.try_seconds)))
+        except grpc.aio.AioRpcError as err:  # no gateway, or it ended the session: said on one line
+            print(f"null the session did not open or ended: {err.code().name}: {err.details()}")
+        except TimeoutError as err:
+            print(f"null {err}")
         return 0
     if args.since is None:
         p.error("--since is required without --session")

@@ -72,7 +72,7 @@ def kill_row(dir_: Path, stage: str, t0: float, say: str, k: str, session: str =
              re.search(STAMP + rf" moss-serve up: {stage}\S* exited with code", text))
     # the session probe's line: "SECONDS FIRST_PROMPT ANSWERED_PROMPT yes|no", or "null REASON"
     fields = session.split()
-    session_s = num(fields[0]) if fields and fields[0] != "null" else None
+    session_s = num(fields[0]) if fields and re.fullmatch(r"[\d.]+", fields[0]) else None
     history = fields[3] if session_s is not None and len(fields) == 4 else None
     return dict(killed=stage, found_s=None if found is None else rnd(unix(found.group(1)) - t0), back_s=rnd(back),
                 load_first_audio_s=rnd(first_audio), say_s=num(say), session_s=session_s, session_history=history,

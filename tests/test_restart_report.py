@@ -70,6 +70,8 @@ def test_a_fault_on_purpose_is_back_when_the_later_of_llm_and_vocoder_is(tmp_pat
     (tmp_path / "events.tsv").write_text(f"kill\tfault\t{T0 + fault}\t12.0\t2\tnull no turn answered in time\n")
     row = report(tmp_path)[0]["kills"][0]
     assert (row["session_s"], row["session_history"], row["session_note"]) == (None, None, "null no turn answered in time")
+    (tmp_path / "events.tsv").write_text(f"kill\tfault\t{T0 + fault}\t12.0\t2\tTraceback (most recent call last):\n")
+    assert report(tmp_path)[0]["kills"][0]["session_s"] is None  # whatever the probe left, the report is made
 
     (tmp_path / "log_kill_2.txt").write_text(  # the vocoder never came back: not back
         f"{stamp(fault + 9.4)} INFO services.gateway.backends: gateway: llm at 127.0.0.1:50052 is ready\n")
