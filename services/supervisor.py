@@ -10,9 +10,9 @@ it goes back to none once the service has run for a minute. An exit asked for
 Where the stack keeps spares (spare.py: processes that have done a service's imports and wait, two per instance), a
 restart is a spare's, and the stack makes the next ones once every service it started again serves: a spare's imports
 and reads ahead (the codec built on the CPU, the encoder's weights) are seconds of every core, and none of them can
-serve before the restart under way is over. (On an H200 the starts of every GPU stage after a fault took 13-17 s
-where each of their steps, timed alone, took under a second; spares made beside them are a suspect, not yet measured:
-docs/benchmarks.md, starts-2026-11-30.)
+serve before the restart under way is over. (On an H200, with spares made beside the starts of every GPU stage after
+a fault, the llm's weights took 5.3-8.7 s; with spares made once those stages serve, 0.2-0.8 s: docs/benchmarks.md,
+starts-2026-11-30 and restarts-2026-11-30b.)
 """
 
 from __future__ import annotations
