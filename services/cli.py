@@ -37,6 +37,7 @@ from services.settings import (
     VOCODER,
     add_flags,
     argument_group,
+    count,
     from_args,
     gpu_list,
     positive,
@@ -102,6 +103,10 @@ def parser() -> argparse.ArgumentParser:
     processes.add_argument("--no-encoder", action="store_true",
                     help="start no speech encoder: typed turns only (a spoken turn fails UNAVAILABLE), its start-up "
                          "and GPU memory saved")
+    processes.add_argument("--cpu-threads", type=count, default=None, metavar="N",
+                    help="on a CPU, torch's threads in each llm, vocoder and encoder process (default: the cores "
+                         "shared among the llm and vocoder processes, at least one each; 0: torch's default, every "
+                         "core each)")
     processes.add_argument("--start-timeout", type=positive(float), default=300.0, metavar="SECONDS",
                     help="how long every service may take to say SERVING (a vocoder on a GPU captures its CUDA graphs "
                          "first: ~90 s at the real size); one that exits is reported at once (default 300)")

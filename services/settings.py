@@ -146,6 +146,13 @@ def port_option(service: str):
     return option(GRPC_PORTS[service], "gRPC port", type=int, scope=OWN)
 
 
+def cpu_threads_option():
+    """A torch stage's threads for its math on a CPU: every core by default, which several stages on one machine
+    would each take (`moss-serve up` and the stack helpers give each its share: services/stack.py)."""
+    return option(None, "torch's threads for this process's math on a CPU (default: every core it may run on; "
+                        "moss-serve up: its share of them)", type=positive(int), scope=OWN, show_default=False)
+
+
 def http_port_option():
     return option(HTTP_PORT, "HTTP port: OpenAI's POST /v1/audio/speech, GET /v1/models, /healthz, /readyz (0: off)",
                   type=int, scope=OWN)

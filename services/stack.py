@@ -28,6 +28,7 @@ from services.supervisor import report
 SERVICES = ("llm", "vocoder", "encoder", "gateway")
 NO_SPEECH = ("encoder",)  # Stack(without=...): a stack that takes no spoken turns (tests)
 REPLICATED = ("llm", "vocoder")
+TORCH_STAGES = ("llm", "vocoder", "encoder")  # the processes whose math runs in torch (their --cpu-threads)
 
 
 def instances(replicas: dict[str, int] | None = None) -> list[str]:
@@ -38,6 +39,21 @@ def instances(replicas: dict[str, int] | None = None) -> list[str]:
             raise ValueError(f"replicas: {service}={n} (llm and vocoder, 1 or more)")
     return [name for service in SERVICES
             for name in [service, *(f"{service}-{i}" for i in range(2, replicas.get(service, 1) + 1))]]
+
+
+def cpu_share(names: list[str]) -> int:
+    """Threads for each torch process of a stack on a CPU: its cores shared among the llm and vocoder processes,
+    which work all the time (the encoder, only while someone speaks, gets as many), at least one each. Each taking
+    every core, their threads wait on one another's: on 2 cores, 2 streams started at once had a chunk late in a third
+    of the bursts, against none at a core each (docs/benchmarks.md, cpu-threads-2026-11-30)."""
+    busy = sum(service_of(name) in REPLICATED for name in names)
+    return max(1, len(os.sched_getaffinity(0)) // max(1, busy))
+
+
+def on_cpu(command: list[str]) -> bool:
+    """Whether a service's command runs it on a CPU (its last --device, else the default: cpu)."""
+    devices = [command[i + 1] for i, arg in enumerate(command[:-1]) if arg == "--device"]
+    return not devices or devices[-1] == "cpu"
 
 
 def service_of(name: str) -> str:
@@ -157,13 +173,16 @@ class Stack:
     def __init__(self, ports: Ports | None = None, host: str = "127.0.0.1", extra_args: dict[str, list[str]] | None = None,
                  log_dir: str | Path | None = None, env: dict[str, dict[str, str]] | None = None,
                  health_tls: dict[str, ChannelTls] | None = None, replicas: dict[str, int] | None = None,
-                 without: tuple[str, ...] = (), spares: tuple[str, ...] = (), spares_each: int = SPARES_EACH):
+                 without: tuple[str, ...] = (), spares: tuple[str, ...] = (), spares_each: int = SPARES_EACH,
+                 cpu_threads: int | None = None):
         """extra_args, env, health_tls: by service ("llm": every llm replica) or by instance ("llm-2": that one
         too); env is what to add to its environment (e.g. an MPS daemon's pipe directory); health_tls is how to
         reach it for its health check, where it serves TLS. replicas: service → processes (llm, vocoder).
         without: services not started (the encoder, for a stack that takes no spoken turns: tests).
         spares: services whose every process keeps `spares_each` spares once it runs (spare.py: `keep_spares`),
-        which its next starts then use, the oldest first."""
+        which its next starts then use, the oldest first.
+        cpu_threads: torch's threads in each llm, vocoder and encoder process on a CPU (None: their share of this
+        machine's cores, `cpu_share`; 0: torch's default, every core each), where its own flags give none."""
         if unknown := set(without) - {"encoder"}:
             raise ValueError(f"without: only the encoder may be left out, not {', '.join(sorted(unknown))}")
         self.names = [name for name in instances(replicas) if service_of(name) not in without]
@@ -178,6 +197,7 @@ class Stack:
         self.procs: dict[str, subprocess.Popen] = {}
         self.spare_services = set(spares)
         self.spares_each = spares_each
+        self.cpu_threads = cpu_share(self.names) if cpu_threads is None else cpu_threads
         self.spares: dict[str, list[Spare]] = {}  # by instance, the oldest first (the likeliest to be done importing)
         self.spare_deaths: dict[str, int] = {}  # spares that exited by themselves, by instance
 
@@ -201,7 +221,10 @@ class Stack:
                     "--vocoder-target", ",".join(map(self.target, self.replicas("vocoder")))]
             if self.replicas("encoder"):
                 cmd += ["--encoder-target", ",".join(map(self.target, self.replicas("encoder")))]
-        return cmd + [arg for args in self._settings(self.extra_args, name) for arg in args]
+        cmd += [arg for args in self._settings(self.extra_args, name) for arg in args]
+        if service_of(name) in TORCH_STAGES and self.cpu_threads and "--cpu-threads" not in cmd and on_cpu(cmd):
+            cmd += ["--cpu-threads", str(self.cpu_threads)]
+        return cmd
 
     def _log(self, name: str):
         """Its log file, opened to append (None: the processes write to this one's stderr)."""

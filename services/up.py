@@ -152,7 +152,8 @@ def run_up(args) -> int:
               "gateway": tls.client(mutual=False)} if tls else {}
     spares = args.spares if args.spares is not None else args.device == "cuda"
     stack = Stack(ports, host=args.host, extra_args=extra, env=env, health_tls=health, replicas=counts,
-                  without=("encoder",) if args.no_encoder else (), spares=SERVICES_ON_GPU if spares else ())
+                  without=("encoder",) if args.no_encoder else (), spares=SERVICES_ON_GPU if spares else (),
+                  cpu_threads=args.cpu_threads)
     stopping, hangups = [], []
     # Ctrl-C (SIGINT) stops up even where it was started with SIGINT ignored, as a shell's background job is (and so
     # a test runner's worker process): Python then leaves it ignored, and `kill -INT` would do nothing.

@@ -301,3 +301,36 @@ def test_up_stops_with_one_line_when_a_service_cannot_start(tmp_path):
     assert "moss-serve up: llm exited with code" in proc.stderr and "before serving" in proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert not is_serving(f"127.0.0.1:{ports.grpc['gateway']}")
+
+
+def test_a_stack_on_a_cpu_shares_the_cores_among_its_torch_stages(monkeypatch):
+    """Each llm, vocoder and encoder process on a CPU is given its share of the cores (the llm and vocoder processes
+    split them; each taking every core, 2 streams on 2 cores had chunks late: docs/benchmarks.md cpu-threads-2026-11-30);
+    a stage on a GPU, one given its own count, and `--cpu-threads 0` are left to torch's default."""
+    from services.stack import Stack
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+
+    def threads(stack: Stack, name: str) -> str | None:
+        cmd = stack.command(name)
+        return cmd[cmd.index("--cpu-threads") + 1] if "--cpu-threads" in cmd else None
+
+    two = Stack(Ports.free({"llm": 2, "vocoder": 2}), replicas={"llm": 2, "vocoder": 2})
+    assert [threads(two, n) for n in ("llm", "llm-2", "vocoder", "vocoder-2", "encoder", "gateway")] == ["2"] * 5 + [None]
+    one = Stack(Ports.free({"vocoder": 2}), without=("encoder",), replicas={"vocoder": 2},
+                extra_args={"llm": ["--device", "cuda"], "vocoder-2": ["--cpu-threads", "3"]})
+    assert [threads(one, n) for n in ("llm", "vocoder", "vocoder-2")] == [None, "2", "3"]
+    assert threads(Stack(Ports.free(), extra_args={"llm": ["--device", "cuda", "--device", "cpu"]}), "llm") == "4"
+    assert threads(Stack(Ports.free(), cpu_threads=0), "llm") is None
+    assert parser().parse_args(["up", "--cpu-threads", "0"]).cpu_threads == 0 and parser().parse_args(["up"]).cpu_threads is None
+
+
+def test_the_stacks_torch_stages_run_on_their_share_of_the_cores(stack):
+    """The processes themselves: each torch stage of the tests' stack (started as `up` starts it) says the threads
+    its math runs on, its share of this machine's cores."""
+    from services.stack import cpu_share
+
+    share = cpu_share(stack.names)
+    for name in ("llm", "vocoder", "encoder"):
+        log = (stack.log_dir / f"{name}.log").read_text()
+        assert f"{name}: torch's CPU math on {share} thread(s)" in log, log[-2000:]

@@ -50,6 +50,18 @@ def unusable(device: str) -> str | None:
     return None
 
 
+def use_cpu_threads(service: str, threads: int | None) -> None:
+    """Run torch's CPU math on `threads` threads (None: torch's default, every core). Several stages on one machine's
+    cores each taking all of them ran 2 streams on 2 cores with a stall in a third of the bursts, against none at a
+    core each (docs/benchmarks.md, cpu-threads-2026-11-30): their threads wait on one another's."""
+    if threads is None:
+        return
+    import torch
+
+    torch.set_num_threads(threads)
+    log.info("%s: torch's CPU math on %d thread(s)", service, threads)
+
+
 def open_context(service: str, device: str) -> None:
     """Make this process's context on a CUDA `device` now and log how long it took (nothing on a CPU). A GPU stage's
     start logs it apart from its models' steps: under MPS a context is a client of the server, and after a fault a new

@@ -8,7 +8,7 @@ import time
 import torch
 from moss.speech.v1 import encoder_pb2, encoder_pb2_grpc
 
-from services.common.device import open_context
+from services.common.device import open_context, use_cpu_threads
 from services.common.memory import Pool, size_pool
 from services.common.metrics import start_metrics_server
 from services.common.read_ahead import ReadAhead
@@ -87,6 +87,7 @@ def speaker_places(model: WhisperVQEncoder, s: EncoderSettings) -> KVPool:
 
 
 async def run(s: EncoderSettings) -> None:
+    use_cpu_threads("encoder", s.cpu_threads)
     open_context("encoder", s.device)
     model = load_encoder(s)
     servicer = EncoderServicer(model, s, speaker_places(model, s))

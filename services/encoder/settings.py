@@ -11,6 +11,7 @@ from services.settings import (
     GPU_STACK_STREAMS,
     OWN,
     PROCESSES,
+    cpu_threads_option,
     host_option,
     metrics_port_option,
     option,
@@ -44,7 +45,7 @@ def default_speakers(device: str) -> int:
 @dataclass
 class EncoderSettings:
     GROUP: ClassVar[str] = ENCODER
-    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {PROCESSES: ("host", "port", "metrics_port", "device")}
+    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {PROCESSES: ("host", "port", "metrics_port", "device", "cpu_threads")}
 
     host: str = host_option()
     port: int = port_option("encoder")
@@ -55,6 +56,7 @@ class EncoderSettings:
     preset: str = option("tiny", "moss-speech: the Whisper-VQ encoder at its real size (16 layers of 1280); tiny: a "
                                  "small one", choices=PRESETS, scope=OWN)
     device: str = option("cpu", "cpu or cuda", scope=OWN)
+    cpu_threads: int | None = cpu_threads_option()
     max_speakers: int | None = option(None, f"speakers encoded at once (each holds 30 s of keys and values: 123 MB "
                                             f"at the real size in bf16, twice that in float32); a turn whose speech "
                                             f"starts when all are taken: RESOURCE_EXHAUSTED (default: "

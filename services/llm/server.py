@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from moss.speech.v1 import llm_pb2, llm_pb2_grpc
 
-from services.common.device import fatal_signal, open_context
+from services.common.device import fatal_signal, open_context, use_cpu_threads
 from services.common.device import lost as device_lost
 from services.common.memory import GiB, Pool, check_weights, size_gib
 from services.common.metrics import start_metrics_server
@@ -127,6 +127,7 @@ def _match_config_dtype(model) -> None:
 
 
 async def run(s: LlmSettings) -> None:
+    use_cpu_threads("llm", s.cpu_threads)
     open_context("llm", s.device)
     llm = build_engine(s)
     if s.device.startswith("cuda"):  # first uses of kernels and code paths, before any request meets them

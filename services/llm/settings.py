@@ -13,6 +13,7 @@ from services.settings import (
     OWN,
     PROCESSES,
     count,
+    cpu_threads_option,
     host_option,
     metrics_port_option,
     option,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:  # (grpc's: not imported for `moss-serve --help`)
 @dataclass
 class LlmSettings:
     GROUP: ClassVar[str] = LLM
-    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {PROCESSES: ("host", "port", "metrics_port", "device")}
+    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {PROCESSES: ("host", "port", "metrics_port", "device", "cpu_threads")}
 
     host: str = host_option()
     port: int = port_option("llm")
@@ -52,6 +53,7 @@ class LlmSettings:
     model_dir: str | None = option(None, "HF-format MOSS-Speech checkpoint (config.json, safetensors, tokenizer.json); "
                                          "without it: the --preset with random weights", scope=OWN)
     device: str = option("cpu", "cpu or cuda", scope=OWN)
+    cpu_threads: int | None = cpu_threads_option()
     runner: str = option("auto", "what runs the model's steps: kernels (Triton kernels, CUDA graphs), reference "
                                  "(PyTorch), trt (a built TensorRT-LLM engine, --engine-dir: docs/tensorrt.md), or auto "
                                  "(kernels on CUDA, else reference)", choices=["auto", "kernels", "reference", "trt"],

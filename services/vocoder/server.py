@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from moss.speech.v1 import vocoder_pb2, vocoder_pb2_grpc
 
-from services.common.device import fatal_signal, open_context
+from services.common.device import fatal_signal, open_context, use_cpu_threads
 from services.common.device import lost as device_lost
 from services.common.metrics import start_metrics_server
 from services.common.server import serve
@@ -80,6 +80,7 @@ async def run(s: VocoderSettings) -> None:
     if s.speaker_model and not Path(s.speaker_model).is_file():
         raise ValueError(f"--speaker-model {s.speaker_model}: no such file (the codec's speaker-embedding model in "
                          "ONNX, CosyVoice2's campplus.onnx)")
+    use_cpu_threads("vocoder", s.cpu_threads)
     open_context("vocoder", s.device)
     started = time.perf_counter()
     vocoder = load_vocoder(s.vocoder_dir, s.preset, s.device, s.seed, voices_dir=s.voices_dir, flow=flow_options(s),

@@ -6,7 +6,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from services.settings import OWN, PROCESSES, VOCODER, count, host_option, metrics_port_option, option, port_option, positive, seconds
+from services.settings import (
+    OWN,
+    PROCESSES,
+    VOCODER,
+    count,
+    cpu_threads_option,
+    host_option,
+    metrics_port_option,
+    option,
+    port_option,
+    positive,
+    seconds,
+)
 from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_GENERATE_WAIT, DEFAULT_SOLVE_ROWS
 from services.vocoder.worker import DEFAULT_FIRST_CHUNK_BUDGET, FLOW_LIMITS, STAND_IN_LIMITS, CallLimits
 
@@ -19,7 +31,7 @@ PRESETS = ("tiny", "tiny-codec", "moss-speech")  # services/vocoder/loader.py's 
 @dataclass
 class VocoderSettings:
     GROUP: ClassVar[str] = VOCODER
-    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {PROCESSES: ("host", "port", "metrics_port", "device")}
+    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {PROCESSES: ("host", "port", "metrics_port", "device", "cpu_threads")}
 
     host: str = host_option()
     port: int = port_option("vocoder")
@@ -33,6 +45,7 @@ class VocoderSettings:
                                        "(24 kHz, 80 bands, hop 480 all), for tests of the vocoder's own streaming",
                          choices=PRESETS, scope=OWN)
     device: str = option("cpu", "cpu or cuda", scope=OWN)
+    cpu_threads: int | None = cpu_threads_option()
     left_context: int | None = option(None, "mel frames of left context per chunk (default: the generator's receptive "
                                             "field)", type=count, scope=OWN)
     lookahead: int | None = option(None, "mel frames held back for the next chunk (default 4: one token, 80 ms at hop "
