@@ -372,8 +372,8 @@ def test_a_burst_of_96_on_the_embedded_default_admits_what_a_cpu_plays(stack, tm
     """96 turns at the same instant through a gateway admitting as `moss-serve up` has it admit on a CPU (headroom,
     starting at and bursting to a turn a core), in front of the embedded default (the codec's flow + HiFT on the
     CPU): a few are admitted and play on time, the rest are refused at once with a retry hint, nothing is left held.
-    (The issue's 50 ms for the refusals is not met on a 2-core machine: 50-80 ms at p95 measured, docs/admission.md;
-    asserted here within 1 s.)"""
+    (The issue's 50 ms for the refusals depends on the 2-core machine: p95 29-36 ms on one, 80-133 ms on a slower one,
+    docs/admission.md; asserted here within 1 s.)"""
     import json
     import os
     import subprocess
