@@ -97,6 +97,24 @@ def test_the_real_size_vocoder_with_a_gpus_stream_history_is_refused_on_a_24_gb_
                            "or less")
 
 
+def test_a_history_that_does_not_fit_is_refused_before_the_voices_run_through_the_flow(monkeypatch):
+    """The refusal comes before the voices' prompts are recorded (at the real size on a CPU that recording is ~16 s of
+    a start that can only fail); with room, the same start records them."""
+    from services.vocoder.codec.prefix import PromptPrefix
+    from services.vocoder.loader import FlowOptions, load_vocoder
+
+    recorded = []
+    record = PromptPrefix._record
+    monkeypatch.setattr(PromptPrefix, "_record", lambda self, *a: (recorded.append(a[1].name), record(self, *a))[1])
+    monkeypatch.setenv(FREE_ENV, str(1 << 20))
+    with pytest.raises(NotEnoughMemory, match="the flow's stream history for 1000 streams"):
+        load_vocoder(None, "tiny-codec", flow=FlowOptions(history_streams=1000))
+    assert recorded == []
+    monkeypatch.delenv(FREE_ENV)
+    assert load_vocoder(None, "tiny-codec", flow=FlowOptions(history_streams=2)).decoder.history.streams == 2
+    assert recorded
+
+
 def test_the_real_size_encoder_with_more_places_than_fit_is_refused():
     line = refused(["encoder", "--preset", "moss-speech", "--max-speakers", "1000"])
     assert line == ("moss-serve encoder: cannot start: encoder: the speakers' keys and values for 1000 speakers needs "

@@ -108,12 +108,17 @@ class FlowTokenDecoder:
     def set_voices(self, voices: list[Voice], capacity: int | None = None) -> None:
         """The voices streams will speak in: their prompts' common prefix is solved now, once (prefix.py), with places
         for `capacity` voices in all (default: these; more: `add_voice` while serving)."""
-        prefix = PromptPrefix(self.flow, voices, capacity)
+        # The prefix's places, then the history sized from them against the memory left (a history that cannot fit
+        # is refused here, before the voices' prompts run through the flow), then the prompts recorded.
+        prefix = PromptPrefix(self.flow, voices, capacity, record=False)
+        chunk = self.flow.cfg.estimator.static_chunk_size
+        keeps_history = bool(prefix) and self.history_streams != 0 and (self.block * self.ratio) % chunk == 0
+        streams = self._history_slots(prefix) if keeps_history else 0
+        prefix.record(self.flow)
         self.prefix = prefix if prefix else None
         self.graphs = self._new_graphs()  # graphs read the prefix's tensors: captured again
         self.history = None
-        chunk = self.flow.cfg.estimator.static_chunk_size
-        if self.prefix is not None and self.history_streams != 0 and (self.block * self.ratio) % chunk == 0:
+        if keeps_history:
             # A history row's first call solves the prompt's frames after the prefix and its first block: the cap
             # holds them, in whole blocks' frames.
             frames = self.block * self.ratio
@@ -121,15 +126,9 @@ class FlowTokenDecoder:
                         for v in voices)
             first = -(-first // frames) * frames
             self.solve_cap = max(self.solve_cap, first)
-            estimator = self.flow.decoder.estimator
-            per_stream = StreamHistory.bytes_per_stream(estimator, prefix, self.history_frames)
-            if self.encoder_window:
-                per_stream += EncoderStore.bytes_per_slot(self.flow.encoder, self.encoder_window + TOKEN_BUCKETS[-1],
-                                                          next(self.flow.parameters()).element_size())
-            streams = size_pool(HISTORY_POOL, per_stream, self.history_streams, DEFAULT_HISTORY_STREAMS, self.device,
-                                least=0)
             if not streams:  # (no room for one: every stream decodes over its window)
                 return
+            estimator = self.flow.decoder.estimator
             self.history = StreamHistory(estimator, prefix, streams, self.history_frames)
             if self.encoder_window:
                 self.history.encoder = EncoderStore(self.flow.encoder, streams, self.encoder_window + TOKEN_BUCKETS[-1],
@@ -144,6 +143,15 @@ class FlowTokenDecoder:
             self.history_token_buckets = tuple(sorted({
                 smallest(TOKEN_BUCKETS, max(prompts) + max(self.first_block(v) for v in voices) + self.lookahead)
                 or TOKEN_BUCKETS[-1], smallest(TOKEN_BUCKETS, later) or TOKEN_BUCKETS[-1]}))
+
+    def _history_slots(self, prefix: PromptPrefix) -> int:
+        """Streams the history keeps: as asked, or as many as the memory holds (0: none fits; services/common/memory.py,
+        which refuses a count given that does not fit)."""
+        per_stream = StreamHistory.bytes_per_stream(self.flow.decoder.estimator, prefix, self.history_frames)
+        if self.encoder_window:
+            per_stream += EncoderStore.bytes_per_slot(self.flow.encoder, self.encoder_window + TOKEN_BUCKETS[-1],
+                                                      next(self.flow.parameters()).element_size())
+        return size_pool(HISTORY_POOL, per_stream, self.history_streams, DEFAULT_HISTORY_STREAMS, self.device, least=0)
 
     @property
     def tokens_per_second(self) -> float:

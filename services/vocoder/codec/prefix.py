@@ -61,8 +61,10 @@ def prefix_frames(flow: CausalMaskedDiffWithXvec, voices: list[Voice]) -> int:
 class PromptPrefix:
     recording = False
 
-    def __init__(self, flow: CausalMaskedDiffWithXvec, voices: list[Voice], capacity: int | None = None):
-        """capacity: voices it may hold, those added later (`add`) included (default: these alone)."""
+    def __init__(self, flow: CausalMaskedDiffWithXvec, voices: list[Voice], capacity: int | None = None,
+                 record: bool = True):
+        """capacity: voices it may hold, those added later (`add`) included (default: these alone). record=False:
+        its places only, the voices recorded by `record(flow)` (what is sized from the places first: decoder.py)."""
         self.frames = prefix_frames(flow, voices)
         self.voices = list(voices)
         self.index = {id(v): i for i, v in enumerate(voices)}
@@ -85,6 +87,12 @@ class PromptPrefix:
         # lefts[slot]: [steps, rows, kernel - 1, in channels]
         self.lefts = [p.new_zeros(steps, rows, conv.kernel_size[0] - 1, conv.in_channels)
                       for conv in estimator.slots(CausalConv1d)]
+        if record:
+            self.record(flow)
+
+    def record(self, flow: CausalMaskedDiffWithXvec) -> None:
+        """Run the voices' prompts through the flow into their places (16 s at the real size on a 2-core CPU)."""
+        voices = self.voices
         if self.frames:
             for i, voice in enumerate(voices):
                 self._record(flow, voice, i)
