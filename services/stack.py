@@ -44,8 +44,8 @@ def instances(replicas: dict[str, int] | None = None) -> list[str]:
 def cpu_share(names: list[str]) -> int:
     """Threads for each torch process of a stack on a CPU: its cores shared among the llm and vocoder processes,
     which work all the time (the encoder, only while someone speaks, gets as many), at least one each. Each taking
-    every core, their threads wait on one another's: on 2 cores, 2 streams started at once had a chunk late in a third
-    of the bursts, against none at a core each (docs/benchmarks.md, cpu-threads-2026-11-30)."""
+    every core, their threads wait on one another's: on 2 cores, 2 streams started at once had a chunk late in 16 of
+    24 bursts, against 0 of 17 at a core each (docs/benchmarks.md, cpu-threads-2026-11-30)."""
     busy = sum(service_of(name) in REPLICATED for name in names)
     return max(1, len(os.sched_getaffinity(0)) // max(1, busy))
 

@@ -52,8 +52,8 @@ def unusable(device: str) -> str | None:
 
 def use_cpu_threads(service: str, threads: int | None) -> None:
     """Run torch's CPU math on `threads` threads (None: torch's default, every core). Several stages on one machine's
-    cores each taking all of them ran 2 streams on 2 cores with a stall in a third of the bursts, against none at a
-    core each (docs/benchmarks.md, cpu-threads-2026-11-30): their threads wait on one another's."""
+    cores each taking all of them played the 2 turns of a burst on 2 cores with a stall in 16 of 24 bursts, against 0 of
+    17 at a core each (docs/benchmarks.md, cpu-threads-2026-11-30): their threads wait on one another's."""
     if threads is None:
         return
     import torch
