@@ -15,7 +15,9 @@ Variants (--variants): `per-block`, each transformer block's seven kernels (the 
 level's blocks in one persistent launch (codec/megakernel.py, off by default: slower); `no-cascade`, the per-block
 path with every row reading its voice prefix itself (chunk_attention.CASCADE_FROM = 0; today's default), and `cascade`,
 the voice prefix read once per voice from 16 streams (off by default: slower); `encoder-state`, the per-block path with
-the encoder run over each call's new tokens only (--flow-encoder-window 128; codec/encoder_state.py). --kernels: each
+the encoder run over each call's new tokens only (--flow-encoder-window 128; codec/encoder_state.py); `prefetch`, the
+per-block path with its products up to prefetch_linear.MAX_ROWS frames in codec/prefetch_linear.py's kernel (weights
+read before the launch wait), and `prefetch-all`, at every size. --kernels: each
 cell's kernels, counted by the profiler on one call run without its CUDA graph (the same kernels the graph holds), and
 per Euler step. --beside-llm: each cell timed again while the llm decodes beside it as in the stack (this process and
 an llm child clients of one MPS daemon, the llm's share 25%: 64 sequences at context 512, steps back to back:
@@ -39,7 +41,7 @@ from pathlib import Path
 import torch
 
 from measure import gpu_record, matmul_rate, snr_db, timed
-from services.vocoder.codec import chunk_attention, megakernel
+from services.vocoder.codec import chunk_attention, megakernel, prefetch_linear
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder
@@ -58,7 +60,7 @@ def main():
     p.add_argument("--streams", default="1,16,32,64")
     p.add_argument("--modes", default="window,history", help="window, history or both")
     p.add_argument("--variants", default="per-block",
-                   help="per-block, cascade, no-cascade, megakernel, encoder-state: one or more")
+                   help="per-block, cascade, no-cascade, megakernel, encoder-state, prefetch, prefetch-all: one or more")
     p.add_argument("--kernels", action="store_true", help="count each cell's kernels with the profiler")
     p.add_argument("--beside-llm", action="store_true", help="time each cell again beside the llm's decode steps "
                    "(under an MPS daemon of this run's own, the llm at 25%%)")
@@ -82,9 +84,11 @@ def run(args, llm: BesideLlm | None) -> None:
         print(f"the llm's decode step alone (64 sequences, context 512, 25% of the GPU): {out['llm_alone_ms']:.2f} ms",
               flush=True)
     tokens = torch.randint(0, 16384, (max(sizes), sum(WARM_CHUNKS) + CHUNK), generator=g).tolist()
-    mels, cascade_from = {}, chunk_attention.CASCADE_FROM
+    mels, cascade_from, max_rows = {}, chunk_attention.CASCADE_FROM, prefetch_linear.MAX_ROWS
     for variant, mode in [(v, m) for v in args.variants.split(",") for m in args.modes.split(",")]:
         megakernel.ENABLED = variant == "megakernel"
+        prefetch_linear.ENABLED = variant.startswith("prefetch")
+        prefetch_linear.MAX_ROWS = 1 << 30 if variant == "prefetch-all" else max_rows
         chunk_attention.CASCADE_FROM = {"no-cascade": 0, "cascade": CASCADE_FROM}.get(variant, cascade_from)
         d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=max(sizes) if mode == "history" else 0,
                              encoder_window=ENCODER_WINDOW if variant == "encoder-state" else 0)

@@ -75,7 +75,7 @@ PARALLEL_MODULES = frozenset({
     "test_encoder_attention", "test_encoder_checkpoint", "test_encoder_graphs", "test_encoder_model",
     "test_encoder_reference", "test_encoder_service", "test_encoder_stream", "test_encoder_vad",
     "test_encoder_worker", "test_engine", "test_error_sizes", "test_flow_steps_agreement", "test_fp8",
-    "test_fp8_agreement", "test_frame_ops", "test_fused_kernels", "test_fused_linear", "test_generation_rules",
+    "test_fp8_agreement", "test_frame_ops", "test_fused_kernels", "test_fused_linear", "test_prefetch_linear", "test_generation_rules",
     "test_health", "test_hift_snake", "test_house", "test_http", "test_interceptor", "test_kernel_compile",
     "test_kernel_runner", "test_layering", "test_llm_reference", "test_llm_report", "test_llm_service",
     "test_matmul_check", "test_megakernel", "test_memory", "test_model", "test_mps", "test_overlap",

@@ -19,7 +19,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from services.encoder import attention as encoder_attention  # noqa: E402
 from services.llm.runner.kernels import fp8, fused, paged_attention, sampling  # noqa: E402
 from services.vocoder import activation  # noqa: E402
-from services.vocoder.codec import chunk_attention, frame_ops, fused_linear, megakernel, snake  # noqa: E402
+from services.vocoder.codec import chunk_attention, frame_ops, fused_linear, megakernel, prefetch_linear, snake  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -143,6 +143,14 @@ KERNELS = {
     "codec: the feed-forward's first product with its GELU": (fused_linear._linear_gelu, *signature(
         fused_linear._linear_gelu, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
         dict(HAS_BIAS=True, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=fused_linear.BLOCK_K, PDL=True)), 4),
+    "codec: a product at few frames, its weights read before the wait (K 256)": (
+        prefetch_linear._prefetch_linear, *signature(
+            prefetch_linear._prefetch_linear, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
+            dict(HAS_BIAS=True, GELU=False, IEEE=False, CHUNK=256, CHUNKS=1, BLOCK_M=32, BLOCK_N=32, PDL=True)), 4),
+    "codec: a product at few frames, its weights read before the wait (K 1024, GELU)": (
+        prefetch_linear._prefetch_linear, *signature(
+            prefetch_linear._prefetch_linear, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
+            dict(HAS_BIAS=True, GELU=True, IEEE=False, CHUNK=256, CHUNKS=4, BLOCK_M=32, BLOCK_N=16, PDL=True)), 4),
     "codec: causal unfold with a prompt prefix": (frame_ops._causal_unfold, *signature(
         frame_ops._causal_unfold, {"X": BF16, "FRAMES": BF16, "ROWS": "*i64", "KEEP_ROWS": "*i64", "LENGTHS": "*i32",
                                    "OUT": BF16}, (),

@@ -34,7 +34,7 @@ from services.vocoder.codec import megakernel
 from services.vocoder.codec.chunk_attention import chunk_attention
 from services.vocoder.codec.config import EstimatorConfig
 from services.vocoder.codec.frame_ops import causal_unfold, frame_norm, taps_weight
-from services.vocoder.codec.fused_linear import linear_gelu
+from services.vocoder.codec.prefetch_linear import linear
 
 
 def laid_out(module: nn.Module, name: str, make) -> None:
@@ -57,12 +57,12 @@ class CausalConv1d(nn.Conv1d):
     def forward(self, x: torch.Tensor, prefix=None) -> torch.Tensor:
         k = self.kernel_size[0]
         left = None if prefix is None else prefix.left(self.slot, x, k - 1)
-        return F.linear(causal_unfold(x, k, left), self.taps, self.bias)
+        return linear(causal_unfold(x, k, left), self.taps, self.bias)
 
 
 def pointwise(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
     """A kernel-1 nn.Conv1d applied to [B, T, Cin] → [B, T, Cout]."""
-    return F.linear(x, conv.weight[:, :, 0], conv.bias)
+    return linear(x, conv.weight[:, :, 0], conv.bias)
 
 
 class CausalBlock1D(nn.Module):
@@ -101,7 +101,7 @@ class GELU(nn.Module):
         self.proj = nn.Linear(dim, dim_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear_gelu(x, self.proj.weight, self.proj.bias)  # (one kernel on CUDA)
+        return linear(x, self.proj.weight, self.proj.bias, gelu=True)  # (one kernel on CUDA)
 
 
 class FeedForward(nn.Module):
@@ -111,7 +111,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gelu, _, out = self.net  # (the dropout: p = 0, the reference's slot)
-        return out(gelu(x))
+        return linear(gelu(x), out.weight, out.bias)
 
 
 class Attention(nn.Module):
@@ -132,10 +132,11 @@ class Attention(nn.Module):
         history.py) → ([B, T, dim], what the next per-frame kernel keeps of k and v: frame_ops.frame_norm's `keep`,
         or None). q, k and v in one matrix product."""
         B, T, _ = x.shape
-        q, k, v = F.linear(x, self.qkv_weight).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [B, heads, T, d] each
+        q, k, v = linear(x, self.qkv_weight).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [B, heads, T, d] each
         before = {} if prefix is None else prefix.kv(self.slot, k, v)
         keep = None if prefix is None else prefix.keep(self.slot, k, v)
-        return self.to_out[0](chunk_attention(q, k, v, lengths, chunk, **before)), keep
+        out = self.to_out[0]
+        return linear(chunk_attention(q, k, v, lengths, chunk, **before), out.weight, out.bias), keep
 
 
 class BasicTransformerBlock(nn.Module):

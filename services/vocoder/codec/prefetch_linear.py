@@ -1,0 +1,139 @@
+"""The estimator's products at a call's few frames, their weights read before the kernel waits on the one before it.
+
+A first call is a chain of ~550 dependent kernels an Euler step, each bound by the latency of its few dependent
+loads, not by FLOPs or bytes (docs/codec.md, "The flow's fixed cost"). Under programmatic dependent launch (PDL,
+services/common/launch.py) a kernel's programs start while the kernel before still runs, and wait
+(`griddepcontrol.wait`) before their first load. A product's weights and bias depend on no kernel: here each program
+loads its whole slice of them first (its BLOCK_N output channels, all K inputs: at most 32 KB), then waits, then
+loads its frames, multiplies and stores. What is left on the chain's path is one load of the frames (written a
+moment ago, in L2), the products and the store. cuBLAS's kernels take no part in PDL, and Triton's products that wait
+before every load were slower than cuBLAS at these sizes (docs/benchmarks.md, 2026-11-27).
+
+Shapes: x [..., K] with its last dimension contiguous, weight [N, K] (nn.Linear's), bias [N] → [..., N]; K at most
+MAX_K (the estimator's 256 and 1024). GELU is the reference's exact (erf) form, on the float32 sum before the one
+rounding, as fused_linear.py's.
+
+Off by default (ENABLED), for the frame counts up to MAX_ROWS: bench/codec_history.py --variants per-block,prefetch
+compares whole flow calls; bench/studies/prefetch_linear.py each product alone and in a chain.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from services.common import launch
+from services.vocoder.codec import frame_ops
+from services.vocoder.codec.fused_linear import linear_gelu
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover (CI installs triton; the PyTorch form needs none)
+    triton = None
+else:
+    from services.common.launch import inputs_ready
+
+ENABLED = False
+MAX_ROWS = 640     # frames (rows of x) up to which the kernel runs; cuBLAS's products above
+K_CHUNK = 256      # a program's weight slice is loaded as up to four [K_CHUNK, BLOCK_N] tiles
+MAX_K = 4 * K_CHUNK
+TILE = None        # (frames, channels, warps) per program; None: tiles() (the study sweeps them)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
+    """x [..., K] → x @ weight.T + bias [..., N] (GELU of it with gelu=True): the kernel where ENABLED, on a GPU,
+    for at most MAX_ROWS frames; else cuBLAS's product (with fused_linear.py's GELU)."""
+    rows = x.numel() // x.shape[-1]
+    if ENABLED and frame_ops.on_gpu(x) and rows <= MAX_ROWS and weight.shape[1] <= MAX_K:
+        return kernel(x, weight, bias, gelu)
+    if gelu:
+        return linear_gelu(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def tiles(M: int, N: int, K: int) -> tuple[int, int, int]:
+    """(frames, channels, warps) per program: channels so that a program's weight slice is 16 KB (32 at K = 1024,
+    16 channels), frames so that a call of one stream (80 frames) has 3 tiles of them."""
+    if TILE is not None:
+        return TILE
+    block_n = 16 if K > K_CHUNK else 32
+    return (32 if M <= 320 else 64), block_n, 4
+
+
+def kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
+    """The Triton kernel (on CPU tensors: Triton's interpreter, for the tests)."""
+    K = x.shape[-1]
+    N = weight.shape[0]
+    if K > MAX_K or weight.shape[1] != K:
+        raise ValueError(f"prefetch_linear: K {K} against a weight of {tuple(weight.shape)} (at most {MAX_K})")
+    x2 = x.reshape(-1, K)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    M = x2.shape[0]
+    out = torch.empty(*x.shape[:-1], N, device=x.device, dtype=x.dtype)
+    block_m, block_n, warps = tiles(M, N, K)
+    chunk = min(K_CHUNK, triton.next_power_of_2(K))
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
+    pdl = launch.pdl(x)
+    _prefetch_linear[grid](x2, weight, bias if bias is not None else weight, out, M, N, K, x2.stride(0),
+                           weight.stride(0), HAS_BIAS=bias is not None, GELU=gelu, IEEE=x.dtype == torch.float32,
+                           CHUNK=chunk, CHUNKS=triton.cdiv(K, chunk), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
+                           num_warps=warps, launch_pdl=pdl)
+    return out
+
+
+if triton is not None:
+    @triton.jit
+    def _weight_tile(W, offs_n, col_ok, sw, k0, inner, CHUNK: tl.constexpr):
+        """[CHUNK, BLOCK_N]: the weight's rows offs_n, inputs k0.. k0 + CHUNK, as columns (zero past inner)."""
+        offs_k = k0 + tl.arange(0, CHUNK)
+        return tl.load(W + offs_n[None, :] * sw + offs_k[:, None], mask=(offs_k < inner)[:, None] & col_ok[None, :],
+                       other=0.0)
+
+    @triton.jit
+    def _frames_tile(X, offs_m, row_ok, sx, k0, inner, CHUNK: tl.constexpr):
+        """[BLOCK_M, CHUNK]: frames offs_m, inputs k0 .. k0 + CHUNK (zero past inner)."""
+        offs_k = k0 + tl.arange(0, CHUNK)
+        return tl.load(X + offs_m[:, None] * sx + offs_k[None, :], mask=row_ok[:, None] & (offs_k < inner)[None, :],
+                       other=0.0)
+
+    @triton.jit
+    def _dot(a, w, acc, IEEE: tl.constexpr):
+        if IEEE:  # float32 inputs (the tests): no TF32 rounding
+            return tl.dot(a, w, acc, input_precision="ieee")
+        return tl.dot(a, w, acc)
+
+    @triton.jit
+    def _prefetch_linear(X, W, BIAS, OUT, M, N, inner, sx, sw, HAS_BIAS: tl.constexpr, GELU: tl.constexpr,
+                         IEEE: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < N
+        # The weight slice and the bias first: no kernel before writes them, so they load while it still runs.
+        w0 = _weight_tile(W, offs_n, col_ok, sw, 0, inner, CHUNK)
+        if CHUNKS > 1:
+            w1 = _weight_tile(W, offs_n, col_ok, sw, CHUNK, inner, CHUNK)
+        if CHUNKS > 2:
+            w2 = _weight_tile(W, offs_n, col_ok, sw, 2 * CHUNK, inner, CHUNK)
+            w3 = _weight_tile(W, offs_n, col_ok, sw, 3 * CHUNK, inner, CHUNK)
+        if HAS_BIAS:
+            b = tl.load(BIAS + offs_n, mask=col_ok, other=0.0).to(tl.float32)
+        inputs_ready(PDL)
+        # Then the frames, which the kernel before wrote.
+        offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < M
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc = _dot(_frames_tile(X, offs_m, row_ok, sx, 0, inner, CHUNK), w0, acc, IEEE)
+        if CHUNKS > 1:
+            acc = _dot(_frames_tile(X, offs_m, row_ok, sx, CHUNK, inner, CHUNK), w1, acc, IEEE)
+        if CHUNKS > 2:
+            acc = _dot(_frames_tile(X, offs_m, row_ok, sx, 2 * CHUNK, inner, CHUNK), w2, acc, IEEE)
+            acc = _dot(_frames_tile(X, offs_m, row_ok, sx, 3 * CHUNK, inner, CHUNK), w3, acc, IEEE)
+        if HAS_BIAS:
+            acc += b[None, :]
+        if GELU:
+            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+        tl.store(OUT + offs_m[:, None] * N + offs_n[None, :], acc.to(OUT.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])

@@ -1,0 +1,151 @@
+"""The estimator's products at few frames with their weights read before the launch wait (codec/prefetch_linear.py)
+against PyTorch's product (and exact GELU). Without CUDA the kernel runs in Triton's CPU interpreter (float32) and is
+compiled for sm_90 to check what a GPU would run; with CUDA also in bfloat16 at the estimator's widths, and a whole
+flow call through it against the call through cuBLAS's products."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton", reason="triton is not importable; the codec's products untested")
+
+from test_frame_ops import DEVICE, DTYPES, tolerance  # noqa: E402
+
+from services.vocoder.codec import frame_ops, prefetch_linear  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+# (frames B x T, product K → N): odd sizes (masks), K over one chunk (2 and 3 of them); with CUDA the estimator's
+# products (q|k|v, output, feed-forward, a convolution's unfolded frames) at 80 and 320 frames
+SHAPES = [(2, 19, 40, 24), (1, 37, 300, 70), (3, 7, 600, 33)] + (
+    [(1, 80, 256, 768), (1, 80, 256, 256), (4, 80, 256, 1024), (4, 80, 1024, 256), (1, 80, 960, 256)] if CUDA else [])
+
+
+def product(B, T, K, N, dtype, seed):
+    gen = torch.Generator(DEVICE).manual_seed(seed)
+    x = torch.randn(B, T, K, generator=gen, device=DEVICE).to(dtype)
+    weight = (torch.randn(N, K, generator=gen, device=DEVICE) / K ** 0.5).to(dtype)
+    bias = torch.randn(N, generator=gen, device=DEVICE).to(dtype)
+    return x, weight, bias
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gelu", [False, True], ids=["plain", "gelu"])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("B,T,K,N", SHAPES)
+def test_the_kernel_is_the_product(B, T, K, N, with_bias, gelu, dtype):
+    x, weight, bias = product(B, T, K, N, dtype, seed=K + N)
+    bias = bias if with_bias else None
+    with torch.inference_mode():
+        got = prefetch_linear.kernel(x, weight, bias, gelu)
+        want = F.linear(x, weight, bias)
+        exact = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+        if gelu:
+            want, exact = F.gelu(want), F.gelu(exact)
+    assert got.shape == (B, T, N) and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
+    if dtype != torch.float32:  # rounded once: no further from float32's answer than PyTorch's
+        assert (got.float() - exact).abs().mean() <= 1.05 * (want.float() - exact).abs().mean()
+
+
+def test_frames_read_through_a_view():
+    """q|k|v's frames and a causal convolution's unfolded ones may be views whose rows are wider than K."""
+    wide, weight, bias = product(2, 9, 96, 40, torch.float32, seed=3)
+    x = wide[..., 16:64]                                    # rows of 96, K = 48
+    with torch.inference_mode():
+        got = prefetch_linear.kernel(x, weight[:, :48].contiguous(), bias)
+    torch.testing.assert_close(got, F.linear(x, weight[:, :48], bias), **tolerance(torch.float32))
+
+
+def test_a_weight_past_four_chunks_is_refused():
+    x, weight, _ = product(1, 4, prefetch_linear.MAX_K + 8, 8, torch.float32, seed=1)
+    with pytest.raises(ValueError, match="at most"):
+        prefetch_linear.kernel(x, weight)
+
+
+def test_linear_runs_the_kernel_only_where_it_is_meant_to(monkeypatch):
+    """ENABLED, on a GPU, at most MAX_ROWS frames and MAX_K inputs; else PyTorch's product (and fused_linear's
+    GELU), which on a CPU is PyTorch's too."""
+    x, weight, bias = product(2, 5, 16, 8, torch.float32, seed=1)
+    want = F.linear(x, weight, bias)
+    torch.testing.assert_close(prefetch_linear.linear(x, weight, bias), want)
+    torch.testing.assert_close(prefetch_linear.linear(x, weight, bias, gelu=True), F.gelu(want))
+    calls = []
+    monkeypatch.setattr(prefetch_linear, "kernel", lambda *a: calls.append(a[3]) or want)
+    monkeypatch.setattr(frame_ops, "on_gpu", lambda t: True)
+    monkeypatch.setattr(prefetch_linear, "ENABLED", True)
+    prefetch_linear.linear(x, weight, bias, gelu=True)
+    assert calls == [True]
+    monkeypatch.setattr(prefetch_linear, "MAX_ROWS", 9)                  # 10 frames: cuBLAS's
+    monkeypatch.setattr(prefetch_linear.F, "linear", lambda *a: calls.append("cublas") or want)
+    prefetch_linear.linear(x, weight, bias)
+    monkeypatch.setattr(prefetch_linear, "MAX_ROWS", 10)
+    monkeypatch.setattr(prefetch_linear, "MAX_K", 15)                    # K = 16: cuBLAS's
+    prefetch_linear.linear(x, weight, bias)
+    monkeypatch.setattr(prefetch_linear, "MAX_K", 16)
+    monkeypatch.setattr(prefetch_linear, "ENABLED", False)
+    prefetch_linear.linear(x, weight, bias)
+    assert calls == [True, "cublas", "cublas", "cublas"]
+
+
+def test_the_weights_load_before_the_wait_in_what_a_gpu_runs():
+    """Compiled for sm_90 here (no GPU needed): every load of the weight slice comes before `griddepcontrol.wait`,
+    every load of the frames after it, and nothing is stored before it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # (compiled, not interpreted)
+    root = Path(__file__).resolve().parents[1]
+    env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "tests"), str(root / "protos"), env.get("PYTHONPATH", "")])
+    script = ("import kernel_compile_check as k\n"
+              "for n in k.KERNELS:\n"
+              "    if 'before the wait' in n:\n"
+              "        print('KERNEL', n); print(k.compiled(n, aligned=True).asm['ptx'])\n")
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=600, check=True).stdout
+    kernels = done.split("KERNEL ")[1:]
+    assert len(kernels) == 2
+    for text in kernels:
+        name, ptx = text.split("\n", 1)
+        chunks = 4 if "1024" in name else 1
+        lines = [line.strip() for line in ptx.splitlines()]
+        wait = [i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")]
+        loads = [i for i, line in enumerate(lines) if "ld.global" in line]
+        assert len(wait) == 1, name
+        before = [i for i in loads if i < wait[0]]
+        # the weight slice [256 x BLOCK_N] a chunk, bf16, in 128 threads: at least 256·BLOCK_N·2 / (128·16) vector loads
+        block_n = 16 if chunks == 4 else 32
+        assert len(before) >= chunks * 256 * block_n * 2 // (128 * 16), (name, len(before))
+        assert any(i > wait[0] for i in loads), name                          # the frames, after it
+        assert not any("st.global" in line for line in lines[: wait[0]]), name
+        assert any("mma" in line for line in lines[wait[0]:]), name
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA: a whole flow call in bf16 through the kernel")
+def test_a_flow_call_through_the_kernel_matches_cublas(monkeypatch):
+    """A first call and a steady call at the real size, through cuBLAS's products and through the kernel: mel SNR
+    at least 40 dB (both bf16)."""
+    from services.vocoder.codec.checkpoint import random_codec
+    from services.vocoder.codec.config import moss_speech
+    from services.vocoder.codec.decoder import FlowTokenDecoder
+    from services.vocoder.codec.voice import random_voice
+
+    cfg = moss_speech()
+    voice = random_voice(cfg.flow, prompt_tokens=40, seed=3)
+    tokens = torch.randint(0, 16384, (2, 28), generator=torch.Generator().manual_seed(1)).tolist()
+    mels = {}
+    for enabled in (False, True):
+        monkeypatch.setattr(prefetch_linear, "ENABLED", enabled)
+        d = FlowTokenDecoder(random_codec(cfg, 0)[0], torch.device("cuda"), history_streams=2)
+        d.set_voices([voice])
+        states = [d.start(voice) for _ in range(2)]
+        first = d.decode_chunks([(tokens[i][:8], s) for i, s in enumerate(states)])
+        steady = d.decode_chunks([(tokens[i][8:28], s) for i, (_, s) in enumerate(first)])
+        mels[enabled] = torch.cat([m.float() for m, _ in first + steady], 1)
+        for _, s in steady:
+            d.history.release(s.stream)
+    noise = (mels[True] - mels[False]).pow(2).mean()
+    assert 10 * torch.log10(mels[False].pow(2).mean() / noise) >= 40
