@@ -85,7 +85,11 @@ def run(args, llm: BesideLlm | None) -> None:
               flush=True)
     tokens = torch.randint(0, 16384, (max(sizes), sum(WARM_CHUNKS) + CHUNK), generator=g).tolist()
     mels, cascade_from, max_rows = {}, chunk_attention.CASCADE_FROM, prefetch_linear.MAX_ROWS
-    for variant, mode in [(v, m) for v in args.variants.split(",") for m in args.modes.split(",")]:
+    variants = args.variants.split(",")
+    # a variant named twice (to run it in both orders: a second decoder's first call measures slower) is labelled
+    # by its run, `per-block.1`, `per-block.2`
+    labels = [v if variants.count(v) == 1 else f"{v}.{variants[:i + 1].count(v)}" for i, v in enumerate(variants)]
+    for label, variant, mode in [(lb, v, m) for lb, v in zip(labels, variants) for m in args.modes.split(",")]:
         megakernel.ENABLED = variant == "megakernel"
         prefetch_linear.ENABLED = variant.startswith("prefetch")
         prefetch_linear.MAX_ROWS = 1 << 30 if variant == "prefetch-all" else max_rows
@@ -121,8 +125,8 @@ def run(args, llm: BesideLlm | None) -> None:
                 if llm is not None:
                     beside, llm_ms = llm.beside(lambda: timed(lambda: d.decode_chunks(rows), 10))
                     cell.update(beside_llm_ms=beside * 1e3, x_floor_beside_llm=beside / floor, llm_step_ms=llm_ms)
-                out["cells"][f"{variant} | {mode} | {n} | {shape}"] = cell
-                print(f"{variant:10s} {mode:8s} {n:3d} streams {shape:12s} {cell['ms']:7.2f} ms  "
+                out["cells"][f"{label} | {mode} | {n} | {shape}"] = cell
+                print(f"{label:10s} {mode:8s} {n:3d} streams {shape:12s} {cell['ms']:7.2f} ms  "
                       f"{cell['x_realtime']:6.0f}x RT  solved {solved:6d} frames  {cell['x_floor']:5.1f}x floor  "
                       f"{cell.get('kernels', '-')} kernels  SNR vs the first cell {cell['snr_vs_first_db']:.1f} dB",
                       flush=True)

@@ -21,9 +21,9 @@ from test_frame_ops import DEVICE, DTYPES, tolerance  # noqa: E402
 from services.vocoder.codec import frame_ops, prefetch_linear  # noqa: E402
 
 CUDA = torch.cuda.is_available()
-# (frames B x T, product K → N): odd sizes (masks), K over one chunk (2 and 3 of them); with CUDA the estimator's
+# (frames B x T, product K → N): odd sizes (masks), K over one chunk (2 and 3 of them), both tiles; with CUDA the estimator's
 # products (q|k|v, output, feed-forward, a convolution's unfolded frames) at 80 and 320 frames
-SHAPES = [(2, 19, 40, 24), (1, 37, 300, 70), (3, 7, 600, 33)] + (
+SHAPES = [(2, 19, 40, 24), (1, 37, 300, 70), (3, 7, 600, 33), (1, 170, 40, 72)] + (
     [(1, 80, 256, 768), (1, 80, 256, 256), (4, 80, 256, 1024), (4, 80, 1024, 256), (1, 80, 960, 256)] if CUDA else [])
 
 
