@@ -11,13 +11,13 @@ audio), and calls in the steady state of 20-token chunks (after 8, 8, 16: each s
 4 blocks, 1.6 s of audio) for N streams at once. x RT: seconds of audio the call makes per second. Floor: the
 estimator's multiply-adds for the frames the call solves over the card's measured bf16 matrix rate.
 
-Variants (--variants): `per-block`, each transformer block's seven kernels (the default); `megakernel`, a U-Net
+Variants (--variants): `prefetch`, each transformer block's seven kernels, its products up to
+prefetch_linear.MAX_ROWS frames with their weights read before the launch wait (the default), and `prefetch-all`
+at every size; `per-block`, the same with cuBLAS's products at every size; `megakernel`, a U-Net
 level's blocks in one persistent launch (codec/megakernel.py, off by default: slower); `no-cascade`, the per-block
 path with every row reading its voice prefix itself (chunk_attention.CASCADE_FROM = 0; today's default), and `cascade`,
 the voice prefix read once per voice from 16 streams (off by default: slower); `encoder-state`, the per-block path with
-the encoder run over each call's new tokens only (--flow-encoder-window 128; codec/encoder_state.py); `prefetch`, the
-per-block path with its products up to prefetch_linear.MAX_ROWS frames in codec/prefetch_linear.py's kernel (weights
-read before the launch wait), and `prefetch-all`, at every size. --kernels: each
+the encoder run over each call's new tokens only (--flow-encoder-window 128; codec/encoder_state.py). --kernels: each
 cell's kernels, counted by the profiler on one call run without its CUDA graph (the same kernels the graph holds), and
 per Euler step. --beside-llm: each cell timed again while the llm decodes beside it as in the stack (this process and
 an llm child clients of one MPS daemon, the llm's share 25%: 64 sequences at context 512, steps back to back:
@@ -59,8 +59,8 @@ def main():
     p.add_argument("--json")
     p.add_argument("--streams", default="1,16,32,64")
     p.add_argument("--modes", default="window,history", help="window, history or both")
-    p.add_argument("--variants", default="per-block",
-                   help="per-block, cascade, no-cascade, megakernel, encoder-state, prefetch, prefetch-all: one or more")
+    p.add_argument("--variants", default="prefetch",
+                   help="prefetch, prefetch-all, per-block, cascade, no-cascade, megakernel, encoder-state: one or more")
     p.add_argument("--kernels", action="store_true", help="count each cell's kernels with the profiler")
     p.add_argument("--beside-llm", action="store_true", help="time each cell again beside the llm's decode steps "
                    "(under an MPS daemon of this run's own, the llm at 25%%)")
@@ -91,7 +91,7 @@ def run(args, llm: BesideLlm | None) -> None:
     labels = [v if variants.count(v) == 1 else f"{v}.{variants[:i + 1].count(v)}" for i, v in enumerate(variants)]
     for label, variant, mode in [(lb, v, m) for lb, v in zip(labels, variants) for m in args.modes.split(",")]:
         megakernel.ENABLED = variant == "megakernel"
-        prefetch_linear.ENABLED = variant.startswith("prefetch")
+        prefetch_linear.ENABLED = variant != "per-block"
         prefetch_linear.MAX_ROWS = 1 << 30 if variant == "prefetch-all" else max_rows
         chunk_attention.CASCADE_FROM = {"no-cascade": 0, "cascade": CASCADE_FROM}.get(variant, cascade_from)
         d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=max(sizes) if mode == "history" else 0,
