@@ -50,7 +50,8 @@ def test_the_kernel_is_the_product(B, T, K, N, with_bias, gelu, dtype):
             want, exact = F.gelu(want), F.gelu(exact)
     assert got.shape == (B, T, N) and got.dtype == dtype
     torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
-    if dtype != torch.float32:  # rounded once: no further from float32's answer than PyTorch's
+    if gelu and dtype != torch.float32:  # rounded once, where PyTorch rounds the product and then its GELU: no
+        # further from float32's answer than PyTorch's (a plain product both round once: equally close, either ahead)
         assert (got.float() - exact).abs().mean() <= 1.05 * (want.float() - exact).abs().mean()
 
 
