@@ -6,13 +6,16 @@ then launches the second and schedules its programs; beside the other service's 
 every kernel. With PDL a kernel is launched while the one before it still runs: its programs start, wait
 (`griddepcontrol.wait`) until the kernel before has finished and its writes are visible, then let the next kernel
 launch (`griddepcontrol.launch_dependents`). Only kernels that both wait and are launched this way overlap, so
-`pdl()` decides both: a kernel launched with it must call `inputs_ready(PDL)` before its first load.
+`pdl()` decides both: a kernel launched with it must call `inputs_ready(PDL)` before its first load of anything
+an earlier kernel writes (loads of what none writes, such as weights, may come before it).
 
 Measured on an H100 (docs/benchmarks.md): alone a flow call is no faster (the gap between two kernels in a
 graph is under a microsecond), but beside the llm it is: a 6-window call 77-78 → 74 ms (bench/studies/gpu_sharing.py
---flow-variant), in the stack ~77 → ~69 ms a call, and 15-22% more turns admitted at Poisson 30/s. The products
-stay cuBLAS's: Triton's, launched the same way so that every kernel overlaps, were slower at these sizes. The llm's
-kernels launch so too (its norms, q/k norm with RoPE, attention, activation, sampling).
+--flow-variant), in the stack ~77 → ~69 ms a call, and 15-22% more turns admitted at Poisson 30/s. Triton's products that wait
+before every load were slower than cuBLAS's at these sizes; ones that load their weights before the wait (nothing
+before them writes weights) are faster at a stream's few frames: a first flow call 24.6 → 18.7-19.0 ms on an H200
+(codec/prefetch_linear.py). The llm's kernels launch so too (its norms, q/k norm with RoPE, attention, activation,
+sampling).
 
 Safe by order: kernel n+1 starts after kernel n let it, which is after kernel n's wait returned, which is after kernel
 n-1 finished. So when a kernel's wait returns, every kernel before it has finished, whatever it wrote.

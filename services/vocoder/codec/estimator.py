@@ -15,8 +15,9 @@ blocks. On an H100 the reference's layout spent more time transposing, normalisi
 elementwise kernels over strided tensors than in its matrix products (docs/benchmarks.md).
 
 Kernels: what lies between two matrix products is one kernel (frame_ops.py): a resnet block's norm, Mish and time
-term; a residual with the next block's LayerNorm; the feed-forward's GELU runs in its first product's kernel
-(fused_linear.py). The reference's masks are left out: every convolution is causal and the attention reads a row's
+term; a residual with the next block's LayerNorm; the feed-forward's GELU runs in its first product's kernel. The
+products at a stream's few frames load their weights before the launch wait (prefetch_linear.py); above, cuBLAS's
+(with fused_linear.py's GELU). The reference's masks are left out: every convolution is causal and the attention reads a row's
 valid frames only, so a padding frame never reaches a valid one; the solver zeroes the velocity past them
 (frame_ops.euler_step). The time terms do not depend on the frames at all: they are computed for every Euler step at
 once (`time_terms`), not in each step.
