@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton", reason="triton is not importable; the codec's products untested")
 
-from test_frame_ops import DEVICE, DTYPES, tolerance  # noqa: E402
+from test_frame_ops import DTYPES, tolerance  # noqa: E402
+from test_fused_linear import product  # noqa: E402  (x [B, T, K], weight [N, K], bias [N], seeded)
 
 from services.vocoder.codec import frame_ops, prefetch_linear  # noqa: E402
 
@@ -25,14 +26,6 @@ CUDA = torch.cuda.is_available()
 # products (q|k|v, output, feed-forward, a convolution's unfolded frames) at 80 and 320 frames
 SHAPES = [(2, 19, 40, 24), (1, 37, 300, 70), (3, 7, 600, 33), (1, 170, 40, 72)] + (
     [(1, 80, 256, 768), (1, 80, 256, 256), (4, 80, 256, 1024), (4, 80, 1024, 256), (1, 80, 960, 256)] if CUDA else [])
-
-
-def product(B, T, K, N, dtype, seed):
-    gen = torch.Generator(DEVICE).manual_seed(seed)
-    x = torch.randn(B, T, K, generator=gen, device=DEVICE).to(dtype)
-    weight = (torch.randn(N, K, generator=gen, device=DEVICE) / K ** 0.5).to(dtype)
-    bias = torch.randn(N, generator=gen, device=DEVICE).to(dtype)
-    return x, weight, bias
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
