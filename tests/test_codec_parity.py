@@ -3,6 +3,8 @@ name into ours, and the same tokens, prompt, x-vector and noise give the same me
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -31,9 +33,20 @@ def flows():
     return ref, ours
 
 
-@pytest.mark.parametrize("streaming,finalize", [(False, True), (True, True), (True, False)])
-def test_flow_mel_matches_reference(flows, streaming, finalize):
+@pytest.mark.parametrize("streaming,finalize,products", [(False, True, "pytorch"), (True, True, "pytorch"),
+                                                         (True, False, "pytorch"), (True, True, "prefetch kernel")])
+def test_flow_mel_matches_reference(flows, streaming, finalize, products, monkeypatch):
+    """products: the estimator's matrix products by PyTorch (on a CPU, as served there), or by prefetch_linear.py's
+    Triton kernel (as served on a GPU; here in Triton's interpreter, float32)."""
     ref, ours = flows
+    kernel_calls = []
+    if products == "prefetch kernel":
+        from services.vocoder.codec import prefetch_linear
+
+        real = prefetch_linear.kernel
+        monkeypatch.setattr(prefetch_linear, "frame_ops", SimpleNamespace(on_gpu=lambda x: True))  # this module's only
+        monkeypatch.setattr(prefetch_linear, "kernel", lambda *a: kernel_calls.append(1) or real(*a))
+        monkeypatch.setattr(prefetch_linear, "TILE", (128, 64, 4))  # few programs: the interpreter runs each in turn
     torch.manual_seed(1)
     P, N = 6, 13  # prompt tokens, tokens (the last pre_lookahead_len are look-ahead context unless finalize)
     prompt, tokens = torch.randint(0, 1024, (1, P)), torch.randint(0, 1024, (1, N))
@@ -50,6 +63,7 @@ def test_flow_mel_matches_reference(flows, streaming, finalize):
     assert mel.shape == expected.shape
     torch.testing.assert_close(mel, expected, atol=1e-4, rtol=1e-4)
     assert expected.abs().max() > 0.5  # a real signal, not zeros compared with zeros
+    assert bool(kernel_calls) == (products == "prefetch kernel")
 
 
 def test_hift_waveform_matches_reference():

@@ -77,6 +77,11 @@ def kernel(x, weight, bias=None):
 
 if triton is not None:
     @triton.jit
+    def exact_gelu(h):
+        """The reference's GELU, h · Φ(h) by erf (not the tanh form), on float32 sums."""
+        return 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))
+
+    @triton.jit
     def _linear_gelu(X, W, BIAS, OUT, M, N, inner, sx, sw, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         inputs_ready(PDL)
@@ -97,6 +102,6 @@ if triton is not None:
                 acc = tl.dot(a, w, acc)
         if HAS_BIAS:
             acc += tl.load(BIAS + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+        acc = exact_gelu(acc)
         tl.store(OUT + offs_m[:, None] * N + offs_n[None, :], acc.to(OUT.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])

@@ -56,6 +56,7 @@ except ImportError:  # pragma: no cover (CI installs triton; the per-block path 
 else:
     from services.vocoder.codec.chunk_attention import _online_softmax_step, _read_all
     from services.vocoder.codec.frame_ops import _layer_norm
+    from services.vocoder.codec.fused_linear import exact_gelu
 
 ENABLED = False         # off: slower than the per-block kernels at every call size measured (module docstring)
 STAGES = 7              # per block: q|k|v, attention, output (+ keep), norm3, ff1 + GELU, ff2, the next block's norm1
@@ -269,7 +270,7 @@ if triton is not None:
             if HAS_BIAS:
                 acc += tl.load(BIAS + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
             if GELU:
-                acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+                acc = exact_gelu(acc)
             ok = row_ok[:, None] & col_ok[None, :]
             if RESIDUAL:
                 acc += tl.load(RES + offs_m[:, None] * so + offs_n[None, :], mask=ok, other=0.0,

@@ -38,6 +38,7 @@ except ImportError:  # pragma: no cover (CI installs triton; the PyTorch form ne
     triton = None
 else:
     from services.common.launch import inputs_ready
+    from services.vocoder.codec.fused_linear import exact_gelu
 
 ENABLED = True     # False: cuBLAS's products at every size (bench/codec_history.py's `per-block` variant)
 MAX_ROWS = 160     # frames (rows of x) up to which the kernel runs (a call of one stream); cuBLAS's products above
@@ -57,7 +58,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def tiles(M: int, N: int, K: int) -> tuple[int, int, int]:
+def tiles(M: int) -> tuple[int, int, int]:
     """(frames, channels, warps) per program: 16 x 16 on 2 warps up to 160 frames (a call of one stream: 5 frame
     tiles, 16-64 channel tiles, a weight slice of 8-32 KB), 32 x 64 on 4 warps above. On an H200, the fastest of six
     tiles for a chain of 56 blocks at 80 and 160 frames, and at 320 and 640 (bench/studies/prefetch_linear.py)."""
@@ -78,7 +79,7 @@ def kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
     M = x2.shape[0]
     out = torch.empty(*x.shape[:-1], N, device=x.device, dtype=x.dtype)
-    block_m, block_n, warps = tiles(M, N, K)
+    block_m, block_n, warps = tiles(M)
     chunk = min(K_CHUNK, triton.next_power_of_2(K))
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
     pdl = launch.pdl(x)
@@ -139,6 +140,6 @@ if triton is not None:
         if HAS_BIAS:
             acc += b[None, :]
         if GELU:
-            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+            acc = exact_gelu(acc)
         tl.store(OUT + offs_m[:, None] * N + offs_n[None, :], acc.to(OUT.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
