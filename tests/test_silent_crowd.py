@@ -59,9 +59,12 @@ async def crowd(gateway, stack, silent_key, reader_keys):
     calls = [gateway_pb2_grpc.GatewayStub(channels[i % 8]).Synthesize(
         gateway_pb2.SynthesizeRequest(text=f"a long reply nobody reads {i}", sampling=LONG), timeout=90,
         metadata=metadata(silent_key)) for i in range(SILENT)]
-    # as many turns held as the llm runs at once, more waiting: held turns that kept their running places would fill
-    # its batch (the llm used to fail every request it had then, saying its cache was full)
-    await wait_until(lambda: llm("llm_requests_held") >= 16, 60, "the llm never held 16 turns")
+    # more turns held and running than the llm runs at once: a held turn's running place went to a waiting one. Held
+    # turns that kept their running places would fill its batch (the llm used to fail every request it had then,
+    # saying its cache was full). (Not 16 held at once: each held turn ends STALL_SECONDS after its client's last
+    # take, and on a slow CPU a wave's turns are held over longer than that.)
+    await wait_until(lambda: llm("llm_requests_held") and llm("llm_requests_held") + llm("llm_requests_running") > 16,
+                     60, "no held turn's running place went to a waiting turn")
 
     async def read(key, i):
         async with grpc.aio.insecure_channel(gateway.target) as channel:
