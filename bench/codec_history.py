@@ -11,9 +11,11 @@ audio), and calls in the steady state of 20-token chunks (after 8, 8, 16: each s
 4 blocks, 1.6 s of audio) for N streams at once. x RT: seconds of audio the call makes per second. Floor: the
 estimator's multiply-adds for the frames the call solves over the card's measured bf16 matrix rate.
 
-Variants (--variants): `prefetch`, each transformer block's seven kernels, its products up to
-prefetch_linear.MAX_ROWS frames with their weights read before the launch wait (the default), and `prefetch-all`
-at every size; `per-block`, the same with cuBLAS's products at every size; `megakernel`, a U-Net
+Variants (--variants): `prefetch`, the estimator's products up to prefetch_linear.MAX_ROWS frames with their
+weights read before the launch wait, and there each transformer block in five kernels, its norms, residuals and kept
+keys inside its products (the default); `prefetch-apart`, the same products with the block's seven kernels (its
+per-frame kernels apart: prefetch_linear.FOLD off); `prefetch-all`, the kernel at every size (folded where it runs);
+`per-block`, the seven kernels with cuBLAS's products at every size; `megakernel`, a U-Net
 level's blocks in one persistent launch (codec/megakernel.py, off by default: slower); `no-cascade`, the per-block
 path with every row reading its voice prefix itself (chunk_attention.CASCADE_FROM = 0; today's default), and `cascade`,
 the voice prefix read once per voice from 16 streams (off by default: slower); `encoder-state`, the per-block path with
@@ -60,7 +62,8 @@ def main():
     p.add_argument("--streams", default="1,16,32,64")
     p.add_argument("--modes", default="window,history", help="window, history or both")
     p.add_argument("--variants", default="prefetch",
-                   help="prefetch, prefetch-all, per-block, cascade, no-cascade, megakernel, encoder-state: one or more")
+                   help="prefetch, prefetch-apart, prefetch-all, per-block, cascade, no-cascade, megakernel, "
+                        "encoder-state: one or more")
     p.add_argument("--kernels", action="store_true", help="count each cell's kernels with the profiler")
     p.add_argument("--beside-llm", action="store_true", help="time each cell again beside the llm's decode steps "
                    "(under an MPS daemon of this run's own, the llm at 25%%)")
@@ -93,6 +96,7 @@ def run(args, llm: BesideLlm | None) -> None:
         megakernel.ENABLED = variant == "megakernel"
         prefetch_linear.ENABLED = variant != "per-block"
         prefetch_linear.MAX_ROWS = 1 << 30 if variant == "prefetch-all" else max_rows
+        prefetch_linear.FOLD = variant != "prefetch-apart"
         chunk_attention.CASCADE_FROM = {"no-cascade": 0, "cascade": CASCADE_FROM}.get(variant, cascade_from)
         d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=max(sizes) if mode == "history" else 0,
                              encoder_window=ENCODER_WINDOW if variant == "encoder-state" else 0)

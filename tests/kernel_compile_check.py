@@ -146,11 +146,19 @@ KERNELS = {
     "codec: a product at few frames, its weights read before the wait (K 256)": (
         prefetch_linear._prefetch_linear, *signature(
             prefetch_linear._prefetch_linear, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
-            dict(HAS_BIAS=True, GELU=False, IEEE=False, CHUNK=256, CHUNKS=1, BLOCK_M=32, BLOCK_N=32, PDL=True)), 4),
+            dict(HAS_BIAS=True, GELU=False, NORM=False, RESIDUAL=False, KEEP=False, HEADS=1, HEAD_D=1, HEADS_HERE=1,
+                 IEEE=False, CHUNK=256, CHUNKS=1, BLOCK_M=32, BLOCK_N=32, PDL=True)), 4),
     "codec: a product at few frames, its weights read before the wait (K 1024, GELU)": (
         prefetch_linear._prefetch_linear, *signature(
             prefetch_linear._prefetch_linear, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
-            dict(HAS_BIAS=True, GELU=True, IEEE=False, CHUNK=256, CHUNKS=4, BLOCK_M=32, BLOCK_N=16, PDL=True)), 4),
+            dict(HAS_BIAS=True, GELU=True, NORM=False, RESIDUAL=False, KEEP=False, HEADS=1, HEAD_D=1, HEADS_HERE=1,
+                 IEEE=False, CHUNK=256, CHUNKS=4, BLOCK_M=32, BLOCK_N=16, PDL=True)), 4),
+    "codec: a product at few frames, its weights read before the wait (K 256, a norm folded in, a residual, kept keys)": (
+        prefetch_linear._prefetch_linear, *signature(
+            prefetch_linear._prefetch_linear, {**FRAME_NORM_PTRS, "X": BF16, "W": BF16, "BIAS": BF16, "GAMMA": BF16,
+                                               "BETA": BF16, "OUT": BF16}, ("eps",),
+            dict(HAS_BIAS=True, GELU=True, NORM=True, RESIDUAL=True, KEEP=True, HEADS=8, HEAD_D=64, HEADS_HERE=1,
+                 IEEE=False, CHUNK=256, CHUNKS=1, BLOCK_M=16, BLOCK_N=16, PDL=True)), 2),
     "codec: causal unfold with a prompt prefix": (frame_ops._causal_unfold, *signature(
         frame_ops._causal_unfold, {"X": BF16, "FRAMES": BF16, "ROWS": "*i64", "KEEP_ROWS": "*i64", "LENGTHS": "*i32",
                                    "OUT": BF16}, (),

@@ -3,8 +3,6 @@ name into ours, and the same tokens, prompt, x-vector and noise give the same me
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -44,8 +42,9 @@ def test_flow_mel_matches_reference(flows, streaming, finalize, products, monkey
         from services.vocoder.codec import prefetch_linear
 
         real = prefetch_linear.kernel
-        monkeypatch.setattr(prefetch_linear, "frame_ops", SimpleNamespace(on_gpu=lambda x: True))  # this module's only
-        monkeypatch.setattr(prefetch_linear, "kernel", lambda *a: kernel_calls.append(1) or real(*a))
+        monkeypatch.setattr(prefetch_linear, "on_gpu", lambda x: True)  # this module's only (the norms fold in)
+        # (each call: whether it folds a norm in)
+        monkeypatch.setattr(prefetch_linear, "kernel", lambda *a: kernel_calls.append(a[4] is not None) or real(*a))
         monkeypatch.setattr(prefetch_linear, "TILE", (128, 64, 4))  # few programs: the interpreter runs each in turn
     torch.manual_seed(1)
     P, N = 6, 13  # prompt tokens, tokens (the last pre_lookahead_len are look-ahead context unless finalize)
@@ -64,6 +63,7 @@ def test_flow_mel_matches_reference(flows, streaming, finalize, products, monkey
     torch.testing.assert_close(mel, expected, atol=1e-4, rtol=1e-4)
     assert expected.abs().max() > 0.5  # a real signal, not zeros compared with zeros
     assert bool(kernel_calls) == (products == "prefetch kernel")
+    assert any(kernel_calls) == (products == "prefetch kernel")  # the transformer blocks folded
 
 
 def test_hift_waveform_matches_reference():

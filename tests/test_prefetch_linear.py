@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton", reason="triton is not importable; the codec's products untested")
 
-from test_frame_ops import DTYPES, tolerance  # noqa: E402
+from test_frame_ops import DEVICE, DTYPES, layer_norm, tolerance  # noqa: E402
 from test_fused_linear import product  # noqa: E402  (x [B, T, K], weight [N, K], bias [N], seeded)
 
 from services.vocoder.codec import frame_ops, prefetch_linear  # noqa: E402
@@ -48,6 +48,79 @@ def test_the_kernel_is_the_product(B, T, K, N, with_bias, gelu, dtype):
         assert (got.float() - exact).abs().mean() <= 1.05 * (want.float() - exact).abs().mean()
 
 
+FOLD_SHAPES = [(2, 19, 40, 24), (1, 37, 200, 70)] + ([(1, 80, 256, 768), (1, 80, 256, 1024)] if CUDA else [])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gelu", [False, True], ids=["plain", "gelu"])
+@pytest.mark.parametrize("B,T,K,N", FOLD_SHAPES)
+def test_the_kernel_folds_a_norm_and_a_residual(B, T, K, N, gelu, dtype):
+    """[gelu](norm(x) @ W.T + b) + residual: the norm made as the frames load (rounded as frame_norm stores it), the
+    residual added before the one rounding."""
+    x, weight, bias = product(B, T, K, N, dtype, seed=K + N)
+    norm = layer_norm(K, seed=N, dtype=dtype)
+    residual = product(B, T, N, 1, dtype, seed=N)[0]
+    with torch.inference_mode():
+        got = prefetch_linear.kernel(x, weight, bias, gelu, norm, residual)
+        want = (F.gelu if gelu else lambda t: t)(F.linear(norm(x), weight, bias)) + residual
+        plain = prefetch_linear.kernel(x, weight, bias, gelu, norm)
+    assert got.shape == (B, T, N) and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
+    torch.testing.assert_close(plain.float(), (want - residual).float(), **tolerance(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N", [40, 200], ids=["fewer-programs-than-heads", "more"])
+def test_the_kernel_keeps_keys_and_values_as_frame_norm_does(N, dtype):
+    """The output product's keep: each row's last `ring` frames into its ring (more than it holds, fewer, none),
+    wrapping, other rows untouched; the heads shared out among a frame tile's programs (16 channels a program: 3 of
+    them for 5 heads, or 13), every head copied once. Exactly frame_ops.keep_reference's copy."""
+    gen = torch.Generator(DEVICE).manual_seed(12)
+    B, H, T, d, ring = 3, 5, 29, 16, 12
+    qkv = torch.randn(B, T, 3, H, d, generator=gen, device=DEVICE).to(dtype)
+    _, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)                          # the estimator's strides
+    hk, hv = (torch.randn(5, H, ring, d, generator=gen, device=DEVICE).to(dtype) for _ in range(2))
+    rows, at = torch.tensor([2, 0, 4], device=DEVICE), torch.tensor([3, 5, 0], device=DEVICE)
+    lengths = torch.tensor([T, 7, 0], dtype=torch.int32, device=DEVICE)
+    x, weight, bias = product(B, T, H * d, N, dtype, seed=4)
+    residual = product(B, T, N, 1, dtype, seed=5)[0]
+    mine, theirs = (hk.clone(), hv.clone()), (hk.clone(), hv.clone())
+    with torch.inference_mode():
+        got = prefetch_linear.kernel(x, weight, bias, residual=residual, keep=(k, v, *mine, rows, at, lengths))
+    frame_ops.keep_reference(k, v, *theirs, rows, at, lengths)
+    torch.testing.assert_close(got.float(), (F.linear(x, weight, bias) + residual).float(), **tolerance(dtype))
+    for a, b in zip(mine, theirs):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)                    # a copy: exact
+    assert not torch.equal(mine[0][2], hk[2]) and torch.equal(mine[0][1], hk[1])  # a row's frames in; no row: untouched
+
+
+def test_a_norm_over_more_than_one_chunk_is_refused():
+    x, weight, _ = product(1, 4, prefetch_linear.K_CHUNK + 8, 8, torch.float32, seed=1)
+    with pytest.raises(ValueError, match="whole frames"):
+        prefetch_linear.kernel(x, weight, norm=layer_norm(x.shape[-1], 1, torch.float32))
+
+
+def test_streamed_blocks_with_their_norms_folded_are_the_blocks_apart(monkeypatch):
+    """A stream's calls (a stream history: its kept keys) at the tiny codec's size, the transformer blocks folded
+    into the kernel (Triton's interpreter, float32) against the same calls apart (PyTorch): the same mel."""
+    from test_codec_stream import SCHEDULES, codes, stream_mel
+
+    from services.vocoder.loader import FlowOptions, load_vocoder
+
+    v = load_vocoder(None, "tiny-codec", flow=FlowOptions(history_streams=2))
+    tokens, schedule = codes(40), SCHEDULES["gateway"]
+    apart = stream_mel(v, tokens, schedule)
+    folded = []
+    real = prefetch_linear.kernel
+    monkeypatch.setattr(prefetch_linear, "on_gpu", lambda x: True)
+    monkeypatch.setattr(prefetch_linear, "kernel", lambda *a: folded.append(a[6] is not None) or real(*a))
+    monkeypatch.setattr(prefetch_linear, "TILE", (128, 64, 4))  # few programs: the interpreter runs each in turn
+    got = stream_mel(v, tokens, schedule)
+    assert any(folded)                                            # the keys kept by the output product
+    torch.testing.assert_close(got, apart, atol=1e-4, rtol=1e-4)
+    assert apart.abs().max() > 0.5
+
+
 def test_frames_read_through_a_view():
     """q|k|v's frames and a causal convolution's unfolded ones may be views whose rows are wider than K."""
     wide, weight, bias = product(2, 9, 96, 40, torch.float32, seed=3)
@@ -72,7 +145,7 @@ def test_linear_runs_the_kernel_only_where_it_is_meant_to(monkeypatch):
     torch.testing.assert_close(prefetch_linear.linear(x, weight, bias, gelu=True), F.gelu(want))
     calls = []
     monkeypatch.setattr(prefetch_linear, "kernel", lambda *a: calls.append(a[3]) or want)
-    monkeypatch.setattr(frame_ops, "on_gpu", lambda t: True)
+    monkeypatch.setattr(prefetch_linear, "on_gpu", lambda t: True)
     monkeypatch.setattr(prefetch_linear, "ENABLED", True)
     prefetch_linear.linear(x, weight, bias, gelu=True)
     assert calls == [True]
@@ -89,8 +162,9 @@ def test_linear_runs_the_kernel_only_where_it_is_meant_to(monkeypatch):
 
 
 def test_the_weights_load_before_the_wait_in_what_a_gpu_runs():
-    """Compiled for sm_90 here (no GPU needed): every load of the weight slice comes before `griddepcontrol.wait`,
-    every load of the frames after it, and nothing is stored before it."""
+    """Compiled for sm_90 here (no GPU needed): every load of the weight slice (and a folded norm's gamma and beta)
+    comes before `griddepcontrol.wait`, every load of the frames after it, and nothing is stored before it (the kept
+    keys are stored after it: the attention before reads the rings)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # (compiled, not interpreted)
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "tests"), str(root / "protos"), env.get("PYTHONPATH", "")])
@@ -101,18 +175,21 @@ def test_the_weights_load_before_the_wait_in_what_a_gpu_runs():
     done = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
                           timeout=600, check=True).stdout
     kernels = done.split("KERNEL ")[1:]
-    assert len(kernels) == 2
+    assert len(kernels) == 3
     for text in kernels:
         name, ptx = text.split("\n", 1)
-        chunks = 4 if "1024" in name else 1
+        folded = "norm folded in" in name
+        # (chunks of K, BLOCK_N, threads): kernel_compile_check's entries
+        chunks, block_n, threads = (4, 16, 128) if "1024" in name else (1, 16, 64) if folded else (1, 32, 128)
         lines = [line.strip() for line in ptx.splitlines()]
         wait = [i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")]
         loads = [i for i, line in enumerate(lines) if "ld.global" in line]
         assert len(wait) == 1, name
         before = [i for i in loads if i < wait[0]]
-        # the weight slice [256 x BLOCK_N] a chunk, bf16, in 128 threads: at least 256·BLOCK_N·2 / (128·16) vector loads
-        block_n = 16 if chunks == 4 else 32
-        assert len(before) >= chunks * 256 * block_n * 2 // (128 * 16), (name, len(before))
+        # the weight slice [256 x BLOCK_N] a chunk, bf16: at least 256·BLOCK_N·2 / (threads·16) vector loads a thread,
+        # and with a norm its gamma and beta (256 each) too
+        weight = chunks * 256 * block_n * 2 // (threads * 16)
+        assert len(before) >= weight + 2 * folded, (name, len(before))
         assert any(i > wait[0] for i in loads), name                          # the frames, after it
         assert not any("st.global" in line for line in lines[: wait[0]]), name
         assert any("mma" in line for line in lines[wait[0]:]), name

@@ -16,11 +16,12 @@ elementwise kernels over strided tensors than in its matrix products (docs/bench
 
 Kernels: what lies between two matrix products is one kernel (frame_ops.py): a resnet block's norm, Mish and time
 term; a residual with the next block's LayerNorm; the feed-forward's GELU runs in its first product's kernel. The
-products at a stream's few frames load their weights before the launch wait (prefetch_linear.py); above, cuBLAS's
-(with fused_linear.py's GELU). The reference's masks are left out: every convolution is causal and the attention reads a row's
-valid frames only, so a padding frame never reaches a valid one; the solver zeroes the velocity past them
-(frame_ops.euler_step). The time terms do not depend on the frames at all: they are computed for every Euler step at
-once (`time_terms`), not in each step.
+products at a stream's few frames load their weights before the launch wait (prefetch_linear.py), and there a
+transformer block's norms, residuals and kept keys run inside its products (`BasicTransformerBlock.folded`: five
+kernels, not seven); above, cuBLAS's (with fused_linear.py's GELU). The reference's masks are left out: every
+convolution is causal and the attention reads a row's valid frames only, so a padding frame never reaches a valid
+one; the solver zeroes the velocity past them (frame_ops.euler_step). The time terms do not depend on the frames at
+all: they are computed for every Euler step at once (`time_terms`), not in each step.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.vocoder.codec import megakernel
+from services.vocoder.codec import megakernel, prefetch_linear
 from services.vocoder.codec.chunk_attention import chunk_attention
 from services.vocoder.codec.config import EstimatorConfig
 from services.vocoder.codec.frame_ops import causal_unfold, frame_norm, taps_weight
@@ -131,13 +132,20 @@ class Attention(nn.Module):
         """x [B, T, dim]; lengths [B]: each row's valid frames (keys past them are not read); chunk: static-chunk
         frames (0: none); prefix: a prompt prefix, or a stream history, read before the row's keys (prefix.py,
         history.py) → ([B, T, dim], what the next per-frame kernel keeps of k and v: frame_ops.frame_norm's `keep`,
-        or None). q, k and v in one matrix product."""
+        or None)."""
+        attended, keep = self.attend(x, lengths, chunk, prefix)
+        out = self.to_out[0]
+        return linear(attended, out.weight, out.bias), keep
+
+    def attend(self, x: torch.Tensor, lengths: torch.Tensor, chunk: int, prefix=None, norm: nn.LayerNorm | None = None):
+        """As forward, before the output product: → ([B, T, heads·d], keep). q, k and v in one matrix product (of
+        norm(x) with `norm`, inside it: prefetch_linear.linear)."""
         B, T, _ = x.shape
-        q, k, v = linear(x, self.qkv_weight).view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [B, heads, T, d] each
+        qkv = linear(x, self.qkv_weight, norm=norm)
+        q, k, v = qkv.view(B, T, 3, self.heads, -1).permute(2, 0, 3, 1, 4)  # [B, heads, T, d] each
         before = {} if prefix is None else prefix.kv(self.slot, k, v)
         keep = None if prefix is None else prefix.keep(self.slot, k, v)
-        out = self.to_out[0]
-        return linear(chunk_attention(q, k, v, lengths, chunk, **before), out.weight, out.bias), keep
+        return chunk_attention(q, k, v, lengths, chunk, **before), keep
 
 
 class BasicTransformerBlock(nn.Module):
@@ -154,6 +162,17 @@ class BasicTransformerBlock(nn.Module):
         attended, keep = self.attn1(normed, lengths, chunk, prefix)
         x, normed = frame_norm(attended, residual=x, then=self.norm3, keep=keep)
         return frame_norm(self.ff(normed), residual=x, then=then)
+
+    def folded(self, x: torch.Tensor, lengths: torch.Tensor, chunk: int, prefix=None) -> torch.Tensor:
+        """forward's math in five kernels where prefetch_linear's kernel runs, no per-frame kernel between: norm1
+        inside q|k|v's product, the residual and the kept keys inside the output product, norm3 inside the
+        feed-forward's first, the residual inside its second. x [B, T, dim] → [B, T, dim]."""
+        attended, keep = self.attn1.attend(x, lengths, chunk, prefix, norm=self.norm1)
+        out = self.attn1.to_out[0]
+        x = linear(attended, out.weight, out.bias, residual=x, keep=keep)
+        gelu, _, ff_out = self.ff.net
+        return linear(linear(x, gelu.proj.weight, gelu.proj.bias, gelu=True, norm=self.norm3), ff_out.weight,
+                      ff_out.bias, residual=x)
 
 
 class TimestepEmbedding(nn.Module):
@@ -218,9 +237,17 @@ class CausalConditionalDecoder(nn.Module):
         and convolution inputs it holds; or, recording, it keeps the frames' own."""
         chunk = self.cfg.static_chunk_size if streaming else 0
         terms = iter(time_terms.unbind(1))
+        ch = self.cfg.channels[0]
+        fold = (prefetch_linear.FOLD and prefetch_linear.runs(h, ch) and ch <= prefetch_linear.K_CHUNK
+                and not megakernel.ENABLED)
 
         def level(resnet, blocks, x):
             term = next(terms)
+            if fold:  # (the blocks norm their own inputs)
+                x = resnet(x, term, prefix)
+                for block in blocks:
+                    x = block.folded(x, lengths, chunk, prefix)
+                return x
             x, normed = resnet(x, term, prefix, then=blocks[0].norm1) if blocks else (resnet(x, term, prefix), None)
             if blocks and megakernel.usable(x, prefix):  # the level's blocks in one launch
                 return megakernel.run_blocks(self.transformer_blocks, blocks[0].attn1.slot, len(blocks), x, normed,

@@ -91,17 +91,26 @@ def kernel(h, norm=None, mish=False, rows=None, residual=None, then=None, keep=N
     w2, b2, eps2 = (then.weight, then.bias, then.eps) if then is not None else (unused, unused, 0.0)
     row_terms = rows if rows is not None else unused
     row_stride = 0 if rows is None or rows.shape[0] == 1 else rows.stride(0)
-    k, v, ring_k, ring_v, hrows, at, lengths = keep if keep is not None else (h, h, h, h, h2, h2, h2)  # unread
-    strides = [*k.stride()[:3], *v.stride()[:3], *ring_k.stride()[:3], *ring_v.stride()[:3]] if keep else [0] * 12
+    kept, strides, ring, heads, head_d = keep_arguments(keep, h)
     grid = (triton.cdiv(B * T, ROWS_PER_PROGRAM),)
-    _frame_norm[grid](h2, w1, b1, row_terms, res, w2, b2, out, second, k, v, ring_k, ring_v, hrows, at, lengths,
-                      B * T, T, C, h2.stride(0), row_stride, res.stride(0), *strides,
-                      ring_k.shape[2] if keep else 1, eps1, eps2,
+    _frame_norm[grid](h2, w1, b1, row_terms, res, w2, b2, out, second, *kept, B * T, T, C, h2.stride(0), row_stride,
+                      res.stride(0), *strides, ring, eps1, eps2,
                       NORM=norm is not None, MISH=mish, ROWS=rows is not None, RESIDUAL=residual is not None,
-                      THEN=then is not None, KEEP=keep is not None, HEADS=k.shape[1] if keep else 1,
-                      HEAD_D=k.shape[3] if keep else 1, BLOCK_M=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C),
-                      PDL=(pdl := launch.pdl(h)), launch_pdl=pdl)
+                      THEN=then is not None, KEEP=keep is not None, HEADS=heads, HEAD_D=head_d,
+                      BLOCK_M=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C), PDL=(pdl := launch.pdl(h)),
+                      launch_pdl=pdl)
     return (out, second) if then is not None else out
+
+
+def keep_arguments(keep: tuple | None, unused: torch.Tensor):
+    """frame_norm's `keep` → what a kernel's _keep_frames takes: (k, v, ring keys, ring values, rows, at, lengths),
+    their twelve strides (k's, v's and the rings' first three), the ring's frames, heads and head width; without a
+    keep, tensors the kernel does not read and placeholders."""
+    if keep is None:
+        return (unused,) * 7, [0] * 12, 1, 1, 1
+    k, v, ring_k, ring_v = keep[:4]
+    strides = [*k.stride()[:3], *v.stride()[:3], *ring_k.stride()[:3], *ring_v.stride()[:3]]
+    return keep, strides, ring_k.shape[2], k.shape[1], k.shape[3]
 
 
 # ---- causal_unfold -----------------------------------------------------------------------------------------
@@ -191,15 +200,42 @@ def euler_kernel(inputs, v, mask, dt, cfg_rate):
 
 if triton is not None:
     @triton.jit
-    def _layer_norm(x, col_ok, W, B, C, eps, BLOCK_C: tl.constexpr):
-        """x [M, BLOCK_C] float32 (zeros past C) → LayerNorm over its C channels, times W plus B."""
-        offs_c = tl.arange(0, BLOCK_C)
+    def _normalize(x, col_ok, w, b, C, eps):
+        """x [M, BLOCK_C] float32 (zeros past C) → LayerNorm over its C channels, times w plus b ([BLOCK_C] float32,
+        zeros past C: so are the result's)."""
         mean = tl.sum(x, 1) / C
         d = tl.where(col_ok[None, :], x - mean[:, None], 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(d * d, 1) / C + eps)
+        return d * rstd[:, None] * w[None, :] + b[None, :]
+
+    @triton.jit
+    def _layer_norm(x, col_ok, W, B, C, eps, BLOCK_C: tl.constexpr):
+        """x [M, BLOCK_C] float32 (zeros past C) → LayerNorm over its C channels, times W plus B."""
+        offs_c = tl.arange(0, BLOCK_C)
         w = tl.load(W + offs_c, mask=col_ok, other=0.0).to(tl.float32)
         b = tl.load(B + offs_c, mask=col_ok, other=0.0).to(tl.float32)
-        return d * rstd[:, None] * w[None, :] + b[None, :]
+        return _normalize(x, col_ok, w, b, C, eps)
+
+    @triton.jit
+    def _keep_frames(offs_m, row_ok, T, K, V, KR, VR, KEEP_ROWS, AT, LENGTHS, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
+                     skr_r, skr_h, skr_t, svr_r, svr_h, svr_t, ring, first_head, HEADS: tl.constexpr,
+                     HEAD_D: tl.constexpr, HEADS_HERE: tl.constexpr):
+        """Frames offs_m's keys and values, heads first_head .. + HEADS_HERE (those below HEADS), into their stream's
+        ring: a row's last `ring` frames, the i-th at place (at + i) % ring (frame_norm's `keep`)."""
+        b, t = offs_m // T, offs_m % T
+        n = tl.load(LENGTHS + b, mask=row_ok, other=0).to(tl.int32)
+        kept = row_ok & (t < n) & (t >= n - ring)
+        hrow = tl.load(KEEP_ROWS + b, mask=row_ok, other=0)
+        place = (tl.load(AT + b, mask=row_ok, other=0) + t) % ring
+        offs_d = tl.arange(0, HEAD_D)
+        for j in tl.static_range(HEADS_HERE):
+            hh = first_head + j
+            here = (kept & (hh < HEADS))[:, None]
+            key = tl.load(K + b[:, None] * sk_b + hh * sk_h + t[:, None] * sk_t + offs_d[None, :], mask=here)
+            tl.store(KR + hrow[:, None] * skr_r + hh * skr_h + place[:, None] * skr_t + offs_d[None, :], key, mask=here)
+            value = tl.load(V + b[:, None] * sv_b + hh * sv_h + t[:, None] * sv_t + offs_d[None, :], mask=here)
+            tl.store(VR + hrow[:, None] * svr_r + hh * svr_h + place[:, None] * svr_t + offs_d[None, :], value,
+                     mask=here)
 
     @triton.jit
     def _frame_norm(H, W1, B1, ROW_TERMS, RES, W2, B2, OUT, OUT2, K, V, KR, VR, KEEP_ROWS, AT, LENGTHS,
@@ -213,19 +249,8 @@ if triton is not None:
         offs_c = tl.arange(0, BLOCK_C)
         row_ok, col_ok = offs_m < M, offs_c < C
         if KEEP:  # these frames' keys and values into their stream's ring: the row's last `ring` frames
-            b, t = offs_m // T, offs_m % T
-            n = tl.load(LENGTHS + b, mask=row_ok, other=0).to(tl.int32)
-            kept = (row_ok & (t < n) & (t >= n - ring))[:, None]
-            hrow = tl.load(KEEP_ROWS + b, mask=row_ok, other=0)
-            place = (tl.load(AT + b, mask=row_ok, other=0) + t) % ring
-            offs_d = tl.arange(0, HEAD_D)
-            for hh in tl.static_range(HEADS):
-                key = tl.load(K + b[:, None] * sk_b + hh * sk_h + t[:, None] * sk_t + offs_d[None, :], mask=kept)
-                tl.store(KR + hrow[:, None] * skr_r + hh * skr_h + place[:, None] * skr_t + offs_d[None, :], key,
-                         mask=kept)
-                value = tl.load(V + b[:, None] * sv_b + hh * sv_h + t[:, None] * sv_t + offs_d[None, :], mask=kept)
-                tl.store(VR + hrow[:, None] * svr_r + hh * svr_h + place[:, None] * svr_t + offs_d[None, :], value,
-                         mask=kept)
+            _keep_frames(offs_m, row_ok, T, K, V, KR, VR, KEEP_ROWS, AT, LENGTHS, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
+                         skr_r, skr_h, skr_t, svr_r, svr_h, svr_t, ring, 0, HEADS, HEAD_D, HEADS)
         ok = row_ok[:, None] & col_ok[None, :]
         x = tl.load(H + offs_m[:, None] * sh + offs_c[None, :], mask=ok, other=0.0).to(tl.float32)
         if NORM:

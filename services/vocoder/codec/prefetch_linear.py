@@ -13,6 +13,13 @@ Shapes: x [..., K] with its last dimension contiguous, weight [N, K] (nn.Linear'
 MAX_K (the estimator's 256 and 1024). GELU is the reference's exact (erf) form, on the float32 sum before the one
 rounding, as fused_linear.py's.
 
+Folded work: the per-frame kernel between two products (frame_ops.frame_norm: a residual, the next LayerNorm, the
+history's keys) is a kernel of the chain's path, ~2 us at a stream's few frames. With `norm` a product LayerNorms its
+frames as it loads them (a program holds whole frames when K fits one chunk; its gamma and beta load before the wait),
+with `residual` it adds one to its sum before the one rounding, and with `keep` it copies the attention's new keys and
+values into their stream's ring (frame_norm's `keep`; the heads shared out among the programs of a frame tile). So a
+transformer block is five kernels where the kernel runs, not seven (estimator.BasicTransformerBlock.folded; FOLD).
+
 Measured on an H200 (docs/benchmarks.md, prefetch-2026-11-30): 56 blocks' products and per-frame kernels without
 their attention 13.3 us a block at 80 frames against 21.0 through cuBLAS (14.6 against 21.4 at 160); whole flow
 calls, each variant run twice in both orders: a stream's first call 18.7-19.0 ms against 24.6 (23.7-24.1 against
@@ -26,9 +33,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from services.common import launch
 from services.vocoder.codec import frame_ops
+from services.vocoder.codec.frame_ops import on_gpu
 from services.vocoder.codec.fused_linear import linear_gelu
 
 try:
@@ -38,24 +47,36 @@ except ImportError:  # pragma: no cover (CI installs triton; the PyTorch form ne
     triton = None
 else:
     from services.common.launch import inputs_ready
+    from services.vocoder.codec.frame_ops import _keep_frames, _normalize
     from services.vocoder.codec.fused_linear import exact_gelu
 
 ENABLED = True     # False: cuBLAS's products at every size (bench/codec_history.py's `per-block` variant)
+FOLD = True        # the estimator's norms, residuals and kept keys in these products where they run (False: apart)
 MAX_ROWS = 160     # frames (rows of x) up to which the kernel runs (a call of one stream); cuBLAS's products above
 K_CHUNK = 256      # a program's weight slice is loaded as up to four [K_CHUNK, BLOCK_N] tiles
 MAX_K = 4 * K_CHUNK
 TILE = None        # (frames, channels, warps) per program; None: tiles() (the study sweeps them)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
-    """x [..., K] → x @ weight.T + bias [..., N] (GELU of it with gelu=True): the kernel where ENABLED, on a GPU,
-    for at most MAX_ROWS frames; else cuBLAS's product (with fused_linear.py's GELU)."""
+def runs(x: torch.Tensor, inputs: int | None = None) -> bool:
+    """Whether linear() runs the kernel on frames like x [..., K] (with `inputs` K, if not x's)."""
     rows = x.numel() // x.shape[-1]
-    if ENABLED and frame_ops.on_gpu(x) and rows <= MAX_ROWS and weight.shape[1] <= MAX_K:
-        return kernel(x, weight, bias, gelu)
-    if gelu:
-        return linear_gelu(x, weight, bias)
-    return F.linear(x, weight, bias)
+    return ENABLED and on_gpu(x) and rows <= MAX_ROWS and (inputs or x.shape[-1]) <= MAX_K
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = False,
+           norm: nn.LayerNorm | None = None, residual: torch.Tensor | None = None, keep: tuple | None = None):
+    """x [..., K] → [gelu](norm(x) @ weight.T + bias) + residual [..., N], each part optional; keep: frame_norm's,
+    done on the way. The kernel where runs(x); else cuBLAS's product (with fused_linear.py's GELU), and the rest op by
+    op (the estimator folds only where the kernel runs)."""
+    if runs(x, weight.shape[1]) and (norm is None or x.shape[-1] <= K_CHUNK):
+        return kernel(x, weight, bias, gelu, norm, residual, keep)
+    if keep is not None:
+        frame_ops.keep_reference(*keep)
+    if norm is not None:
+        x = norm(x)
+    out = linear_gelu(x, weight, bias) if gelu else F.linear(x, weight, bias)
+    return out if residual is None else out + residual
 
 
 def tiles(M: int) -> tuple[int, int, int]:
@@ -67,26 +88,38 @@ def tiles(M: int) -> tuple[int, int, int]:
     return (16, 16, 2) if M <= 160 else (32, 64, 4)
 
 
-def kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = False) -> torch.Tensor:
+def kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = False,
+           norm: nn.LayerNorm | None = None, residual: torch.Tensor | None = None, keep: tuple | None = None):
     """The Triton kernel (on CPU tensors: Triton's interpreter, for the tests)."""
     K = x.shape[-1]
     N = weight.shape[0]
     if K > MAX_K or weight.shape[1] != K:
         raise ValueError(f"prefetch_linear: K {K} against a weight of {tuple(weight.shape)} (at most {MAX_K})")
+    if norm is not None and K > K_CHUNK:
+        raise ValueError(f"prefetch_linear: a norm over K {K}: a program holds whole frames up to {K_CHUNK}")
     x2 = x.reshape(-1, K)
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
     M = x2.shape[0]
     out = torch.empty(*x.shape[:-1], N, device=x.device, dtype=x.dtype)
+    res = residual.reshape(M, N) if residual is not None else out
+    if res.stride(1) != 1:
+        res = res.contiguous()
+    gamma, beta, eps = (norm.weight, norm.bias, norm.eps) if norm is not None else (weight, weight, 0.0)
+    T = x.shape[-2] if x.dim() > 1 else 1
+    kept, strides, ring, heads, head_d = frame_ops.keep_arguments(keep, x2)
     block_m, block_n, warps = tiles(M)
     chunk = min(K_CHUNK, triton.next_power_of_2(K))
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
     pdl = launch.pdl(x)
-    _prefetch_linear[grid](x2, weight, bias if bias is not None else weight, out, M, N, K, x2.stride(0),
-                           weight.stride(0), HAS_BIAS=bias is not None, GELU=gelu, IEEE=x.dtype == torch.float32,
-                           CHUNK=chunk, CHUNKS=triton.cdiv(K, chunk), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl,
-                           num_warps=warps, launch_pdl=pdl)
+    _prefetch_linear[grid](x2, weight, bias if bias is not None else weight, gamma, beta, res, *kept, out, M, N, K, T,
+                           x2.stride(0), weight.stride(0), res.stride(0), *strides, ring, eps,
+                           HAS_BIAS=bias is not None, GELU=gelu, NORM=norm is not None, RESIDUAL=residual is not None,
+                           KEEP=keep is not None, HEADS=heads, HEAD_D=head_d,
+                           HEADS_HERE=triton.cdiv(heads, grid[1]), IEEE=x.dtype == torch.float32, CHUNK=chunk,
+                           CHUNKS=triton.cdiv(K, chunk), BLOCK_M=block_m, BLOCK_N=block_n, PDL=pdl, num_warps=warps,
+                           launch_pdl=pdl)
     return out
 
 
@@ -112,12 +145,16 @@ if triton is not None:
         return tl.dot(a, w, acc)
 
     @triton.jit
-    def _prefetch_linear(X, W, BIAS, OUT, M, N, inner, sx, sw, HAS_BIAS: tl.constexpr, GELU: tl.constexpr,
-                         IEEE: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    def _prefetch_linear(X, W, BIAS, GAMMA, BETA, RES, K, V, KR, VR, KEEP_ROWS, AT, LENGTHS, OUT, M, N, inner, T,
+                         sx, sw, s_res, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, skr_r, skr_h, skr_t, svr_r, svr_h, svr_t,
+                         ring, eps, HAS_BIAS: tl.constexpr, GELU: tl.constexpr, NORM: tl.constexpr,
+                         RESIDUAL: tl.constexpr, KEEP: tl.constexpr, HEADS: tl.constexpr, HEAD_D: tl.constexpr,
+                         HEADS_HERE: tl.constexpr, IEEE: tl.constexpr, CHUNK: tl.constexpr, CHUNKS: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
         offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = offs_n < N
-        # The weight slice and the bias first: no kernel before writes them, so they load while it still runs.
+        # The weight slice, the bias and the norm's gamma and beta first: no kernel before writes them, so they load
+        # while it still runs.
         w0 = _weight_tile(W, offs_n, col_ok, sw, 0, inner, CHUNK)
         if CHUNKS > 1:
             w1 = _weight_tile(W, offs_n, col_ok, sw, CHUNK, inner, CHUNK)
@@ -126,12 +163,24 @@ if triton is not None:
             w3 = _weight_tile(W, offs_n, col_ok, sw, 3 * CHUNK, inner, CHUNK)
         if HAS_BIAS:
             b = tl.load(BIAS + offs_n, mask=col_ok, other=0.0).to(tl.float32)
+        if NORM:  # (K fits one chunk: each program's frames are whole)
+            offs_k = tl.arange(0, CHUNK)
+            k_ok = offs_k < inner
+            gamma = tl.load(GAMMA + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+            beta = tl.load(BETA + offs_k, mask=k_ok, other=0.0).to(tl.float32)
         inputs_ready(PDL)
         # Then the frames, which the kernel before wrote.
         offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = offs_m < M
+        if KEEP:  # the attention before has read the rings: its new keys and values go in, a share of heads each
+            _keep_frames(offs_m, row_ok, T, K, V, KR, VR, KEEP_ROWS, AT, LENGTHS, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
+                         skr_r, skr_h, skr_t, svr_r, svr_h, svr_t, ring, tl.program_id(1) * HEADS_HERE, HEADS, HEAD_D,
+                         HEADS_HERE)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        acc = _dot(_frames_tile(X, offs_m, row_ok, sx, 0, inner, CHUNK), w0, acc, IEEE)
+        a = _frames_tile(X, offs_m, row_ok, sx, 0, inner, CHUNK)
+        if NORM:  # rounded once, as frame_norm stores it for a product apart
+            a = _normalize(a.to(tl.float32), k_ok, gamma, beta, inner, eps).to(X.dtype.element_ty)
+        acc = _dot(a, w0, acc, IEEE)
         if CHUNKS > 1:
             acc = _dot(_frames_tile(X, offs_m, row_ok, sx, CHUNK, inner, CHUNK), w1, acc, IEEE)
         if CHUNKS > 2:
@@ -141,5 +190,7 @@ if triton is not None:
             acc += b[None, :]
         if GELU:
             acc = exact_gelu(acc)
-        tl.store(OUT + offs_m[:, None] * N + offs_n[None, :], acc.to(OUT.dtype.element_ty),
-                 mask=row_ok[:, None] & col_ok[None, :])
+        ok = row_ok[:, None] & col_ok[None, :]
+        if RESIDUAL:
+            acc += tl.load(RES + offs_m[:, None] * s_res + offs_n[None, :], mask=ok, other=0.0).to(tl.float32)
+        tl.store(OUT + offs_m[:, None] * N + offs_n[None, :], acc.to(OUT.dtype.element_ty), mask=ok)
