@@ -40,6 +40,8 @@ ATTENTION_PTRS = {"Q": BF16, "K": BF16, "V": BF16, "KP": BF16, "VP": BF16, "KH":
 FRAME_NORM_PTRS = {"H": BF16, "W1": BF16, "B1": BF16, "ROW_TERMS": BF16, "RES": BF16, "W2": BF16, "B2": BF16,
                    "OUT": BF16, "OUT2": BF16, "K": BF16, "V": BF16, "KR": BF16, "VR": BF16, "KEEP_ROWS": "*i64",
                    "AT": "*i64", "LENGTHS": "*i32"}
+PREFETCH_PTRS = {**FRAME_NORM_PTRS, "X": BF16, "W": BF16, "BIAS": BF16, "GAMMA": BF16, "BETA": BF16, "FRAMES": BF16,
+                 "LEFT_ROWS": "*i64", "LEFT_KEEP": "*i64", "LEFT_LENGTHS": "*i32", "OUT": BF16}
 ATTN = dict(GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16)
 MEGAKERNEL = "codec: a level's transformer blocks, persistent (megakernel.py)"
 KERNELS = {
@@ -145,20 +147,28 @@ KERNELS = {
         dict(HAS_BIAS=True, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=fused_linear.BLOCK_K, PDL=True)), 4),
     "codec: a product at few frames, its weights read before the wait (K 256)": (
         prefetch_linear._prefetch_linear, *signature(
-            prefetch_linear._prefetch_linear, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
+            prefetch_linear._prefetch_linear, PREFETCH_PTRS, ("eps",),
             dict(HAS_BIAS=True, GELU=False, NORM=False, RESIDUAL=False, KEEP=False, HEADS=1, HEAD_D=1, HEADS_HERE=1,
-                 IEEE=False, CHUNK=256, CHUNKS=1, BLOCK_M=32, BLOCK_N=32, PDL=True)), 4),
+                 TAPS=0, LEFT=False, KEEP_LEFT=False, IEEE=False, CHUNK=256, CHUNKS=1, BLOCK_M=32, BLOCK_N=32,
+                 PDL=True)), 4),
     "codec: a product at few frames, its weights read before the wait (K 1024, GELU)": (
         prefetch_linear._prefetch_linear, *signature(
-            prefetch_linear._prefetch_linear, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
+            prefetch_linear._prefetch_linear, PREFETCH_PTRS, ("eps",),
             dict(HAS_BIAS=True, GELU=True, NORM=False, RESIDUAL=False, KEEP=False, HEADS=1, HEAD_D=1, HEADS_HERE=1,
-                 IEEE=False, CHUNK=256, CHUNKS=4, BLOCK_M=32, BLOCK_N=16, PDL=True)), 4),
+                 TAPS=0, LEFT=False, KEEP_LEFT=False, IEEE=False, CHUNK=256, CHUNKS=4, BLOCK_M=32, BLOCK_N=16,
+                 PDL=True)), 4),
     "codec: a product at few frames, its weights read before the wait (K 256, a norm folded in, a residual, kept keys)": (
         prefetch_linear._prefetch_linear, *signature(
-            prefetch_linear._prefetch_linear, {**FRAME_NORM_PTRS, "X": BF16, "W": BF16, "BIAS": BF16, "GAMMA": BF16,
-                                               "BETA": BF16, "OUT": BF16}, ("eps",),
+            prefetch_linear._prefetch_linear, PREFETCH_PTRS, ("eps",),
             dict(HAS_BIAS=True, GELU=True, NORM=True, RESIDUAL=True, KEEP=True, HEADS=8, HEAD_D=64, HEADS_HERE=1,
-                 IEEE=False, CHUNK=256, CHUNKS=1, BLOCK_M=16, BLOCK_N=16, PDL=True)), 2),
+                 TAPS=0, LEFT=False, KEEP_LEFT=False, IEEE=False, CHUNK=256, CHUNKS=1, BLOCK_M=16, BLOCK_N=16,
+                 PDL=True)), 2),
+    "codec: a product at few frames, its weights read before the wait (a convolution's 3 taps of 256, a history)": (
+        prefetch_linear._prefetch_linear, *signature(
+            prefetch_linear._prefetch_linear, PREFETCH_PTRS, ("eps",),
+            dict(HAS_BIAS=True, GELU=False, NORM=False, RESIDUAL=False, KEEP=False, HEADS=1, HEAD_D=1, HEADS_HERE=1,
+                 TAPS=3, LEFT=True, KEEP_LEFT=True, IEEE=False, CHUNK=256, CHUNKS=3, BLOCK_M=16, BLOCK_N=16,
+                 PDL=True)), 2),
     "codec: causal unfold with a prompt prefix": (frame_ops._causal_unfold, *signature(
         frame_ops._causal_unfold, {"X": BF16, "FRAMES": BF16, "ROWS": "*i64", "KEEP_ROWS": "*i64", "LENGTHS": "*i32",
                                    "OUT": BF16}, (),

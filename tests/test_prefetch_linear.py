@@ -94,29 +94,79 @@ def test_the_kernel_keeps_keys_and_values_as_frame_norm_does(N, dtype):
     assert not torch.equal(mine[0][2], hk[2]) and torch.equal(mine[0][1], hk[1])  # a row's frames in; no row: untouched
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("left", ["zeros", "prefix", "history"])
+@pytest.mark.parametrize("C,N", [(24, 40), (100, 16)] + ([(256, 256)] if CUDA else []))
+def test_the_kernel_is_a_causal_convolution_reading_its_taps_itself(C, N, left, dtype):
+    """causal_conv through the kernel against causal_unfold's frames times the taps: zeros before a row's first
+    frame, a prompt prefix's last frames, or a stream history's (each row reads its left frames from one row of the
+    store and leaves the k-1 frames before its end in another: a long row, a row of one frame, a row of none)."""
+    gen = torch.Generator(DEVICE).manual_seed(C + N)
+    k, B, T = 3, 3, 19
+    x = torch.randn(B, T, C, generator=gen, device=DEVICE).to(dtype)
+    weight = (torch.randn(N, C, k, generator=gen, device=DEVICE) / (k * C) ** 0.5).to(dtype)
+    taps, bias = frame_ops.taps_weight(weight), torch.randn(N, generator=gen, device=DEVICE).to(dtype)
+    store = torch.randn(8, k - 1, C, generator=gen, device=DEVICE).to(dtype)
+    rows, keep = torch.tensor([0, 1, 2], device=DEVICE), torch.tensor([5, 6, 7], device=DEVICE)
+    lengths = torch.tensor([T, 1, 0], device=DEVICE)
+    mine, theirs = store.clone(), store.clone()
+    lefts = {"zeros": (None, None), "prefix": ((mine, rows), (theirs, rows)),
+             "history": ((mine, rows, keep, lengths), (theirs, rows, keep, lengths))}[left]
+    with torch.inference_mode():
+        got = prefetch_linear.kernel(x, taps, bias, conv=(k, lefts[0]))
+        want = F.linear(frame_ops.unfold_reference(x, k, lefts[1]), taps, bias)
+    assert got.shape == (B, T, N)
+    torch.testing.assert_close(got.float(), want.float(), **tolerance(dtype))
+    torch.testing.assert_close(mine, theirs, atol=0, rtol=0)               # the kept frames: copies, exact
+    if left == "history":
+        assert torch.equal(mine[5], x[0, T - 2 :]) and torch.equal(mine[6], torch.stack([store[1, 1], x[1, 0]]))
+    assert torch.equal(mine[:5], store[:5])                                  # the rows read: untouched
+
+
+def test_causal_conv_folds_only_where_the_kernel_runs(monkeypatch):
+    """On a CPU (or with FOLD off, or frames wider than a chunk) causal_unfold, then the product; else one kernel."""
+    x = torch.randn(2, 5, 16)
+    weight = torch.randn(8, 16, 3)
+    taps = frame_ops.taps_weight(weight)
+    want = F.linear(frame_ops.unfold_reference(x, 3), taps)
+    torch.testing.assert_close(prefetch_linear.causal_conv(x, taps, None, 3), want)
+    calls = []
+    monkeypatch.setattr(prefetch_linear, "on_gpu", lambda t: True)
+    monkeypatch.setattr(prefetch_linear, "kernel", lambda *a, **kw: calls.append("conv" in kw) or want)
+    prefetch_linear.causal_conv(x, taps, None, 3)
+    monkeypatch.setattr(prefetch_linear, "FOLD", False)
+    prefetch_linear.causal_conv(x, taps, None, 3)                           # the product alone through the kernel
+    assert calls == [True, False]
+
+
 def test_a_norm_over_more_than_one_chunk_is_refused():
     x, weight, _ = product(1, 4, prefetch_linear.K_CHUNK + 8, 8, torch.float32, seed=1)
     with pytest.raises(ValueError, match="whole frames"):
         prefetch_linear.kernel(x, weight, norm=layer_norm(x.shape[-1], 1, torch.float32))
 
 
-def test_streamed_blocks_with_their_norms_folded_are_the_blocks_apart(monkeypatch):
-    """A stream's calls (a stream history: its kept keys) at the tiny codec's size, the transformer blocks folded
-    into the kernel (Triton's interpreter, float32) against the same calls apart (PyTorch): the same mel."""
+def test_streamed_calls_folded_into_the_kernel_are_the_calls_apart(monkeypatch):
+    """A stream's calls (a stream history: its kept keys and convolutions' left frames) at the tiny codec's size, the
+    transformer blocks and the convolutions' taps folded into the kernel (Triton's interpreter, float32) against the
+    same calls apart (PyTorch): the same mel."""
     from test_codec_stream import SCHEDULES, codes, stream_mel
 
     from services.vocoder.loader import FlowOptions, load_vocoder
 
-    v = load_vocoder(None, "tiny-codec", flow=FlowOptions(history_streams=2))
-    tokens, schedule = codes(40), SCHEDULES["gateway"]
+    # 3 Euler steps, 3 calls and the last (the interpreter runs each program of ~100 kernels a step in turn)
+    v = load_vocoder(None, "tiny-codec", flow=FlowOptions(history_streams=2, n_timesteps=3))
+    tokens, schedule = codes(23), SCHEDULES["gateway"]
     apart = stream_mel(v, tokens, schedule)
     folded = []
     real = prefetch_linear.kernel
     monkeypatch.setattr(prefetch_linear, "on_gpu", lambda x: True)
-    monkeypatch.setattr(prefetch_linear, "kernel", lambda *a: folded.append(a[6] is not None) or real(*a))
+    # each call: what it folds in (kept keys; a convolution's taps, with a history's left frames kept)
+    monkeypatch.setattr(prefetch_linear, "kernel", lambda *a, **kw: folded.append(
+        "keep" if len(a) > 6 and a[6] is not None else "conv" if kw.get("conv") and len(kw["conv"][1] or ()) == 4
+        else "") or real(*a, **kw))
     monkeypatch.setattr(prefetch_linear, "TILE", (128, 64, 4))  # few programs: the interpreter runs each in turn
     got = stream_mel(v, tokens, schedule)
-    assert any(folded)                                            # the keys kept by the output product
+    assert {"keep", "conv"} <= set(folded)
     torch.testing.assert_close(got, apart, atol=1e-4, rtol=1e-4)
     assert apart.abs().max() > 0.5
 
@@ -164,7 +214,7 @@ def test_linear_runs_the_kernel_only_where_it_is_meant_to(monkeypatch):
 def test_the_weights_load_before_the_wait_in_what_a_gpu_runs():
     """Compiled for sm_90 here (no GPU needed): every load of the weight slice (and a folded norm's gamma and beta)
     comes before `griddepcontrol.wait`, every load of the frames after it, and nothing is stored before it (the kept
-    keys are stored after it: the attention before reads the rings)."""
+    keys and a history's left frames are stored after it: the kernels before read them)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # (compiled, not interpreted)
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "tests"), str(root / "protos"), env.get("PYTHONPATH", "")])
@@ -175,12 +225,13 @@ def test_the_weights_load_before_the_wait_in_what_a_gpu_runs():
     done = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
                           timeout=600, check=True).stdout
     kernels = done.split("KERNEL ")[1:]
-    assert len(kernels) == 3
+    assert len(kernels) == 4
     for text in kernels:
         name, ptx = text.split("\n", 1)
         folded = "norm folded in" in name
         # (chunks of K, BLOCK_N, threads): kernel_compile_check's entries
-        chunks, block_n, threads = (4, 16, 128) if "1024" in name else (1, 16, 64) if folded else (1, 32, 128)
+        chunks, block_n, threads = ((4, 16, 128) if "1024" in name else (1, 16, 64) if folded else
+                                    (3, 16, 64) if "taps" in name else (1, 32, 128))
         lines = [line.strip() for line in ptx.splitlines()]
         wait = [i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")]
         loads = [i for i, line in enumerate(lines) if "ld.global" in line]

@@ -35,8 +35,8 @@ from torch import nn
 from services.vocoder.codec import megakernel, prefetch_linear
 from services.vocoder.codec.chunk_attention import chunk_attention
 from services.vocoder.codec.config import EstimatorConfig
-from services.vocoder.codec.frame_ops import causal_unfold, frame_norm, taps_weight
-from services.vocoder.codec.prefetch_linear import linear
+from services.vocoder.codec.frame_ops import frame_norm, taps_weight
+from services.vocoder.codec.prefetch_linear import causal_conv, linear
 
 
 def laid_out(module: nn.Module, name: str, make) -> None:
@@ -59,7 +59,7 @@ class CausalConv1d(nn.Conv1d):
     def forward(self, x: torch.Tensor, prefix=None) -> torch.Tensor:
         k = self.kernel_size[0]
         left = None if prefix is None else prefix.left(self.slot, x, k - 1)
-        return linear(causal_unfold(x, k, left), self.taps, self.bias)
+        return causal_conv(x, self.taps, self.bias, k, left)
 
 
 def pointwise(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
