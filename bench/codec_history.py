@@ -13,10 +13,10 @@ estimator's multiply-adds for the frames the call solves over the card's measure
 
 Variants (--variants): `prefetch`, the estimator's products up to prefetch_linear.MAX_ROWS frames with their
 weights read before the launch wait, and there each transformer block in five kernels, its norms, residuals and kept
-keys inside its products (the default); `prefetch-apart`, the same products with the block's seven kernels (its
-per-frame kernels apart: prefetch_linear.FOLD off); `prefetch-all`, the kernel at every size (folded where it runs);
-`per-block`, the seven kernels with cuBLAS's products at every size; `megakernel`, a U-Net
-level's blocks in one persistent launch (codec/megakernel.py, off by default: slower); `no-cascade`, the per-block
+keys inside its products, and each causal convolution's product reading its taps (the default); `prefetch-apart`, the
+same products with the block's seven kernels and causal_unfold's (prefetch_linear.FOLD off); `prefetch-all`, the
+kernel at every size (folded where it runs); `per-block`, the seven kernels with cuBLAS's products at every size;
+`megakernel`, a U-Net level's blocks in one persistent launch (codec/megakernel.py, off by default: slower); `no-cascade`, the per-block
 path with every row reading its voice prefix itself (chunk_attention.CASCADE_FROM = 0; today's default), and `cascade`,
 the voice prefix read once per voice from 16 streams (off by default: slower); `encoder-state`, the per-block path with
 the encoder run over each call's new tokens only (--flow-encoder-window 128; codec/encoder_state.py). --kernels: each

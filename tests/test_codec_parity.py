@@ -44,7 +44,8 @@ def test_flow_mel_matches_reference(flows, streaming, finalize, products, monkey
         real = prefetch_linear.kernel
         monkeypatch.setattr(prefetch_linear, "on_gpu", lambda x: True)  # this module's only (the norms fold in)
         # (each call: whether it folds a norm in)
-        monkeypatch.setattr(prefetch_linear, "kernel", lambda *a: kernel_calls.append(a[4] is not None) or real(*a))
+        monkeypatch.setattr(prefetch_linear, "kernel", lambda *a, **kw: kernel_calls.append(
+            len(a) > 4 and a[4] is not None) or real(*a, **kw))
         monkeypatch.setattr(prefetch_linear, "TILE", (128, 64, 4))  # few programs: the interpreter runs each in turn
     torch.manual_seed(1)
     P, N = 6, 13  # prompt tokens, tokens (the last pre_lookahead_len are look-ahead context unless finalize)
