@@ -147,8 +147,8 @@ def test_a_norm_over_more_than_one_chunk_is_refused():
 
 def test_streamed_calls_folded_into_the_kernel_are_the_calls_apart(monkeypatch):
     """A stream's calls (a stream history: its kept keys and convolutions' left frames) at the tiny codec's size, the
-    transformer blocks and the convolutions' taps folded into the kernel (Triton's interpreter, float32) against the
-    same calls apart (PyTorch): the same mel."""
+    transformer blocks, the convolutions' taps and the resnets' res_conv (in their first convolution's product) folded
+    into the kernel (Triton's interpreter, float32) against the same calls apart (PyTorch): the same mel."""
     from test_codec_stream import SCHEDULES, codes, stream_mel
 
     from services.vocoder.loader import FlowOptions, load_vocoder
@@ -161,12 +161,13 @@ def test_streamed_calls_folded_into_the_kernel_are_the_calls_apart(monkeypatch):
     real = prefetch_linear.kernel
     monkeypatch.setattr(prefetch_linear, "on_gpu", lambda x: True)
     # each call: what it folds in (kept keys; a convolution's taps, with a history's left frames kept)
+    merged = {r.taps_and_res.data_ptr() for r in v.decoder.flow.decoder.estimator.modules() if hasattr(r, "taps_and_res")}
     monkeypatch.setattr(prefetch_linear, "kernel", lambda *a, **kw: folded.append(
         "keep" if len(a) > 6 and a[6] is not None else "conv" if kw.get("conv") and len(kw["conv"][1] or ()) == 4
-        else "") or real(*a, **kw))
+        else "resnet" if a[1].data_ptr() in merged else "") or real(*a, **kw))
     monkeypatch.setattr(prefetch_linear, "TILE", (128, 64, 4))  # few programs: the interpreter runs each in turn
     got = stream_mel(v, tokens, schedule)
-    assert {"keep", "conv"} <= set(folded)
+    assert {"keep", "conv", "resnet"} <= set(folded)
     torch.testing.assert_close(got, apart, atol=1e-4, rtol=1e-4)
     assert apart.abs().max() > 0.5
 

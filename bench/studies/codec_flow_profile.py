@@ -9,7 +9,8 @@ each). For each shape: its time in CUDA graphs, then one eager call under the pr
 share of each kind of kernel says what to fuse next). Variants: `defaults`; `gelu-unfused` (the feed-forward's GELU
 by PyTorch after cuBLAS's product, not in the product's kernel: fused_linear.FUSED off); `attention-one-walk` (each
 attention program walks all of its keys, not in parts side by side: chunk_attention.SPLIT off); `no-pdl` (the
-Triton kernels launched plainly, not with programmatic dependent launch: launch.ENABLED off). Their times, kernel
+Triton kernels launched plainly, not with programmatic dependent launch: launch.ENABLED off); `unfolded` (the
+per-frame work apart from the products where prefetch_linear's kernel runs: prefetch_linear.FOLD off). Their times, kernel
 counts, and each mel's SNR against the first variant's. (Measured and not kept: the feed-forward's GELU as cuBLASLt's
 epilogue, the tanh approximation where the reference's is exact; on 2026-11-27 the estimator's other products by
 Triton's kernel too, so that every kernel of a transformer block launched early: no faster.)
@@ -27,17 +28,18 @@ import torch
 
 from measure import snr_db, timed
 from services.common import launch
-from services.vocoder.codec import chunk_attention, fused_linear
+from services.vocoder.codec import chunk_attention, fused_linear, prefetch_linear
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.voice import random_voice
 
 # Each variant: the module settings it changes from the defaults (module, name, value)
-SETTINGS = [(fused_linear, "FUSED"), (chunk_attention, "SPLIT"), (chunk_attention, "SMALL_TILES_FROM"), (launch, "ENABLED")]
+SETTINGS = [(fused_linear, "FUSED"), (chunk_attention, "SPLIT"), (chunk_attention, "SMALL_TILES_FROM"), (launch, "ENABLED"),
+            (prefetch_linear, "FOLD")]
 DEFAULTS = {name: getattr(module, name) for module, name in SETTINGS}
 VARIANTS = {"defaults": {}, "gelu-unfused": {"FUSED": False}, "attention-one-walk": {"SPLIT": False},
-            "attention-large-tiles": {"SMALL_TILES_FROM": 0}, "no-pdl": {"ENABLED": False}}
+            "attention-large-tiles": {"SMALL_TILES_FROM": 0}, "no-pdl": {"ENABLED": False}, "unfolded": {"FOLD": False}}
 
 
 def use(variant: str) -> None:

@@ -18,10 +18,13 @@ Kernels: what lies between two matrix products is one kernel (frame_ops.py): a r
 term; a residual with the next block's LayerNorm; the feed-forward's GELU runs in its first product's kernel. The
 products at a stream's few frames load their weights before the launch wait (prefetch_linear.py), and there a
 transformer block's norms, residuals and kept keys run inside its products (`BasicTransformerBlock.folded`: five
-kernels, not seven); above, cuBLAS's (with fused_linear.py's GELU). The reference's masks are left out: every
-convolution is causal and the attention reads a row's valid frames only, so a padding frame never reaches a valid
-one; the solver zeroes the velocity past them (frame_ops.euler_step). The time terms do not depend on the frames at
-all: they are computed for every Euler step at once (`time_terms`), not in each step.
+kernels, not seven), a causal convolution's product reads its taps itself (prefetch_linear.causal_conv), and a
+resnet block's res_conv is its first convolution's product; above, cuBLAS's (with fused_linear.py's GELU).
+
+The reference's masks are left out: every convolution is causal and the attention reads a row's valid frames only,
+so a padding frame never reaches a valid one; the solver zeroes the velocity past them (frame_ops.euler_step). The
+time terms do not depend on the frames at all: they are computed for every Euler step at once (`time_terms`), not in
+each step.
 """
 
 from __future__ import annotations
@@ -56,10 +59,12 @@ class CausalConv1d(nn.Conv1d):
         super().__init__(cin, cout, kernel)
         laid_out(self, "taps", lambda: taps_weight(self.weight))  # [Cout, k·Cin], the order causal_unfold lays frames out
 
-    def forward(self, x: torch.Tensor, prefix=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, prefix=None, taps: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        """taps, bias: other weights laid out as `taps` (more output channels) in place of this convolution's."""
         k = self.kernel_size[0]
         left = None if prefix is None else prefix.left(self.slot, x, k - 1)
-        return causal_conv(x, self.taps, self.bias, k, left)
+        return causal_conv(x, self.taps if taps is None else taps, self.bias if bias is None else bias, k, left)
 
 
 def pointwise(conv: nn.Conv1d, x: torch.Tensor) -> torch.Tensor:
@@ -79,8 +84,11 @@ class CausalBlock1D(nn.Module):
     def forward(self, x: torch.Tensor, prefix=None, rows=None, residual=None, then=None):
         """x [B, T, dim] → mish(norm(conv(x))) + rows + residual [B, T, dim_out], and then() of it if given
         (frame_ops.frame_norm: one kernel after the convolution's product)."""
-        conv, _, norm, _, _ = self.block
-        return frame_norm(conv(x, prefix), norm, mish=True, rows=rows, residual=residual, then=then)
+        return self.activate(self.block[0](x, prefix), rows, residual, then)
+
+    def activate(self, h: torch.Tensor, rows=None, residual=None, then=None):
+        """What follows the convolution: h [B, T, dim_out] → mish(norm(h)) + rows + residual."""
+        return frame_norm(h, self.block[2], mish=True, rows=rows, residual=residual, then=then)
 
 
 class CausalResnetBlock1D(nn.Module):
@@ -89,12 +97,31 @@ class CausalResnetBlock1D(nn.Module):
         self.mlp = nn.Sequential(nn.Mish(), nn.Linear(time_emb_dim, dim_out))
         self.block1, self.block2 = CausalBlock1D(dim, dim_out), CausalBlock1D(dim_out, dim_out)
         self.res_conv = nn.Conv1d(dim, dim_out, 1)
+        # block1's convolution and res_conv as one product where prefetch_linear's kernel runs: [2·dim_out, 3·dim],
+        # res_conv's weight in the columns of the last tap (the frame itself), zeros in the others
+        laid_out(self, "taps_and_res", lambda: with_pointwise(self.block1.block[0].weight, self.res_conv.weight))
+        laid_out(self, "bias_and_res", lambda: torch.cat([self.block1.block[0].bias, self.res_conv.bias]))
 
     def forward(self, x: torch.Tensor, time_term: torch.Tensor, prefix=None, then=None):
         """x [B, T, dim]; time_term [1 or B, dim_out]: this block's mlp of the time embedding (time_terms) →
         block2(block1(x) + time_term) + res_conv(x) [B, T, dim_out], and then() of it if given."""
-        residual = pointwise(self.res_conv, x)
-        return self.block2(self.block1(x, prefix, rows=time_term), prefix, residual=residual, then=then)
+        conv1 = self.block1.block[0]
+        if prefetch_linear.FOLD and prefetch_linear.runs(x, conv1.kernel_size[0] * x.shape[-1]):  # one product
+            h, residual = conv1(x, prefix, self.taps_and_res, self.bias_and_res).chunk(2, dim=-1)
+            out = self.block1.activate(h, rows=time_term)
+        else:
+            residual = pointwise(self.res_conv, x)
+            out = self.block1(x, prefix, rows=time_term)
+        return self.block2(out, prefix, residual=residual, then=then)
+
+
+def with_pointwise(weight: torch.Tensor, pointwise_weight: torch.Tensor) -> torch.Tensor:
+    """A causal convolution's weight [Cout, Cin, k] and a kernel-1 one's [Cout2, Cin, 1] of the same frames → the taps
+    of both [Cout + Cout2, k·Cin] (taps_weight's layout): the second's in the last tap's columns (the frame itself)."""
+    k, cin = weight.shape[2], weight.shape[1]
+    extra = torch.zeros(pointwise_weight.shape[0], k * cin, dtype=weight.dtype, device=weight.device)
+    extra[:, (k - 1) * cin :] = pointwise_weight[:, :, 0]
+    return torch.cat([taps_weight(weight), extra])
 
 
 class GELU(nn.Module):
