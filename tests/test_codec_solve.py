@@ -64,10 +64,18 @@ def test_rows_over_the_voice_prefix_joining_at_different_steps_get_the_whole_cal
     torch.testing.assert_close(got.transpose(1, 2), want, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("starts", [[0, 4, 9], [2, 0, 1]])
-def test_history_rows_joining_at_different_steps_get_the_whole_calls_mel(flow, voices, starts):
+@pytest.mark.parametrize("starts,products", [([0, 4, 9], "pytorch"), ([2, 0, 1], "pytorch"), ([2, 0, 1], "folded")])
+def test_history_rows_joining_at_different_steps_get_the_whole_calls_mel(flow, voices, starts, products, monkeypatch):
     """Second calls of three streams (their rings and convolution banks hold their first calls' frames): each row
-    reads its own ring and writes its new frames there at the step it is at."""
+    reads its own ring and writes its new frames there at the step it is at. products "folded": through
+    prefetch_linear's kernel with the per-frame work, the kept keys and the convolutions' kept frames folded in
+    (Triton's interpreter), where each row's ring and bank row is at its own step."""
+    if products == "folded":
+        from services.vocoder.codec import prefetch_linear
+
+        monkeypatch.setattr(prefetch_linear, "on_gpu", lambda x: True)
+        monkeypatch.setattr(prefetch_linear, "TILE", (128, 64, 4))  # few programs: the interpreter runs each in turn
+        monkeypatch.setattr(flow.decoder, "n_timesteps", 3)          # (5 passes, not 12: the interpreter's time)
     d = decoder(flow, voices, history_streams=4)
     rows = []
     for i, voice in enumerate((voices[0], voices[1], voices[0])):

@@ -83,17 +83,25 @@ def test_causal_unfold_is_the_pytorch_form(B, T, C, k, prefix, dtype):
     torch.testing.assert_close(product.float(), direct.float(), **tolerance(dtype))
 
 
+def rings_to_keep(dtype, heads: int, B: int = 3, T: int = 29, d: int = 16, ring: int = 12):
+    """An attention's keys and values [B, heads, T, d] (the estimator's strides) and five rows of rings [5, heads,
+    ring, d] they go into: row b into ring rows[b] from place at[b], its first lengths[b] frames (T: more than the ring
+    holds, 7: fewer, wrapping past its end, 0: none) → (k, v, ring keys, ring values, rows, at, lengths, generator)."""
+    gen = torch.Generator(DEVICE).manual_seed(12)
+    qkv = torch.randn(B, T, 3, heads, d, generator=gen, device=DEVICE).to(dtype)
+    _, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    hk, hv = (torch.randn(5, heads, ring, d, generator=gen, device=DEVICE).to(dtype) for _ in range(2))
+    rows, at = torch.tensor([2, 0, 4], device=DEVICE), torch.tensor([3, 5, 0], device=DEVICE)
+    lengths = torch.tensor([T, 7, 0], dtype=torch.int32, device=DEVICE)
+    return k, v, hk, hv, rows, at, lengths, gen
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_frame_norm_keeps_keys_and_values_in_their_rings(dtype):
     """An attention's keys and values into a stream history's ring (history.py), by the residual's kernel: each row's
     last `ring` frames (more than the ring holds, fewer, none), wrapping past its end; other rows untouched."""
-    gen = torch.Generator(DEVICE).manual_seed(12)
     B, H, T, d, ring = 3, 2, 29, 16, 12
-    qkv = torch.randn(B, T, 3, H, d, generator=gen, device=DEVICE).to(dtype)
-    _, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)                          # the estimator's strides
-    hk, hv = (torch.randn(5, H, ring, d, generator=gen, device=DEVICE).to(dtype) for _ in range(2))
-    rows, at = torch.tensor([2, 0, 4], device=DEVICE), torch.tensor([3, 5, 0], device=DEVICE)
-    lengths = torch.tensor([T, 7, 0], dtype=torch.int32, device=DEVICE)
+    k, v, hk, hv, rows, at, lengths, gen = rings_to_keep(dtype, H, B, T, d, ring)
     h = torch.randn(B, T, H * d, generator=gen, device=DEVICE).to(dtype)
     residual = torch.randn(B, T, H * d, generator=gen, device=DEVICE).to(dtype)
     mine, theirs = (hk.clone(), hv.clone()), (hk.clone(), hv.clone())

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton", reason="triton is not importable; the codec's products untested")
 
-from test_frame_ops import DEVICE, DTYPES, layer_norm, tolerance  # noqa: E402
+from test_frame_ops import DEVICE, DTYPES, layer_norm, rings_to_keep, tolerance  # noqa: E402
 from test_fused_linear import product  # noqa: E402  (x [B, T, K], weight [N, K], bias [N], seeded)
 
 from services.vocoder.codec import frame_ops, prefetch_linear  # noqa: E402
@@ -75,13 +75,8 @@ def test_the_kernel_keeps_keys_and_values_as_frame_norm_does(N, dtype):
     """The output product's keep: each row's last `ring` frames into its ring (more than it holds, fewer, none),
     wrapping, other rows untouched; the heads shared out among a frame tile's programs (16 channels a program: 3 of
     them for 5 heads, or 13), every head copied once. Exactly frame_ops.keep_reference's copy."""
-    gen = torch.Generator(DEVICE).manual_seed(12)
-    B, H, T, d, ring = 3, 5, 29, 16, 12
-    qkv = torch.randn(B, T, 3, H, d, generator=gen, device=DEVICE).to(dtype)
-    _, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)                          # the estimator's strides
-    hk, hv = (torch.randn(5, H, ring, d, generator=gen, device=DEVICE).to(dtype) for _ in range(2))
-    rows, at = torch.tensor([2, 0, 4], device=DEVICE), torch.tensor([3, 5, 0], device=DEVICE)
-    lengths = torch.tensor([T, 7, 0], dtype=torch.int32, device=DEVICE)
+    B, H, T, d = 3, 5, 29, 16
+    k, v, hk, hv, rows, at, lengths, _ = rings_to_keep(dtype, H, B, T, d)
     x, weight, bias = product(B, T, H * d, N, dtype, seed=4)
     residual = product(B, T, N, 1, dtype, seed=5)[0]
     mine, theirs = (hk.clone(), hv.clone()), (hk.clone(), hv.clone())
