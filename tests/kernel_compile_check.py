@@ -43,6 +43,14 @@ FRAME_NORM_PTRS = {"H": BF16, "W1": BF16, "B1": BF16, "ROW_TERMS": BF16, "RES": 
 PREFETCH_PTRS = {**FRAME_NORM_PTRS, "X": BF16, "W": BF16, "BIAS": BF16, "GAMMA": BF16, "BETA": BF16, "FRAMES": BF16,
                  "LEFT_ROWS": "*i64", "LEFT_KEEP": "*i64", "LEFT_LENGTHS": "*i32", "OUT": BF16}
 ATTN = dict(GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16)
+
+def prefetch(warps: int, **constexprs) -> tuple:
+    """A KERNELS entry of prefetch_linear's kernel: a plain product of K 256 in 16 x 16 tiles, but for `constexprs`."""
+    base = dict(HAS_BIAS=True, GELU=False, NORM=False, RESIDUAL=False, KEEP=False, HEADS=1, HEAD_D=1, HEADS_HERE=1,
+                TAPS=0, LEFT=False, KEEP_LEFT=False, IEEE=False, CHUNK=256, CHUNKS=1, BLOCK_M=16, BLOCK_N=16, PDL=True)
+    kernel = prefetch_linear._prefetch_linear
+    return (kernel, *signature(kernel, PREFETCH_PTRS, ("eps",), base | constexprs), warps)
+
 MEGAKERNEL = "codec: a level's transformer blocks, persistent (megakernel.py)"
 KERNELS = {
     "decode partition": (paged_attention._decode_partition_kernel, *signature(
@@ -145,30 +153,13 @@ KERNELS = {
     "codec: the feed-forward's first product with its GELU": (fused_linear._linear_gelu, *signature(
         fused_linear._linear_gelu, {"X": BF16, "W": BF16, "BIAS": BF16, "OUT": BF16}, (),
         dict(HAS_BIAS=True, IEEE=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=fused_linear.BLOCK_K, PDL=True)), 4),
-    "codec: a product at few frames, its weights read before the wait (K 256)": (
-        prefetch_linear._prefetch_linear, *signature(
-            prefetch_linear._prefetch_linear, PREFETCH_PTRS, ("eps",),
-            dict(HAS_BIAS=True, GELU=False, NORM=False, RESIDUAL=False, KEEP=False, HEADS=1, HEAD_D=1, HEADS_HERE=1,
-                 TAPS=0, LEFT=False, KEEP_LEFT=False, IEEE=False, CHUNK=256, CHUNKS=1, BLOCK_M=32, BLOCK_N=32,
-                 PDL=True)), 4),
-    "codec: a product at few frames, its weights read before the wait (K 1024, GELU)": (
-        prefetch_linear._prefetch_linear, *signature(
-            prefetch_linear._prefetch_linear, PREFETCH_PTRS, ("eps",),
-            dict(HAS_BIAS=True, GELU=True, NORM=False, RESIDUAL=False, KEEP=False, HEADS=1, HEAD_D=1, HEADS_HERE=1,
-                 TAPS=0, LEFT=False, KEEP_LEFT=False, IEEE=False, CHUNK=256, CHUNKS=4, BLOCK_M=32, BLOCK_N=16,
-                 PDL=True)), 4),
+    "codec: a product at few frames, its weights read before the wait (K 256)": prefetch(4, BLOCK_M=32, BLOCK_N=32),
+    "codec: a product at few frames, its weights read before the wait (K 1024, GELU)": prefetch(
+        4, GELU=True, CHUNKS=4, BLOCK_M=32),
     "codec: a product at few frames, its weights read before the wait (K 256, a norm folded in, a residual, kept keys)": (
-        prefetch_linear._prefetch_linear, *signature(
-            prefetch_linear._prefetch_linear, PREFETCH_PTRS, ("eps",),
-            dict(HAS_BIAS=True, GELU=True, NORM=True, RESIDUAL=True, KEEP=True, HEADS=8, HEAD_D=64, HEADS_HERE=1,
-                 TAPS=0, LEFT=False, KEEP_LEFT=False, IEEE=False, CHUNK=256, CHUNKS=1, BLOCK_M=16, BLOCK_N=16,
-                 PDL=True)), 2),
+        prefetch(2, GELU=True, NORM=True, RESIDUAL=True, KEEP=True, HEADS=8, HEAD_D=64)),
     "codec: a product at few frames, its weights read before the wait (a convolution's 3 taps of 256, a history)": (
-        prefetch_linear._prefetch_linear, *signature(
-            prefetch_linear._prefetch_linear, PREFETCH_PTRS, ("eps",),
-            dict(HAS_BIAS=True, GELU=False, NORM=False, RESIDUAL=False, KEEP=False, HEADS=1, HEAD_D=1, HEADS_HERE=1,
-                 TAPS=3, LEFT=True, KEEP_LEFT=True, IEEE=False, CHUNK=256, CHUNKS=3, BLOCK_M=16, BLOCK_N=16,
-                 PDL=True)), 2),
+        prefetch(2, TAPS=3, LEFT=True, KEEP_LEFT=True, CHUNKS=3)),
     "codec: causal unfold with a prompt prefix": (frame_ops._causal_unfold, *signature(
         frame_ops._causal_unfold, {"X": BF16, "FRAMES": BF16, "ROWS": "*i64", "KEEP_ROWS": "*i64", "LENGTHS": "*i32",
                                    "OUT": BF16}, (),

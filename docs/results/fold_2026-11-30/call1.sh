@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Written 2026-11-30 ~18:10 UTC, before any run (this session had no device time left): a transformer block in five
+# Written 2026-11-30 ~18:10 UTC, before any run (no device time was left on 2026-11-30): a transformer block in five
 # kernels where prefetch_linear's kernel runs (norm1 inside q|k|v's product, the residual and the kept keys inside the
 # output product, norm3 inside the feed-forward's first, the residual inside its second) and a convolution of 256
 # channels in one (its product reads its taps), a resnet block's res_conv inside its first convolution's product,
