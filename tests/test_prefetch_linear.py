@@ -48,6 +48,18 @@ def test_the_kernel_is_the_product(B, T, K, N, with_bias, gelu, dtype):
         assert (got.float() - exact).abs().mean() <= 1.05 * (want.float() - exact).abs().mean()
 
 
+def test_a_program_s_weight_slice_fits_shared_memory():
+    """The channels of a tile halve until K x channels fits SLICE_BYTES (an SM's shared memory holds the slice);
+    bf16's tiles as measured, float32's at K 1,024 halved."""
+    assert prefetch_linear.tiles(80, 1024, 2) == (16, 16, 2) and prefetch_linear.tiles(320, 1024, 2) == (32, 64, 4)
+    for M in (80, 320, 5120):
+        for K in (40, 256, 768, 1024):
+            for itemsize in (2, 4):
+                _, block_n, _ = prefetch_linear.tiles(M, K, itemsize)
+                assert K * block_n * itemsize <= prefetch_linear.SLICE_BYTES
+    assert prefetch_linear.tiles(320, 1024, 4)[1] == 32
+
+
 FOLD_SHAPES = [(2, 19, 40, 24), (1, 37, 200, 70)] + ([(1, 80, 256, 768), (1, 80, 256, 1024)] if CUDA else [])
 
 

@@ -54,6 +54,7 @@ FOLD = True        # the estimator's norms, residuals and kept keys in these pro
 MAX_ROWS = 160     # frames (rows of x) up to which the kernel runs (a call of one stream); cuBLAS's products above
 K_CHUNK = 256      # a program's weight slice is loaded as up to four [K_CHUNK, BLOCK_N] tiles
 MAX_K = 4 * K_CHUNK
+SLICE_BYTES = 128 << 10  # a program's weight slice at most (an H200's SM has 227 KB of shared memory)
 TILE = None        # (frames, channels, warps) per program; None: tiles() (the study sweeps them)
 
 
@@ -94,13 +95,16 @@ def causal_conv(x: torch.Tensor, taps: torch.Tensor, bias: torch.Tensor | None, 
     return linear(frame_ops.causal_unfold(x, k, left), taps, bias)
 
 
-def tiles(M: int) -> tuple[int, int, int]:
+def tiles(M: int, K: int = K_CHUNK, itemsize: int = 2) -> tuple[int, int, int]:
     """(frames, channels, warps) per program: 16 x 16 on 2 warps up to 160 frames (a call of one stream: 5 frame
     tiles, 16-64 channel tiles, a weight slice of 8-32 KB), 32 x 64 on 4 warps above. On an H200, the fastest of six
-    tiles for a chain of 56 blocks at 80 and 160 frames, and at 320 and 640 (bench/studies/prefetch_linear.py)."""
-    if TILE is not None:
-        return TILE
-    return (16, 16, 2) if M <= 160 else (32, 64, 4)
+    tiles for a chain of 56 blocks at 80 and 160 frames, and at 320 and 640 (bench/studies/prefetch_linear.py). The
+    channels halve while the slice (K x channels of itemsize bytes) would pass SLICE_BYTES: float32 at K 1,024 and
+    64 channels would need 256 KB of shared memory, more than an SM has."""
+    block_m, block_n, warps = TILE if TILE is not None else (16, 16, 2) if M <= 160 else (32, 64, 4)
+    while block_n > 16 and K * block_n * itemsize > SLICE_BYTES:
+        block_n //= 2
+    return block_m, block_n, warps
 
 
 def kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, gelu: bool = False,
@@ -133,7 +137,7 @@ def kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     kept, strides, ring, heads, head_d = frame_ops.keep_arguments(keep, x2)
     frames, rows = left[:2] if left is not None else (x2, x2)                              # (unread without)
     keep_rows, lengths = left[2:] if left is not None and len(left) == 4 else (x2, x2)
-    block_m, block_n, warps = tiles(M)
+    block_m, block_n, warps = tiles(M, K, x.element_size())
     chunk = triton.next_power_of_2(C) if taps else min(K_CHUNK, triton.next_power_of_2(K))
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n))
     pdl = launch.pdl(x)
