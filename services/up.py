@@ -21,10 +21,12 @@ SERVICES_ON_GPU = ("llm", "vocoder", "encoder")
 POLL_SECONDS = 0.1  # how often up looks at its services: a death is noticed (and the spare told to go) this soon
 CPU_START_QUIET = 0.005  # --admit-start-quiet on a CPU: a burst's refusals before its admitted turns' start (admission.py)
 GPU_STARTING_TURNS = 16  # --max-starting-turns on a GPU: a burst of 128 at once on an H100 played 100% stall-free
-# Turns a CPU core plays at once (the headroom rule's start and a burst's most, where `up` runs the stack on a CPU):
-# on 2 cores, the embedded default (the codec's flow + HiFT) played 2 streams 100% stall-free, 4 at 50%, 6 and 8 at 0%
-# (docs/benchmarks.md, 2026-11-29). The rule learns more from there where the stages have room.
-CPU_TURNS_PER_CORE = 1
+# Cores a turn needs (the headroom rule's start and a burst's most, where `up` runs the stack on a CPU): each stage has
+# its share of the cores (one thread each on 2), and the vocoder's one thread makes ~0.4 s of a stream's second of
+# audio. On 2 cores, 2 turns started by a burst stalled in 4 of 12 bursts of 96 on 2026-11-30 (the first turn's second
+# chunk waited behind the second's first; started one after the other, 2 of 12, the second turn's), 1 in none
+# (docs/benchmarks.md, cpu-bursts-2026-11-30). The rule learns more from there where the stages have room.
+CPU_CORES_PER_TURN = 2
 # On a GPU the vocoder's first chunks run on a lane of their own (--first-chunk-lane on): under headroom admission on an
 # H100 it admitted 14-16% more turns at Poisson 30-40 a second and 27% more of a 256-stream ramp, all stall-free, with
 # TTFA p95 282-293 ms against 287-312 ms (docs/benchmarks.md).
@@ -40,7 +42,7 @@ def up_service_args(args) -> dict[str, list[str]]:
     if args.device == "cuda":  # admission measured on an H100 and an H200 (docs/benchmarks.md)
         gateway += ["--max-starting-turns", str(GPU_STARTING_TURNS)] if args.max_starting_turns is None else []
         vocoder += ["--first-chunk-lane", "on"] if args.first_chunk_lane is None and args.flow_solve != "on" else []
-    else:  # a CPU plays a few streams a core: the rule starts there, and a burst on an idle stack gets no more
+    else:  # a CPU plays a stream per two cores: the rule starts there, and a burst on an idle stack gets no more
         turns = str(cpu_turns())
         gateway += [*(["--admit-initial-turns", turns] if args.admit_initial_turns is None else []),
                     *(["--admit-burst-turns", turns] if args.admit_burst_turns is None else []),
@@ -61,7 +63,7 @@ def up_service_args(args) -> dict[str, list[str]]:
 
 def cpu_turns() -> int:
     """Turns the stack's CPU plays at once, by the cores this process may run on."""
-    return max(1, len(os.sched_getaffinity(0)) * CPU_TURNS_PER_CORE)
+    return max(1, len(os.sched_getaffinity(0)) // CPU_CORES_PER_TURN)
 
 
 def http_url(args) -> str:

@@ -70,12 +70,6 @@ def test_history_rows_joining_at_different_steps_get_the_whole_calls_mel(flow, v
     reads its own ring and writes its new frames there at the step it is at. products "folded": through
     prefetch_linear's kernel with the per-frame work, the kept keys and the convolutions' kept frames folded in
     (Triton's interpreter), where each row's ring and bank row is at its own step."""
-    if products == "folded":
-        from services.vocoder.codec import prefetch_linear
-
-        monkeypatch.setattr(prefetch_linear, "on_gpu", lambda x: True)
-        monkeypatch.setattr(prefetch_linear, "TILE", (128, 64, 4))  # few programs: the interpreter runs each in turn
-        monkeypatch.setattr(flow.decoder, "n_timesteps", 3)          # (5 passes, not 12: the interpreter's time)
     d = decoder(flow, voices, history_streams=4)
     rows = []
     for i, voice in enumerate((voices[0], voices[1], voices[0])):
@@ -85,6 +79,12 @@ def test_history_rows_joining_at_different_steps_get_the_whole_calls_mel(flow, v
         plan = d.plan(state, state.received, False, capped=True)
         assert state.slot is not None and state.slot >= 0 and state.written > 0 and plan is not None, state
         rows.append((state, plan))
+    if products == "folded":  # the second calls only (the first ones fill the rings and banks either way)
+        from services.vocoder.codec import prefetch_linear
+
+        monkeypatch.setattr(prefetch_linear, "on_gpu", lambda x: True)
+        monkeypatch.setattr(prefetch_linear, "TILE", (128, 64, 4))  # few programs: the interpreter runs each in turn
+        monkeypatch.setattr(flow.decoder, "n_timesteps", 3)          # (5 passes, not 12: the interpreter's time)
     spans = [d._solved(s, p) for s, p in rows]
     T = max(len(s.voice.prompt_tokens) + p.end - p.start for s, p in rows)
     batch = d.history_batch(rows, len(rows), T, max(b - a for a, b, _ in spans))

@@ -370,7 +370,7 @@ def test_the_gateway_says_at_start_what_it_admits_by():
 
 def test_a_burst_of_96_on_the_embedded_default_admits_what_a_cpu_plays(stack, tmp_path):
     """96 turns at the same instant through a gateway admitting as `moss-serve up` has it admit on a CPU (headroom,
-    starting at and bursting to a turn a core), in front of the embedded default (the codec's flow + HiFT on the
+    starting at and bursting to a turn per two cores), in front of the embedded default (the codec's flow + HiFT on the
     CPU): a few are admitted and play on time, the rest are refused at once with a retry hint, nothing is left held.
     (The issue's 50 ms for the refusals depends on the 2-core machine: p95 29-36 ms on one, 80-133 ms on a slower one,
     docs/admission.md; asserted here within 1 s.)"""
@@ -382,7 +382,7 @@ def test_a_burst_of_96_on_the_embedded_default_admits_what_a_cpu_plays(stack, tm
     from conftest import left_held, own_gateway
 
     from services.cli import parser
-    from services.up import CPU_TURNS_PER_CORE, up_service_args
+    from services.up import cpu_turns, up_service_args
 
     flags = up_service_args(parser().parse_args(["up"]))["gateway"]
     assert "headroom" in flags
@@ -393,8 +393,7 @@ def test_a_burst_of_96_on_the_embedded_default_admits_what_a_cpu_plays(stack, tm
         held = left_held(gateway, stack)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     s = json.loads((tmp_path / "bench.json").read_text())["levels"]["96"]["summary"]
-    cores = len(os.sched_getaffinity(0))
-    assert 1 <= s["ok"] <= cores * CPU_TURNS_PER_CORE and s["ok"] + s["refused"] == 96, s
+    assert 1 <= s["ok"] <= cpu_turns() == max(1, len(os.sched_getaffinity(0)) // 2) and s["ok"] + s["refused"] == 96, s
     assert s["stall_free_share"] >= 0.9, s
     assert s["refusals_with_hint"] == s["refused"] and s["refusal_seconds"]["max"] < 1.0, s
     assert not any(held.values())

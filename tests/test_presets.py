@@ -239,7 +239,7 @@ def test_up_admits_by_headroom_on_every_device_scaled_to_it():
     a core and a burst gets no more; what is given stays; a bare gateway counts."""
     import os
 
-    from services.up import CPU_START_QUIET, CPU_TURNS_PER_CORE
+    from services.up import CPU_START_QUIET, cpu_turns
 
     def gateway(*argv):
         return parser().parse_args(["gateway", *up_service_args(parser().parse_args(["up", *argv]))["gateway"]])
@@ -248,7 +248,7 @@ def test_up_admits_by_headroom_on_every_device_scaled_to_it():
     assert (cuda.admit_initial_turns, cuda.admit_burst_turns) == (None, None)   # the rule's own
     cores = len(os.sched_getaffinity(0))
     assert (cpu.admission, cpu.max_starting_turns) == ("headroom", None)
-    assert cpu.admit_initial_turns == cpu.admit_burst_turns == cores * CPU_TURNS_PER_CORE
+    assert cpu.admit_initial_turns == cpu.admit_burst_turns == cpu_turns() == max(1, cores // 2)
     assert (cpu.admit_start_quiet, cuda.admit_start_quiet) == (CPU_START_QUIET, None)  # a CPU's refusals first
     assert gateway("--admit-start-quiet", "0").admit_start_quiet == 0
     given = gateway("--device", "cuda", "--admission", "count", "--max-starting-turns", "0")

@@ -128,7 +128,7 @@ def test_silent_clients_without_keys_deny_the_llm_to_nobody(crowd_stack, tmp_pat
 
 
 def test_silent_clients_do_not_take_a_cpu_stacks_few_turns_from_its_readers(crowd_stack, tmp_path):
-    """Admission as `moss-serve up` has it on a CPU (headroom, from a turn a core): silent calls held one after
+    """Admission as `moss-serve up` has it on a CPU (headroom, from a turn per two cores): silent calls held one after
     another take none of the turns the stages play, so readers are served beside them; once the silent calls are
     gone nothing is left held."""
     from services.cli import parser

@@ -49,7 +49,7 @@ def test_up_forwards_the_gateway_options():
 
 
 def test_up_defaults_match_gateway_defaults():
-    """But admission, which `up` sets for its device (on this CPU: headroom from a turn a core)."""
+    """But admission, which `up` sets for its device (on this CPU: headroom from a turn per two cores)."""
     gateway = parser().parse_args(["gateway", *up_service_args(parser().parse_args(["up"]))["gateway"]])
     assert vars(gateway) == vars(parser().parse_args(["gateway", *CPU_ADMISSION]))
 
