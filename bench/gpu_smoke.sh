@@ -4,7 +4,8 @@
 # inference imports).
 #   bash bench/gpu_smoke.sh            # GPU tests (kernels, kernel runner, graphs, sampler, the codec, the encoder), then the benchmark
 #   bash bench/gpu_smoke.sh tests      # only the GPU tests (over 400 s with the parity oracle's wheels: a device
-#                                      # call of 10 minutes may not hold them; then tests-llm and tests-codec, a call each)
+#                                      # call of 10 minutes may not hold them; then tests-llm, tests-codec and
+#                                      # tests-flow-kernels, a call each)
 #   bash bench/gpu_smoke.sh bench      # only the benchmark
 #   bash bench/gpu_smoke.sh suite      # the whole test suite on the GPU image
 source "$(dirname "$0")/wheel_site.sh"
@@ -17,6 +18,10 @@ CODEC_TESTS=(tests/test_vocoder_activation.py tests/test_vocoder_stream.py tests
              tests/test_codec_prefix.py tests/test_codec_stream.py tests/test_codec_history.py tests/test_codec_solve.py
              tests/test_solve_worker.py tests/test_hift_snake.py tests/test_encoder_attention.py tests/test_encoder_model.py
              tests/test_encoder_graphs.py tests/test_encoder_stream.py tests/test_encoder_worker.py tests/test_vocoder_capture.py)
+# the flow's own Triton kernels at the real size (the products that load their weights before the wait, with the
+# folds; the megakernel, off by default; every kernel compiled): over 170 s on an H200 (2026-11-30: the first
+# file alone over 110 s, the megakernel's 57 s)
+FLOW_KERNEL_TESTS=(tests/test_prefetch_linear.py tests/test_megakernel.py tests/test_kernel_compile.py)
 run_tests() {  # $1: the log's name; then the files
   local log=$1; shift
   echo "== GPU tests: $log"
@@ -24,6 +29,7 @@ run_tests() {  # $1: the log's name; then the files
 }
 [[ $what == all || $what == tests || $what == tests-llm ]] && run_tests gpu_tests_llm "${LLM_TESTS[@]}"
 [[ $what == all || $what == tests || $what == tests-codec ]] && run_tests gpu_tests_codec "${CODEC_TESTS[@]}"
+[[ $what == all || $what == tests || $what == tests-flow-kernels ]] && run_tests gpu_tests_flow_kernels "${FLOW_KERNEL_TESTS[@]}"
 if [[ $what == suite ]]; then
   echo "== whole suite"
   python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/suite.log" | tail -25
