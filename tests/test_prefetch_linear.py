@@ -160,8 +160,8 @@ def test_streamed_calls_folded_into_the_kernel_are_the_calls_apart(monkeypatch):
 
     from services.vocoder.loader import FlowOptions, load_vocoder
 
-    # 3 Euler steps, 3 calls and the last (the interpreter runs each program of ~100 kernels a step in turn)
-    v = load_vocoder(None, "tiny-codec", flow=FlowOptions(history_streams=2, n_timesteps=3))
+    # 2 Euler steps, 3 calls and the last (the interpreter runs each program of ~100 kernels a step in turn)
+    v = load_vocoder(None, "tiny-codec", flow=FlowOptions(history_streams=2, n_timesteps=2))
     tokens, schedule = codes(23), SCHEDULES["gateway"]
     apart = stream_mel(v, tokens, schedule)
     folded = []
