@@ -22,10 +22,10 @@ POLL_SECONDS = 0.1  # how often up looks at its services: a death is noticed (an
 CPU_START_QUIET = 0.005  # --admit-start-quiet on a CPU: a burst's refusals before its admitted turns' start (admission.py)
 GPU_STARTING_TURNS = 16  # --max-starting-turns on a GPU: a burst of 128 at once on an H100 played 100% stall-free
 # Cores a turn needs (the headroom rule's start and a burst's most, where `up` runs the stack on a CPU): each stage has
-# its share of the cores (one thread each on 2), and the vocoder's one thread makes ~0.4 s of a stream's second of
-# audio. On 2 cores, 2 turns started by a burst stalled in 4 of 12 bursts of 96 on 2026-11-30 (the first turn's second
-# chunk waited behind the second's first; started one after the other, 2 of 12, the second turn's), 1 in none
-# (docs/benchmarks.md, cpu-bursts-2026-11-30). The rule learns more from there where the stages have room.
+# its share of the cores (one thread each on 2), and the vocoder's one thread spends ~0.4 s on each second of a
+# stream's audio. On 2 cores, 2 turns started by a burst stalled in 3 of 11 bursts of 96 on 2026-11-30 (the first
+# turn's second chunk waited behind the second's first; started one after the other, 2 of 12, the second turn's), 1 in
+# none of 12 (docs/benchmarks.md, cpu-bursts-2026-11-30). The rule learns more from there where the stages have room.
 CPU_CORES_PER_TURN = 2
 # On a GPU the vocoder's first chunks run on a lane of their own (--first-chunk-lane on): under headroom admission on an
 # H100 it admitted 14-16% more turns at Poisson 30-40 a second and 27% more of a 256-stream ramp, all stall-free, with
