@@ -44,12 +44,14 @@ PREFETCH_PTRS = {**FRAME_NORM_PTRS, "X": BF16, "W": BF16, "BIAS": BF16, "GAMMA":
                  "LEFT_ROWS": "*i64", "LEFT_KEEP": "*i64", "LEFT_LENGTHS": "*i32", "OUT": BF16}
 ATTN = dict(GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16)
 
+
 def prefetch(warps: int, **constexprs) -> tuple:
     """A KERNELS entry of prefetch_linear's kernel: a plain product of K 256 in 16 x 16 tiles, but for `constexprs`."""
     base = dict(HAS_BIAS=True, GELU=False, NORM=False, RESIDUAL=False, KEEP=False, HEADS=1, HEAD_D=1, HEADS_HERE=1,
                 TAPS=0, LEFT=False, KEEP_LEFT=False, IEEE=False, CHUNK=256, CHUNKS=1, BLOCK_M=16, BLOCK_N=16, PDL=True)
     kernel = prefetch_linear._prefetch_linear
     return (kernel, *signature(kernel, PREFETCH_PTRS, ("eps",), base | constexprs), warps)
+
 
 MEGAKERNEL = "codec: a level's transformer blocks, persistent (megakernel.py)"
 KERNELS = {

@@ -236,7 +236,7 @@ def test_moss_serve_up_runs_the_engine_it_was_given():
 
 def test_up_admits_by_headroom_on_every_device_scaled_to_it():
     """On a GPU the rule's own start (48) and burst (128), turns started a few at a time; on a CPU it starts at a turn
-    a core and a burst gets no more; what is given stays; a bare gateway counts."""
+    per two cores and a burst gets no more; what is given stays; a bare gateway counts."""
     import os
 
     from services.up import CPU_START_QUIET, cpu_turns
