@@ -19,8 +19,8 @@ CODEC_TESTS=(tests/test_vocoder_activation.py tests/test_vocoder_stream.py tests
              tests/test_solve_worker.py tests/test_hift_snake.py tests/test_encoder_attention.py tests/test_encoder_model.py
              tests/test_encoder_graphs.py tests/test_encoder_stream.py tests/test_encoder_worker.py tests/test_vocoder_capture.py)
 # the flow's own Triton kernels at the real size (the products that load their weights before the wait, with the
-# folds; the megakernel, off by default; every kernel compiled): over 170 s on an H200 (2026-11-30: the first
-# file alone over 110 s, the megakernel's 57 s)
+# folds; the megakernel, off by default; every kernel compiled): ~200-300 s on a fresh H200, its Triton cache cold
+# (2026-11-30: test_prefetch_linear over 120 s cold, the megakernel's 57-132 s, kernel_compile 32 s)
 FLOW_KERNEL_TESTS=(tests/test_prefetch_linear.py tests/test_megakernel.py tests/test_kernel_compile.py)
 run_tests() {  # $1: the log's name; then the files
   local log=$1; shift

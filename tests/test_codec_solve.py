@@ -64,7 +64,9 @@ def test_rows_over_the_voice_prefix_joining_at_different_steps_get_the_whole_cal
     torch.testing.assert_close(got.transpose(1, 2), want, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("starts,products", [([0, 4, 9], "pytorch"), ([2, 0, 1], "pytorch"), ([2, 0, 1], "folded")])
+@pytest.mark.parametrize("starts,products", [([0, 4, 9], "pytorch"), ([2, 0, 1], "pytorch"), pytest.param(
+    [2, 0, 1], "folded", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's case (CPU "
+    "tensors, an interpreter's tile that passes an SM's shared memory): on a GPU the solve in CUDA graphs runs the kernel"))])
 def test_history_rows_joining_at_different_steps_get_the_whole_calls_mel(flow, voices, starts, products, monkeypatch):
     """Second calls of three streams (their rings and convolution banks hold their first calls' frames): each row
     reads its own ring and writes its new frames there at the step it is at. products "folded": through
