@@ -50,7 +50,8 @@ up: $(STAMP)
 # processes inherit it), their output kept in $(PARALLEL_LOG) and printed after. The clock-racing part leaves a core
 # of two idle about half the time (its services wait on audio's pace), which the other part now takes; before, one
 # part ran after the other (2026-12-01: 750-840 s, then 424-450 s, on this 2-core machine). Both run, and either
-# failing fails.
+# failing fails. The parallel part is a process group of its own (setsid), ended with the recipe: a Ctrl-C leaves
+# none of its tests or services running (a shell's background job ignores Ctrl-C itself).
 TEST_WORKERS ?= 2
 PARALLEL_LOG ?= .pytest-parallel.log
 test:
@@ -60,8 +61,9 @@ test:
 	$(BIN)/python -m compileall -q services protos tests > /dev/null
 	@status=0; \
 	echo "the modules that may share the machine: under SCHED_IDLE, their output in $(PARALLEL_LOG), printed last"; \
-	chrt --idle 0 $(BIN)/python -m pytest -q -rs --durations=15 -m parallel -n $(TEST_WORKERS) \
+	chrt --idle 0 setsid $(BIN)/python -m pytest -q -rs --durations=15 -m parallel -n $(TEST_WORKERS) \
 		> $(PARALLEL_LOG) 2>&1 & parallel=$$!; \
+	trap 'kill -TERM -$$parallel 2>/dev/null' INT TERM EXIT; \
 	$(BIN)/python -m pytest -q -rs --durations=15 -m "not parallel" || status=1; \
 	wait $$parallel || status=1; \
 	cat $(PARALLEL_LOG); \
