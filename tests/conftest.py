@@ -32,6 +32,12 @@ from services.stack import Ports, Stack, free_port, is_serving
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# A case for Triton's CPU interpreter alone: CPU tensors through a kernel with an interpreter's tile (few programs,
+# since it runs them one by one), whose float32 shared memory would pass an SM's. On a GPU the interpreter is off and
+# the GPU's own cases run the kernel.
+interpreter_only = pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter's case (CPU tensors, a "
+                                      "tile past an SM's shared memory): on a GPU its own cases run the kernel")
+
 
 def _interpreter_loop_bounds() -> None:
     """CPU interpreter only (TRITON_INTERPRET=1): Triton 3.6's interpreter holds scalars as 1-element arrays

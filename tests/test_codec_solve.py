@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from conftest import interpreter_only
 
 from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.history import HistoryRows
@@ -65,8 +66,7 @@ def test_rows_over_the_voice_prefix_joining_at_different_steps_get_the_whole_cal
 
 
 @pytest.mark.parametrize("starts,products", [([0, 4, 9], "pytorch"), ([2, 0, 1], "pytorch"), pytest.param(
-    [2, 0, 1], "folded", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's case (CPU "
-    "tensors, an interpreter's tile that passes an SM's shared memory): on a GPU the solve in CUDA graphs runs the kernel"))])
+    [2, 0, 1], "folded", marks=interpreter_only)])  # (on a GPU: the solve in CUDA graphs)
 def test_history_rows_joining_at_different_steps_get_the_whole_calls_mel(flow, voices, starts, products, monkeypatch):
     """Second calls of three streams (their rings and convolution banks hold their first calls' frames): each row
     reads its own ring and writes its new frames there at the step it is at. products "folded": through

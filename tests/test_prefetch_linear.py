@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton", reason="triton is not importable; the codec's products untested")
 
+from conftest import interpreter_only  # noqa: E402
 from test_frame_ops import DEVICE, DTYPES, layer_norm, rings_to_keep, tolerance  # noqa: E402
 from test_fused_linear import product  # noqa: E402  (x [B, T, K], weight [N, K], bias [N], seeded)
 
@@ -152,8 +153,7 @@ def test_a_norm_over_more_than_one_chunk_is_refused():
         prefetch_linear.kernel(x, weight, norm=layer_norm(x.shape[-1], 1, torch.float32))
 
 
-@pytest.mark.skipif(CUDA, reason="the interpreter's case (CPU tensors, an interpreter's tile that passes an SM's shared "
-                    "memory): on a GPU the flow call below and test_codec_history's run the kernel itself")
+@interpreter_only  # (on a GPU: the flow call below and test_codec_history's)
 def test_streamed_calls_folded_into_the_kernel_are_the_calls_apart(monkeypatch):
     """A stream's calls (a stream history: its kept keys and convolutions' left frames) at the tiny codec's size, the
     transformer blocks, the convolutions' taps and the resnets' res_conv (in their first convolution's product) folded
