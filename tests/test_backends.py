@@ -6,7 +6,7 @@ import functools
 import time
 
 import pytest
-from moss.speech.v1 import llm_pb2_grpc
+from moss.speech.v1 import llm_pb2_grpc, vocoder_pb2
 
 from services.common.errors import Unavailable
 from services.gateway.backends import Backends, Pool
@@ -116,3 +116,31 @@ async def test_a_replaced_replica_is_marked_down_and_another_taken():
     assert not a.ready
     with pytest.raises(Unavailable):  # the last one fails too: nothing left within the wait
         await backends.replace(backends.llm, b, budget=0.2)
+
+
+class Vocoder:
+    """A vocoder's ListVoices, counted: what `voices` holds when asked."""
+
+    def __init__(self, *voices: str):
+        self.voices, self.asked = list(voices), 0
+
+    async def ListVoices(self, request, timeout=None):
+        self.asked += 1
+        return vocoder_pb2.ListVoicesResponse(voices=sorted(self.voices))
+
+
+@in_loop
+async def test_a_replica_that_has_not_said_it_has_a_voice_another_has_is_asked_again():
+    """A voice made on every replica since this gateway last asked one of them (by another gateway): a turn placed on
+    the replica not asked since is not refused for it. A name no replica and no owner has costs no call."""
+    backends = Backends(TARGETS[:1], TARGETS[1:3], ready_wait=1.0)
+    fresh, stale = backends.vocoder.replicas
+    for replica, voices in ((fresh, ("default", "new")), (stale, ("default",))):
+        replica.stub = Vocoder(*voices)
+        assert await replica.list_voices()
+        backends.vocoder.set_ready(replica, True)
+    stale.stub.voices.append("new")  # (made there too; this gateway has not asked it since)
+    assert await backends.voices_of(stale, "new") == ("default", "new") and stale.stub.asked == 2
+    assert await backends.voices_of(stale, "new") == ("default", "new") and stale.stub.asked == 2  # known: no call
+    assert await backends.voices_of(fresh, "typo") == ("default", "new") and fresh.stub.asked == 1
+    assert await backends.voices_of(stale, "") == ("default", "new") and stale.stub.asked == 2  # ("": default)

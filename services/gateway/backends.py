@@ -79,20 +79,27 @@ class Replica:
         serving = reply.status == health_pb2.HealthCheckResponse.SERVING
         # (again) ready, or not asked for a while: what voices does it have now? (another gateway, or an operator, may
         # have added one)
-        asked = time.monotonic()
-        if serving and self.stage == "vocoder" and (not self.ready or asked - self.voices_listed >= VOICES_SECONDS):
-            try:
-                listed = await self.stub.ListVoices(vocoder_pb2.ListVoicesRequest(), timeout=CHECK_TIMEOUT)
-            except grpc.aio.AioRpcError as err:
-                if err.code() != grpc.StatusCode.UNIMPLEMENTED:  # (a vocoder without it checks names itself)
-                    return False
-                self.voices, self.stream_slots, self.voices_listed = None, 0, asked
-                return serving
-            if asked >= self.voices_changed:  # (an answer older than this gateway's own change is not taken)
-                self.voices, self.stream_slots = tuple(listed.voices), listed.stream_slots
-                self.max_prompt_seconds, self.max_voices = listed.max_prompt_seconds, listed.max_voices
-                self.voices_listed = asked
+        stale = time.monotonic() - self.voices_listed >= VOICES_SECONDS
+        if serving and self.stage == "vocoder" and (not self.ready or stale):
+            return await self.list_voices()
         return serving
+
+    async def list_voices(self) -> bool:
+        """Ask a vocoder for its voices (ListVoices) → whether it answered. A vocoder without ListVoices checks a
+        turn's voice itself (voices None)."""
+        asked = time.monotonic()
+        try:
+            listed = await self.stub.ListVoices(vocoder_pb2.ListVoicesRequest(), timeout=CHECK_TIMEOUT)
+        except grpc.aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.UNIMPLEMENTED:
+                return False
+            self.voices, self.stream_slots, self.voices_listed = None, 0, asked
+            return True
+        if asked >= self.voices_changed:  # (an answer older than this gateway's own change is not taken)
+            self.voices, self.stream_slots = tuple(listed.voices), listed.stream_slots
+            self.max_prompt_seconds, self.max_voices = listed.max_prompt_seconds, listed.max_voices
+            self.voices_listed = asked
+        return True
 
     def add_calls(self, n: int) -> None:
         """n calls began (n > 0) or ended (n < 0) on this replica."""
@@ -203,6 +210,15 @@ class Backends:
         known = [r.voices for r in self.vocoder.replicas if r.ready and r.voices is not None]
         names = tuple(sorted(set().union(*known))) if known else None
         return names if names is None or owner is None else self.voice_owners.usable(names, owner)
+
+    async def voices_of(self, replica: Replica, name: str) -> tuple[str, ...] | None:
+        """A vocoder replica's voices for a turn in voice `name`: asked again first when they lack a name that another
+        ready replica lists or the owners' book has made (a voice made since this gateway last asked this replica:
+        by another gateway, within VOICES_SECONDS). A name nobody has costs no call."""
+        if (replica.voices is not None and name and name not in replica.voices
+                and (name in (self.voices() or ()) or self.voice_owners.made(name))):
+            await replica.list_voices()
+        return replica.voices
 
     def stream_slots(self) -> int | None:
         """The streams the ready vocoders decode at full speed, all together; None where they set no limit (none

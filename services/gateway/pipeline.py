@@ -151,7 +151,8 @@ class Turn:
         # for, within the deadline.
         llm, vocoder, self.ready_waited = await self.backends.acquire(self._left(), self.session.replica if self.session else None)
         # before any stage works on the turn
-        self.voice = resolve_voice(self.req.voice, vocoder.voices, self.backends.voice_owners, self.owner)
+        known = await self.backends.voices_of(vocoder, self.req.voice)
+        self.voice = resolve_voice(self.req.voice, known, self.backends.voice_owners, self.owner)
         pump = None
         try:
             self._use_llm(llm)  # the prompt is prefilled while the vocoder stream opens
