@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from services.common.audio import read_audio
+from services.common.mel_filters import mel_filters
 from services.common.recording import RecordingError, check_recording, prompt_cut
 from services.vocoder.codec.voice import Voice, check, save_voice
 
@@ -41,9 +42,7 @@ def resample(samples: np.ndarray, rate: int, to: int) -> np.ndarray:
 
 def flow_mel(samples24k: np.ndarray) -> torch.Tensor:
     """[T] at 24 kHz → the flow's log-mel [frames, 80] (module docstring)."""
-    import librosa
-
-    basis = torch.from_numpy(librosa.filters.mel(sr=MEL_RATE, n_fft=N_FFT, n_mels=N_MELS, fmin=0, fmax=FMAX))
+    basis = torch.from_numpy(mel_filters(MEL_RATE, N_FFT, N_MELS, fmin=0, fmax=FMAX))
     pad = (N_FFT - HOP) // 2
     y = torch.nn.functional.pad(torch.from_numpy(samples24k)[None, None], (pad, pad), mode="reflect")[0]
     spec = torch.stft(y, N_FFT, HOP, N_FFT, window=torch.hann_window(N_FFT), center=False, return_complex=True)

@@ -84,7 +84,7 @@ PARALLEL_MODULES = frozenset({
     "test_fp8_agreement", "test_frame_ops", "test_fused_kernels", "test_fused_linear", "test_prefetch_linear", "test_generation_rules",
     "test_health", "test_hift_snake", "test_house", "test_http", "test_interceptor", "test_kernel_compile",
     "test_kernel_runner", "test_layering", "test_llm_reference", "test_llm_report", "test_llm_service",
-    "test_matmul_check", "test_megakernel", "test_memory", "test_model", "test_mps", "test_overlap",
+    "test_matmul_check", "test_megakernel", "test_mel_filters", "test_memory", "test_model", "test_mps", "test_overlap",
     "test_overload_report", "test_paged_attention", "test_prometheus", "test_prompt_layout", "test_protos",
     "test_replicas", "test_sampler", "test_sessions", "test_settings", "test_speech_input", "test_spoken_turns",
     "test_text_skip", "test_time_stretch", "test_timeline", "test_tls", "test_trt_runner", "test_up", "test_vocoder",

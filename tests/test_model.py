@@ -28,6 +28,17 @@ def test_real_preset_has_the_published_tensors():
     assert abs(sum(torch.Size(s).numel() for s in shapes.values()) / 1e9 - 9.1) < 0.05
 
 
+@pytest.mark.parametrize("cfg", [preset("moss-speech"), tiny_config(),
+                                 MossSpeechConfig(hidden_size=96, intermediate_size=160, num_attention_heads=6,
+                                                  num_key_value_heads=2, head_dim=24, num_shared_layers=3,
+                                                  num_modality_layers=2, vocab_size=151700, audio_vocab_size=300)])
+def test_the_configs_parameter_count_is_the_built_models(cfg):
+    """What the llm checks against the device's memory before it builds anything (server.check_weights_fit)."""
+    with torch.device("meta"):
+        built = sum(p.numel() for p in MossSpeechForCausalLM(cfg).parameters())
+    assert cfg.num_parameters == built
+
+
 def test_tiny_keeps_the_special_token_layout():
     real, tiny = preset("moss-speech"), tiny_config()
     for name in ("im_start_token_id", "im_end_token_id", "sosp_token_id", "modality_pad_token_id"):

@@ -25,6 +25,7 @@ import functools
 
 import torch
 
+from services.common.mel_filters import mel_filters as slaney_mel
 from services.encoder.config import HOP, SAMPLE_RATE
 
 N_FFT = 400
@@ -36,9 +37,7 @@ FLOOR = 8.0               # log10 units below the segment's maximum (80 dB)
 @functools.cache
 def mel_filters(n_mels: int) -> torch.Tensor:
     """[n_mels, 201]: Slaney-scale, Slaney-normalised triangles over the STFT's bins (Whisper's, librosa's default)."""
-    import librosa  # (imported here: the llm and gateway never need it)
-
-    return torch.from_numpy(librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=n_mels))
+    return torch.from_numpy(slaney_mel(SAMPLE_RATE, N_FFT, n_mels))
 
 
 def pad_to_code(samples: torch.Tensor) -> torch.Tensor:

@@ -79,8 +79,7 @@ def build_engine(s: LlmSettings) -> LLMEngine:
 def check_weights_fit(cfg: MossSpeechConfig, dtype: torch.dtype | None, device: torch.device) -> None:
     """NotEnoughMemory, before a byte of them is allocated, where the weights do not fit the device's free memory."""
     dtype = dtype or DTYPES.get(cfg.torch_dtype, torch.float32)
-    with torch.device("meta"):
-        n = sum(p.numel() for p in MossSpeechForCausalLM(cfg).parameters())
+    n = cfg.num_parameters
     name = {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype))
     advice = ("give --dtype bfloat16 (half of float32's), or serve it on a GPU (--device cuda)"
               if device.type == "cpu" and dtype == torch.float32 else "serve it on a device with more memory")

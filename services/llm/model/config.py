@@ -67,6 +67,16 @@ class MossSpeechConfig:
         return (self.endoftext_token_id, self.im_end_token_id)
 
     @property
+    def num_parameters(self) -> int:
+        """The weights' count, from the shapes model.py builds (9.1 B for MOSS-Speech): what a device must hold,
+        known without building the model (on the meta device its embeddings' init alone imports torch._dynamo)."""
+        h, q, kv = self.hidden_size, self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        attention = h * q + 2 * h * kv + q * h + 2 * self.head_dim  # q, k, v, o; q and k norms
+        layer = attention + 3 * h * self.intermediate_size + 2 * h    # gate, up, down; two norms
+        vocab = self.vocab_size + self.audio_vocab_size
+        return self.num_layers * layer + 2 * vocab * h + 2 * h        # embeddings and heads; the branches' final norms
+
+    @property
     def kv_bytes_per_token(self) -> int:
         itemsize = 2 if self.torch_dtype in ("bfloat16", "float16") else 4
         return self.num_layers * 2 * self.num_key_value_heads * self.head_dim * itemsize
