@@ -44,29 +44,20 @@ up: $(STAMP)
 # them, and each of the suite's ~150 service processes would compile them again; Python still reads fresh ones).
 # The venv and Debian's tools install side by side (-j2): pip and apt-get wait on different things. In CI (CI=true) a
 # tool that could not be installed fails the run (check-tools) instead of skipping a whole feature's tests; -rs lists
-# every skip with its reason. The suite in two parts (tests/conftest.py's PARALLEL_MODULES), side by side: the ones
-# that race clocks, one at a time, at the normal priority; the modules that may share the machine, TEST_WORKERS at a
-# time, under SCHED_IDLE (chrt --idle: they run only on a core the first part leaves idle, and their service
-# processes inherit it), their output kept in $(PARALLEL_LOG) and printed after. The clock-racing part leaves a core
-# of two idle about half the time (its services wait on audio's pace), which the other part now takes; before, one
-# part ran after the other (2026-12-01: 750-840 s, then 424-450 s, on this 2-core machine). Both run, and either
-# failing fails. The parallel part is a process group of its own (setsid), ended with the recipe: a Ctrl-C leaves
-# none of its tests or services running (a shell's background job ignores Ctrl-C itself).
+# every skip with its reason. The suite in two parts (tests/conftest.py's PARALLEL_MODULES): the modules that may share
+# the machine, TEST_WORKERS at a time, then the ones that race clocks, one at a time; both run, and either failing fails.
+# One after the other, not side by side: the clock-racing part keeps ~1.3 of 2 cores busy (its services stream in real
+# time), so beside it an idle-scheduled first part got ~0.2 of a core and the whole took 1,023 s against ~960 s one
+# after the other, while the clock-racing tests failed in three runs of six (2026-12-01: docs/benchmarks.md).
 TEST_WORKERS ?= 2
-PARALLEL_LOG ?= .pytest-parallel.log
 test:
 	@$(MAKE) --no-print-directory -j2 install tools
 	@$(MAKE) --no-print-directory check-tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m compileall -q services protos tests > /dev/null
 	@status=0; \
-	echo "the modules that may share the machine: under SCHED_IDLE, their output in $(PARALLEL_LOG), printed last"; \
-	chrt --idle 0 setsid $(BIN)/python -m pytest -q -rs --durations=15 -m parallel -n $(TEST_WORKERS) \
-		> $(PARALLEL_LOG) 2>&1 & parallel=$$!; \
-	trap 'kill -TERM -$$parallel 2>/dev/null' INT TERM EXIT; \
+	$(BIN)/python -m pytest -q -rs --durations=15 -m parallel -n $(TEST_WORKERS) || status=1; \
 	$(BIN)/python -m pytest -q -rs --durations=15 -m "not parallel" || status=1; \
-	wait $$parallel || status=1; \
-	cat $(PARALLEL_LOG); \
 	exit $$status
 
 # Debian's prometheus package (the server and promtool) for the deploy checks and the Prometheus

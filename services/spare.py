@@ -30,9 +30,9 @@ import sys
 GO = b"go\n"
 # What each service's start imports before it does any work: its heavy modules (cli.py imports the server module
 # of its service; the rest come with it or soon after).
-# torch._dynamo for the llm: its start builds the model on the meta device to count its parameters (and to check a
-# checkpoint's keys), and the first meta initialisation imports it through torch._refs (0.9-1.3 s on a 2-core CPU, 0.03
-# s once imported).
+# torch._dynamo for the llm: its start from a checkpoint builds the model on the meta device to check the checkpoint's
+# keys, and the first meta initialisation imports it through torch._refs (0.9-1.3 s on a 2-core CPU, 0.03 s once
+# imported). (The weights' size comes from the config: MossSpeechConfig.num_parameters.)
 PRELOAD = {
     "llm": ("torch", "torch._dynamo", "services.llm.server", "services.llm.engine.engine",
             "services.llm.model.checkpoint"),

@@ -68,9 +68,9 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 # tests compute (kernels in Triton's interpreter, the models' math), or start services only to check what they answer,
 # with deadlines of seconds to spare. Then every other module, one test at a time on an otherwise idle machine
 # (`-m "not parallel"`): those race clocks of their own (stall clocks, refusal latencies, stall-free playback, the
-# headroom rule's TTFA), which a second test's work beside them would move. A new module runs alone until added here.
-# Measured on the 2-core development machine (2026-11-29): the whole suite one test at a time 878-921 s; in two parts
-# 388 s (these, two at a time) + 208 s (the rest, alone), `make test` 10 min in all.
+# headroom rule's TTFA), which a second test's work beside them would move (even idle-scheduled: 2026-12-01, the
+# Makefile). A new module runs alone until added here. Measured on the 2-core development machine (2026-12-01): these
+# 539 s, the rest 418 s.
 PARALLEL_MODULES = frozenset({
     "test_fuzz_gateway", "test_load_cleanup", "test_rolling_restart", "test_spare",
     "test_auth", "test_bench", "test_bigvgan_package", "test_block_manager", "test_chunk_attention",

@@ -233,8 +233,9 @@ def test_a_spare_serves_what_it_read_ahead(tmp_path, service, preset, what):
 
 
 def test_the_llm_spare_imports_what_its_start_s_meta_build_would():
-    """The llm's start builds its model on the meta device (its size checked before a byte is allocated; a checkpoint's
-    keys), and the first meta initialisation imports torch._dynamo, ~1 s: a spare has it imported already."""
+    """The llm's start from a checkpoint builds its model on the meta device (the checkpoint's keys checked before a
+    byte is allocated), and the first meta initialisation imports torch._dynamo, ~1 s: a spare has it imported
+    already."""
     code = ("import importlib, sys, torch\n"
             "from services.spare import PRELOAD\n"
             "for m in PRELOAD['llm']: importlib.import_module(m)\n"

@@ -56,6 +56,12 @@ def voice_stack(tmp_path_factory):
     with Stack(Ports.free(replicas, http=True), extra_args=extra, replicas=replicas, log_dir=root / "logs",
                env={"gateway": {"MOSS_API_KEYS": f"{KEY_A},{KEY_B}"}}) as s:
         s.root, s.dirs = root, dirs
+        # (the stack serves once each stage has a replica the gateway has seen ready; a voice needs both vocoders)
+        deadline = time.monotonic() + 60
+        while not all(metric_value(scrape(s.ports.metrics["gateway"]), "gateway_replica_ready",
+                                   f'{{backend="vocoder",target="{s.target(v)}"}}') == 1 for v in ("vocoder", "vocoder-2")):
+            assert time.monotonic() < deadline, "the gateway never saw both vocoders ready"
+            time.sleep(0.1)
         yield s
 
 
