@@ -223,6 +223,13 @@ def metric_value(text: str, name: str, labels: str = "") -> float:
     return float(m.group(1)) if m else 0.0
 
 
+def replica_ready(stack, name: str) -> bool:
+    """Whether the stack's gateway has seen replica `name` (an llm's or a vocoder's instance) ready: its gauge."""
+    backend = "llm" if name.startswith("llm") else "vocoder"
+    return metric_value(scrape(stack.ports.metrics["gateway"]), "gateway_replica_ready",
+                        f'{{backend="{backend}",target="{stack.target(name)}"}}') == 1
+
+
 class UpProcess:
     """`moss-serve up` as a child process, its stderr read as it comes: a pipe nobody reads fills and stalls every service
     that writes to it, and a test that waits in vain should say what up said."""

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import grpc
 import pytest
-from conftest import metric_value, own_gateway, scrape
+from conftest import metric_value, own_gateway, replica_ready, scrape
 from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, llm_pb2, llm_pb2_grpc
 
 from services.gateway.client import converse
@@ -51,11 +51,6 @@ def wait_for(predicate, seconds: float, what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, what
         time.sleep(0.05)
-
-
-def replica_ready(stack, name: str) -> bool:
-    backend = "llm" if name.startswith("llm") else "vocoder"
-    return metric(stack, "gateway_replica_ready", "gateway", f'{{backend="{backend}",target="{stack.target(name)}"}}') == 1
 
 
 def wait_idle(stack) -> None:

@@ -26,7 +26,7 @@ from services.common.auth import bearer
 from services.stack import Ports, Stack, free_port, is_serving
 from services.vocoder.codec.config import tiny
 from services.vocoder.codec.voice import load_voice, random_voice, save_voice
-from tests.conftest import metric_value, scrape
+from tests.conftest import metric_value, replica_ready, scrape
 from tests.speech import spoken
 
 KEY_A, KEY_B = "key-of-alice", "key-of-bob"
@@ -58,8 +58,7 @@ def voice_stack(tmp_path_factory):
         s.root, s.dirs = root, dirs
         # (the stack serves once each stage has a replica the gateway has seen ready; a voice needs both vocoders)
         deadline = time.monotonic() + 60
-        while not all(metric_value(scrape(s.ports.metrics["gateway"]), "gateway_replica_ready",
-                                   f'{{backend="vocoder",target="{s.target(v)}"}}') == 1 for v in ("vocoder", "vocoder-2")):
+        while not all(replica_ready(s, v) for v in ("vocoder", "vocoder-2")):
             assert time.monotonic() < deadline, "the gateway never saw both vocoders ready"
             time.sleep(0.1)
         yield s
