@@ -12,7 +12,7 @@ source "$(dirname "$0")/wheel_site.sh"
 what=${1:-all}
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 LLM_TESTS=(tests/test_paged_attention.py tests/test_fused_kernels.py tests/test_kernel_runner.py tests/test_fp8.py
-           tests/test_sampler.py tests/test_overlap.py tests/test_text_skip.py tests/test_pacing.py)
+           tests/test_sampler.py tests/test_overlap.py tests/test_text_skip.py tests/test_pacing.py tests/test_gpu_share.py)
 CODEC_TESTS=(tests/test_vocoder_activation.py tests/test_vocoder_stream.py tests/test_vocoder_worker.py
              tests/test_chunk_attention.py tests/test_frame_ops.py tests/test_fused_linear.py tests/test_codec_parity.py
              tests/test_codec_prefix.py tests/test_codec_stream.py tests/test_codec_history.py tests/test_codec_solve.py

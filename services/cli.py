@@ -130,6 +130,11 @@ def parser() -> argparse.ArgumentParser:
     processes.add_argument("--mps-vocoder-threads", type=int, default=100, metavar="PERCENT",
                     help="with --mps: the share the vocoder's kernels may occupy at once; with --mps-llm-threads "
                          "summing to 100 or less, neither takes the other's multiprocessors (default 100: no cap)")
+    processes.add_argument("--mps-llm-follows-load", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --mps: the llm runs at MPS 100%% and its steps take the whole GPU while at most "
+                         "--whole-gpu-turns sequences ran in the last 2 s, else --mps-llm-threads percent of its "
+                         "multiprocessors (a CUDA green context: the llm's --busy-share); off: --mps-llm-threads for "
+                         "every step. Default: on where the driver makes green contexts (CUDA 12.4 or newer)")
     processes.add_argument("--mps-shared-fate", action=argparse.BooleanOptionalAction, default=False,
                     help="with --mps: when one GPU's llm or vocoder is killed by a signal, stop the others of that GPU "
                          "too and start them all again on a fresh MPS server (default: off, only the dead one is started "

@@ -148,7 +148,10 @@ def run_up(args) -> int:
         print(f"moss-serve up: {e}", file=sys.stderr)
         return 1
     env = {**gpu_env(args, instances(counts))}
-    for name, extra_env in mps_env(args, mps).items():
+    follows = llm_follows_load(args, mps)
+    if follows:
+        extra["llm"] += ["--busy-share", str(args.mps_llm_threads)]
+    for name, extra_env in mps_env(args, mps, follows).items():
         env[name] = {**extra_env, **env.get(name, {})}
     health = {"llm": tls.client(mutual=True), "vocoder": tls.client(mutual=True), "encoder": tls.client(mutual=True),
               "gateway": tls.client(mutual=False)} if tls else {}
@@ -217,11 +220,31 @@ def start_mps(args):
     return mps
 
 
-def mps_env(args, mps) -> dict[str, dict[str, str]]:
+def llm_follows_load(args, mps) -> bool:
+    """Whether the llm runs at MPS 100% with --busy-share (--mps-llm-follows-load, where green contexts can be made):
+    says so, or why not."""
+    if not mps or not args.mps_llm_follows_load or args.mps_llm_threads >= 100:
+        return False
+    from services.common.green_context import unavailable
+
+    if reason := unavailable():
+        print(f"moss-serve up: the llm's steps keep {args.mps_llm_threads}% of the GPU at every load: {reason}",
+              file=sys.stderr)
+        return False
+    print(f"moss-serve up: the llm's steps take the whole GPU while at most {args.whole_gpu_turns} sequences ran in the "
+          f"last 2 s, else {args.mps_llm_threads}% of its multiprocessors (--no-mps-llm-follows-load: always "
+          f"{args.mps_llm_threads}%)", file=sys.stderr)
+    return True
+
+
+def mps_env(args, mps, llm_follows_load: bool = False) -> dict[str, dict[str, str]]:
+    """Each GPU service's MPS environment: the daemon's pipes, and a cap on the share of the multiprocessors its
+    kernels hold at once (none for an llm that moves between the whole GPU and its share itself)."""
     if not mps:
         return {}
     env = {"llm": mps.env(), "vocoder": mps.env(), "encoder": mps.env()}
-    for name, percent in (("llm", args.mps_llm_threads), ("vocoder", args.mps_vocoder_threads)):
+    for name, percent in (("llm", 100 if llm_follows_load else args.mps_llm_threads),
+                          ("vocoder", args.mps_vocoder_threads)):
         if percent < 100:
             env[name] = {**env[name], "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(percent)}
     return env

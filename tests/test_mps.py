@@ -92,6 +92,30 @@ def test_each_services_share_of_the_gpu_goes_into_its_environment():
     assert mps_env(parser().parse_args(["up"]), None) == {}
 
 
+def test_an_llm_that_follows_the_load_runs_at_100_and_takes_its_share_itself(monkeypatch, capsys):
+    """--mps-llm-follows-load (the default): where green contexts can be made the llm gets no MPS cap and
+    --busy-share of --mps-llm-threads; where they cannot, or with --no-mps-llm-follows-load, the cap as before."""
+    from services import up
+    from services.cli import parser
+    from services.common import green_context
+
+    class Daemon:
+        def env(self):
+            return {"CUDA_MPS_PIPE_DIRECTORY": "/p"}
+
+    args = parser().parse_args(["up", "--device", "cuda"])
+    monkeypatch.setattr(green_context, "unavailable", lambda: None)
+    assert up.llm_follows_load(args, Daemon())
+    assert "take the whole GPU while at most 2 sequences ran in the last 2 s, else 25%" in capsys.readouterr().err
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in up.mps_env(args, Daemon(), llm_follows_load=True)["llm"]
+    assert not up.llm_follows_load(args, None)  # no MPS: nothing shares the GPU's multiprocessors
+    assert not up.llm_follows_load(parser().parse_args(["up", "--device", "cuda", "--no-mps-llm-follows-load"]),
+                                   Daemon())
+    monkeypatch.setattr(green_context, "unavailable", lambda: "the CUDA driver is 12.2; green contexts need 12.4")
+    assert not up.llm_follows_load(args, Daemon())
+    assert "keep 25% of the GPU at every load: the CUDA driver is 12.2" in capsys.readouterr().err
+
+
 def test_up_refuses_a_share_that_is_not_a_percentage(capsys):
     assert main(["up", "--device", "cuda", "--mps", "--mps-vocoder-threads", "0"]) == 2
     assert "--mps-vocoder-threads is a percentage, 1 to 100" in capsys.readouterr().err

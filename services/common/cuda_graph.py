@@ -23,16 +23,19 @@ _capture_streams: dict[int, torch.cuda.Stream] = {}  # one side stream per devic
 
 
 def capture(fn: Callable[[], T], device: torch.device | int | None = None, pool=None,
-            warm_up: bool = True) -> tuple[torch.cuda.CUDAGraph, T]:
+            warm_up: bool = True, stream: torch.cuda.Stream | None = None) -> tuple[torch.cuda.CUDAGraph, T]:
     """fn() run once eagerly (unless warm_up is False), then captured → (its graph, the graph's output: the tensors
-    fn returned, which every replay overwrites). pool: a memory pool to share (another graph's `pool()`). One capture
-    at a time in a process, and no other thread's work on the device meanwhile (CUDA's global capture mode)."""
+    fn returned, which every replay overwrites). pool: a memory pool to share (another graph's `pool()`). stream: the
+    stream to capture on (default: a side stream of the device's; a green context's own stream for a graph that runs
+    there: services/common/green_context.py). One capture at a time in a process, and no other thread's work on the
+    device meanwhile (CUDA's global capture mode)."""
     index = _index(device)
     if warm_up:
         with torch.cuda.device(index):
             fn()
     torch.cuda.synchronize(index)
-    stream = _capture_streams.get(index)
+    torch.cuda.current_stream(index).synchronize()  # (under a green context the device's synchronize is not the stream's)
+    stream = stream or _capture_streams.get(index)
     if stream is None:
         stream = _capture_streams[index] = torch.cuda.Stream(index)
     graph = torch.cuda.CUDAGraph()

@@ -29,6 +29,8 @@ PREFIX_QUERIED_TOKENS = Counter("llm_prefix_cache_queried_tokens_total", "Prompt
 PREEMPTIONS = Counter("llm_preemptions_total", "Running requests preempted for want of KV blocks (recomputed later)")
 GENERATED = Counter("llm_generated_tokens_total", "Tokens streamed, by channel", ["channel"])
 PACED = Counter("llm_paced_seconds_total", "Time steps were held: every stream had --max-audio-lead seconds of audio ahead")
+GPU_PLACE_STEPS = Counter("llm_gpu_place_steps_total", "Steps by where they ran with --busy-share: the whole GPU, or the "
+                          "llm's share of its multiprocessors while the stack is busy", ["place"])
 REQUESTS = Counter("llm_requests_total", "Finished Generate calls, by gRPC status code", ["code"])
 
 
@@ -43,6 +45,8 @@ def observe_step(s: StepStats) -> None:
     PREFIX_HIT_TOKENS.inc(s.prefix_hit_tokens)
     PREFIX_QUERIED_TOKENS.inc(s.prefix_queried_tokens)
     PREEMPTIONS.inc(s.preemptions)
+    if s.place:
+        GPU_PLACE_STEPS.labels(s.place).inc()
 
 
 def observe_hold(seconds: float) -> None:

@@ -46,11 +46,14 @@ KV_POOL = Pool("llm", "the KV cache", "--kv-cache-gb", "GiB")
 
 def build_engine(s: LlmSettings) -> LLMEngine:
     device = torch.device(s.device)
+    if s.busy_share and (device.type != "cuda" or s.runner not in ("auto", "kernels") or not 1 <= s.busy_share <= 100):
+        raise ValueError(f"--busy-share {s.busy_share}: a percentage, 1 to 100, of a GPU's multiprocessors, for the "
+                         f"kernel runner on CUDA (0: off)")
     config = EngineConfig(
         block_size=s.block_size, max_num_seqs=max_num_seqs(s),  # (the KV budget: _sized_kv, once the weights are in)
         max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, max_audio_lead=audio_lead(s),
         first_audio_window=s.first_audio_window, first_audio_hold=first_audio_hold(s), quantization=s.quantization,
-        runner=s.runner, engine_dir=s.engine_dir,
+        runner=s.runner, engine_dir=s.engine_dir, busy_share=s.busy_share, whole_gpu_turns=s.whole_gpu_turns,
     )
     if s.runner == "trt":
         return _trt_engine(s, _sized_kv(s, config, device), device)
@@ -73,6 +76,8 @@ def build_engine(s: LlmSettings) -> LLMEngine:
     started = time.perf_counter()
     engine = LLMEngine(model, tokenizer, _sized_kv(s, config, device))
     log.info("llm: the KV cache and the runner (its CUDA graphs on a GPU) ready in %.1f s", time.perf_counter() - started)
+    if engine.share is not None:
+        log.info("llm: %s", engine.share.describe())
     return engine
 
 

@@ -89,6 +89,12 @@ class LlmSettings:
         None, "once a stream's first audio window is sent, hold steps this long while every stream can wait, so that "
               f"the vocoder makes its first audio with the GPU to itself (default: {CUDA_FIRST_AUDIO_HOLD} on CUDA; 0, "
               "off, on CPU)", type=seconds)
+    busy_share: int = option(0, "percent of the GPU's multiprocessors the llm's steps take while more than "
+                                "--whole-gpu-turns sequences ran in the last 2 s (a CUDA green context; the whole GPU "
+                                "otherwise); 0: every step where the process runs. `moss-serve up` gives it "
+                                "--mps-llm-threads and runs the llm at MPS 100%", type=int, scope=OWN)
+    whole_gpu_turns: int = option(ENGINE.whole_gpu_turns, "with --busy-share: sequences at most for the whole GPU",
+                                  type=count)
     seed: int = 0
     tls: ServerTls | None = None  # TLS on the gRPC port (mutual with a client CA: only the gateway gets in)
 

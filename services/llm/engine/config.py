@@ -27,3 +27,6 @@ class EngineConfig:
     first_audio_window: int = 0         # audio tokens the vocoder needs for a stream's first audio (0: no hold)
     first_audio_hold: float = 0.0       # seconds steps may wait once a stream's first window is out: pacing.py
     audio_token_seconds: float = 0.08   # audio per audio token (the codec's 12.5 tokens/s)
+    busy_share: int = 0                 # percent of the GPU's multiprocessors for steps while the stack is busy, on a
+                                        # green context (0: every step where the process runs): gpu_share.py
+    whole_gpu_turns: int = 2            # with busy_share: the whole GPU while at most this many sequences ran lately

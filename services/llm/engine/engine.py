@@ -84,6 +84,11 @@ class LLMEngine:
                                    reclaim=self.pins.reclaim)
         self.upload = Uploader(device)  # one pinned staging buffer for the step's host → device copies
         self.runner = make_runner(model, num_blocks, device, config, self.upload)
+        self.share = None  # the whole GPU or a share of it, step by step (gpu_share.py); its graphs before any step
+        if config.busy_share:
+            from services.llm.engine.gpu_share import GpuShare
+
+            self.share = GpuShare(self.runner, config.busy_share, config.whole_gpu_turns, device)
         self.sampler = Sampler(self.cfg, config.max_num_seqs, device, self.upload)
         self.sequences: dict[int, Sequence] = {}  # by seq_id
         self.counters = EngineCounters()
@@ -279,6 +284,8 @@ class LLMEngine:
     def _launch(self, batch: ScheduledBatch, start: float, marks: tuple[int, int, int],
                 previous: InFlight | None = None) -> InFlight:
         stats = self._count_tokens(batch, ahead=previous is not None)
+        if self.share is not None:
+            stats.place = self.share.select(max(len(batch.seqs), len(self.scheduler.running)), start)
         feed = None
         if previous is not None:
             self.sampler.observe_ahead(previous.samples)

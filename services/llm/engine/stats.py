@@ -29,6 +29,7 @@ class StepStats:
     preemptions: int = 0
     prefix_hit_tokens: int = 0  # prompt positions served from the cache, for sequences admitted this step
     prefix_queried_tokens: int = 0
+    place: str = ""             # where it ran with a GPU share (gpu_share.py: "whole" or "share"), else ""
 
 
 @dataclass

@@ -48,5 +48,7 @@ def warm_up(engine: LLMEngine, rounds=ROUNDS, staggered=STAGGERED, new_tokens: i
         add(size)
     while engine.has_work():
         engine.step()
+    if engine.share is not None:  # (its rounds of 4 and more ran on the share: the engine's thread starts whole)
+        engine.share.home()
     engine.counters = EngineCounters()
     return ran

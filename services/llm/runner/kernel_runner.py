@@ -95,7 +95,11 @@ class KernelRunner:
         self.packed_buckets = packed_buckets(max_num_batched_tokens)
         self.packed = self._static_inputs(self.packed_buckets[-1], max_num_seqs, packed=True)
         self.packed_graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, tuple]] = {}  # by (bucket, with text branch)
-        if cuda_graphs and device.type == "cuda" and kernels == "triton":  # the torch ops sync: not capturable
+        # (decode graphs, packed graphs) by the place they run: "whole" (the process's context), or another place's
+        # (a green context's: services/llm/engine/gpu_share.py); `use` picks the set steps replay
+        self.graph_sets: dict[str, tuple[dict, dict]] = {}
+        self.capturable = cuda_graphs and device.type == "cuda" and kernels == "triton"  # the torch ops sync
+        if self.capturable:
             self.capture()
 
     # ---- static buffers and graphs ------------------------------------------------------------------
@@ -127,27 +131,37 @@ class KernelRunner:
         return text_h, self.forward.final_hidden(audio, m.audio_norm.weight)
 
     @torch.inference_mode()
-    def capture(self) -> None:
+    def capture(self, place: str = "whole", stream: torch.cuda.Stream | None = None) -> None:
         """One graph per bucket, largest first so that smaller ones reuse its memory pool (one pool for
-        all: a step replays one graph and consumes its outputs before the next replay). The static
-        buffers hold padding while capturing: nothing is written to the pool."""
+        all: a step replays one graph and consumes its outputs before the next replay), into the set of
+        `place`, captured on `stream` (that place's; the caller makes its context current). The static
+        buffers hold padding while capturing (before any step): nothing is written to the pool."""
         pool = None
+        graphs, packed_graphs = {}, {}
 
         def record(fn, t):
             nonlocal pool
-            graph, out = capture(lambda: fn(t), self.device, pool)
+            graph, out = capture(lambda: fn(t), self.device, pool, stream=stream)
             pool = graph.pool()
             return graph, out
 
         branches = (True, False) if self.text_skip else (True,)
         for bucket in reversed(self.packed_buckets):
             for with_text in branches:
-                self.packed_graphs[bucket, with_text] = record(lambda t: self.forward(t, text=with_text),
-                                                               self._packed_view(bucket))
+                packed_graphs[bucket, with_text] = record(lambda t: self.forward(t, text=with_text),
+                                                          self._packed_view(bucket))
         for bucket in reversed(self.buckets):
             for with_text in branches:
-                self.graphs[bucket, with_text] = record(lambda t: self._decode_forward(t, with_text), self._bucket_view(bucket))
+                graphs[bucket, with_text] = record(lambda t: self._decode_forward(t, with_text), self._bucket_view(bucket))
         torch.cuda.synchronize()
+        torch.cuda.current_stream().synchronize()  # (a green context's stream: the device's synchronize is not its)
+        self.graph_sets[place] = graphs, packed_graphs
+        if place == "whole":
+            self.use("whole")
+
+    def use(self, place: str) -> None:
+        """Steps replay the graphs captured for `place` (the caller runs them on its stream) from here on."""
+        self.graphs, self.packed_graphs = self.graph_sets[place]
 
     def _run_decode(self, seqs: list[Sequence], feed: tuple[torch.Tensor, torch.Tensor] | None = None,
                     with_text: bool = True):
