@@ -214,22 +214,24 @@ def start_mps(args):
     check_mps(args)
     mps = MpsDaemon()
     mps.start()
-    print(f"moss-serve up: llm and vocoder share the GPU through CUDA MPS (the llm's kernels on at most "
-          f"{args.mps_llm_threads}% of its multiprocessors at once, the vocoder's on {args.mps_vocoder_threads}%)",
-          file=sys.stderr)
+    print(f"moss-serve up: llm and vocoder share the GPU through CUDA MPS (the vocoder's kernels on at most "
+          f"{args.mps_vocoder_threads}% of its multiprocessors at once)", file=sys.stderr)
     return mps
 
 
 def llm_follows_load(args, mps) -> bool:
     """Whether the llm runs at MPS 100% with --busy-share (--mps-llm-follows-load, where green contexts can be made):
-    says so, or why not."""
-    if not mps or not args.mps_llm_follows_load or args.mps_llm_threads >= 100:
+    says which share the llm's steps get, and why."""
+    if not mps:
+        return False
+    fixed = f"moss-serve up: the llm's kernels on at most {args.mps_llm_threads}% of the multiprocessors at every load"
+    if not args.mps_llm_follows_load or args.mps_llm_threads >= 100:
+        print(fixed, file=sys.stderr)
         return False
     from services.common.green_context import unavailable
 
     if reason := unavailable():
-        print(f"moss-serve up: the llm's steps keep {args.mps_llm_threads}% of the GPU at every load: {reason}",
-              file=sys.stderr)
+        print(f"{fixed}: {reason}", file=sys.stderr)
         return False
     print(f"moss-serve up: the llm's steps take the whole GPU while at most {args.whole_gpu_turns} sequences ran in the "
           f"last 2 s, else {args.mps_llm_threads}% of its multiprocessors (--no-mps-llm-follows-load: always "

@@ -113,7 +113,7 @@ def test_an_llm_that_follows_the_load_runs_at_100_and_takes_its_share_itself(mon
                                    Daemon())
     monkeypatch.setattr(green_context, "unavailable", lambda: "the CUDA driver is 12.2; green contexts need 12.4")
     assert not up.llm_follows_load(args, Daemon())
-    assert "keep 25% of the GPU at every load: the CUDA driver is 12.2" in capsys.readouterr().err
+    assert "on at most 25% of the multiprocessors at every load: the CUDA driver is 12.2" in capsys.readouterr().err
 
 
 def test_up_refuses_a_share_that_is_not_a_percentage(capsys):
