@@ -164,7 +164,7 @@ def test_llm_vocoder_and_encoder_reserve_an_nvidia_gpu(compose, name):
 
 def test_llm_and_vocoder_share_the_gpu_through_the_mps_service(compose):
     """One MPS daemon (the `mps` service, on the GPU) and its two clients: same pipe directory on the same volume,
-    its IPC namespace, started once it is healthy; the llm capped at the share `moss-serve up` uses."""
+    its IPC namespace, started once it is healthy; the llm's busy share the one `moss-serve up` gives it."""
     from services.cli import parser
 
     services = compose["services"]
@@ -181,8 +181,9 @@ def test_llm_and_vocoder_share_the_gpu_through_the_mps_service(compose):
         assert svc["ipc"] == "service:mps" and svc["depends_on"]["mps"]["condition"] == "service_healthy", name
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in services["vocoder"]["environment"]
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in services["encoder"]["environment"]
-    default = parser().parse_args(["up"]).mps_llm_threads
-    assert services["llm"]["environment"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(default)
+    # the llm as `moss-serve up` runs it: at MPS 100%, its busy steps on the share up gives it (gpu_share.py)
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in services["llm"]["environment"]
+    assert flag(command_args(services["llm"]), "--busy-share") == str(parser().parse_args(["up"]).mps_llm_threads)
     assert "mps-pipe" in compose["volumes"]
 
 

@@ -48,6 +48,15 @@ def test_a_share_is_refused_off_a_gpu_and_for_a_runner_without_graphs():
     with pytest.raises(ValueError, match="--busy-share 101"):
         build_engine(LlmSettings(device="cuda", busy_share=101))
 
+    from services.common import green_context
+
+    no_driver = "no CUDA driver library: libcuda.so.1: cannot open shared object file"
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(green_context, "unavailable", lambda: no_driver)
+        with pytest.raises(ValueError, match="--busy-share 25 needs CUDA green contexts: no CUDA driver library.*"
+                                             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 under MPS instead"):
+            build_engine(LlmSettings(device="cuda", busy_share=25))
+
     class Reference:  # the reference runner: no CUDA graphs to capture for a second place
         pass
 

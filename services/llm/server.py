@@ -49,6 +49,12 @@ def build_engine(s: LlmSettings) -> LLMEngine:
     if s.busy_share and (device.type != "cuda" or s.runner not in ("auto", "kernels") or not 1 <= s.busy_share <= 100):
         raise ValueError(f"--busy-share {s.busy_share}: a percentage, 1 to 100, of a GPU's multiprocessors, for the "
                          f"kernel runner on CUDA (0: off)")
+    if s.busy_share:
+        from services.common.green_context import unavailable
+
+        if reason := unavailable():  # (MPS cannot give the share instead: the process's share is fixed at its start)
+            raise ValueError(f"--busy-share {s.busy_share} needs CUDA green contexts: {reason}. Start the llm without it, "
+                             f"with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={s.busy_share} under MPS instead")
     config = EngineConfig(
         block_size=s.block_size, max_num_seqs=max_num_seqs(s),  # (the KV budget: _sized_kv, once the weights are in)
         max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, max_audio_lead=audio_lead(s),
