@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import bench_path  # noqa: F401  (bench/ and the tree on the import path)
+import gpu_sharing
 import torch
 from gpu_loops import LlmLoop, VocoderLoop
 
@@ -260,8 +261,10 @@ def child(args) -> None:
 
 # ---- the parent ---------------------------------------------------------------------------------------------------
 
-class Child:
-    def __init__(self, role: str, args, env: dict, green_sms: int = 0):
+class Child(gpu_sharing.Child):
+    """A child of this study's: gpu_sharing's reading of its lines, JSON commands."""
+
+    def __init__(self, role: str, args, env: dict, green_sms: int = 0):  # (not gpu_sharing's: other flags)
         cmd = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--size", args.size, "--batch",
                str(args.batch), "--context", str(args.context), "--windows", str(args.windows), "--seconds",
                str(args.seconds), "--kv-gb", str(args.kv_gb), "--green-sms", str(green_sms)]
@@ -269,15 +272,6 @@ class Child:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      env={**os.environ, **env})
         self.products = self.read()["products"]
-
-    def read(self) -> dict:
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"the {self.role} child exited (code {self.proc.wait()})")
-            if line.startswith("{"):
-                return json.loads(line)
-            print(f"  [{self.role}] {line.rstrip()}", flush=True)
 
     def send(self, **cmd) -> None:
         self.proc.stdin.write(json.dumps(cmd) + "\n")
