@@ -19,6 +19,7 @@ from services.common.tensors import Uploader
 from services.llm.batch import ScheduledBatch
 from services.llm.engine.block_manager import BlockManager
 from services.llm.engine.config import EngineConfig
+from services.llm.engine.gpu_share import share_of
 from services.llm.engine.pacing import hold_for
 from services.llm.engine.pins import Pins
 from services.llm.engine.runners import bytes_per_position, make_runner
@@ -84,11 +85,7 @@ class LLMEngine:
                                    reclaim=self.pins.reclaim)
         self.upload = Uploader(device)  # one pinned staging buffer for the step's host → device copies
         self.runner = make_runner(model, num_blocks, device, config, self.upload)
-        self.share = None  # the whole GPU or a share of it, step by step (gpu_share.py); its graphs before any step
-        if config.busy_share:
-            from services.llm.engine.gpu_share import GpuShare
-
-            self.share = GpuShare(self.runner, config.busy_share, config.whole_gpu_turns, device)
+        self.share = share_of(self.runner, config, device)  # the whole GPU or a share, step by step; before any step
         self.sampler = Sampler(self.cfg, config.max_num_seqs, device, self.upload)
         self.sequences: dict[int, Sequence] = {}  # by seq_id
         self.counters = EngineCounters()

@@ -97,3 +97,11 @@ class GpuShare:
         return (f"its steps on the whole GPU while at most {self.rule.whole_gpu_turns} sequences ran in the last "
                 f"{self.rule.quiet_seconds:g} s, else on {self.green.sm_count} of {self.green.device_sms} "
                 f"multiprocessors (a green context)")
+
+
+def share_of(runner, config, device: torch.device) -> GpuShare | None:
+    """The engine's GpuShare where its config asks for one (busy_share), else None. Its graphs are captured here, before
+    the engine's first step (they need the runner's step buffers still padding)."""
+    if not config.busy_share:
+        return None
+    return GpuShare(runner, config.busy_share, config.whole_gpu_turns, device)
