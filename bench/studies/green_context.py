@@ -20,37 +20,15 @@ import ctypes
 
 import bench_path  # noqa: F401  (bench/ and the tree on the import path)
 
-CU_DEV_RESOURCE_TYPE_SM = 1
-CU_GREEN_CTX_DEFAULT_STREAM = 1
-RESOURCE_BYTES = 1024  # a CUdevResource is 144 bytes in CUDA 12.4's header; room for a later, larger one
-
-
-def _check(lib, result: int, what: str) -> None:
-    if result != 0:
-        name = ctypes.c_char_p()
-        lib.cuGetErrorName(result, ctypes.byref(name))
-        raise RuntimeError(f"{what} failed: {name.value.decode() if name.value else result}")
+from services.common.green_context import check, driver, split
 
 
 def make_current(num_sms: int, part: str, device_index: int = 0) -> None:
     """Split the device's multiprocessors into a first group of `num_sms` and the rest; make a green context over
     `part` ("first" or "rest") current on this thread. (How many it holds: gpu_neighbors.sm_ids, from a kernel.)"""
-    lib = ctypes.CDLL("libcuda.so.1")
-    _check(lib, lib.cuInit(0), "cuInit")
+    lib = driver()
+    check(lib, lib.cuInit(0), "cuInit")
     device = ctypes.c_int()
-    _check(lib, lib.cuDeviceGet(ctypes.byref(device), device_index), "cuDeviceGet")
-    whole = ctypes.create_string_buffer(RESOURCE_BYTES)
-    _check(lib, lib.cuDeviceGetDevResource(device, whole, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource")
-    first, rest = ctypes.create_string_buffer(RESOURCE_BYTES), ctypes.create_string_buffer(RESOURCE_BYTES)
-    groups = ctypes.c_uint(1)
-    _check(lib, lib.cuDevSmResourceSplitByCount(first, ctypes.byref(groups), whole, rest, 0, num_sms),
-           "cuDevSmResourceSplitByCount")
-    chosen = first if part == "first" else rest
-    desc = ctypes.c_void_p()
-    _check(lib, lib.cuDevResourceGenerateDesc(ctypes.byref(desc), chosen, 1), "cuDevResourceGenerateDesc")
-    green = ctypes.c_void_p()
-    _check(lib, lib.cuGreenCtxCreate(ctypes.byref(green), desc, device, CU_GREEN_CTX_DEFAULT_STREAM),
-           "cuGreenCtxCreate")
-    context = ctypes.c_void_p()
-    _check(lib, lib.cuCtxFromGreenCtx(ctypes.byref(context), green), "cuCtxFromGreenCtx")
-    _check(lib, lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+    check(lib, lib.cuDeviceGet(ctypes.byref(device), device_index), "cuDeviceGet")
+    _, context, _, _ = split(lib, device, num_sms, part)
+    check(lib, lib.cuCtxSetCurrent(context), "cuCtxSetCurrent")

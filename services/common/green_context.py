@@ -34,14 +34,14 @@ class GreenContextUnavailable(RuntimeError):
     """This driver or device cannot make green contexts."""
 
 
-def _driver() -> ctypes.CDLL:
+def driver() -> ctypes.CDLL:
     try:
         return ctypes.CDLL("libcuda.so.1")
     except OSError as e:
         raise GreenContextUnavailable(f"no CUDA driver library: {e}") from e
 
 
-def _check(lib: ctypes.CDLL, result: int, what: str) -> None:
+def check(lib: ctypes.CDLL, result: int, what: str) -> None:
     if result != 0:
         name = ctypes.c_char_p()
         lib.cuGetErrorName(result, ctypes.byref(name))
@@ -52,14 +52,38 @@ def unavailable() -> str | None:
     """Why green contexts cannot be made here (no driver, one older than CUDA 12.4's), or None when they can. Starts
     no context."""
     try:
-        lib = _driver()
+        lib = driver()
         version = ctypes.c_int()
-        _check(lib, lib.cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
+        check(lib, lib.cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
     except GreenContextUnavailable as e:
         return str(e)
     if version.value < DRIVER_NEEDED:
         return f"the CUDA driver is {version.value // 1000}.{version.value % 1000 // 10}; green contexts need 12.4"
     return None
+
+
+def _sm_count(resource) -> int:
+    return int.from_bytes(resource.raw[SM_COUNT_OFFSET:SM_COUNT_OFFSET + 4], "little")
+
+
+def split(lib: ctypes.CDLL, dev: ctypes.c_int, num_sms: int, part: str = "first"):
+    """The device's multiprocessors split into a first group of `num_sms` (rounded up by the driver) and the rest; a
+    green context over `part` ("first" or "rest") → (the CUgreenCtx, its CUcontext, the device's multiprocessors,
+    the group's). Nothing is made current."""
+    whole = ctypes.create_string_buffer(RESOURCE_BYTES)
+    check(lib, lib.cuDeviceGetDevResource(dev, whole, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource")
+    first, rest = ctypes.create_string_buffer(RESOURCE_BYTES), ctypes.create_string_buffer(RESOURCE_BYTES)
+    groups = ctypes.c_uint(1)
+    check(lib, lib.cuDevSmResourceSplitByCount(first, ctypes.byref(groups), whole, rest, 0, num_sms),
+           "cuDevSmResourceSplitByCount")
+    chosen = first if part == "first" else rest
+    desc = ctypes.c_void_p()
+    check(lib, lib.cuDevResourceGenerateDesc(ctypes.byref(desc), chosen, 1), "cuDevResourceGenerateDesc")
+    green = ctypes.c_void_p()
+    check(lib, lib.cuGreenCtxCreate(ctypes.byref(green), desc, dev, CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate")
+    context = ctypes.c_void_p()
+    check(lib, lib.cuCtxFromGreenCtx(ctypes.byref(context), green), "cuCtxFromGreenCtx")
+    return green, context, _sm_count(whole), _sm_count(chosen)
 
 
 class GreenContext:
@@ -73,28 +97,14 @@ class GreenContext:
 
         index = device if isinstance(device, int) else (device.index or 0)
         torch.cuda.init()  # the primary context first: a green context retains it
-        lib = self.lib = _driver()
+        lib = self.lib = driver()
         dev = ctypes.c_int()
-        _check(lib, lib.cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
+        check(lib, lib.cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
         self.primary = ctypes.c_void_p()
-        _check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(self.primary), dev), "cuDevicePrimaryCtxRetain")
-        whole = ctypes.create_string_buffer(RESOURCE_BYTES)
-        _check(lib, lib.cuDeviceGetDevResource(dev, whole, CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource")
-        self.device_sms = int.from_bytes(whole.raw[SM_COUNT_OFFSET:SM_COUNT_OFFSET + 4], "little")
-        first, rest = ctypes.create_string_buffer(RESOURCE_BYTES), ctypes.create_string_buffer(RESOURCE_BYTES)
-        groups = ctypes.c_uint(1)
-        _check(lib, lib.cuDevSmResourceSplitByCount(first, ctypes.byref(groups), whole, rest, 0, num_sms),
-               "cuDevSmResourceSplitByCount")
-        self.sm_count = int.from_bytes(first.raw[SM_COUNT_OFFSET:SM_COUNT_OFFSET + 4], "little")
-        desc = ctypes.c_void_p()
-        _check(lib, lib.cuDevResourceGenerateDesc(ctypes.byref(desc), first, 1), "cuDevResourceGenerateDesc")
-        self.green = ctypes.c_void_p()
-        _check(lib, lib.cuGreenCtxCreate(ctypes.byref(self.green), desc, dev, CU_GREEN_CTX_DEFAULT_STREAM),
-               "cuGreenCtxCreate")
-        self.context = ctypes.c_void_p()
-        _check(lib, lib.cuCtxFromGreenCtx(ctypes.byref(self.context), self.green), "cuCtxFromGreenCtx")
+        check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(self.primary), dev), "cuDevicePrimaryCtxRetain")
+        self.green, self.context, self.device_sms, self.sm_count = split(lib, dev, num_sms)
         raw = ctypes.c_void_p()
-        _check(lib, lib.cuGreenCtxStreamCreate(ctypes.byref(raw), self.green, CU_STREAM_NON_BLOCKING, 0),
+        check(lib, lib.cuGreenCtxStreamCreate(ctypes.byref(raw), self.green, CU_STREAM_NON_BLOCKING, 0),
                "cuGreenCtxStreamCreate")
         self.stream = torch.cuda.ExternalStream(raw.value, device=torch.device("cuda", index))
 
@@ -102,14 +112,14 @@ class GreenContext:
         """The green context current on this thread, its stream PyTorch's current stream."""
         import torch
 
-        _check(self.lib, self.lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+        check(self.lib, self.lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
         torch.cuda.set_stream(self.stream)
 
     def release(self, stream) -> None:
         """The primary context current on this thread again, `stream` (a torch.cuda.Stream) PyTorch's current one."""
         import torch
 
-        _check(self.lib, self.lib.cuCtxSetCurrent(self.primary), "cuCtxSetCurrent")
+        check(self.lib, self.lib.cuCtxSetCurrent(self.primary), "cuCtxSetCurrent")
         torch.cuda.set_stream(stream)
 
     @contextmanager
