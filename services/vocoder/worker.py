@@ -41,6 +41,11 @@ Nor the flow's solve on the lane (codec/solve.py: a first chunk joining the lane
 step, at 0648f5c): the wait went (the slowest tenth's 50-65 → ~8 ms) but a first chunk's own solve took ~20 ms longer
 than a call (ticks of ~6 ms beside the llm, other first chunks' admissions and generator calls between them), and in
 three pairs the rule admitted -3.5%, +3% and +2% (+7%, -2% on the ramp), one run 98.9% stall-free (2026-11-28).
+Nor a stream's second chunk on the lane, though its listener waits for it with the first chunk's 320 ms of audio
+only, and under load the admission limit falls on its slack and no other chunk's: ordered by deadline with the first
+chunks, its median slack rose (136 → 200 ms at Poisson 30 on an H200) but its tail fell below zero behind the first
+chunks of the streams starting with it, first audio came later, and fewer turns were admitted, 82-99% stall-free
+(2026-12-01; on an H100 without the deadline order, 2026-11-27, likewise).
 
 Why one worker for the playing streams, not several: a flow call is mostly a fixed cost (~26 ms alone on an H100 at
 the real size, +1.5 ms a window), and two calls side by side on two CUDA streams overlap only partly, so one call of
