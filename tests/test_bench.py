@@ -53,6 +53,26 @@ def test_a_level_counts_errors_apart_and_orders_its_quantiles():
     assert not report.meets_capacity(lv)              # an error, and only 90% stall-free
 
 
+def test_each_chunks_slack_is_placed_by_its_place_in_its_stream():
+    """The second chunk (its listener has the first's 0.2 s only), the third, and every later one apart: p2 / p10 / p50
+    of their slack, and how many came with under 50 ms to spare."""
+    a = record([1.0, 1.17, 1.2, 1.3, 1.5])     # slack 0.03, 0.2, 0.3, 0.3 (due at 1.2, 1.4, 1.6, 1.8)
+    b = record([2.0, 2.05, 2.5, 2.9])           # slack 0.15, -0.1 (late), -0.3 (late)
+    places = report.slack_by_place([a, b])
+    assert list(places) == list(report.SLACK_PLACES)
+    second, third, later = places.values()
+    assert second["chunks"] == 2 and second["p50"] == pytest.approx(0.09) and second["under_low_slack"] == 1
+    assert third["chunks"] == 2 and third["p2"] == pytest.approx(-0.1 + 0.02 * 0.3) and third["under_low_slack"] == 1
+    assert later["chunks"] == 3 and later["p50"] == pytest.approx(0.3) and later["under_low_slack"] == 1
+    b.stages = {"llm_second_chunk_seconds": 0.04, "vocoder_second_chunk_in_vocoder_seconds": 0.03,
+                "vocoder_second_chunk_queue_seconds": 0.01}
+    lv = report.summarize([a, b], wall=3.0)
+    assert lv["second_chunk_mean_seconds"]["llm_second_chunk_seconds"] == pytest.approx(0.04)  # (a carries none)
+    table = report.slack_table({"2": lv}, markdown=True).splitlines()
+    assert table[2] == "| 2 | 2nd | 2 | 32 | 42 | 90 | 1 | 40.0 | 30.0 | 10.0 |"
+    assert table[3].startswith("| 2 | 3rd | 2 | -94 |") and table[3].endswith("| - | - | - |")
+
+
 def test_goodput_counts_stall_free_streams_a_second_and_times_the_refusals():
     """Offered load over the time the requests went out, goodput over the level's wall time; refusals apart."""
     streams = [record([0.1, 0.3], sent=0.0), record([0.6, 0.8], sent=0.5), record([1.1, 1.9], sent=1.0),  # a stall
@@ -149,8 +169,15 @@ def test_bench_against_the_tiny_stack(stack, tmp_path):
         # ... and over the tenth of the streams whose first audio came last (here: the one slowest of 6)
         slowest = max(streams, key=lambda s: s["chunk_arrivals_s"][0])["stages"]
         assert lv["stages_slowest_tenth_seconds"] == pytest.approx({k: slowest[k] for k in report.STAGES})
+        # Each chunk's slack by its place, from the recorded arrivals; the second chunk's parts from the summaries.
+        second = [-r.lateness()[1] for r in rebuilt]
+        assert lv["slack_by_place"]["2nd"]["chunks"] == 6
+        assert lv["slack_by_place"]["2nd"]["p50"] == pytest.approx(report.quantile(second, 50))
+        assert lv["second_chunk_mean_seconds"]["llm_second_chunk_seconds"] > 0
+        assert all(0 < s["stages"]["second_chunk_slack_seconds"] for s in streams)
     assert result["capacity"] in (0, 1, 3)
     assert "| streams |" in (tmp_path / "bench.md").read_text()
+    assert "| 3 | 2nd | 6 |" in (tmp_path / "bench.md").read_text()
     for png in ("ttfa_distribution.png", "sweep.png", "goodput.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

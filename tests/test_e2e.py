@@ -31,6 +31,7 @@ def stage_counts(stack) -> dict[str, float]:
         "llm_first_audio": metric_value(llm, "llm_time_to_first_audio_token_seconds_count"),
         "vocoder_chunk": metric_value(voc, "vocoder_chunk_seconds_count"),
         "vocoder_first_chunk": metric_value(voc, "vocoder_first_chunk_seconds_count"),
+        "gateway_second_chunk": metric_value(gw, "gateway_second_chunk_slack_seconds_count"),
     }
 
 
@@ -57,6 +58,11 @@ def test_synthesize_streams_speech_through_three_processes(stack):
     assert 0 <= s.vocoder_first_chunk_queue_seconds and 0 < s.vocoder_first_chunk_seconds
     assert s.vocoder_first_chunk_queue_seconds + s.vocoder_first_chunk_seconds <= s.vocoder_first_chunk_in_vocoder_seconds
     assert s.llm_first_chunk_seconds + s.vocoder_first_chunk_in_vocoder_seconds < s.ttfa_seconds
+    # the second audio chunk, which its listener waits for with the first one's audio only: sent before that ran out
+    # (an idle stack), the llm's second chunk after its first, and the vocoder's time for it, its wait within it
+    assert 0 < s.second_chunk_slack_seconds < sizes[0] / 24000
+    assert s.llm_second_chunk_seconds > 0
+    assert 0 <= s.vocoder_second_chunk_queue_seconds < s.vocoder_second_chunk_in_vocoder_seconds < s.total_seconds
     assert 0 < result.client_ttfa < result.client_total
     after = stage_counts(stack)
     for name in before:

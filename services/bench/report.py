@@ -16,6 +16,15 @@ STAGES = ("encoder_finish_seconds", "admission_wait_seconds", "llm_queue_seconds
           "llm_first_chunk_in_llm_seconds", "llm_first_chunk_seconds", "vocoder_first_chunk_queue_seconds",
           "vocoder_first_chunk_seconds", "vocoder_first_chunk_in_vocoder_seconds", "ttfa_seconds", "total_seconds")
 
+# A chunk's slack (how early it came before its listener would have run out; < 0: late) by its place in its stream:
+# the second chunk, which the listener waits for with the first one's audio only, and under load the one whose slack
+# the gateway's admission limit falls on (docs/admission.md); the third; every later one.
+SLACK_PLACES = ("2nd", "3rd", "later")
+LOW_SLACK = 0.05  # seconds: the headroom rule's low_slack (services/gateway/headroom.py)
+# The gateway's parts of the second chunk (SynthesisSummary), averaged per level.
+SECOND_CHUNK_STAGES = ("llm_second_chunk_seconds", "vocoder_second_chunk_in_vocoder_seconds",
+                       "vocoder_second_chunk_queue_seconds")
+
 
 def quantile(values: list[float], q: float) -> float:
     """The q-th percentile, linear between order statistics (numpy's default); NaN for no values."""
@@ -53,6 +62,8 @@ def summarize(records: list[StreamRecord], wall: float, jitter: float = JITTER_S
         "stall_seconds": {"total": sum(stalls), "max": max(stalls, default=0.0)},
         "stages_mean_seconds": stage_means(ok),
         "stages_slowest_tenth_seconds": stage_means(slowest_tenth(ok)),
+        "slack_by_place": slack_by_place(ok),
+        "second_chunk_mean_seconds": {s: _mean([r.stages[s] for r in ok if r.stages.get(s)]) for s in SECOND_CHUNK_STAGES},
         "by_turn": by_turn(ok),
         "barge_in": barge_in(records),
         **goodput(records, wall, stall_free),
@@ -96,6 +107,34 @@ def places_table(levels: dict, markdown: bool = False) -> str:
 
 def stage_means(records: list[StreamRecord]) -> dict:
     return {s: _mean([r.stages[s] for r in records if s in r.stages]) for s in STAGES}
+
+
+def slack_by_place(ok: list[StreamRecord]) -> dict[str, dict]:
+    """Each chunk's slack at the client by its place in its stream (SLACK_PLACES) → per place: chunks, p2 / p10 / p50
+    in seconds, and how many came with less than LOW_SLACK to spare."""
+    by: dict[str, list[float]] = {place: [] for place in SLACK_PLACES}
+    for r in ok:
+        for i, late in enumerate(r.lateness()[1:], start=1):
+            by[SLACK_PLACES[min(i, len(SLACK_PLACES)) - 1]].append(-late)
+    return {place: {"chunks": len(v), **{f"p{q}": quantile(v, q) for q in (2, 10, 50)},
+                    "under_low_slack": sum(x < LOW_SLACK for x in v)} for place, v in by.items()}
+
+
+def slack_table(levels: dict, markdown: bool = False) -> str:
+    """Per level and chunk place: the chunks' slack at the client (ms), and for the second chunk the gateway's means of
+    its parts: the llm's second chunk after its first, the vocoder's time for it and its wait for a call."""
+    rows = [["streams", "chunk", "chunks", "slack p2", "p10", "p50", f"under {LOW_SLACK * 1e3:.0f} ms",
+             "llm after the first", "vocoder", "vocoder queue"]]
+    for c, lv in levels.items():
+        means = lv.get("second_chunk_mean_seconds", {})
+        for place, fig in lv.get("slack_by_place", {}).items():
+            if not fig["chunks"]:
+                continue
+            parts = [f"{means[s] * 1e3:.1f}" if place == SLACK_PLACES[0] and not math.isnan(means.get(s, math.nan))
+                     else "-" for s in SECOND_CHUNK_STAGES]
+            rows.append([str(c), place, str(fig["chunks"]), *(f"{fig[q] * 1e3:.0f}" for q in ("p2", "p10", "p50")),
+                         str(fig["under_low_slack"]), *parts])
+    return _format(rows, markdown) if len(rows) > 1 else ""
 
 
 def slowest_tenth(ok: list, ttfa=lambda r: r.ttfa) -> list:

@@ -61,7 +61,7 @@ def write(result: dict, out: Path) -> list[Path]:
         f"{report.table(summaries, markdown=True)}\n\nMean stage times from the gateway's summaries (ms):\n\n"
         f"{report.stage_table(summaries, markdown=True)}\n\nOffered load and goodput (stall-free streams a second; "
         f"refusals: RESOURCE_EXHAUSTED):\n\n{report.goodput_table(summaries, markdown=True)}\n\n"
-        f"{turns_md(summaries)}Capacity (≥ {report.CAPACITY_STALL_FREE:.0%} stall-free, "
+        f"{slack_md(summaries)}{turns_md(summaries)}Capacity (≥ {report.CAPACITY_STALL_FREE:.0%} stall-free, "
         f"TTFA p95 ≤ {report.CAPACITY_TTFA_P95 * 1e3:.0f} ms): **{result['capacity']} streams**\n")
     try:
         from services.bench import plots
@@ -70,6 +70,12 @@ def write(result: dict, out: Path) -> list[Path]:
     except ImportError as err:  # the plots can be drawn later: python -m services.bench.plots bench.json
         print(f"plots skipped ({err}); draw them later with python -m services.bench.plots {paths[0]}", file=sys.stderr)
     return paths
+
+
+def slack_md(summaries: dict) -> str:
+    table = report.slack_table(summaries, markdown=True)
+    return (f"Each chunk's slack at the client by its place in its stream (ms; the second chunk's parts: the gateway's "
+            f"means):\n\n{table}\n\n" if table else "")
 
 
 def turns_md(summaries: dict) -> str:
@@ -99,6 +105,9 @@ def run(spec: LoadSpec, concurrencies: list[int], warmup: int, out: str | None, 
     print(report.stage_table(summaries))
     print()
     print(report.goodput_table(summaries))
+    if slack := report.slack_table(summaries):
+        print()
+        print(slack)
     if turns := report.turn_table(summaries):
         print()
         print(turns)

@@ -37,6 +37,10 @@ STALL = Histogram("gateway_stall_seconds", "How late each stalled chunk was sent
 SLACK_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0)
 SLACK = Histogram("gateway_playback_slack_seconds", "How early each chunk of a playing stream was sent before its "
                   "listener would have run out of audio (le=0: late)", buckets=SLACK_BUCKETS)
+# The second audio chunk's slack alone: its listener waits for it with the first chunk's audio only, and under load it is
+# the chunk whose slack the admission limit falls on (docs/admission.md, docs/benchmarks.md 2026-12-01).
+SECOND_CHUNK_SLACK = Histogram("gateway_second_chunk_slack_seconds", "How early each turn's second audio chunk was sent "
+                               "before its listener would have run out of audio (le=0: late)", buckets=SLACK_BUCKETS)
 STALLED_TURNS = Counter("gateway_stalled_turns_total", "Turns with at least one stall", ["protocol"])
 AUDIO_TURNS = Counter("gateway_audio_turns_total", "Turns that sent audio (the base of the stall-free share)", ["protocol"])
 for _protocol in PROTOCOLS:  # exported from the start, at 0

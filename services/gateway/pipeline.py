@@ -116,6 +116,8 @@ class Turn:
         self.limits = limits
         self.deadline = self.admitted_at + (timeout if timeout is not None else limits.default_timeout)
         self.first_tokens_sent: float | None = None
+        self.audio_token_chunks: list[float] = []  # when the llm's first two chunks with audio tokens came in
+        self.second_sent = False  # the second audio chunk went to the client (SynthesisSummary.second_chunk_*)
         self.ready_waited = 0.0  # seconds the turn waited for a stage that was not ready (starting, restarting)
         self.stalls = 0
         self.turn_tokens: llm_pb2.PromptTokens | None = None  # a session's turn: what it added to the history
@@ -309,6 +311,10 @@ class Turn:
             self.summary.llm_first_chunk_seconds = time.perf_counter() - self.start
             self.summary.llm_first_chunk_in_llm_seconds = chunk.since_arrival_seconds
             metrics.LLM_FIRST_CHUNK.observe(self.summary.llm_first_chunk_seconds)
+        if chunk.audio_tokens:  # (the second audio chunk's time: its tokens' after the first's)
+            self.audio_token_chunks.append(time.perf_counter())
+            if len(self.audio_token_chunks) == 2:
+                self.summary.llm_second_chunk_seconds = self.audio_token_chunks[1] - self.audio_token_chunks[0]
         if chunk.text and self.on_text is not None:
             self.on_text(chunk.text)
         if chunk.final:
@@ -358,6 +364,10 @@ class Turn:
                     metrics.STALL.labels(self.protocol).observe(late)
                 if playing:
                     metrics.SLACK.observe(-late)
+                    if not self.second_sent:
+                        self.second_sent = True  # the chunk its listener waits for with the first one's audio only
+                        self.summary.second_chunk_slack_seconds = -late
+                        metrics.SECOND_CHUNK_SLACK.observe(-late)
                 if self.headroom is not None:
                     if playing:
                         self.headroom.observe_slack(now, -late)
@@ -372,6 +382,8 @@ class Turn:
                 self.summary.vocoder_first_chunk_seconds = msg.stats.first_chunk_compute_seconds
                 self.summary.vocoder_first_chunk_in_vocoder_seconds = msg.stats.first_chunk_seconds
                 self.summary.vocoder_first_chunk_queue_seconds = msg.stats.first_chunk_queue_seconds
+                self.summary.vocoder_second_chunk_in_vocoder_seconds = msg.stats.second_chunk_seconds
+                self.summary.vocoder_second_chunk_queue_seconds = msg.stats.second_chunk_queue_seconds
                 return
 
     def _finish(self, sample_rate: int) -> gateway_pb2.SynthesisSummary:

@@ -184,6 +184,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         offset = 0
         first_tokens_at: float | None = None
         audio_started: float | None = None  # when the first samples went out: the listener's clock
+        second_done = False  # the stream's second audio went out (VocodeStats.second_chunk_*)
 
         def message(samples: np.ndarray, final: bool) -> vocoder_pb2.VocodeResponse:
             nonlocal offset
@@ -204,7 +205,8 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                 tokens = self._check_tokens(req.tokens.tokens)
                 if not tokens:
                     continue
-                first_tokens_at = first_tokens_at or time.perf_counter()
+                tokens_at = time.perf_counter()
+                first_tokens_at = first_tokens_at or tokens_at
                 done = await self._vocode(streamer, tokens, audio_started, offset / rate / speed)
                 stats.chunks += 1
                 stats.tokens += len(tokens)
@@ -218,8 +220,13 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                         stats.first_chunk_queue_seconds = done.queue_seconds
                         stats.first_chunk_seconds = audio_started - first_tokens_at
                         metrics.observe_first_chunk(stats.first_chunk_seconds)
+                    elif not second_done:
+                        second_done = second_chunk(stats, done, tokens_at)
                     yield message(done.samples, final=False)
+            tokens_at = time.perf_counter()
             done = await self._vocode(streamer, None, audio_started, offset / rate / speed)
+            if len(done.samples) and audio_started is not None and not second_done:  # (the end made the second audio)
+                second_chunk(stats, done, tokens_at)
             stats.compute_seconds += done.compute_seconds
             stats.queue_seconds += done.queue_seconds
             final = message(done.samples, final=True)
@@ -230,6 +237,14 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         finally:
             streamer.close()
             metrics.ACTIVE_STREAMS.dec()
+
+
+def second_chunk(stats: vocoder_pb2.VocodeStats, done: Done, tokens_at: float) -> bool:
+    """The stream's second audio, which its listener waits for with the first one's only: its figures in stats."""
+    stats.second_chunk_compute_seconds = done.compute_seconds
+    stats.second_chunk_queue_seconds = done.queue_seconds
+    stats.second_chunk_seconds = time.perf_counter() - tokens_at
+    return True
 
 
 def voice_of(request: vocoder_pb2.AddVoiceRequest, speaker_model: str | None, vocoder: TokenVocoder):

@@ -267,7 +267,7 @@ class AudioChunk(_message.Message):
     def __init__(self, pcm: _Optional[bytes] = ..., sample_offset: _Optional[int] = ..., num_samples: _Optional[int] = ...) -> None: ...
 
 class SynthesisSummary(_message.Message):
-    __slots__ = ("ttfa_seconds", "total_seconds", "llm_queue_seconds", "llm_prefill_seconds", "llm_decode_seconds", "llm_first_chunk_seconds", "vocoder_compute_seconds", "vocoder_first_chunk_seconds", "audio_tokens", "num_samples", "audio_seconds", "real_time_factor", "prompt_tokens", "speech_end_to_first_audio_seconds", "encoder_finish_seconds", "user_codes", "user_audio_seconds", "llm_first_chunk_in_llm_seconds", "vocoder_first_chunk_in_vocoder_seconds", "vocoder_first_chunk_queue_seconds", "admission_wait_seconds")
+    __slots__ = ("ttfa_seconds", "total_seconds", "llm_queue_seconds", "llm_prefill_seconds", "llm_decode_seconds", "llm_first_chunk_seconds", "vocoder_compute_seconds", "vocoder_first_chunk_seconds", "audio_tokens", "num_samples", "audio_seconds", "real_time_factor", "prompt_tokens", "speech_end_to_first_audio_seconds", "encoder_finish_seconds", "user_codes", "user_audio_seconds", "llm_first_chunk_in_llm_seconds", "vocoder_first_chunk_in_vocoder_seconds", "vocoder_first_chunk_queue_seconds", "admission_wait_seconds", "second_chunk_slack_seconds", "llm_second_chunk_seconds", "vocoder_second_chunk_in_vocoder_seconds", "vocoder_second_chunk_queue_seconds")
     TTFA_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LLM_QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -289,6 +289,10 @@ class SynthesisSummary(_message.Message):
     VOCODER_FIRST_CHUNK_IN_VOCODER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     VOCODER_FIRST_CHUNK_QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SECOND_CHUNK_SLACK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LLM_SECOND_CHUNK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    VOCODER_SECOND_CHUNK_IN_VOCODER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    VOCODER_SECOND_CHUNK_QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ttfa_seconds: float
     total_seconds: float
     llm_queue_seconds: float
@@ -310,7 +314,11 @@ class SynthesisSummary(_message.Message):
     vocoder_first_chunk_in_vocoder_seconds: float
     vocoder_first_chunk_queue_seconds: float
     admission_wait_seconds: float
-    def __init__(self, ttfa_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., llm_queue_seconds: _Optional[float] = ..., llm_prefill_seconds: _Optional[float] = ..., llm_decode_seconds: _Optional[float] = ..., llm_first_chunk_seconds: _Optional[float] = ..., vocoder_compute_seconds: _Optional[float] = ..., vocoder_first_chunk_seconds: _Optional[float] = ..., audio_tokens: _Optional[int] = ..., num_samples: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., real_time_factor: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., speech_end_to_first_audio_seconds: _Optional[float] = ..., encoder_finish_seconds: _Optional[float] = ..., user_codes: _Optional[int] = ..., user_audio_seconds: _Optional[float] = ..., llm_first_chunk_in_llm_seconds: _Optional[float] = ..., vocoder_first_chunk_in_vocoder_seconds: _Optional[float] = ..., vocoder_first_chunk_queue_seconds: _Optional[float] = ..., admission_wait_seconds: _Optional[float] = ...) -> None: ...
+    second_chunk_slack_seconds: float
+    llm_second_chunk_seconds: float
+    vocoder_second_chunk_in_vocoder_seconds: float
+    vocoder_second_chunk_queue_seconds: float
+    def __init__(self, ttfa_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., llm_queue_seconds: _Optional[float] = ..., llm_prefill_seconds: _Optional[float] = ..., llm_decode_seconds: _Optional[float] = ..., llm_first_chunk_seconds: _Optional[float] = ..., vocoder_compute_seconds: _Optional[float] = ..., vocoder_first_chunk_seconds: _Optional[float] = ..., audio_tokens: _Optional[int] = ..., num_samples: _Optional[int] = ..., audio_seconds: _Optional[float] = ..., real_time_factor: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., speech_end_to_first_audio_seconds: _Optional[float] = ..., encoder_finish_seconds: _Optional[float] = ..., user_codes: _Optional[int] = ..., user_audio_seconds: _Optional[float] = ..., llm_first_chunk_in_llm_seconds: _Optional[float] = ..., vocoder_first_chunk_in_vocoder_seconds: _Optional[float] = ..., vocoder_first_chunk_queue_seconds: _Optional[float] = ..., admission_wait_seconds: _Optional[float] = ..., second_chunk_slack_seconds: _Optional[float] = ..., llm_second_chunk_seconds: _Optional[float] = ..., vocoder_second_chunk_in_vocoder_seconds: _Optional[float] = ..., vocoder_second_chunk_queue_seconds: _Optional[float] = ...) -> None: ...
 
 class SynthesizeResponse(_message.Message):
     __slots__ = ("metadata", "audio", "summary")

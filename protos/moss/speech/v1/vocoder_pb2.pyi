@@ -92,7 +92,7 @@ class VocodeRequest(_message.Message):
     def __init__(self, config: _Optional[_Union[VocodeConfig, _Mapping]] = ..., tokens: _Optional[_Union[AudioTokens, _Mapping]] = ..., end: _Optional[_Union[EndOfTokens, _Mapping]] = ...) -> None: ...
 
 class VocodeStats(_message.Message):
-    __slots__ = ("chunks", "tokens", "compute_seconds", "first_chunk_compute_seconds", "queue_seconds", "first_chunk_queue_seconds", "first_chunk_seconds")
+    __slots__ = ("chunks", "tokens", "compute_seconds", "first_chunk_compute_seconds", "queue_seconds", "first_chunk_queue_seconds", "first_chunk_seconds", "second_chunk_queue_seconds", "second_chunk_compute_seconds", "second_chunk_seconds")
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,9 @@ class VocodeStats(_message.Message):
     QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FIRST_CHUNK_QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FIRST_CHUNK_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SECOND_CHUNK_QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SECOND_CHUNK_COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SECOND_CHUNK_SECONDS_FIELD_NUMBER: _ClassVar[int]
     chunks: int
     tokens: int
     compute_seconds: float
@@ -107,7 +110,10 @@ class VocodeStats(_message.Message):
     queue_seconds: float
     first_chunk_queue_seconds: float
     first_chunk_seconds: float
-    def __init__(self, chunks: _Optional[int] = ..., tokens: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., first_chunk_compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., first_chunk_queue_seconds: _Optional[float] = ..., first_chunk_seconds: _Optional[float] = ...) -> None: ...
+    second_chunk_queue_seconds: float
+    second_chunk_compute_seconds: float
+    second_chunk_seconds: float
+    def __init__(self, chunks: _Optional[int] = ..., tokens: _Optional[int] = ..., compute_seconds: _Optional[float] = ..., first_chunk_compute_seconds: _Optional[float] = ..., queue_seconds: _Optional[float] = ..., first_chunk_queue_seconds: _Optional[float] = ..., first_chunk_seconds: _Optional[float] = ..., second_chunk_queue_seconds: _Optional[float] = ..., second_chunk_compute_seconds: _Optional[float] = ..., second_chunk_seconds: _Optional[float] = ...) -> None: ...
 
 class VocodeResponse(_message.Message):
     __slots__ = ("pcm", "sample_offset", "num_samples", "sample_rate", "format", "final", "stats")
