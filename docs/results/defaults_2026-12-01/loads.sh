@@ -8,7 +8,8 @@
 #   burst    128 at the same instant on the idle stack, replies of 2-20 s
 #   spoken1  one spoken session, 4 x 2 turns (.whl/inputs/question.flac, 5.1 s of espeak-ng)
 #   spoken   128 spoken sessions started over 6 s, one turn each, replies of 2-20 s
-# Each run's first table row printed; every run's bench.md and bench.json packed in $OUT/<tag>_results.tgz at the end
+# Each run's first table row and its second and third chunks' slack printed (COPY_MD=1: its bench.md to $OUT too);
+# every run's bench.md and bench.json packed in $OUT/<tag>_results.tgz at the end
 # (the device tool brings back at most 8 files).
 #   TAG=call2 RUNS=3 LOADS="one ramp p30" bash docs/results/defaults_2026-12-01/loads.sh
 set -uo pipefail
@@ -32,7 +33,9 @@ if start_stack --kv-cache-gb 32 --max-num-seqs 256 --graphs-before-serving all; 
         spoken) b --speech "$IN/question.flac" --concurrency 128 --ramp 6 --requests 128 --turns 1 \
                   --reply-seconds 2-20 --warmup 0 --out "$d" ;;
       esac
-      [ -f "$d/bench.md" ] && echo "$load $k: $(grep -m1 -E '^\| [0-9]+ \|' "$d/bench.md")"
+      [ -f "$d/bench.md" ] && echo "$load $k: $(grep -m1 -E '^\| (rate |)[0-9]+' "$d/bench.md")" \
+        && grep -E '^\| [^|]+ \| (2nd|3rd) \|' "$d/bench.md"
+      [ "${COPY_MD:-0}" = 1 ] && cp "$d/bench.md" "$OUT/${tag}_${load}$k.md"
       sleep 2
     done
   done
