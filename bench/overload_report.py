@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # the tree, bench/
-from timeline import LLM, VOCODER, samples  # noqa: E402
+from timeline import LANE, LLM, VOCODER, samples  # noqa: E402
 
 from services.bench.report import slowest_tenth  # noqa: E402
 
@@ -108,7 +108,20 @@ def stage_work(growth: dict[str, float], seconds: float) -> dict[str, float]:
             "vocoder_calls": calls, "vocoder_windows_per_call": ratio(d("vocoder_batch_size_sum"), calls),
             "vocoder_call_ms": ratio(called, calls) * 1e3, "vocoder_busy": ratio(called, seconds),
             "audio_x_realtime": ratio(d("vocoder_audio_seconds_total"), seconds),
-            "audio_per_vocoder_second": ratio(d("vocoder_audio_seconds_total"), called)}
+            "audio_per_vocoder_second": ratio(d("vocoder_audio_seconds_total"), called),
+            # the playing streams' calls apart from the first-chunk lane's (NaN where the counters predate them)
+            **lane_split(calls, called, d("vocoder_batch_size_sum"), d("vocoder_lane_batch_seconds_count"),
+                         d("vocoder_lane_batch_seconds_sum"), d("vocoder_lane_batch_size_sum"))}
+
+
+def lane_split(calls: float, called: float, windows: float, lane_calls: float, lane_called: float,
+               lane_windows: float) -> dict[str, float]:
+    """The vocoder's calls, their seconds and windows (all of them, and the lane's) → the playing streams' and the
+    lane's calls, windows a call and ms a call."""
+    playing = calls - lane_calls
+    return {"playing_calls": playing, "playing_windows_per_call": ratio(windows - lane_windows, playing),
+            "playing_call_ms": ratio(called - lane_called, playing) * 1e3, "lane_calls": lane_calls,
+            "lane_call_ms": ratio(lane_called, lane_calls) * 1e3}
 
 
 def read_timeline(path: Path) -> list[dict[str, float]]:
@@ -136,7 +149,8 @@ def timeline_work(timeline: list[dict[str, float]], start: float, end: float, re
     if not (before and after):
         return None
     span = [r for r in samples if before[-1]["t"] <= r["t"] <= after[0]["t"]]
-    work = stage_work({n: after[0][n] - before[-1][n] for n in STAGE_COUNTERS}, after[0]["t"] - before[-1]["t"])
+    counters = STAGE_COUNTERS + tuple(n for n in LANE if n in before[-1] and n in after[0])
+    work = stage_work({n: after[0][n] - before[-1][n] for n in counters}, after[0]["t"] - before[-1]["t"])
     halves = [(ratio(b["llm_step_seconds_sum"] - a["llm_step_seconds_sum"], b["t"] - a["t"]),
                ratio(b["vocoder_batch_seconds_sum"] - a["vocoder_batch_seconds_sum"], b["t"] - a["t"]),
                any(a["t"] <= t < b["t"] for t in refused))
@@ -154,7 +168,7 @@ def timeline_work(timeline: list[dict[str, float]], start: float, end: float, re
 def scrapes_work(gateway: Path, before: Path, after: Path, seconds: float) -> dict | None:
     """The stages' work from their scrapes beside the gateway's before and after the load, over its wall seconds."""
     growth = {}
-    for stage, names in (("llm", LLM), ("vocoder", VOCODER)):
+    for stage, names in (("llm", LLM), ("vocoder", VOCODER + LANE)):
         if not (pages := stage_scrapes(gateway, before, after, stage)):
             return None
         b, a = (samples(p.read_text(), names) for p in pages)
@@ -233,11 +247,19 @@ def bands_table(result: list[dict]) -> str:
     return columns(lines)
 
 
+def lane_cells(w: dict, part: str) -> str:
+    """The playing streams' calls (count: windows each, ms each) or the lane's (count: ms each); "-" without them."""
+    if math.isnan(w.get(f"{part}_calls", math.nan)):
+        return "-"
+    windows = f"{w['playing_windows_per_call']:.1f}, " if part == "playing" else ""
+    return f"{w[f'{part}_calls']:.0f}: {windows}{w[f'{part}_call_ms']:.1f} ms"
+
+
 def work_table(result: list[dict]) -> str:
     """The stages' work per gateway and load."""
     head = ["gateway", "load", "from", "seconds", "llm steps", "batch", "step", "llm busy", "vocoder calls", "windows",
-            "call", "vocoder busy", "audio xRT", "audio per call-second", "half seconds: llm / vocoder / both busy",
-            "with a refusal: both busy"]
+            "call", "playing calls: windows, call", "lane calls: call", "vocoder busy", "audio xRT",
+            "audio per call-second", "half seconds: llm / vocoder / both busy", "with a refusal: both busy"]
     lines = [head]
     for r in result:
         if not (w := r.get("stage_work")):
@@ -250,8 +272,8 @@ def work_table(result: list[dict]) -> str:
         lines.append([r["gateway"], r["load"], w["source"], f"{w['seconds']:.1f}", f"{w['llm_steps']:.0f}",
                       f"{w['llm_batch']:.1f}", f"{w['llm_step_ms']:.1f} ms", f"{w['llm_busy'] * 100:.0f}%",
                       f"{w['vocoder_calls']:.0f}", f"{w['vocoder_windows_per_call']:.1f}", f"{w['vocoder_call_ms']:.1f} ms",
-                      f"{w['vocoder_busy'] * 100:.0f}%", f"{w['audio_x_realtime']:.0f}", f"{w['audio_per_vocoder_second']:.0f}",
-                      halves, refusing])
+                      lane_cells(w, "playing"), lane_cells(w, "lane"), f"{w['vocoder_busy'] * 100:.0f}%",
+                      f"{w['audio_x_realtime']:.0f}", f"{w['audio_per_vocoder_second']:.0f}", halves, refusing])
     return columns(lines) if len(lines) > 1 else "(no stage counters)"
 
 

@@ -17,6 +17,8 @@ GATEWAY = ("gateway_admission_limit", "gateway_active_requests", "gateway_queued
 LLM = ("llm_step_seconds_sum", "llm_step_seconds_count", "llm_batch_size_sum", "llm_paced_seconds_total")
 VOCODER = ("vocoder_batch_seconds_sum", "vocoder_batch_seconds_count", "vocoder_batch_size_sum",
            "vocoder_audio_seconds_total")
+# The first-chunk lane's calls, among the vocoder's (sampled since 2026-12-01: older timelines lack them)
+LANE = ("vocoder_lane_batch_seconds_sum", "vocoder_lane_batch_seconds_count", "vocoder_lane_batch_size_sum")
 INTERVAL = 0.5
 
 
@@ -36,7 +38,7 @@ def scrape(port: str) -> str:
 
 def main(argv: list[str]) -> int:
     path, ports = argv[1], argv[2:]
-    sources = list(zip(ports, (GATEWAY, LLM, VOCODER)))
+    sources = list(zip(ports, (GATEWAY, LLM, VOCODER + LANE)))
     with open(path, "a") as out:
         out.write("\t".join(["t", *(n for _, names in sources for n in names)]) + "\n")
         while True:

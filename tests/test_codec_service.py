@@ -178,8 +178,16 @@ def test_cancelled_streams_give_their_history_slots_back(tmp_path, solve, lane):
                 break
             asyncio.run(stream(8, True, ready))
         assert held() == 0
-        ticks = metric_value(scrape(stack.ports.metrics["vocoder"]), "vocoder_flow_tick_rows_count")
+        text = scrape(stack.ports.metrics["vocoder"])
+        ticks = metric_value(text, "vocoder_flow_tick_rows_count")
         assert (ticks > 0) == (solve == "on"), ticks
+        # the lane's calls apart, counted among every call too: every stream's first chunk went there, the rest not
+        calls, lane_calls = (metric_value(text, f"vocoder_{m}_seconds_count") for m in ("batch", "lane_batch"))
+        lane_windows = metric_value(text, "vocoder_lane_batch_size_sum")
+        if lane == "on":
+            assert 4 <= lane_windows and 1 <= lane_calls <= lane_windows and lane_calls < calls, (lane_calls, calls)
+        else:
+            assert lane_calls == lane_windows == 0
     finally:
         stack.stop_all()
 

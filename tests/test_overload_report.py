@@ -149,14 +149,21 @@ def test_without_the_stages_counters_in_the_timeline_the_scrapes_beside_the_gate
     (g / "metrics_llm_00_start.txt").write_text(stage_page(0, 0, 0, 0, 99, 9, 9, 9))
     (g / "metrics_vocoder_00_start.txt").write_text(stage_page(99, 9, 9, 9, 0, 0, 0, 0))
     (g / "metrics_llm_01_ramp_256.txt").write_text(stage_page(8.0, 640, 12800, 15.0, 0, 0, 0, 0))
-    (g / "metrics_vocoder_01_ramp_256.txt").write_text(stage_page(0, 0, 0, 0, 14.0, 200, 1300, 1450.0))
+    (g / "metrics_vocoder_01_ramp_256.txt").write_text(stage_page(0, 0, 0, 0, 14.0, 200, 1300, 1450.0) + (
+        "vocoder_lane_batch_seconds_sum 3.0\nvocoder_lane_batch_seconds_count 60\nvocoder_lane_batch_size_sum 80\n"))
+    (g / "metrics_vocoder_00_start.txt").write_text(stage_page(99, 9, 9, 9, 0, 0, 0, 0) + (
+        "vocoder_lane_batch_seconds_sum 0\nvocoder_lane_batch_seconds_count 0\nvocoder_lane_batch_size_sum 0\n"))
     row = report.rows(tmp_path)[0]
     work = row["stage_work"]
     assert work["source"] == "scrapes" and "halves" not in work
     assert work["llm_busy"] == 0.4 and work["llm_batch"] == 20 and abs(work["llm_step_ms"] - 12.5) < 1e-9
     assert work["vocoder_busy"] == 0.7 and work["vocoder_windows_per_call"] == 6.5 and work["audio_x_realtime"] == 72.5
+    # the playing streams' calls apart from the first-chunk lane's: 140 of 1,220 windows in 11 s, 60 in 3 s
+    assert work["playing_calls"] == 140 and abs(work["playing_windows_per_call"] - 1220 / 140) < 1e-9
+    assert abs(work["playing_call_ms"] - 11e3 / 140) < 1e-9 and abs(work["lane_call_ms"] - 50.0) < 1e-9
     line = report.work_table([row]).splitlines()[1]
     assert line.split()[2] == "scrapes" and line.rstrip().endswith("-")
+    assert "140: 8.7, 78.6 ms" in line and "60: 50.0 ms" in line
     # no stage scrapes either: no row in that table
     for p in g.glob("metrics_[lv]*"):
         p.unlink()

@@ -15,6 +15,13 @@ ACTIVE_STREAMS = Gauge("vocoder_active_streams", "Vocode streams open")
 BATCH_SIZE = Histogram("vocoder_batch_size", "Windows vocoded together in one model call",
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 BATCH = Histogram("vocoder_batch_seconds", "Duration of one model call (all of its windows)", buckets=LATENCY_BUCKETS)
+# The first-chunk lane's calls alone (--first-chunk-lane on), counted in the two above too: the playing streams' calls
+# are the difference. Under load a stream's second chunk waits for a playing call in flight, then its own
+# (docs/admission.md).
+LANE_BATCH_SIZE = Histogram("vocoder_lane_batch_size", "Windows vocoded together in one call of the first-chunk lane",
+                            buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+LANE_BATCH = Histogram("vocoder_lane_batch_seconds", "Duration of one call of the first-chunk lane",
+                       buckets=LATENCY_BUCKETS)
 TOKEN_DECODE = Histogram("vocoder_token_decode_seconds",
                          "One batched pass of the token decoder (tokens to mel, every stream of a model call)",
                          buckets=LATENCY_BUCKETS)
@@ -77,6 +84,12 @@ def observe_chunk(queue_seconds: float, compute_seconds: float) -> None:
 def observe_batch(size: int, seconds: float) -> None:
     BATCH_SIZE.observe(size)
     BATCH.observe(seconds)
+
+
+def observe_lane_batch(size: int, seconds: float) -> None:
+    observe_batch(size, seconds)
+    LANE_BATCH_SIZE.observe(size)
+    LANE_BATCH.observe(seconds)
 
 
 def observe_token_decode(seconds: float) -> None:

@@ -106,7 +106,8 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                                     first_chunk_batch_frames=first_chunk_batch_frames, gate=gate, **common)
         if lane is not None:
             first = VocoderWorker(lane, FIRST_CHUNK_LANE_BATCH, max_batch_frames=max_batch_frames, first_chunk_budget=0,
-                                  first_chunk_batch_frames=0, name="vocoder-first-chunks", gate=gate, **common)
+                                  first_chunk_batch_frames=0, name="vocoder-first-chunks", gate=gate,
+                                  **common | dict(on_batch=metrics.observe_lane_batch))
             self.worker = Lanes(self.worker, first)
 
     def _check_tokens(self, tokens) -> list[int]:
