@@ -311,7 +311,7 @@ class Turn:
             self.summary.llm_first_chunk_seconds = time.perf_counter() - self.start
             self.summary.llm_first_chunk_in_llm_seconds = chunk.since_arrival_seconds
             metrics.LLM_FIRST_CHUNK.observe(self.summary.llm_first_chunk_seconds)
-        if chunk.audio_tokens:  # (the second audio chunk's time: its tokens' after the first's)
+        if chunk.audio_tokens and len(self.audio_token_chunks) < 2:  # (the second audio chunk's: after the first's)
             self.audio_token_chunks.append(time.perf_counter())
             if len(self.audio_token_chunks) == 2:
                 self.summary.llm_second_chunk_seconds = self.audio_token_chunks[1] - self.audio_token_chunks[0]

@@ -185,7 +185,6 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         offset = 0
         first_tokens_at: float | None = None
         audio_started: float | None = None  # when the first samples went out: the listener's clock
-        second_done = False  # the stream's second audio went out (VocodeStats.second_chunk_*)
 
         def message(samples: np.ndarray, final: bool) -> vocoder_pb2.VocodeResponse:
             nonlocal offset
@@ -221,12 +220,12 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                         stats.first_chunk_queue_seconds = done.queue_seconds
                         stats.first_chunk_seconds = audio_started - first_tokens_at
                         metrics.observe_first_chunk(stats.first_chunk_seconds)
-                    elif not second_done:
-                        second_done = second_chunk(stats, done, tokens_at)
+                    elif not stats.second_chunk_seconds:  # (not yet set: this is the stream's second audio)
+                        second_chunk(stats, done, tokens_at)
                     yield message(done.samples, final=False)
             tokens_at = time.perf_counter()
             done = await self._vocode(streamer, None, audio_started, offset / rate / speed)
-            if len(done.samples) and audio_started is not None and not second_done:  # (the end made the second audio)
+            if len(done.samples) and audio_started is not None and not stats.second_chunk_seconds:  # (the end made it)
                 second_chunk(stats, done, tokens_at)
             stats.compute_seconds += done.compute_seconds
             stats.queue_seconds += done.queue_seconds
@@ -240,12 +239,11 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
             metrics.ACTIVE_STREAMS.dec()
 
 
-def second_chunk(stats: vocoder_pb2.VocodeStats, done: Done, tokens_at: float) -> bool:
+def second_chunk(stats: vocoder_pb2.VocodeStats, done: Done, tokens_at: float) -> None:
     """The stream's second audio, which its listener waits for with the first one's only: its figures in stats."""
     stats.second_chunk_compute_seconds = done.compute_seconds
     stats.second_chunk_queue_seconds = done.queue_seconds
     stats.second_chunk_seconds = time.perf_counter() - tokens_at
-    return True
 
 
 def voice_of(request: vocoder_pb2.AddVoiceRequest, speaker_model: str | None, vocoder: TokenVocoder):
