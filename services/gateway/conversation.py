@@ -122,10 +122,10 @@ class Conversation:
             running = [t for t in [*tasks, self.turn, *self.tails] if t is not None]
             for task in running:
                 task.cancel()  # a turn's own cleanup cancels its llm and vocoder calls
+            if self.listener is not None:  # its encoder calls cancelled: the encoder gives their places back
+                running += self.listener.cancel()
             self.session.close()  # its llm replica releases its pinned blocks (a turn running there pins none)
             await asyncio.gather(*running, return_exceptions=True)
-            if self.listener is not None:
-                await self.listener.close()  # its encoder calls cancelled: the encoder gives their places back
 
     # ---- the client's messages -------------------------------------------------------------------
     async def _read(self, requests) -> None:

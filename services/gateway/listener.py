@@ -128,12 +128,18 @@ class Listener:
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
             await utterance.call.done_writing()
 
+    def cancel(self) -> list[asyncio.Task]:
+        """Cancel its calls now, without a wait (a session's cleanup may itself be cancelled at its first await) →
+        their readers, to await: each reader's cleanup cancels its call, whether awaited or not."""
+        self.done = True
+        readers = list(self.readers)
+        for task in readers:
+            task.cancel()
+        return readers
+
     async def close(self) -> None:
         """Nothing of the listener outlives this: its calls are cancelled and their readers awaited."""
-        self.done = True
-        for task in list(self.readers):
-            task.cancel()
-        await asyncio.gather(*self.readers, return_exceptions=True)
+        await asyncio.gather(*self.cancel(), return_exceptions=True)
 
     async def _opened(self) -> bool:
         """Open the next utterance's call → whether it opened (no encoder ready: the speech fails)."""
@@ -154,6 +160,8 @@ class Listener:
         task = asyncio.create_task(self._read(utterance, replica))
         self.readers.add(task)
         task.add_done_callback(self.readers.discard)
+        # (a done callback, not the reader's own `finally`: it runs for a reader cancelled before it ever ran, too)
+        task.add_done_callback(lambda _: (utterance.call.cancel(), replica.add_calls(-1)))
         await self._write(utterance, encoder_pb2.EncodeRequest(config=self.config))
 
     @staticmethod
@@ -192,6 +200,3 @@ class Listener:
                     self.backends.encoder.mark_down(replica, stage_error("encoder", code, details))
                 self.done, self.utterance = True, None
                 await self.callbacks.failed(client_error(stage_error("encoder", code, details)))
-        finally:
-            call.cancel()
-            replica.add_calls(-1)
