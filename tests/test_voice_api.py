@@ -262,7 +262,8 @@ def test_a_replica_that_refuses_the_voice_leaves_it_on_none(voice_stack, stack, 
     port = free_port()
     with open(tmp_path / "gateway.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "services.cli", "gateway", "--port", str(port), "--metrics-port",
-                                 str(free_port()), "--llm-target", voice_stack.target("llm"), "--vocoder-target",
+                                 str(free_port()), "--http-port", "0",  # (the default port: another test's may hold it)
+                                 "--llm-target", voice_stack.target("llm"), "--vocoder-target",
                                  f"{voice_stack.target('vocoder')},{stack.target('vocoder')}", "--encoder-target",
                                  voice_stack.target("encoder")], stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -294,7 +295,7 @@ def test_two_gateways_over_the_same_vocoders_share_who_owns_each_voice(voice_sta
     env = {**os.environ, "MOSS_API_KEYS": f"{KEY_A},{KEY_B}"}
     with open(tmp_path / "gateway-2.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "services.cli", "gateway", "--port", str(port), "--metrics-port",
-                                 str(free_port()), "--llm-target", stack.target("llm"), "--vocoder-target",
+                                 str(free_port()), "--http-port", "0", "--llm-target", stack.target("llm"), "--vocoder-target",
                                  f"{stack.target('vocoder')},{stack.target('vocoder-2')}", "--encoder-target",
                                  stack.target("encoder"), "--voice-owners", str(stack.root / "owners.json")],
                                 stdout=log, stderr=subprocess.STDOUT, env=env)
