@@ -13,7 +13,15 @@
 # slack p2 15-30 ms, stall-free 99-100% (a few second chunks may now be late: the tail below p2 is one playing call,
 # ~100-140 ms, wide); TTFA p95 +5-20 ms. Kept only if every run stays 100% stall-free (a stall is the promise broken;
 # more admitted is not worth one).
+# First, before the stack: where a steady call's time goes today, by kernel (bench/studies/codec_flow_profile.py, 16
+# and 32 streams, the defaults alone). Last measured so on 2026-11-25 (attention 30% of a 32-stream call, the products
+# 33%, frame_norm 17%), before the small tiles, the prefix read once per voice and the folds. Predicted: a 32-stream
+# steady call 55-65 ms in graphs; the products the largest share (40-50%), attention 15-25%, the per-frame kernels
+# 10-20%; ~390-450 kernels an Euler step.
 set -uo pipefail
+mkdir -p "${OUT:-/tmp/out}"
+timeout 150 python3 bench/studies/codec_flow_profile.py --streams 16,32 --variants defaults \
+  --json "${OUT:-/tmp/out}/flow_profile.json" 2>&1 | tail -45
 RATES=30 LEVELS=256 BURST=0 STACK_FLAGS="--kv-cache-gb 32 --max-num-seqs 256 --graphs-before-serving all" \
   GATEWAY_B="--admission headroom --max-starting-turns 16 --admit-low-slack 0.025" RATES_A=30 LEVELS_A=256 \
-  timeout 590 bash bench/overload.sh
+  timeout 440 bash bench/overload.sh
