@@ -8,11 +8,12 @@ vocoder's side: its wait for a call and its call, and the hand-offs), and of it 
 rule holds TTFA p95, so the slowest tenth is what it sees (docs/benchmarks.md). Last, per gateway and load,
 the stages' work: the llm's steps (their batch, their time, the share of the load's time it stepped) and the
 vocoder's calls (their windows, their time, the share of the load's time they took: its first-chunk lane and its
-playing worker may overlap, so up to 2), the audio made, and from bench/timeline.py's half-second samples the share
-of half seconds in which each stage, and both, were busy (>= 80%), and of the half seconds in which the gateway
-refused a turn, the share in which both were (did it refuse while a stage had time to spare?). Loads measured before
-the timeline had the stages' counters take them from the stages' scrapes before and after the load instead
-("scrapes": the first load's warm-up turns included; no half seconds).
+playing worker may overlap, so up to 2; of their time, the flow's and the generator's device time), the audio made,
+and from bench/timeline.py's half-second samples the share of half seconds in which each stage, and both, were busy
+(>= 80%), and of the half seconds in which the gateway refused a turn, the share in which both were (did it refuse
+while a stage had time to spare?). Loads measured before the timeline had the stages' counters take them from the
+stages' scrapes before and after the load instead ("scrapes": the first load's warm-up turns included; no half
+seconds).
 
     python3 bench/overload_report.py OUT_DIR        # prints the tables, writes OUT_DIR/overload.json
 """
@@ -26,12 +27,13 @@ import sys
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # the tree, bench/
-from timeline import LANE, LLM, VOCODER, samples  # noqa: E402
+from timeline import CALL_PARTS, LANE, LLM, VOCODER, samples  # noqa: E402
 
 from services.bench.report import slowest_tenth  # noqa: E402
 
 SLACK_BOUNDS = ("0.0", "0.1", "0.3", "0.5")  # le= buckets of gateway_playback_slack_seconds reported
 STAGE_COUNTERS = LLM + VOCODER
+OPTIONAL_COUNTERS = LANE + CALL_PARTS  # the vocoder's, where the run is recent enough to have them
 BUSY = 0.8  # a stage busy in a half second: its steps' or calls' time at least this share of it
 
 
@@ -111,7 +113,10 @@ def stage_work(growth: dict[str, float], seconds: float) -> dict[str, float]:
             "audio_per_vocoder_second": ratio(d("vocoder_audio_seconds_total"), called),
             # the playing streams' calls apart from the first-chunk lane's (NaN where the counters predate them)
             **lane_split(calls, called, d("vocoder_batch_size_sum"), d("vocoder_lane_batch_seconds_count"),
-                         d("vocoder_lane_batch_seconds_sum"), d("vocoder_lane_batch_size_sum"))}
+                         d("vocoder_lane_batch_seconds_sum"), d("vocoder_lane_batch_size_sum")),
+            # of the calls' time, the flow's and the generator's device time (NaN where the counters predate them)
+            "flow_share": ratio(d("vocoder_token_decode_seconds_sum"), called),
+            "generator_share": ratio(d("vocoder_generate_seconds_sum"), called)}
 
 
 def lane_split(calls: float, called: float, windows: float, lane_calls: float, lane_called: float,
@@ -149,7 +154,7 @@ def timeline_work(timeline: list[dict[str, float]], start: float, end: float, re
     if not (before and after):
         return None
     span = [r for r in samples if before[-1]["t"] <= r["t"] <= after[0]["t"]]
-    counters = STAGE_COUNTERS + tuple(n for n in LANE if n in before[-1] and n in after[0])
+    counters = STAGE_COUNTERS + tuple(n for n in OPTIONAL_COUNTERS if n in before[-1] and n in after[0])
     work = stage_work({n: after[0][n] - before[-1][n] for n in counters}, after[0]["t"] - before[-1]["t"])
     halves = [(ratio(b["llm_step_seconds_sum"] - a["llm_step_seconds_sum"], b["t"] - a["t"]),
                ratio(b["vocoder_batch_seconds_sum"] - a["vocoder_batch_seconds_sum"], b["t"] - a["t"]),
@@ -168,7 +173,7 @@ def timeline_work(timeline: list[dict[str, float]], start: float, end: float, re
 def scrapes_work(gateway: Path, before: Path, after: Path, seconds: float) -> dict | None:
     """The stages' work from their scrapes beside the gateway's before and after the load, over its wall seconds."""
     growth = {}
-    for stage, names in (("llm", LLM), ("vocoder", VOCODER + LANE)):
+    for stage, names in (("llm", LLM), ("vocoder", VOCODER + OPTIONAL_COUNTERS)):
         if not (pages := stage_scrapes(gateway, before, after, stage)):
             return None
         b, a = (samples(p.read_text(), names) for p in pages)
@@ -255,10 +260,17 @@ def lane_cells(w: dict, part: str) -> str:
     return f"{w[f'{part}_calls']:.0f}: {windows}{w[f'{part}_call_ms']:.1f} ms"
 
 
+def part_cells(w: dict) -> str:
+    """The flow's and the generator's shares of the calls' time ("-" without their counters)."""
+    flow, generator = w.get("flow_share", math.nan), w.get("generator_share", math.nan)
+    return "-" if math.isnan(flow) or math.isnan(generator) else f"{flow * 100:.0f}% / {generator * 100:.0f}%"
+
+
 def work_table(result: list[dict]) -> str:
     """The stages' work per gateway and load."""
     head = ["gateway", "load", "from", "seconds", "llm steps", "batch", "step", "llm busy", "vocoder calls", "windows",
-            "call", "playing calls: windows, call", "lane calls: call", "vocoder busy", "audio xRT",
+            "call", "playing calls: windows, call", "lane calls: call", "of the calls: flow / generator", "vocoder busy",
+            "audio xRT",
             "audio per call-second", "half seconds: llm / vocoder / both busy", "with a refusal: both busy"]
     lines = [head]
     for r in result:
@@ -272,7 +284,7 @@ def work_table(result: list[dict]) -> str:
         lines.append([r["gateway"], r["load"], w["source"], f"{w['seconds']:.1f}", f"{w['llm_steps']:.0f}",
                       f"{w['llm_batch']:.1f}", f"{w['llm_step_ms']:.1f} ms", f"{w['llm_busy'] * 100:.0f}%",
                       f"{w['vocoder_calls']:.0f}", f"{w['vocoder_windows_per_call']:.1f}", f"{w['vocoder_call_ms']:.1f} ms",
-                      lane_cells(w, "playing"), lane_cells(w, "lane"), f"{w['vocoder_busy'] * 100:.0f}%",
+                      lane_cells(w, "playing"), lane_cells(w, "lane"), part_cells(w), f"{w['vocoder_busy'] * 100:.0f}%",
                       f"{w['audio_x_realtime']:.0f}", f"{w['audio_per_vocoder_second']:.0f}", halves, refusing])
     return columns(lines) if len(lines) > 1 else "(no stage counters)"
 

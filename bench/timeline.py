@@ -19,6 +19,9 @@ VOCODER = ("vocoder_batch_seconds_sum", "vocoder_batch_seconds_count", "vocoder_
            "vocoder_audio_seconds_total")
 # The first-chunk lane's calls, among the vocoder's (sampled since 2026-12-01: older timelines lack them)
 LANE = ("vocoder_lane_batch_seconds_sum", "vocoder_lane_batch_seconds_count", "vocoder_lane_batch_size_sum")
+# The two parts of every call, their device time on CUDA: the flow (tokens to mel) and the generator (mel to samples)
+# (sampled since 2026-12-02: older timelines lack them)
+CALL_PARTS = ("vocoder_token_decode_seconds_sum", "vocoder_generate_seconds_sum")
 INTERVAL = 0.5
 
 
@@ -38,7 +41,7 @@ def scrape(port: str) -> str:
 
 def main(argv: list[str]) -> int:
     path, ports = argv[1], argv[2:]
-    sources = list(zip(ports, (GATEWAY, LLM, VOCODER + LANE)))
+    sources = list(zip(ports, (GATEWAY, LLM, VOCODER + LANE + CALL_PARTS)))
     with open(path, "a") as out:
         out.write("\t".join(["t", *(n for _, names in sources for n in names)]) + "\n")
         while True:

@@ -150,9 +150,11 @@ def test_without_the_stages_counters_in_the_timeline_the_scrapes_beside_the_gate
     (g / "metrics_vocoder_00_start.txt").write_text(stage_page(99, 9, 9, 9, 0, 0, 0, 0))
     (g / "metrics_llm_01_ramp_256.txt").write_text(stage_page(8.0, 640, 12800, 15.0, 0, 0, 0, 0))
     (g / "metrics_vocoder_01_ramp_256.txt").write_text(stage_page(0, 0, 0, 0, 14.0, 200, 1300, 1450.0) + (
-        "vocoder_lane_batch_seconds_sum 3.0\nvocoder_lane_batch_seconds_count 60\nvocoder_lane_batch_size_sum 80\n"))
+        "vocoder_lane_batch_seconds_sum 3.0\nvocoder_lane_batch_seconds_count 60\nvocoder_lane_batch_size_sum 80\n"
+        "vocoder_token_decode_seconds_sum 10.5\nvocoder_generate_seconds_sum 2.75\n"))
     (g / "metrics_vocoder_00_start.txt").write_text(stage_page(99, 9, 9, 9, 0, 0, 0, 0) + (
-        "vocoder_lane_batch_seconds_sum 0\nvocoder_lane_batch_seconds_count 0\nvocoder_lane_batch_size_sum 0\n"))
+        "vocoder_lane_batch_seconds_sum 0\nvocoder_lane_batch_seconds_count 0\nvocoder_lane_batch_size_sum 0\n"
+        "vocoder_token_decode_seconds_sum 0.7\nvocoder_generate_seconds_sum 0.2\n"))
     row = report.rows(tmp_path)[0]
     work = row["stage_work"]
     assert work["source"] == "scrapes" and "halves" not in work
@@ -164,6 +166,9 @@ def test_without_the_stages_counters_in_the_timeline_the_scrapes_beside_the_gate
     line = report.work_table([row]).splitlines()[1]
     assert line.split()[2] == "scrapes" and line.rstrip().endswith("-")
     assert "140: 8.7, 78.6 ms" in line and "60: 50.0 ms" in line
+    # of the 14 s of calls, the flow's device time 9.8 s and the generator's 2.55 s
+    assert abs(work["flow_share"] - 0.7) < 1e-9 and abs(work["generator_share"] - 2.55 / 14) < 1e-9
+    assert "70% / 18%" in line
     # no stage scrapes either: no row in that table
     for p in g.glob("metrics_[lv]*"):
         p.unlink()

@@ -63,7 +63,7 @@ def test_the_sampler_writes_each_stages_counters_as_they_grow(tmp_path):
     rows = report.read_timeline(out)
     assert len(rows) >= 4, out.read_text()
     assert out.read_text().splitlines()[0].split("\t") == ["t", *timeline.GATEWAY, *timeline.LLM, *timeline.VOCODER,
-                                                          *timeline.LANE]
+                                                          *timeline.LANE, *timeline.CALL_PARTS]
     assert all(r["gateway_admission_limit"] == 48 and r["llm_batch_size_sum"] == 70 for r in rows)
     assert not any(name in r for r in rows for name in timeline.VOCODER)  # port 1: nothing answers
     gaps = [b["t"] - a["t"] for a, b in zip(rows, rows[1:])]
