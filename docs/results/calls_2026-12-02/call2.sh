@@ -9,10 +9,14 @@
 # Why: the 50 ms was chosen on an H100 on 2026-11-26, when the chunks near it were a stream's larger chunks arriving
 # just in time; on an H200 on 2026-12-01 every chunk under 50 ms was a second chunk, the limit settled at 34-51 turns
 # running with that p2 at 28-44 ms, and every admitted stream played stall-free in 14 of 15 runs.
-# Predicted: b admits 8-20% more (Poisson 30 430-480 against ~400, the ramp 150-165 against ~138), the second chunk's
-# slack p2 15-30 ms, stall-free 99-100% (a few second chunks may now be late: the tail below p2 is one playing call,
-# ~100-140 ms, wide); TTFA p95 +5-20 ms. Kept only if every run stays 100% stall-free (a stall is the promise broken;
-# more admitted is not worth one).
+# From 2026-12-01's runs (each second chunk's slack at the client against the turns running when it came:
+# slack_vs_running.py here, docs/benchmarks.md's entry ci-2026-12-02) the second chunk's slack p2 falls ~30 ms per 10
+# turns running: 29-91 ms at 30-40 running, 19-38 ms at 40-50 (Poisson 30 and the ramp alike; the spoken ramp's
+# lower: 34-61 at 30-40, −17 at 40-50). The limit never let more than 50 run.
+# Predicted: b's limit settles ~4-6 turns higher, and admits 3-12% more (Poisson 30 410-450 against ~400, the ramp
+# 142-155 against ~138), the second chunk's slack p2 10-25 ms, stall-free 99-100% (the tail below p2 is wide: some
+# second chunks may be late); TTFA p95 +5-15 ms. Kept only if every run stays 100% stall-free (a stall is the promise
+# broken; more admitted is not worth one).
 # First, before the stack: where a steady call's time goes today, by kernel (bench/studies/codec_flow_profile.py, 16
 # and 32 streams, the defaults alone). Last measured so on 2026-11-25 (attention 30% of a 32-stream call, the products
 # 33%, frame_norm 17%), before the small tiles, the prefix read once per voice and the folds. Predicted: a 32-stream
