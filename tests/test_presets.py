@@ -137,11 +137,12 @@ def test_up_forwards_the_engine_options():
 def test_up_forwards_pacing_and_the_vocoder_worker_options():
     extra = up_service_args(parser().parse_args(["up", "--max-audio-lead", "0.7", "--max-batch", "8",
                                                  "--max-batch-frames", "512", "--first-chunk-budget", "0.05",
-                                                 "--first-chunk-batch-frames", "128"]))
+                                                 "--first-chunk-batch-frames", "128", "--urgent-seconds", "0.4"]))
     llm, vocoder = (parser().parse_args([name, *extra[name]]) for name in ("llm", "vocoder"))
     assert audio_lead(llm) == 0.7
     assert (vocoder.max_batch, vocoder.max_batch_frames, vocoder.first_chunk_budget) == (8, 512, 0.05)
-    assert vocoder.first_chunk_batch_frames == 128
+    assert (vocoder.first_chunk_batch_frames, vocoder.urgent_seconds) == (128, 0.4)
+    assert parser().parse_args(["vocoder"]).urgent_seconds == 0.0  # off unless given
 
 
 def test_the_vocoders_call_limits_are_its_decoders_unless_given():

@@ -114,6 +114,32 @@ def test_a_call_carrying_a_first_chunk_holds_at_most_first_chunk_batch_frames(vo
         worker.stop()
 
 
+@pytest.mark.parametrize("urgent_seconds, calls", [
+    (0.5, [[20, 20], [20, 20]]),  # the second chunk's call takes the chunk due within 0.5 s, not the relaxed ones
+    (0.0, [[20, 20, 20, 20]]),    # off: one call of everything ready
+])
+def test_a_call_led_by_an_urgent_chunk_takes_only_chunks_due_as_soon(vocoder, urgent_seconds, calls):
+    rec = Recording(vocoder)
+    worker = VocoderWorker(rec, max_batch=16, max_wait=0.0, max_batch_frames=200, urgent_seconds=urgent_seconds)
+    try:
+        rec.gate.clear()
+        blocker = worker.submit(Job(MelStreamer(rec), tokens(2, 0), None, 0.0))  # holds the model
+        while not rec.calls:
+            time.sleep(0.001)
+        now = time.perf_counter()
+        # A stream's second chunk (0.32 s of audio out 0.1 s ago: 0.22 s of slack) and a chunk with 0.4 s; two
+        # playing streams' chunks with 1 s to spare (20 frames each: their first windows, as above).
+        second = worker.submit(Job(MelStreamer(rec), tokens(5, 1), now - 0.1, 0.32))
+        soon = worker.submit(Job(MelStreamer(rec), tokens(5, 2), now - 1.0, 1.4))
+        relaxed = [worker.submit(Job(MelStreamer(rec), tokens(5, i), now - 1.0, 2.0)) for i in range(3, 5)]
+        rec.gate.set()
+        for f in [blocker, second, soon, *relaxed]:
+            f.result(timeout=20)
+        assert rec.calls[1:] == calls
+    finally:
+        worker.stop()
+
+
 def test_streams_vocoded_together_give_what_each_gives_alone(vocoder):
     schedules = [[3, 10, 10, 2], [3, 1, 1, 7], [5, 10], [2]]
     alone = []

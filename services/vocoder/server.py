@@ -136,7 +136,7 @@ async def run(s: VocoderSettings) -> None:
              limits.max_batch_frames, limits.first_chunk_batch_frames)
     servicer = VocoderServicer(vocoder, s.left_context, s.lookahead, max_batch=limits.max_batch,
                                max_batch_frames=limits.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
-                               first_chunk_batch_frames=limits.first_chunk_batch_frames,
+                               first_chunk_batch_frames=limits.first_chunk_batch_frames, urgent_seconds=s.urgent_seconds,
                                lost=lambda: device_lost(s.device), on_fatal=report, lane=lane, solve=solve,
                                admit_every=s.flow_admit_every, generate_wait=s.flow_generate_wait, gate=gate,
                                speaker_model=s.speaker_model)

@@ -72,11 +72,13 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
                  lane: TokenVocoder | None = None, solve=None, admit_every: int = DEFAULT_ADMIT_EVERY,
-                 generate_wait: float = DEFAULT_GENERATE_WAIT, gate=None, speaker_model: str | None = None):
+                 generate_wait: float = DEFAULT_GENERATE_WAIT, gate=None, speaker_model: str | None = None,
+                 urgent_seconds: float = 0.0):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
         others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most
-        first_chunk_batch_frames (worker.py).
+        first_chunk_batch_frames (worker.py); a call led by a chunk due within urgent_seconds (> 0) takes only
+        such chunks (the playing streams' worker).
         lost / on_fatal: what the worker does when its device is lost (worker.py).
         lane: the vocoder's lane (TokenVocoder.lane) that first chunks run on, beside the other calls; None: one worker.
         solve: the flow's FlowSolve, driven by a SolveWorker (solve_worker.py; admit_every ticks between admissions of
@@ -103,7 +105,8 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
             return
         self.worker = VocoderWorker(vocoder, max_batch, max_batch_frames=max_batch_frames,
                                     first_chunk_budget=first_chunk_budget,
-                                    first_chunk_batch_frames=first_chunk_batch_frames, gate=gate, **common)
+                                    first_chunk_batch_frames=first_chunk_batch_frames, gate=gate,
+                                    urgent_seconds=urgent_seconds, **common)
         if lane is not None:
             first = VocoderWorker(lane, FIRST_CHUNK_LANE_BATCH, max_batch_frames=max_batch_frames, first_chunk_budget=0,
                                   first_chunk_batch_frames=0, name="vocoder-first-chunks", gate=gate,

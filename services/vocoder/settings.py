@@ -66,6 +66,10 @@ class VocoderSettings:
                                                         "--max-batch-frames alone; default: the codec's flow "
                                                         f"{FLOW_LIMITS.first_chunk_batch_frames}, the stand-in "
                                                         f"{STAND_IN_LIMITS.first_chunk_batch_frames})", type=count)
+    urgent_seconds: float = option(0.0, "a model call whose most urgent chunk is due within this many seconds (under "
+                                        "load, a stream's second chunk) takes only such chunks, so that it is short; "
+                                        "the chunks with more time wait for the next call (0: off; worker.py)",
+                                   type=seconds)
     first_chunk_lane: str | None = option(
         None, "vocode streams' first chunks on a second worker thread, in small calls on a CUDA stream of high priority "
               "beside the playing streams' calls: sooner first audio under load, and under headroom admission more "

@@ -24,6 +24,14 @@ is due while its listener has only the first: a stream's first two chunks are in
 them took 43% more calls for the same windows, and 128 streams fell behind (5% stall-free; both in
 docs/benchmarks.md, fifth sweep).
 
+**Urgent calls** (`urgent_seconds`, `--urgent-seconds`; off by default, not yet measured on a GPU): a call whose
+most urgent chunk is due within that many seconds takes only chunks due that soon, and the chunks with more time wait
+for the next call. Why one might: under load a stream's second chunk, due 320 ms after its first audio, rides in a call
+of the playing streams' later chunks, which the llm makes ~5x faster than real time and which have seconds to spare;
+on an H200 at 40-50 turns running its own call took 131 ms at the median, against ~35-45 ms for a call of a few windows
+beside the llm, and it waited ~58 ms more for the call in flight (docs/benchmarks.md, defaults-2026-12-01). The cost:
+more calls, each with the flow's fixed part (docs/results/calls_2026-12-02/call1.sh measures it).
+
 **The first-chunk lane** (`Lanes`, `--first-chunk-lane on`): first chunks go to a second worker with a
 vocoder of their own (`TokenVocoder.lane`: the same models and stream history, its own graphs and a CUDA stream of
 high priority), which runs their small calls while the first worker runs a large call of the playing streams. A
@@ -147,7 +155,8 @@ class VocoderWorker(JobThread):
                  max_batch_frames: int = DEFAULT_MAX_BATCH_FRAMES, first_chunk_budget: float = DEFAULT_FIRST_CHUNK_BUDGET,
                  first_chunk_batch_frames: int = DEFAULT_FIRST_CHUNK_BATCH_FRAMES,
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
-                 probe_seconds: float = PROBE_SECONDS, name: str = "vocoder-worker", gate=None):
+                 probe_seconds: float = PROBE_SECONDS, name: str = "vocoder-worker", gate=None,
+                 urgent_seconds: float = 0.0):
         """vocoder: TokenVocoder (its `launch(windows, last, conditions)` queues a batch, `samples` reads it);
         on_batch(size, seconds) per batch, on_decode(seconds) per pass of its token decoder and on_generate(seconds)
         per call of its generator (parts of a batch's seconds: on CUDA their device time); on_nonfinite(stage, samples)
@@ -155,6 +164,7 @@ class VocoderWorker(JobThread):
         samples zeroed (_check_finite).
         A call holds at most max_batch windows and max_batch_frames mel frames (but always one window), and
         at most first_chunk_batch_frames (when > 0) if it carries a first chunk; first_chunk_budget: seconds.
+        urgent_seconds (> 0): a call led by a chunk due within that many seconds takes only such chunks.
         lost(): is the device gone? (asked after a failed batch, and after every probe_seconds idle) If so
         every job fails with DeviceLost, the worker stops, and on_fatal(err) tells the server (device.py).
         gate: the capture.DeviceGate its device work goes through (graphs captured while serving); None: none. See
@@ -164,7 +174,7 @@ class VocoderWorker(JobThread):
         self.on_decode, self.on_generate, self.on_nonfinite = on_decode, on_generate, on_nonfinite
         self.nonfinite_logged = float("-inf")  # when the last warning of NaN or inf went to the log
         self.max_batch_frames, self.first_chunk_budget = max_batch_frames, first_chunk_budget
-        self.first_chunk_batch_frames = first_chunk_batch_frames
+        self.first_chunk_batch_frames, self.urgent_seconds = first_chunk_batch_frames, urgent_seconds
         self.lost, self.on_fatal, self.probe_seconds = lost, on_fatal, probe_seconds
         self.gate = gate
         if gate is not None:
@@ -188,7 +198,13 @@ class VocoderWorker(JobThread):
                 self.cv.wait(deadline - now)
             self.pending.sort(key=lambda j: j.deadline(self.first_chunk_budget))
             taken, frames, cap = 0, 0, self.max_batch_frames
+            now = time.perf_counter()
+            # (due sooner than urgent_seconds: a prefix of the deadline order, first chunks included, while the
+            # first-chunk budget is under urgent_seconds)
+            urgent_only = self.urgent_seconds > 0 and self.pending[0].slack(now) < self.urgent_seconds
             for job in self.pending[: self.max_batch]:
+                if urgent_only and job.slack(now) >= self.urgent_seconds:
+                    break  # an urgent call: the chunks with time to spare wait for the next one
                 frames += job.streamer.window_frames(None if job.tokens is None else len(job.tokens))
                 if job.audio_started is None and job.tokens is not None and self.first_chunk_batch_frames:
                     cap = min(cap, self.first_chunk_batch_frames)  # a first chunk aboard: a short call

@@ -1,29 +1,26 @@
 #!/usr/bin/env bash
-# Written 2026-12-02 ~01:20 UTC, before this run: the playing streams' vocoder calls at load, and whether shorter calls
-# give a stream's second chunk its slack. Two stacks one after the other at the defaults (`moss-serve up --device cuda
-# --preset moss-speech --kv-cache-gb 32 --max-num-seqs 256 --graphs-before-serving all`), each under Poisson 30 for 20 s
-# and 256 started over 6 s on its own gateway (bench/overload.sh, ONLY=a: the vocoder's call histograms scraped after
-# each load, the lane's apart): the defaults (calls of up to 32 windows, 4096 frames), then --max-batch-frames 1024.
+# Written 2026-12-02 ~01:40 UTC, before this run: urgent calls in the playing streams' worker (--urgent-seconds, worker.py).
+# Two stacks one after the other at the defaults (`moss-serve up --device cuda --preset moss-speech --kv-cache-gb 32
+# --max-num-seqs 256 --graphs-before-serving all`), each under Poisson 30 for 20 s and 256 started over 6 s on its own
+# gateway (bench/overload.sh, ONLY=a: the vocoder's call histograms scraped after each load, the lane's apart, the
+# flow's and the generator's device time): the defaults, then --urgent-seconds 0.4.
 #   bash docs/results/calls_2026-12-02/call1.sh
 #
-# Predicted. Defaults, as on 2026-12-01: Poisson 30 ~400 of 600 admitted, 256 over 6 s ~138, the second chunk's slack
-# p2 25-45 ms; the playing worker's calls 18-30 windows on average (a steady window ~103 frames: 80 new, 19 of HiFT's
-# context, 4 of look-ahead), 100-135 ms each, the worker busy over 60% of the load.
-# --max-batch-frames 1024 (~10 steady windows a call): playing calls 55-80 ms; the second chunk's vocoder part p50
-# 180 → 100-130 ms; its slack p2 → 60-100 ms; admitted +10-30% (Poisson 30 440-520, the ramp 150-180), 100% stall-free;
-# the later chunks' slack p2 falls (more, smaller calls: throughput ~2.5x the need, not ~4x) but stays over 300 ms;
-# TTFA p95 within ±15 ms. Wrong if the worker falls behind (later chunks' slack collapsing, stalls), or if admitted
-# does not move (then the second chunk's time is not the call's size).
-# The other outcome, also possible: on 2026-11-28 the vocoder's two workers were 97% busy at Poisson 30 (calls of 8.3
-# windows, 76 ms), so the playing worker may be near full. Then smaller calls (a call's fixed part ~34 ms beside the
-# llm, ~2.6-3 ms a steady window: ~10 windows ~60 ms, ~170 s of audio a second against ~115 needed) leave it little
-# room: the later chunks' slack falls toward the second's and the rule admits as many or fewer. Either way the
-# defaults' histograms say how full the playing worker is, which decides the next step (a cap that applies only while
-# an urgent chunk waits, or the flow's cost alone).
-# Not run on 2026-12-02: that session's device time had been spent by an earlier try (none was left to start a machine).
+# Why (docs/benchmarks.md, ci-2026-12-02, from 2026-12-01's call 5): at 40-50 turns running a stream's second chunk
+# spent 187 ms in the vocoder at the median: 58 ms waiting for the call in flight, then 131 ms in its own call, which it
+# shares with the playing streams' later chunks (they have seconds to spare: the llm makes them ~5x faster than real
+# time). Under 30 turns running the same parts were 20 and 81 ms. A second chunk comes to the vocoder with ~0.3 s of
+# slack, a third with ~0.5 s, later ones with seconds: 0.4 s takes the second chunks (and late ones) alone.
+# Predicted, --urgent-seconds 0.4 against the defaults: the second chunk's own call 131 → 45-70 ms, its wait 58 → 45-75
+# ms (the calls in flight now alternate: short urgent ones, longer ones of later chunks), its time in the vocoder p50
+# 187 → 100-140 ms; at the same turns running its slack p2 +40-70 ms; the playing worker's calls +50-100% in number,
+# fewer windows each; the third chunk's slack p2 279 → 150-250 ms. If the worker keeps up (the later chunks' slack
+# stays over ~0.5 s), the limit settles higher and more are admitted: Poisson 30 440-540 against ~400, the ramp 150-190
+# against ~138, 100% stall-free, TTFA p95 within ±15 ms. Wrong if the extra calls' fixed cost leaves the worker behind:
+# the later chunks' slack collapsing, the rule falling on them, as many or fewer admitted.
 set -uo pipefail
 base=${OUT:-/tmp/out}
-for variant in "defaults:" "frames1024:--max-batch-frames 1024"; do
+for variant in "defaults:" "urgent04:--urgent-seconds 0.4"; do
   name=${variant%%:*} flags=${variant#*:}
   echo "=== $name: ${flags:-(the defaults)}"
   # shellcheck disable=SC2086  # (flags: words)
