@@ -132,8 +132,10 @@ async def run(s: VocoderSettings) -> None:
     # (The solve's worker takes no gate: with --flow-solve on every graph is captured before serving.)
     gate = DeviceGate() if (rest or flow) and solve is None else None
     fatal, report = fatal_signal(asyncio.get_running_loop())  # the device lost: stop serving, exit (device.py)
-    log.info("vocoder: calls of at most %d windows and %d mel frames, %d with a first chunk", limits.max_batch,
-             limits.max_batch_frames, limits.first_chunk_batch_frames)
+    log.info("vocoder: calls of at most %d windows and %d mel frames, %d with a first chunk%s", limits.max_batch,
+             limits.max_batch_frames, limits.first_chunk_batch_frames,
+             f"; a call led by a chunk due within {s.urgent_seconds:g} s takes only such chunks (--urgent-seconds)"
+             if s.urgent_seconds > 0 else "")
     servicer = VocoderServicer(vocoder, s.left_context, s.lookahead, max_batch=limits.max_batch,
                                max_batch_frames=limits.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
                                first_chunk_batch_frames=limits.first_chunk_batch_frames, urgent_seconds=s.urgent_seconds,
