@@ -256,6 +256,8 @@ def lane_cells(w: dict, part: str) -> str:
     """The playing streams' calls (count: windows each, ms each) or the lane's (count: ms each); "-" without them."""
     if math.isnan(w.get(f"{part}_calls", math.nan)):
         return "-"
+    if not w[f"{part}_calls"]:
+        return "0"  # (the lane off)
     windows = f"{w['playing_windows_per_call']:.1f}, " if part == "playing" else ""
     return f"{w[f'{part}_calls']:.0f}: {windows}{w[f'{part}_call_ms']:.1f} ms"
 
