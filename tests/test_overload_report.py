@@ -169,6 +169,8 @@ def test_without_the_stages_counters_in_the_timeline_the_scrapes_beside_the_gate
     # of the 14 s of calls, the flow's device time 9.8 s and the generator's 2.55 s
     assert abs(work["flow_share"] - 0.7) < 1e-9 and abs(work["generator_share"] - 2.55 / 14) < 1e-9
     assert "70% / 18%" in line
+    # a stack without the lane (its counters there, at 0): its cell says so, not "nan ms"
+    assert report.lane_cells({"lane_calls": 0.0, "lane_call_ms": math.nan}, "lane") == "0"
     # no stage scrapes either: no row in that table
     for p in g.glob("metrics_[lv]*"):
         p.unlink()
