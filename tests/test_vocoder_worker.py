@@ -128,10 +128,10 @@ def test_a_call_led_by_an_urgent_chunk_takes_only_chunks_due_as_soon(vocoder, ur
             time.sleep(0.001)
         now = time.perf_counter()
         # A stream's second chunk (0.32 s of audio out 0.1 s ago: 0.22 s of slack) and a chunk with 0.4 s; two
-        # playing streams' chunks with 1 s to spare (20 frames each: their first windows, as above).
+        # playing streams' chunks with 5 s to spare (20 frames each: their first windows, as above).
         second = worker.submit(Job(MelStreamer(rec), tokens(5, 1), now - 0.1, 0.32))
         soon = worker.submit(Job(MelStreamer(rec), tokens(5, 2), now - 1.0, 1.4))
-        relaxed = [worker.submit(Job(MelStreamer(rec), tokens(5, i), now - 1.0, 2.0)) for i in range(3, 5)]
+        relaxed = [worker.submit(Job(MelStreamer(rec), tokens(5, i), now - 1.0, 6.0)) for i in range(3, 5)]
         rec.gate.set()
         for f in [blocker, second, soon, *relaxed]:
             f.result(timeout=20)
