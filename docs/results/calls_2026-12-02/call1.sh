@@ -19,17 +19,4 @@
 # against ~138, 100% stall-free, TTFA p95 within ±15 ms. Wrong if the extra calls' fixed cost leaves the worker behind:
 # the later chunks' slack collapsing, the rule falling on them, as many or fewer admitted.
 set -uo pipefail
-base=${OUT:-/tmp/out}
-for variant in "defaults:" "urgent04:--urgent-seconds 0.4"; do
-  name=${variant%%:*} flags=${variant#*:}
-  echo "=== $name: ${flags:-(the defaults)}"
-  # shellcheck disable=SC2086  # (flags: words)
-  OUT=$base/$name ONLY=a RATES=30 LEVELS=256 BURST=0 \
-    STACK_FLAGS="--kv-cache-gb 32 --max-num-seqs 256 --graphs-before-serving all" timeout 285 bash bench/overload.sh $flags
-  mkdir -p "$base/$name/md" && tar xzf "$base/$name/results.tgz" -C "$base/$name/md" --wildcards '*bench.md' 2> /dev/null
-  for f in "$base/$name"/md/*/*/bench.md; do  # (pack_results took them into results.tgz)
-    echo "$f: $(grep -m1 -E '^\| (rate |)[0-9]+' "$f")"; grep -E '^\| [^|]+ \| (2nd|3rd|later) \|' "$f"
-  done 2> /dev/null
-  rm -rf "$base/$name/md"
-  (cd "$base" && tar czf "$name.tgz" "$name" && rm -rf "$name")
-done
+bash docs/results/calls_2026-12-02/stacks.sh "defaults:" "urgent04:--urgent-seconds 0.4"

@@ -22,17 +22,4 @@
 # an urgent chunk waits, or the flow's cost alone).
 # Not run on 2026-12-02: that session's device time had been spent by an earlier try (none was left to start a machine).
 set -uo pipefail
-base=${OUT:-/tmp/out}
-for variant in "defaults:" "frames1024:--max-batch-frames 1024"; do
-  name=${variant%%:*} flags=${variant#*:}
-  echo "=== $name: ${flags:-(the defaults)}"
-  # shellcheck disable=SC2086  # (flags: words)
-  OUT=$base/$name ONLY=a RATES=30 LEVELS=256 BURST=0 \
-    STACK_FLAGS="--kv-cache-gb 32 --max-num-seqs 256 --graphs-before-serving all" timeout 285 bash bench/overload.sh $flags
-  mkdir -p "$base/$name/md" && tar xzf "$base/$name/results.tgz" -C "$base/$name/md" --wildcards '*bench.md' 2> /dev/null
-  for f in "$base/$name"/md/*/*/bench.md; do  # (pack_results took them into results.tgz)
-    echo "$f: $(grep -m1 -E '^\| (rate |)[0-9]+' "$f")"; grep -E '^\| [^|]+ \| (2nd|3rd|later) \|' "$f"
-  done 2> /dev/null
-  rm -rf "$base/$name/md"
-  (cd "$base" && tar czf "$name.tgz" "$name" && rm -rf "$name")
-done
+bash docs/results/calls_2026-12-02/stacks.sh "defaults:" "frames1024:--max-batch-frames 1024"
