@@ -41,50 +41,52 @@ def tokens(n, seed):
     return np.random.default_rng(seed).integers(0, 1024, n).tolist()
 
 
-@pytest.mark.parametrize("budget, order", [
-    (0.2, [[12], [16], [20], [24]]),  # a first chunk due 0.2 s after it came in: between 0.1 s and 0.4 s of slack
-    (0.0, [[16], [12], [20], [24]]),  # no budget: the first chunk before every stream still playing
-])
-def test_earliest_deadline_first(vocoder, budget, order):
+def calls_after_a_held_call(vocoder, chunks, **worker_options) -> list[list[int]]:
+    """A worker whose model is held by a first call while `chunks(now)` are queued: (tokens, seed, audio_started,
+    audio_sent) each, `now` when the hold began → the window lengths of each call after the held one (8 frames)."""
     rec = Recording(vocoder)
-    worker = VocoderWorker(rec, max_batch=1, max_wait=0.0, first_chunk_budget=budget)
+    worker = VocoderWorker(rec, max_wait=0.0, **worker_options)
     try:
         rec.gate.clear()
         blocker = worker.submit(Job(MelStreamer(rec), tokens(2, 0), None, 0.0))  # holds the model
         while not rec.calls:
             time.sleep(0.001)
         now = time.perf_counter()
-        # Window lengths tell the calls apart: 3, 4, 5 and 6 tokens → 12, 16, 20 and 24 frames (lookahead 4
-        # held back but computed), each a stream's first window (audio_started says what the listener has).
-        relaxed = worker.submit(Job(MelStreamer(rec), tokens(6, 1), now - 1.0, 6.0))   # 5 s of slack
-        soon = worker.submit(Job(MelStreamer(rec), tokens(5, 2), now - 1.0, 1.4))      # 0.4 s of slack
-        urgent = worker.submit(Job(MelStreamer(rec), tokens(3, 3), now - 1.0, 1.1))    # 0.1 s of slack
-        first = worker.submit(Job(MelStreamer(rec), tokens(4, 4), None, 0.0))          # nothing playing yet
+        queued = [worker.submit(Job(MelStreamer(rec), tokens(n, seed), started, sent))
+                  for n, seed, started, sent in chunks(now)]
         rec.gate.set()
-        for f in (blocker, relaxed, soon, urgent, first):
+        for f in [blocker, *queued]:
             f.result(timeout=20)
-        assert rec.calls == [[8], *order]
+        assert rec.calls[0] == [8]
+        return rec.calls[1:]
     finally:
         worker.stop()
+
+
+@pytest.mark.parametrize("budget, order", [
+    (0.2, [[12], [16], [20], [24]]),  # a first chunk due 0.2 s after it came in: between 0.1 s and 0.4 s of slack
+    (0.0, [[16], [12], [20], [24]]),  # no budget: the first chunk before every stream still playing
+])
+def test_earliest_deadline_first(vocoder, budget, order):
+    # Window lengths tell the calls apart: 3, 4, 5 and 6 tokens → 12, 16, 20 and 24 frames (lookahead 4 held back but
+    # computed), each a stream's first window (audio_started says what the listener has).
+    def chunks(now):
+        return [(6, 1, now - 1.0, 6.0),   # 5 s of slack
+                (5, 2, now - 1.0, 1.4),   # 0.4 s of slack
+                (3, 3, now - 1.0, 1.1),   # 0.1 s of slack
+                (4, 4, None, 0.0)]        # a first chunk: nothing playing yet
+
+    assert calls_after_a_held_call(vocoder, chunks, max_batch=1, first_chunk_budget=budget) == order
 
 
 def test_a_call_holds_at_most_max_batch_frames_but_always_one_window(vocoder):
-    rec = Recording(vocoder)
-    worker = VocoderWorker(rec, max_batch=16, max_wait=0.0, max_batch_frames=45)
-    try:
-        rec.gate.clear()
-        blocker = worker.submit(Job(MelStreamer(rec), tokens(2, 0), None, 0.0))  # holds the model
-        while not rec.calls:
-            time.sleep(0.001)
-        # First windows of 5 tokens are 20 frames (the lookahead's 4 computed, held back): two fit in 45.
-        small = [worker.submit(Job(MelStreamer(rec), tokens(5, i), None, 0.0)) for i in range(1, 5)]
-        big = worker.submit(Job(MelStreamer(rec), tokens(20, 9), None, 0.0))  # 80 frames: over, alone
-        rec.gate.set()
-        for f in [blocker, *small, big]:
-            f.result(timeout=20)
-        assert rec.calls[1:] == [[20, 20], [20, 20], [80]]
-    finally:
-        worker.stop()
+    # First windows of 5 tokens are 20 frames (the lookahead's 4 computed, held back): two fit in 45; 20 tokens are 80
+    # frames: over, alone.
+    def chunks(now):
+        return [(5, i, None, 0.0) for i in range(1, 5)] + [(20, 9, None, 0.0)]
+
+    calls = calls_after_a_held_call(vocoder, chunks, max_batch=16, max_batch_frames=45)
+    assert calls == [[20, 20], [20, 20], [80]]
 
 
 @pytest.mark.parametrize("first_chunk_batch_frames, calls", [
@@ -92,26 +94,13 @@ def test_a_call_holds_at_most_max_batch_frames_but_always_one_window(vocoder):
     (0, [[20, 20, 20, 20]]),     # no cap of its own: one call of up to max_batch_frames
 ])
 def test_a_call_carrying_a_first_chunk_holds_at_most_first_chunk_batch_frames(vocoder, first_chunk_batch_frames, calls):
-    rec = Recording(vocoder)
-    worker = VocoderWorker(rec, max_batch=16, max_wait=0.0, max_batch_frames=200,
-                           first_chunk_batch_frames=first_chunk_batch_frames)
-    try:
-        rec.gate.clear()
-        blocker = worker.submit(Job(MelStreamer(rec), tokens(2, 0), None, 0.0))  # holds the model
-        while not rec.calls:
-            time.sleep(0.001)
-        now = time.perf_counter()
-        # A first chunk (20 frames) is due before three playing streams' chunks (20 frames each, their first
-        # windows too, and 1 s of slack). A second chunk (0.32 s of audio out) does not shorten a call.
-        first = worker.submit(Job(MelStreamer(rec), tokens(5, 1), None, 0.0))
-        second = worker.submit(Job(MelStreamer(rec), tokens(5, 2), now - 0.1, 0.32))
-        playing = [worker.submit(Job(MelStreamer(rec), tokens(5, i), now - 1.0, 2.0)) for i in range(3, 5)]
-        rec.gate.set()
-        for f in [blocker, first, second, *playing]:
-            f.result(timeout=20)
-        assert rec.calls[1:] == calls
-    finally:
-        worker.stop()
+    # A first chunk (20 frames) is due before three playing streams' chunks (20 frames each, their first windows too,
+    # and 1 s of slack). A second chunk (0.32 s of audio out) does not shorten a call.
+    def chunks(now):
+        return [(5, 1, None, 0.0), (5, 2, now - 0.1, 0.32)] + [(5, i, now - 1.0, 2.0) for i in range(3, 5)]
+
+    assert calls_after_a_held_call(vocoder, chunks, max_batch=16, max_batch_frames=200,
+                                   first_chunk_batch_frames=first_chunk_batch_frames) == calls
 
 
 @pytest.mark.parametrize("urgent_seconds, calls", [
@@ -119,25 +108,13 @@ def test_a_call_carrying_a_first_chunk_holds_at_most_first_chunk_batch_frames(vo
     (0.0, [[20, 20, 20, 20]]),    # off: one call of everything ready
 ])
 def test_a_call_led_by_an_urgent_chunk_takes_only_chunks_due_as_soon(vocoder, urgent_seconds, calls):
-    rec = Recording(vocoder)
-    worker = VocoderWorker(rec, max_batch=16, max_wait=0.0, max_batch_frames=200, urgent_seconds=urgent_seconds)
-    try:
-        rec.gate.clear()
-        blocker = worker.submit(Job(MelStreamer(rec), tokens(2, 0), None, 0.0))  # holds the model
-        while not rec.calls:
-            time.sleep(0.001)
-        now = time.perf_counter()
-        # A stream's second chunk (0.32 s of audio out 0.1 s ago: 0.22 s of slack) and a chunk with 0.4 s; two
-        # playing streams' chunks with 5 s to spare (20 frames each: their first windows, as above).
-        second = worker.submit(Job(MelStreamer(rec), tokens(5, 1), now - 0.1, 0.32))
-        soon = worker.submit(Job(MelStreamer(rec), tokens(5, 2), now - 1.0, 1.4))
-        relaxed = [worker.submit(Job(MelStreamer(rec), tokens(5, i), now - 1.0, 6.0)) for i in range(3, 5)]
-        rec.gate.set()
-        for f in [blocker, second, soon, *relaxed]:
-            f.result(timeout=20)
-        assert rec.calls[1:] == calls
-    finally:
-        worker.stop()
+    # A stream's second chunk (0.32 s of audio out 0.1 s ago: 0.22 s of slack) and a chunk with 0.4 s; two playing
+    # streams' chunks with 5 s to spare (20 frames each: their first windows, as above).
+    def chunks(now):
+        return [(5, 1, now - 0.1, 0.32), (5, 2, now - 1.0, 1.4)] + [(5, i, now - 1.0, 6.0) for i in range(3, 5)]
+
+    assert calls_after_a_held_call(vocoder, chunks, max_batch=16, max_batch_frames=200,
+                                   urgent_seconds=urgent_seconds) == calls
 
 
 def test_streams_vocoded_together_give_what_each_gives_alone(vocoder):
