@@ -24,14 +24,15 @@ is due while its listener has only the first: a stream's first two chunks are in
 them took 43% more calls for the same windows, and 128 streams fell behind (5% stall-free; both in
 docs/benchmarks.md, fifth sweep).
 
-**Urgent calls** (`urgent_seconds`, `--urgent-seconds`; off by default, not yet measured on a GPU): a call whose
-most urgent chunk is due within that many seconds takes only chunks due that soon, and the chunks with more time
-wait for the next call. Why one might: under load a stream's second chunk, due 320 ms after its first audio, likely
-rides in a call of the playing streams' later chunks, which the llm makes ~5x faster than real time and which have
-seconds to spare; on an H200 at 40-50 turns running its own call took 131 ms at the median, against ~35-45 ms for a
-call of a few windows beside the llm, and it waited ~58 ms more for the call in flight (docs/benchmarks.md,
-ci-2026-12-02). The cost: more calls, each with the flow's fixed part (docs/results/calls_2026-12-02/call1.sh
-measures it).
+**Urgent calls** (`urgent_seconds`, `--urgent-seconds`; off by default): a call whose most urgent chunk is due within
+that many seconds takes only chunks due that soon, and the chunks with more time wait for the next call. Under load a
+stream's second chunk, due 320 ms after its first audio, otherwise rides in a call of the playing streams' later
+chunks, which the llm makes ~5x faster than real time and which have seconds to spare. Measured on an H200
+(docs/benchmarks.md, 2026-12-02), 0.4 s took the second chunk's time in the vocoder from 187 to 86-110 ms at the
+median, and the admission limit no longer fell on it. But the calls hold fewer windows, so the vocoder makes no more
+audio a second (118-124 s a call-second against 130). The later chunks wait, and turns last longer. Alone it
+admitted fewer turns. With a faster-growing limit and 256 history slots it admitted more of a burst, all stall-free,
+out of the listeners' buffers.
 
 **The first-chunk lane** (`Lanes`, `--first-chunk-lane on`): first chunks go to a second worker with a
 vocoder of their own (`TokenVocoder.lane`: the same models and stream history, its own graphs and a CUDA stream of

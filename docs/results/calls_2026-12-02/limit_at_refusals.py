@@ -1,0 +1,48 @@
+"""The admission limit as a client sees it: the turns running when each refusal came, by 2-second span, and how long
+the admitted turns lasted (sent to their last chunk). Read from each load's bench.json (`moss-serve bench --out`).
+
+    cd /tmp && tar xJf /work/main/docs/results/calls_2026-12-02/defaults.tar.xz
+    python /work/main/docs/results/calls_2026-12-02/limit_at_refusals.py defaults    (DIR...: a variant's files)
+
+A span's cell is `running/refused` at its first refusal (the limit then, less the turns that had just ended), or
+`(running)` where none was refused.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+SPAN = 2.0  # seconds
+
+
+def turns(bench: Path) -> list[dict]:
+    levels = json.loads(bench.read_text())["levels"]
+    return next(iter(levels.values()))["streams"]
+
+
+def row(streams: list[dict]) -> tuple[float, list[str]]:
+    played = [(s["sent_s"], s["sent_s"] + s["chunk_arrivals_s"][-1])
+              for s in streams if s["code"] == "OK" and s["chunk_arrivals_s"]]
+    lasted = sorted(end - sent for sent, end in played)
+    refused = [s["sent_s"] for s in streams if s["code"] != "OK"]
+    cells = []
+    for k in range(13):
+        start = k * SPAN
+        here = [t for t in refused if start <= t < start + SPAN]
+        at = here[0] if here else start + SPAN / 2
+        running = sum(1 for sent, end in played if sent <= at < end)
+        cells.append(f"{start:g}s:{running}/{len(here)}" if here else f"{start:g}s:({running})")
+    return lasted[len(lasted) // 2], cells
+
+
+def main(dirs: list[str]) -> None:
+    for d in dirs:
+        for bench in sorted(Path(d).glob("**/bench.json")):
+            lasted, cells = row(turns(bench))
+            print(f"{Path(d).name:10} {bench.parent.name:11} turn p50 {lasted:.2f} s  {' '.join(cells)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
