@@ -28,7 +28,8 @@ def row(streams: list[dict]) -> tuple[float, list[str]]:
     lasted = sorted(end - sent for sent, end in played)
     refused = [s["sent_s"] for s in streams if s["code"] != "OK"]
     cells = []
-    for k in range(13):
+    last = max([s["sent_s"] for s in streams], default=0.0)
+    for k in range(int(last // SPAN) + 4):
         start = k * SPAN
         here = [t for t in refused if start <= t < start + SPAN]
         at = here[0] if here else start + SPAN / 2

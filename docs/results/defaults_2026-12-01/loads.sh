@@ -5,19 +5,21 @@
 #   one      one stream at a time, 12 turns of 2-4 s (TTFA)
 #   ramp     256 started over 6 s, replies of 2-20 s
 #   p30/p40  Poisson 30 or 40 a second for 20 s, replies of 2-20 s
+#   p30long  Poisson 30 a second for 60 s, replies of 2-20 s (a sustained overload; added 2026-12-02)
 #   burst    128 at the same instant on the idle stack, replies of 2-20 s
 #   spoken1  one spoken session, 4 x 2 turns (.whl/inputs/question.flac, 5.1 s of espeak-ng)
 #   spoken   128 spoken sessions started over 6 s, one turn each, replies of 2-20 s
 # Each run's first table row and its second and third chunks' slack printed (COPY_MD=1: its bench.md to $OUT too);
 # every run's bench.md and bench.json packed in $OUT/<tag>_results.tgz at the end
-# (the device tool brings back at most 8 files).
+# (the device tool brings back at most 8 files). EXTRA: flags after the defaults' (added 2026-12-02; none before).
 #   TAG=call2 RUNS=3 LOADS="one ramp p30" bash docs/results/defaults_2026-12-01/loads.sh
 set -uo pipefail
 source bench/stack.sh
 IN=$PWD/.whl/inputs
 tag=${TAG:-run}; runs=${RUNS:-3}
 b() { timeout 150 python3 -c "$SERVE_PY" bench --no-progress --timeout 180 "$@" 2>&1 | tail -1; }
-if start_stack --kv-cache-gb 32 --max-num-seqs 256 --graphs-before-serving all; then
+# shellcheck disable=SC2086  # (EXTRA: words)
+if start_stack --kv-cache-gb 32 --max-num-seqs 256 --graphs-before-serving all ${EXTRA:-}; then
   grep -E "steps take the whole GPU|keep [0-9]+% of the GPU|llm: its steps|encoder: .*places" "$OUT/up.log" | head -4 | cut -c1-250
   for load in ${LOADS:-one}; do
     n=$runs; [ "$load" = one ] || [ "$load" = spoken1 ] && n=1
@@ -28,6 +30,8 @@ if start_stack --kv-cache-gb 32 --max-num-seqs 256 --graphs-before-serving all; 
         ramp) b --reply-seconds 2-20 --concurrency 256 --requests 256 --ramp 6 --warmup 0 --out "$d" ;;
         p30) b --reply-seconds 2-20 --rate 30 --seconds 20 --warmup 0 --out "$d" ;;
         p40) b --reply-seconds 2-20 --rate 40 --seconds 20 --warmup 0 --out "$d" ;;
+        p30long) timeout 240 python3 -c "$SERVE_PY" bench --no-progress --timeout 180 --reply-seconds 2-20 --rate 30 \
+                   --seconds 60 --warmup 0 --out "$d" 2>&1 | tail -1 ;;
         burst) sleep 3; b --reply-seconds 2-20 --concurrency 128 --requests 128 --warmup 0 --out "$d" ;;
         spoken1) b --speech "$IN/question.flac" --concurrency 1 --requests 4 --turns 2 --max-new-tokens 25 --warmup 1 --out "$d" ;;
         spoken) b --speech "$IN/question.flac" --concurrency 128 --ramp 6 --requests 128 --turns 1 \
