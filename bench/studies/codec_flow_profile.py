@@ -8,12 +8,14 @@ calls it: a stream's first call (8 tokens; part of time to first audio) and a st
 each). For each shape: its time in CUDA graphs, then one eager call under the profiler, by kernel (the table's
 share of each kind of kernel says what to fuse next). Variants: `defaults`; `gelu-unfused` (the feed-forward's GELU
 by PyTorch after cuBLAS's product, not in the product's kernel: fused_linear.FUSED off); `attention-one-walk` (each
-attention program walks all of its keys, not in parts side by side: chunk_attention.SPLIT off); `no-pdl` (the
-Triton kernels launched plainly, not with programmatic dependent launch: launch.ENABLED off); `unfolded` (the
-per-frame work apart from the products where prefetch_linear's kernel runs: prefetch_linear.FOLD off). Their times, kernel
-counts, and each mel's SNR against the first variant's. (Measured and not kept: the feed-forward's GELU as cuBLASLt's
-epilogue, the tanh approximation where the reference's is exact; on 2026-11-27 the estimator's other products by
-Triton's kernel too, so that every kernel of a transformer block launched early: no faster.)
+attention program walks all of its keys, not in parts side by side: chunk_attention.SPLIT off);
+`attention-large-tiles` (chunk_attention.SMALL_TILES_FROM 0); `attention-one-loop` (each attention program's keys in
+one loop: chunk_attention.ONE_LOOP on); `no-pdl` (the Triton kernels launched plainly, not with programmatic
+dependent launch: launch.ENABLED off); `unfolded` (the per-frame work apart from the products where
+prefetch_linear's kernel runs: prefetch_linear.FOLD off). Their times, kernel counts, and each mel's SNR against
+the first variant's. (Measured and not kept: the feed-forward's GELU as cuBLASLt's epilogue, the tanh approximation
+where the reference's is exact; on 2026-11-27 the estimator's other products by Triton's kernel too, so that every
+kernel of a transformer block launched early: no faster.)
 """
 
 from __future__ import annotations
@@ -35,11 +37,13 @@ from services.vocoder.codec.decoder import FlowTokenDecoder
 from services.vocoder.codec.voice import random_voice
 
 # Each variant: the module settings it changes from the defaults (module, name, value)
-SETTINGS = [(fused_linear, "FUSED"), (chunk_attention, "SPLIT"), (chunk_attention, "SMALL_TILES_FROM"), (launch, "ENABLED"),
+SETTINGS = [(fused_linear, "FUSED"), (chunk_attention, "SPLIT"), (chunk_attention, "SMALL_TILES_FROM"),
+            (chunk_attention, "ONE_LOOP"), (launch, "ENABLED"),
             (prefetch_linear, "FOLD")]
 DEFAULTS = {name: getattr(module, name) for module, name in SETTINGS}
 VARIANTS = {"defaults": {}, "gelu-unfused": {"FUSED": False}, "attention-one-walk": {"SPLIT": False},
-            "attention-large-tiles": {"SMALL_TILES_FROM": 0}, "no-pdl": {"ENABLED": False}, "unfolded": {"FOLD": False}}
+            "attention-large-tiles": {"SMALL_TILES_FROM": 0},
+            "attention-one-loop": {"ONE_LOOP": True}, "no-pdl": {"ENABLED": False}, "unfolded": {"FOLD": False}}
 
 
 def use(variant: str) -> None:
