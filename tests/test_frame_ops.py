@@ -96,10 +96,13 @@ def rings_to_keep(dtype, heads: int, B: int = 3, T: int = 29, d: int = 16, ring:
     return k, v, hk, hv, rows, at, lengths, gen
 
 
+@pytest.mark.parametrize("frames_per_program", [16, 4, 32])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_frame_norm_keeps_keys_and_values_in_their_rings(dtype):
+def test_frame_norm_keeps_keys_and_values_in_their_rings(dtype, frames_per_program, monkeypatch):
     """An attention's keys and values into a stream history's ring (history.py), by the residual's kernel: each row's
-    last `ring` frames (more than the ring holds, fewer, none), wrapping past its end; other rows untouched."""
+    last `ring` frames (more than the ring holds, fewer, none), wrapping past its end; other rows untouched. With
+    the default frames a program, and with fewer and more (bench/studies/codec_flow_profile.py times them)."""
+    monkeypatch.setattr(frame_ops, "ROWS_PER_PROGRAM", frames_per_program)
     B, H, T, d, ring = 3, 2, 29, 16, 12
     k, v, hk, hv, rows, at, lengths, gen = rings_to_keep(dtype, H, B, T, d, ring)
     h = torch.randn(B, T, H * d, generator=gen, device=DEVICE).to(dtype)
@@ -116,10 +119,13 @@ def test_frame_norm_keeps_keys_and_values_in_their_rings(dtype):
     assert torch.equal(mine[0][4], hk[4]) and torch.equal(mine[0][1], hk[1])  # no frames, no row: untouched
 
 
+@pytest.mark.parametrize("frames_per_program", [16, 4])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_causal_unfold_keeps_each_rows_last_frames(dtype):
+def test_causal_unfold_keeps_each_rows_last_frames(dtype, frames_per_program, monkeypatch):
     """A stream history's convolution (history.py): each row reads its left frames from one row of the store and
-    leaves the k-1 frames before its end in another, taking the left frames' last when it is shorter than them."""
+    leaves the k-1 frames before its end in another, taking the left frames' last when it is shorter than them; with
+    the default frames a program and fewer (a row then spans programs)."""
+    monkeypatch.setattr(frame_ops, "ROWS_PER_PROGRAM", frames_per_program)
     gen = torch.Generator(DEVICE).manual_seed(11)
     C, k = 24, 3
     x = torch.randn(3, 10, C, generator=gen, device=DEVICE).to(dtype)

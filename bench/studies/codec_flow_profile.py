@@ -10,12 +10,13 @@ share of each kind of kernel says what to fuse next). Variants: `defaults`; `gel
 by PyTorch after cuBLAS's product, not in the product's kernel: fused_linear.FUSED off); `attention-one-walk` (each
 attention program walks all of its keys, not in parts side by side: chunk_attention.SPLIT off);
 `attention-large-tiles` (chunk_attention.SMALL_TILES_FROM 0); `attention-one-loop` (each attention program's keys in
-one loop: chunk_attention.ONE_LOOP on); `no-pdl` (the Triton kernels launched plainly, not with programmatic
-dependent launch: launch.ENABLED off); `unfolded` (the per-frame work apart from the products where
-prefetch_linear's kernel runs: prefetch_linear.FOLD off). Their times, kernel counts, and each mel's SNR against
-the first variant's. (Measured and not kept: the feed-forward's GELU as cuBLASLt's epilogue, the tanh approximation
-where the reference's is exact; on 2026-11-27 the estimator's other products by Triton's kernel too, so that every
-kernel of a transformer block launched early: no faster.)
+one loop: chunk_attention.ONE_LOOP on); `norm-rows-N` and `norm-warps-N` (frame_norm's frames and warps a program,
+frame_ops.ROWS_PER_PROGRAM, which the causal unfold takes too, and NORM_WARPS); `no-pdl` (the Triton kernels
+launched plainly, not with programmatic dependent launch: launch.ENABLED off); `unfolded` (the per-frame work apart
+from the products where prefetch_linear's kernel runs: prefetch_linear.FOLD off). Their times, kernel counts, and
+each mel's SNR against the first variant's. (Measured and not kept: the feed-forward's GELU as cuBLASLt's
+epilogue, the tanh approximation where the reference's is exact; on 2026-11-27 the estimator's other products by
+Triton's kernel too, so that every kernel of a transformer block launched early: no faster.)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 
 from measure import snr_db, timed
 from services.common import launch
-from services.vocoder.codec import chunk_attention, fused_linear, prefetch_linear
+from services.vocoder.codec import chunk_attention, frame_ops, fused_linear, prefetch_linear
 from services.vocoder.codec.checkpoint import random_codec
 from services.vocoder.codec.config import moss_speech
 from services.vocoder.codec.decoder import FlowTokenDecoder
@@ -38,12 +39,14 @@ from services.vocoder.codec.voice import random_voice
 
 # Each variant: the module settings it changes from the defaults (module, name, value)
 SETTINGS = [(fused_linear, "FUSED"), (chunk_attention, "SPLIT"), (chunk_attention, "SMALL_TILES_FROM"),
-            (chunk_attention, "ONE_LOOP"), (launch, "ENABLED"),
-            (prefetch_linear, "FOLD")]
+            (chunk_attention, "ONE_LOOP"), (launch, "ENABLED"), (prefetch_linear, "FOLD"),
+            (frame_ops, "ROWS_PER_PROGRAM"), (frame_ops, "NORM_WARPS")]
 DEFAULTS = {name: getattr(module, name) for module, name in SETTINGS}
 VARIANTS = {"defaults": {}, "gelu-unfused": {"FUSED": False}, "attention-one-walk": {"SPLIT": False},
             "attention-large-tiles": {"SMALL_TILES_FROM": 0},
-            "attention-one-loop": {"ONE_LOOP": True}, "no-pdl": {"ENABLED": False}, "unfolded": {"FOLD": False}}
+            "attention-one-loop": {"ONE_LOOP": True}, "norm-rows-4": {"ROWS_PER_PROGRAM": 4},
+            "norm-rows-8": {"ROWS_PER_PROGRAM": 8}, "norm-rows-32": {"ROWS_PER_PROGRAM": 32},
+            "norm-warps-2": {"NORM_WARPS": 2}, "norm-warps-8": {"NORM_WARPS": 8}, "no-pdl": {"ENABLED": False}, "unfolded": {"FOLD": False}}
 
 
 def use(variant: str) -> None:

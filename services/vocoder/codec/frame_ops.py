@@ -34,6 +34,10 @@ else:
 from services.common import launch
 
 ROWS_PER_PROGRAM = 16  # frames per program of frame_norm: a few KB of channels each, enough programs to fill a GPU
+NORM_WARPS = 4         # warps per program of frame_norm (Triton's default). At 32 streams (5,120 frames: 320 programs,
+                       # ~10 warps a multiprocessor) a norm took 5.8 us for ~10 MB moved, ~2x what the bandwidth
+                       # allows (docs/benchmarks.md, 2026-12-02): bench/studies/codec_flow_profile.py's `norm-*`
+                       # variants time fewer frames and other warps per program
 
 
 def on_gpu(x: torch.Tensor) -> bool:
@@ -98,7 +102,7 @@ def kernel(h, norm=None, mish=False, rows=None, residual=None, then=None, keep=N
                       NORM=norm is not None, MISH=mish, ROWS=rows is not None, RESIDUAL=residual is not None,
                       THEN=then is not None, KEEP=keep is not None, HEADS=heads, HEAD_D=head_d,
                       BLOCK_M=ROWS_PER_PROGRAM, BLOCK_C=triton.next_power_of_2(C), PDL=(pdl := launch.pdl(h)),
-                      launch_pdl=pdl)
+                      launch_pdl=pdl, num_warps=NORM_WARPS)
     return (out, second) if then is not None else out
 
 
