@@ -96,6 +96,21 @@ def ttfa_bands(streams: list[dict]) -> dict[str, dict[str, float]]:
             for name, part in bands.items()}
 
 
+def turns_and_limit(streams: list[dict]) -> dict[str, float]:
+    """How long the admitted turns ran at the client (sent to their last chunk: p50, seconds) and the admission limit
+    as the client saw it: the turns running when each refusal (RESOURCE_EXHAUSTED) came (the most, and at the last;
+    nan without refusals). A limit that climbs through a load, or turns that run longer, show here first (docs/benchmarks.md,
+    2026-12-02)."""
+    played = [(x["sent_s"], x["sent_s"] + x["chunk_arrivals_s"][-1]) for x in streams
+              if x.get("code") == "OK" and x.get("chunk_arrivals_s") and "sent_s" in x]
+    lasted = sorted(end - sent for sent, end in played)
+    running = [sum(1 for sent, end in played if sent <= t < end)
+               for t in sorted(x["sent_s"] for x in streams if x.get("code") == "RESOURCE_EXHAUSTED" and "sent_s" in x)]
+    return {"turn_p50": lasted[len(lasted) // 2] if lasted else math.nan,
+            "running_at_refusals_max": max(running) if running else math.nan,
+            "running_at_last_refusal": running[-1] if running else math.nan}
+
+
 def ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
 
@@ -215,6 +230,7 @@ def rows(out: Path) -> list[dict]:
                                "refusals_with_hint": s["refusals_with_hint"],
                                "nonfinite_windows": nonfinite_in(gateway, before, after), **shares,
                                "ttfa_bands": ttfa_bands(level.get("streams", [])),
+                               **turns_and_limit(level.get("streams", [])),
                                "stage_work": level_work(level, timeline, gateway, before, after)})
     return result
 
@@ -227,7 +243,8 @@ def columns(lines: list[list[str]]) -> str:
 
 def table(result: list[dict]) -> str:
     head = ["gateway", "load", "req", "admitted", "refused", "errors", "stall-free", "TTFA p50", "TTFA p95", "offered/s",
-            "goodput/s", "xRT offered", "refusal max", "NaN windows", *(f"slack<={b}" for b in SLACK_BOUNDS)]
+            "goodput/s", "xRT offered", "refusal max", "NaN windows", "turn p50", "running at refusals: most, last",
+            *(f"slack<={b}" for b in SLACK_BOUNDS)]
     lines = [head]
     for r in result:
         lines.append([r["gateway"], r["load"], str(r["requests"]), str(r["admitted"]), str(r["refused"]), str(r["other_errors"]),
@@ -236,8 +253,14 @@ def table(result: list[dict]) -> str:
                       f"{r.get('audio_x_realtime_offered', math.nan):.0f}",
                       f"{r['refusal_max'] * 1e3:.0f} ms" if r["refused"] else "-",
                       "-" if r.get("nonfinite_windows") is None else f"{r['nonfinite_windows']:.0f}",
+                      f"{r.get('turn_p50', math.nan):.2f} s", limit_cell(r),
                       *(f"{r.get(f'slack<={b}', math.nan) * 100:.1f}%" for b in SLACK_BOUNDS)])
     return columns(lines)
+
+
+def limit_cell(r: dict) -> str:
+    most, last = r.get("running_at_refusals_max", math.nan), r.get("running_at_last_refusal", math.nan)
+    return "-" if math.isnan(most) else f"{most:.0f}, {last:.0f}"
 
 
 def bands_table(result: list[dict]) -> str:

@@ -49,6 +49,28 @@ def test_each_load_gets_its_slack_shares_and_the_vocoders_nan_windows(tmp_path):
     assert lines[1][column:].split()[0] == "187" and rows[0]["audio_x_realtime_offered"] == 187.4
 
 
+def test_how_long_turns_ran_and_the_turns_running_at_each_refusal():
+    """A turn runs at the client from its sending to its last chunk; at each refusal the turns running then are the
+    limit as the client saw it: the most of them and at the last refusal, nan (printed "-") without refusals."""
+    def turn(sent, last, code="OK"):
+        return {"sent_s": sent, "code": code, "chunk_arrivals_s": [0.1, last] if code == "OK" else []}
+
+    # turns of 2, 2 and 4 s sent at 0, 0.5 and 1 s; refusals at 1.2 s (3 running), 2.7 s (1: the first two ended at
+    # 2.0 and 2.5 s) and 6 s (none); an error at 1.5 s is no refusal
+    streams = [turn(0.0, 2.0), turn(0.5, 2.0), turn(1.0, 4.0), turn(2.7, 0, "RESOURCE_EXHAUSTED"),
+               turn(1.2, 0, "RESOURCE_EXHAUSTED"), turn(6.0, 0, "RESOURCE_EXHAUSTED"), turn(1.5, 0, "UNAVAILABLE")]
+    got = report.turns_and_limit(streams)
+    assert got == {"turn_p50": 2.0, "running_at_refusals_max": 3, "running_at_last_refusal": 0}
+    assert report.turns_and_limit(streams[:4])["running_at_last_refusal"] == 1
+    assert math.isnan(report.turns_and_limit(streams[:3] + streams[-1:])["running_at_refusals_max"])  # an error only
+    line = report.table([{"gateway": "a", "load": "ramp_256", "requests": 6, "admitted": 3, "refused": 3,
+                          "other_errors": 0, "stall_free_share": 1.0, "ttfa_p50": 0.2, "ttfa_p95": 0.3,
+                          "offered_per_second": 1.0, "goodput_per_second": 0.5, "refusal_max": 0.003, **got}])
+    head, row = line.splitlines()
+    column = head.index("running at refusals")
+    assert head[head.index("turn p50"):].startswith("turn p50") and "2.00 s" in row and row[column:].startswith("3, 0")
+
+
 def test_first_audio_by_ttfa_band_from_the_admitted_streams_stages():
     """The fastest half and the slowest tenth of the admitted streams by TTFA, each band's mean TTFA, llm first chunk,
     the rest (the vocoder's side) and the vocoder's queue; refused streams are not counted."""
