@@ -174,7 +174,11 @@ def test_bench_against_the_tiny_stack(stack, tmp_path):
         assert lv["slack_by_place"]["2nd"]["chunks"] == 6
         assert lv["slack_by_place"]["2nd"]["p50"] == pytest.approx(report.quantile(second, 50))
         assert lv["second_chunk_mean_seconds"]["llm_second_chunk_seconds"] > 0
-        assert all(0 < s["stages"]["second_chunk_slack_seconds"] for s in streams)
+        # The gateway's slack for the second chunk (sent, against the audio it had sent) is the client's (arrived,
+        # against the audio it had received) within loopback's delays; a late chunk on a busy 2-core machine is
+        # still the same on both sides.
+        gateway_second = [s["stages"]["second_chunk_slack_seconds"] for s in streams]
+        assert all(abs(g - c) < 0.1 for g, c in zip(gateway_second, second)), (gateway_second, second)
     assert result["capacity"] in (0, 1, 3)
     assert "| streams |" in (tmp_path / "bench.md").read_text()
     assert "| 3 | 2nd | 6 |" in (tmp_path / "bench.md").read_text()

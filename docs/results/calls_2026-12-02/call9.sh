@@ -16,7 +16,7 @@
 # 61.6 → 55-59 ms in graphs with attention-one-loop, attention's kernel time 15.1 → 9-12 ms; 16 streams 46.9 → 43-46
 # ms; the mel's SNR against the defaults over 100 dB (the same sums). Wrong if one loop is no faster: then the loads'
 # latency is not what holds a program, and the next step is fewer programs reading each key (a row's queries in one).
-# The norms (frame_norm: 1,410 launches of 5.8 us at 32 streams, 15%; ~10 MB moved each, ~3 us of bandwidth; 320
+# The norms (frame_norm: 1,410 launches of 5.8 us at 32 streams, 15%; ~8-10 MB moved each, ~3 us of bandwidth; 320
 # programs of 16 frames and 4 warps, ~10 warps a multiprocessor): norm-rows-8 and norm-rows-4 (640 and 1,280
 # programs) 4-5 us a norm, the steady call at 32 streams 1-3 ms faster; norm-rows-32 0.5-1.5 ms slower; norm-warps-8
 # and -2 within ±1 ms; a first call within ±0.3 ms for every norm variant (290 norms of 2.9 us). Every SNR over 100 dB.
