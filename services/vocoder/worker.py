@@ -29,10 +29,10 @@ that many seconds takes only chunks due that soon, and the chunks with more time
 stream's second chunk, due 320 ms after its first audio, otherwise rides in a call of the playing streams' later
 chunks, which the llm makes ~5x faster than real time and which have seconds to spare. Measured on an H200
 (docs/benchmarks.md, 2026-12-02), 0.4 s took the second chunk's time in the vocoder from 187 to 86-110 ms at the
-median, and the admission limit no longer fell on it. But the calls hold fewer windows, so the vocoder makes no more
-audio a second (118-124 s a call-second against 130). The later chunks wait, and turns last longer. Alone it
-admitted fewer turns. With a faster-growing limit and 256 history slots it admitted more of a burst, all stall-free,
-out of the listeners' buffers.
+median, and the admission limit no longer fell on it. But the calls hold fewer windows, so the vocoder makes less
+audio a second: 149-164x real time against 198x while Poisson 30 turns a second were offered. The later chunks wait,
+and turns last longer. Alone it admitted fewer turns. With a faster-growing limit and 256 history slots it admitted
+more of a burst, all stall-free, out of the listeners' buffers.
 
 **The first-chunk lane** (`Lanes`, `--first-chunk-lane on`): first chunks go to a second worker with a
 vocoder of their own (`TokenVocoder.lane`: the same models and stream history, its own graphs and a CUDA stream of

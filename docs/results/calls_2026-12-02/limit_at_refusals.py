@@ -5,7 +5,8 @@ the admitted turns lasted (sent to their last chunk). Read from each load's benc
     python /work/main/docs/results/calls_2026-12-02/limit_at_refusals.py defaults    (DIR...: a variant's files)
 
 A span's cell is `running/refused` at its first refusal (the limit then, less the turns that had just ended), or
-`(running)` where none was refused.
+`(running)` where none was refused. A second line: the audio the clients received a second (x real time), by 4 s span
+from the load's start (what the vocoder made, the drain after the load included).
 """
 
 from __future__ import annotations
@@ -38,11 +39,23 @@ def row(streams: list[dict]) -> tuple[float, list[str]]:
     return lasted[len(lasted) // 2], cells
 
 
+def received(streams: list[dict], span: float = 4.0) -> list[str]:
+    seconds: dict[int, float] = {}
+    for x in streams:
+        if x["code"] == "OK":
+            for at, samples in zip(x["chunk_arrivals_s"], x["chunk_samples"]):
+                k = int((x["sent_s"] + at) // span)
+                seconds[k] = seconds.get(k, 0.0) + samples / x["sample_rate"]
+    return [f"{k * span:g}s:{seconds[k] / span:.0f}x" for k in sorted(seconds)]
+
+
 def main(dirs: list[str]) -> None:
     for d in dirs:
         for bench in sorted(Path(d).glob("**/bench.json")):
-            lasted, cells = row(turns(bench))
+            streams = turns(bench)
+            lasted, cells = row(streams)
             print(f"{Path(d).name:10} {bench.parent.name:11} turn p50 {lasted:.2f} s  {' '.join(cells)}")
+            print(f"{'':10} {'':11} received    {' '.join(received(streams))}")
 
 
 if __name__ == "__main__":
