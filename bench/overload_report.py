@@ -13,7 +13,8 @@ and from bench/timeline.py's half-second samples the share of half seconds in wh
 (>= 80%), and of the half seconds in which the gateway refused a turn, the share in which both were (did it refuse
 while a stage had time to spare?). Loads measured before the timeline had the stages' counters take them from the
 stages' scrapes before and after the load instead ("scrapes": the first load's warm-up turns included; no half
-seconds).
+seconds). And the vocoder main worker's calls by their windows (vocoder_call_seconds_by_windows): how many, and their
+mean time, per class of size.
 
     python3 bench/overload_report.py OUT_DIR        # prints the tables, writes OUT_DIR/overload.json
 """
@@ -53,6 +54,35 @@ def nonfinite_windows(text: str) -> float | None:
     """The vocoder's windows with NaN or inf so far, every stage (None: it does not count them)."""
     counts = re.findall(r'^vocoder_nonfinite_windows_total\{stage="[^"]+"\} (\S+)$', text, re.M)
     return sum(map(float, counts)) if counts else None
+
+
+CALL_SIZES = ("1-4", "5-8", "9-16", "17-32", "33+")  # vocoder_call_seconds_by_windows's classes (services/vocoder/metrics.py)
+
+
+def call_sums(text: str) -> dict[tuple[str, str], float]:
+    """(windows class, "sum" or "count") → vocoder_call_seconds_by_windows's value so far."""
+    return {(m[2], m[1]): float(m[3]) for m in re.finditer(
+        r'^vocoder_call_seconds_by_windows_(sum|count)\{windows="([^"]+)"\} (\S+)$', text, re.M)}
+
+
+def calls_by_size(before: str, after: str) -> dict[str, dict[str, float]] | None:
+    """The main worker's calls during a load by their windows: class → calls and mean seconds (nan for none); None
+    where the vocoder does not count them."""
+    b, a = call_sums(before), call_sums(after)
+    if not a:
+        return None
+    out = {}
+    for size in CALL_SIZES:
+        calls = a.get((size, "count"), 0.0) - b.get((size, "count"), 0.0)
+        seconds = a.get((size, "sum"), 0.0) - b.get((size, "sum"), 0.0)
+        out[size] = {"calls": calls, "mean_seconds": seconds / calls if calls else math.nan}
+    return out
+
+
+def calls_in(gateway: Path, before: Path, after: Path) -> dict | None:
+    if not (pages := stage_scrapes(gateway, before, after, "vocoder")):
+        return None
+    return calls_by_size(pages[0].read_text(), pages[1].read_text())
 
 
 def stage_scrapes(gateway: Path, before: Path, after: Path, stage: str) -> tuple[Path, Path] | None:
@@ -231,6 +261,7 @@ def rows(out: Path) -> list[dict]:
                                "nonfinite_windows": nonfinite_in(gateway, before, after), **shares,
                                "ttfa_bands": ttfa_bands(level.get("streams", [])),
                                **turns_and_limit(level.get("streams", [])),
+                               "calls_by_windows": calls_in(gateway, before, after),
                                "stage_work": level_work(level, timeline, gateway, before, after)})
     return result
 
@@ -314,6 +345,18 @@ def work_table(result: list[dict]) -> str:
     return columns(lines) if len(lines) > 1 else "(no stage counters)"
 
 
+def calls_table(result: list[dict]) -> str:
+    """The vocoder main worker's calls by their windows, per gateway and load: calls, mean ms (what one more window
+    costs in the stack; "-" for a class with none), for the loads whose vocoder counts them; "" if none does."""
+    lines = [["gateway", "load", *(f"{size} windows" for size in CALL_SIZES)]]
+    for r in result:
+        if c := r.get("calls_by_windows"):
+            lines.append([r["gateway"], r["load"], *("-" if not c[k]["calls"] else
+                                                     f"{c[k]['calls']:.0f}, {c[k]['mean_seconds'] * 1e3:.1f} ms"
+                                                     for k in CALL_SIZES)])
+    return columns(lines) if len(lines) > 1 else ""
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[1]) if len(argv) > 1 else Path("/tmp/out")
     result = rows(out)
@@ -322,6 +365,9 @@ def main(argv: list[str]) -> int:
     print(bands_table(result))
     print()
     print(work_table(result))
+    if calls := calls_table(result):
+        print()
+        print(calls)
     (out / "overload.json").write_text(json.dumps(result, indent=1) + "\n")
     return 0
 

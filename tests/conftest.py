@@ -90,7 +90,7 @@ PARALLEL_MODULES = frozenset({
     "test_replicas", "test_sampler", "test_sessions", "test_settings", "test_speech_input", "test_spoken_turns",
     "test_text_skip", "test_time_stretch", "test_timeline", "test_tls", "test_trt_runner", "test_up", "test_vocoder",
     "test_vocoder_activation", "test_vocoder_finite", "test_vocoder_stream", "test_voice_maker", "test_voice_api",
-    "test_solve_worker", "test_backends", "test_gpu_share",
+    "test_solve_worker", "test_backends", "test_gpu_share", "test_vocoder_metrics",
 })
 
 

@@ -99,6 +99,16 @@ def test_float32_format(stack):
     for stage in ("mel", "generator"):  # exported from the start, and none here
         assert re.search(rf'^vocoder_nonfinite_windows_total{{stage="{stage}"}} 0\.0$', voc, re.M), stage
     assert re.search(r"^vocoder_nonfinite_samples_total 0\.0$", voc, re.M)
+    # every call of the main worker (no first-chunk lane here) in one class of vocoder_call_seconds_by_windows
+    def by_windows(text: str) -> float:
+        return sum(metric_value(text, "vocoder_call_seconds_by_windows_count", f'{{windows="{size}"}}')
+                   for size in ("1-4", "5-8", "9-16", "17-32", "33+"))
+    deadline = time.monotonic() + 5  # (both are observed as a call ends, one just after the other)
+    while by_windows(voc) != metric_value(voc, "vocoder_batch_seconds_count") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        voc = scrape(stack.ports.metrics["vocoder"])
+    assert by_windows(voc) == metric_value(voc, "vocoder_batch_seconds_count") > 0
+    assert metric_value(voc, "vocoder_lane_batch_seconds_count") == 0
 
 
 def test_client_cancel_releases_every_stage(stack):

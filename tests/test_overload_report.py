@@ -198,3 +198,26 @@ def test_without_the_stages_counters_in_the_timeline_the_scrapes_beside_the_gate
         p.unlink()
     assert report.rows(tmp_path)[0]["stage_work"] is None
     assert report.work_table(report.rows(tmp_path)) == "(no stage counters)"
+
+
+def test_the_vocoders_calls_by_their_windows_over_a_load():
+    """vocoder_call_seconds_by_windows's growth between the scrapes around a load → each class's calls and mean call;
+    None (and no table) for a vocoder that does not count them."""
+    def page(counts: dict[str, tuple[int, float]]) -> str:
+        return "".join(f'vocoder_call_seconds_by_windows_count{{windows="{k}"}} {n}.0\n'
+                       f'vocoder_call_seconds_by_windows_sum{{windows="{k}"}} {t}\n' for k, (n, t) in counts.items())
+
+    before = page({"1-4": (10, 0.4), "5-8": (0, 0.0), "9-16": (3, 0.3), "17-32": (0, 0.0), "33+": (0, 0.0)})
+    after = page({"1-4": (30, 1.2), "5-8": (0, 0.0), "9-16": (13, 1.3), "17-32": (4, 0.48), "33+": (0, 0.0)})
+    got = report.calls_by_size(before, after)
+    assert got["1-4"]["calls"] == 20 and abs(got["1-4"]["mean_seconds"] - 0.04) < 1e-9
+    assert got["9-16"]["calls"] == 10 and abs(got["9-16"]["mean_seconds"] - 0.1) < 1e-9
+    assert got["17-32"]["calls"] == 4 and abs(got["17-32"]["mean_seconds"] - 0.12) < 1e-9
+    assert got["5-8"]["calls"] == 0 and math.isnan(got["5-8"]["mean_seconds"])
+    assert report.calls_by_size("", "vocoder_batch_seconds_count 3\n") is None
+    text = report.calls_table([{"gateway": "a", "load": "poisson_30", "calls_by_windows": got},
+                               {"gateway": "a", "load": "ramp_256", "calls_by_windows": None}])
+    head, row = text.splitlines()
+    assert head.split()[:3] == ["gateway", "load", "1-4"] and "ramp_256" not in text
+    assert "20, 40.0 ms" in row and "10, 100.0 ms" in row and "4, 120.0 ms" in row and " - " in row
+    assert report.calls_table([{"gateway": "a", "load": "x", "calls_by_windows": None}]) == ""

@@ -22,6 +22,14 @@ LANE_BATCH_SIZE = Histogram("vocoder_lane_batch_size", "Windows vocoded together
                             buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 LANE_BATCH = Histogram("vocoder_lane_batch_seconds", "Duration of one call of the first-chunk lane",
                        buckets=LATENCY_BUCKETS)
+# The main worker's calls (all but the first-chunk lane's) by their windows: each class's count and summed seconds give
+# its mean call, so that what one more window costs in the stack can be read beside the flow's own calls (larger calls
+# would make more audio a call-second by one reading, little more by another: docs/benchmarks.md, 2026-12-02).
+CALL_SIZES = ((4, "1-4"), (8, "5-8"), (16, "9-16"), (32, "17-32"), (None, "33+"))
+CALL_BY_WINDOWS = Histogram("vocoder_call_seconds_by_windows", "Duration of one call of the vocoder's main worker (not "
+                            "the first-chunk lane's), by its windows", ["windows"], buckets=LATENCY_BUCKETS)
+for _most, _size in CALL_SIZES:
+    CALL_BY_WINDOWS.labels(_size)  # every class from the start: a count of 0 reads as none, not as no data
 TOKEN_DECODE = Histogram("vocoder_token_decode_seconds",
                          "One batched pass of the token decoder (tokens to mel, every stream of a model call)",
                          buckets=LATENCY_BUCKETS)
@@ -81,13 +89,25 @@ def observe_chunk(queue_seconds: float, compute_seconds: float) -> None:
     CHUNK.observe(compute_seconds)
 
 
-def observe_batch(size: int, seconds: float) -> None:
+def call_size(windows: int) -> str:
+    """The class of CALL_SIZES a call of this many windows falls in."""
+    return next(size for most, size in CALL_SIZES if most is None or windows <= most)
+
+
+def _observe_call(size: int, seconds: float) -> None:
     BATCH_SIZE.observe(size)
     BATCH.observe(seconds)
 
 
+def observe_batch(size: int, seconds: float) -> None:
+    """A call of the main worker."""
+    _observe_call(size, seconds)
+    CALL_BY_WINDOWS.labels(call_size(size)).observe(seconds)
+
+
 def observe_lane_batch(size: int, seconds: float) -> None:
-    observe_batch(size, seconds)
+    """A call of the first-chunk lane."""
+    _observe_call(size, seconds)
     LANE_BATCH_SIZE.observe(size)
     LANE_BATCH.observe(seconds)
 
