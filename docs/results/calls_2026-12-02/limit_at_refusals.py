@@ -6,14 +6,21 @@ the admitted turns lasted (sent to their last chunk). Read from each load's benc
 
 A span's cell is `running/refused` at its first refusal (the limit then, less the turns that had just ended), or
 `(running)` where none was refused. A second line: the audio the clients received a second (x real time), by 4 s span
-from the load's start (what the vocoder made, the drain after the load included).
+from the load's start (what the vocoder made, the drain after the load included). A third, where the load's directory
+holds the vocoder's scrapes before and after it (loads.sh): its main worker's calls by their windows, count and mean.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("overload_report",
+                                               Path(__file__).resolve().parents[3] / "bench" / "overload_report.py")
+report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(report)
 
 SPAN = 2.0  # seconds
 
@@ -56,6 +63,10 @@ def main(dirs: list[str]) -> None:
             lasted, cells = row(streams)
             print(f"{Path(d).name:10} {bench.parent.name:11} turn p50 {lasted:.2f} s  {' '.join(cells)}")
             print(f"{'':10} {'':11} received    {' '.join(received(streams))}")
+            before, after = bench.parent / "metrics_vocoder_before.txt", bench.parent / "metrics_vocoder_after.txt"
+            if before.exists() and after.exists() and (calls := report.calls_by_size(before.read_text(), after.read_text())):
+                print(f"{'':10} {'':11} calls       " + " ".join(
+                    f"{size}: {c['calls']:.0f}, {c['mean_seconds'] * 1e3:.1f} ms" for size, c in calls.items() if c["calls"]))
 
 
 if __name__ == "__main__":

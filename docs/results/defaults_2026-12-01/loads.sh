@@ -25,6 +25,7 @@ if start_stack --kv-cache-gb 32 --max-num-seqs 256 --graphs-before-serving all $
     n=$runs; [ "$load" = one ] || [ "$load" = spoken1 ] && n=1
     for k in $(seq 1 "$n"); do
       d=$WORK/res/${load}$k
+      mkdir -p "$d" && scrape 9093 "$d/metrics_vocoder_before.txt"  # (added 2026-12-02: the vocoder's calls by windows)
       case $load in
         one) b --reply-seconds 2-4 --concurrency 1 --requests 12 --warmup 2 --out "$d" ;;
         ramp) b --reply-seconds 2-20 --concurrency 256 --requests 256 --ramp 6 --warmup 0 --out "$d" ;;
@@ -39,6 +40,7 @@ if start_stack --kv-cache-gb 32 --max-num-seqs 256 --graphs-before-serving all $
       esac
       [ -f "$d/bench.md" ] && echo "$load $k: $(grep -m1 -E '^\| (rate |)[0-9]+' "$d/bench.md")" \
         && grep -E '^\| [^|]+ \| (2nd|3rd) \|' "$d/bench.md"
+      scrape 9093 "$d/metrics_vocoder_after.txt"
       [ "${COPY_MD:-0}" = 1 ] && cp "$d/bench.md" "$OUT/${tag}_${load}$k.md"
       sleep 2
     done
