@@ -56,23 +56,20 @@ def nonfinite_windows(text: str) -> float | None:
     return sum(map(float, counts)) if counts else None
 
 
-CALL_SIZES = ("1-4", "5-8", "9-16", "17-32", "33+")  # vocoder_call_seconds_by_windows's classes (services/vocoder/metrics.py)
-
-
 def call_sums(text: str) -> dict[tuple[str, str], float]:
-    """(windows class, "sum" or "count") → vocoder_call_seconds_by_windows's value so far."""
+    """(windows class, "sum" or "count") → vocoder_call_seconds_by_windows's value so far, in the page's order."""
     return {(m[2], m[1]): float(m[3]) for m in re.finditer(
         r'^vocoder_call_seconds_by_windows_(sum|count)\{windows="([^"]+)"\} (\S+)$', text, re.M)}
 
 
 def calls_by_size(before: str, after: str) -> dict[str, dict[str, float]] | None:
-    """The main worker's calls during a load by their windows: class → calls and mean seconds (nan for none); None
-    where the vocoder does not count them."""
+    """The main worker's calls during a load by their windows: class (the vocoder's, in its order) → calls and mean
+    seconds (nan for none); None where the vocoder does not count them."""
     b, a = call_sums(before), call_sums(after)
     if not a:
         return None
     out = {}
-    for size in CALL_SIZES:
+    for size in dict.fromkeys(size for size, _ in a):
         calls = a.get((size, "count"), 0.0) - b.get((size, "count"), 0.0)
         seconds = a.get((size, "sum"), 0.0) - b.get((size, "sum"), 0.0)
         out[size] = {"calls": calls, "mean_seconds": seconds / calls if calls else math.nan}
@@ -348,13 +345,17 @@ def work_table(result: list[dict]) -> str:
 def calls_table(result: list[dict]) -> str:
     """The vocoder main worker's calls by their windows, per gateway and load: calls, mean ms (what one more window
     costs in the stack; "-" for a class with none), for the loads whose vocoder counts them; "" if none does."""
-    lines = [["gateway", "load", *(f"{size} windows" for size in CALL_SIZES)]]
-    for r in result:
-        if c := r.get("calls_by_windows"):
-            lines.append([r["gateway"], r["load"], *("-" if not c[k]["calls"] else
-                                                     f"{c[k]['calls']:.0f}, {c[k]['mean_seconds'] * 1e3:.1f} ms"
-                                                     for k in CALL_SIZES)])
-    return columns(lines) if len(lines) > 1 else ""
+    counted = [r for r in result if r.get("calls_by_windows")]
+    if not counted:
+        return ""
+    sizes = list(dict.fromkeys(size for r in counted for size in r["calls_by_windows"]))
+    lines = [["gateway", "load", *(f"{size} windows" for size in sizes)]]
+    for r in counted:
+        c = r["calls_by_windows"]
+        lines.append([r["gateway"], r["load"], *("-" if not c.get(k, {}).get("calls") else
+                                                 f"{c[k]['calls']:.0f}, {c[k]['mean_seconds'] * 1e3:.1f} ms"
+                                                 for k in sizes)])
+    return columns(lines)
 
 
 def main(argv: list[str]) -> int:

@@ -16,6 +16,7 @@ from moss.speech.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 from services.gateway.client import synthesize
 from services.stack import Ports, is_serving
+from services.vocoder.metrics import CALL_SIZES
 
 SAMPLES_PER_TOKEN = 1920  # 80 ms at 24 kHz
 
@@ -102,7 +103,7 @@ def test_float32_format(stack):
     # every call of the main worker (no first-chunk lane here) in one class of vocoder_call_seconds_by_windows
     def by_windows(text: str) -> float:
         return sum(metric_value(text, "vocoder_call_seconds_by_windows_count", f'{{windows="{size}"}}')
-                   for size in ("1-4", "5-8", "9-16", "17-32", "33+"))
+                   for _, size in CALL_SIZES)
     deadline = time.monotonic() + 5  # (both are observed as a call ends, one just after the other)
     while by_windows(voc) != metric_value(voc, "vocoder_batch_seconds_count") and time.monotonic() < deadline:
         time.sleep(0.05)

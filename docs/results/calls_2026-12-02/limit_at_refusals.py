@@ -33,7 +33,6 @@ def turns(bench: Path) -> list[dict]:
 def row(streams: list[dict]) -> tuple[float, list[str]]:
     played = [(s["sent_s"], s["sent_s"] + s["chunk_arrivals_s"][-1])
               for s in streams if s["code"] == "OK" and s["chunk_arrivals_s"]]
-    lasted = sorted(end - sent for sent, end in played)
     refused = [s["sent_s"] for s in streams if s["code"] != "OK"]
     cells = []
     last = max([s["sent_s"] for s in streams], default=0.0)
@@ -43,7 +42,7 @@ def row(streams: list[dict]) -> tuple[float, list[str]]:
         at = here[0] if here else start + SPAN / 2
         running = sum(1 for sent, end in played if sent <= at < end)
         cells.append(f"{start:g}s:{running}/{len(here)}" if here else f"{start:g}s:({running})")
-    return lasted[len(lasted) // 2], cells
+    return report.turns_and_limit(streams)["turn_p50"], cells
 
 
 def received(streams: list[dict], span: float = 4.0) -> list[str]:

@@ -266,37 +266,34 @@ if triton is not None:
                                       K + b * sk_b + h * sk_h, sk_t, V + b * sv_b + h * sv_h, sv_t,
                                       tl.minimum(tl.max(limit, 0), T), limit, offs_d, m_i, l_i, acc, scale, BLOCK_N,
                                       PRECISION)
-        lo, n = 0, frames  # the prefix's keys this program reads
-        if ONE_LOOP:
-            n = 0
-        if PARTS > 1:
-            span = tl.cdiv(tl.cdiv(frames, PREFIX_PARTS), BLOCK_N) * BLOCK_N
-            lo = part * span
-            n = tl.where(part < PREFIX_PARTS, tl.minimum(tl.maximum(frames - lo, 0), span), 0)
-        if n > 0:  # the prompt prefix: every query reads all of it
-            m_i, l_i, acc = _read_all(q, KP + tl.load(ROWS + b) * skp_r + h * skp_h + lo * skp_t, skp_t,
-                                      VP + tl.load(ROWS + b) * svp_r + h * svp_h + lo * svp_t, svp_t, n, offs_m,
-                                      offs_d, m_i, l_i, acc, scale, BLOCK_N, PRECISION)
-        if HISTORY and not ONE_LOOP:  # the stream's earlier frames: every query reads all of them
-            kept = tl.load(COUNT + b).to(tl.int32)
+        else:  # the prefix's keys, the ring's, then the row's own, in three loops
+            lo, n = 0, frames  # the prefix's keys this program reads
             if PARTS > 1:
-                kept = tl.where(part == PARTS - 2, kept, 0)
-            m_i, l_i, acc = _read_all(q, KH + tl.load(HROWS + b) * skh_r + h * skh_h, skh_t,
-                                      VH + tl.load(HROWS + b) * svh_r + h * svh_h, svh_t, kept, offs_m, offs_d, m_i,
-                                      l_i, acc, scale, BLOCK_N, PRECISION)
-        hi = tl.minimum(tl.max(limit, 0), T)
-        if PARTS > 1:
-            hi = tl.where(part == PARTS - 1, hi, 0)  # (the last part reads the row's own keys)
-        if ONE_LOOP:
-            hi = 0
-        for start in range(0, hi, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)
-            key_ok = offs_n < hi
-            allowed = offs_n[None, :] < limit[:, None]
-            kt = tl.load(K + b * sk_b + h * sk_h + offs_n[None, :] * sk_t + offs_d[:, None], mask=key_ok[None, :],
-                         other=0.0)
-            v_ptrs = V + b * sv_b + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :]
-            m_i, l_i, acc = _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION)
+                span = tl.cdiv(tl.cdiv(frames, PREFIX_PARTS), BLOCK_N) * BLOCK_N
+                lo = part * span
+                n = tl.where(part < PREFIX_PARTS, tl.minimum(tl.maximum(frames - lo, 0), span), 0)
+            if n > 0:  # the prompt prefix: every query reads all of it
+                m_i, l_i, acc = _read_all(q, KP + tl.load(ROWS + b) * skp_r + h * skp_h + lo * skp_t, skp_t,
+                                          VP + tl.load(ROWS + b) * svp_r + h * svp_h + lo * svp_t, svp_t, n, offs_m,
+                                          offs_d, m_i, l_i, acc, scale, BLOCK_N, PRECISION)
+            if HISTORY:  # the stream's earlier frames: every query reads all of them
+                kept = tl.load(COUNT + b).to(tl.int32)
+                if PARTS > 1:
+                    kept = tl.where(part == PARTS - 2, kept, 0)
+                m_i, l_i, acc = _read_all(q, KH + tl.load(HROWS + b) * skh_r + h * skh_h, skh_t,
+                                          VH + tl.load(HROWS + b) * svh_r + h * svh_h, svh_t, kept, offs_m, offs_d, m_i,
+                                          l_i, acc, scale, BLOCK_N, PRECISION)
+            hi = tl.minimum(tl.max(limit, 0), T)
+            if PARTS > 1:
+                hi = tl.where(part == PARTS - 1, hi, 0)  # (the last part reads the row's own keys)
+            for start in range(0, hi, BLOCK_N):
+                offs_n = start + tl.arange(0, BLOCK_N)
+                key_ok = offs_n < hi
+                allowed = offs_n[None, :] < limit[:, None]
+                kt = tl.load(K + b * sk_b + h * sk_h + offs_n[None, :] * sk_t + offs_d[:, None], mask=key_ok[None, :],
+                             other=0.0)
+                v_ptrs = V + b * sv_b + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :]
+                m_i, l_i, acc = _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION)
         if PARTS > 1:
             at = (part * 2 * tl.num_programs(1) + bh) * T + offs_m      # ML [PARTS, 2, B·H, T]
             tl.store(ML + at, m_i, mask=offs_m < T)
