@@ -109,24 +109,18 @@ KERNELS = {
          "out_ptr": BF16, "scratch_ptr": "*fp32"}, (), dict(BC=64, BT=16, CHANNELS_LAST=True)), 4),
     "codec: static-chunk attention with a prompt prefix": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-        dict(H=8, D=64, HISTORY=False, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, ONE_LOOP=False, BLOCK_M=64,
-             BLOCK_N=64, PRECISION="tf32", PDL=True)), 4),
+        dict(H=8, D=64, HISTORY=False, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32", PDL=True)), 4),
     "codec: static-chunk attention after a stream's history": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, ONE_LOOP=False, BLOCK_M=64,
-             BLOCK_N=32, PRECISION="tf32", PDL=True)), 4),
+        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32", PDL=True)), 4),
     "codec: static-chunk attention after a stream's history, its keys in 4 parts": (chunk_attention._chunk_attention,
         *signature(chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-                   dict(H=8, D=64, HISTORY=True, PARTS=4, PREFIX_PARTS=2, CASCADE=False, ONE_LOOP=False, BLOCK_M=64, BLOCK_N=32,
+                   dict(H=8, D=64, HISTORY=True, PARTS=4, PREFIX_PARTS=2, CASCADE=False, BLOCK_M=64, BLOCK_N=32,
                         PRECISION="tf32", PDL=True)), 4),
     "codec: static-chunk attention after a stream's history, the prefix's part merged": (
         chunk_attention._chunk_attention, *signature(chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-            dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=True, ONE_LOOP=False, BLOCK_M=16, BLOCK_N=16,
+            dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=True, BLOCK_M=16, BLOCK_N=16,
                  PRECISION="tf32", PDL=True)), 1),
-    "codec: static-chunk attention after a stream's history, every key in one loop": (
-        chunk_attention._chunk_attention, *signature(chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-            dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, ONE_LOOP=True, BLOCK_M=16,
-                 BLOCK_N=16, PRECISION="tf32", PDL=True)), 1),
     "codec: the voice prefix's part, once per voice": (chunk_attention._prefix_part, *signature(
         chunk_attention._prefix_part, {"Q": BF16, "KP": BF16, "VP": BF16, "ROWS": "*i64", "ML": "*fp32",
                                        "ACC": "*fp32"}, ("scale",),
@@ -144,7 +138,7 @@ KERNELS = {
         dict(H=8, D=64, PARTS=4, BLOCK_M=32, PDL=True)), 4),
     "codec: static-chunk attention, float32 (tests)": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, {name: "*fp32" if kind == BF16 else kind for name, kind in ATTENTION_PTRS.items()},
-        ("scale",), dict(H=2, D=16, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, ONE_LOOP=False, BLOCK_M=16, BLOCK_N=16,
+        ("scale",), dict(H=2, D=16, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=16, BLOCK_N=16,
                          PRECISION="ieee", PDL=False)), 4),
     "codec: frame norm (norm, Mish, time term, second norm)": (frame_ops._frame_norm, *signature(
         frame_ops._frame_norm, FRAME_NORM_PTRS, ("eps1", "eps2"),

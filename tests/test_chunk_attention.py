@@ -31,11 +31,8 @@ CASES = [  # (B, H, T, d, chunk, prefix frames, prompt voices)
 ]
 
 
-# the keys in one walk (tiles()'s choice here), or in parts side by side, then combined: the prefix in one or two spans;
-# and one walk in one loop over every source's blocks (ONE_LOOP), blocks of 16 keys and of 8 (where a source's keys
-# are rarely whole blocks)
-PARTS = [None, dict(BLOCK_M=16, BLOCK_N=16, PARTS=3), dict(BLOCK_M=16, BLOCK_N=16, PARTS=4),
-         dict(BLOCK_M=16, BLOCK_N=16, ONE_LOOP=True), dict(BLOCK_M=16, BLOCK_N=8, ONE_LOOP=True)]
+# the keys in one walk (tiles()'s choice here), or in parts side by side, then combined: the prefix in one or two spans
+PARTS = [None, dict(BLOCK_M=16, BLOCK_N=16, PARTS=3), dict(BLOCK_M=16, BLOCK_N=16, PARTS=4)]
 
 
 @pytest.mark.parametrize("config", PARTS)
@@ -137,24 +134,13 @@ def test_few_programs_read_their_keys_in_parts(monkeypatch):
 
 def test_calls_of_32_streams_with_a_history_take_small_tiles(monkeypatch):
     """tiles(): from 32 streams (64 rows x 8 heads) a steady call with a history takes 16 x 16 tiles with one warp;
-    16 streams, or no history, as before; in one loop over every key's block where ONE_LOOP is on."""
-    small = dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1, CASCADE=False, ONE_LOOP=False)
+    16 streams, or no history, as before."""
+    small = dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1, CASCADE=False)
     assert chunk_attention.tiles(64, 8, 80, 180, history=True) == small
     assert chunk_attention.tiles(32, 8, 80, 180, history=True) != small
     assert chunk_attention.tiles(64, 8, 80, 180) != small
-    monkeypatch.setattr(chunk_attention, "ONE_LOOP", True)
-    assert chunk_attention.tiles(64, 8, 80, 180, history=True) == small | dict(ONE_LOOP=True)
     monkeypatch.setattr(chunk_attention, "SMALL_TILES_FROM", 0)
     assert chunk_attention.tiles(64, 8, 80, 180, history=True) != small
-
-
-def test_one_loop_takes_one_walk_only():
-    """ONE_LOOP walks every key in one program: with parts side by side it is refused, not silently ignored."""
-    gen = torch.Generator(DEVICE).manual_seed(2)
-    q, k, v = qkv(gen, 1, 1, 16, 16, torch.float32)
-    lengths = torch.tensor([16], dtype=torch.int32, device=DEVICE)
-    with pytest.raises(ValueError, match="ONE_LOOP"):
-        kernel(q, k, v, lengths, 4, None, dict(BLOCK_M=16, BLOCK_N=16, PARTS=3, ONE_LOOP=True))
 
 
 def test_parts_it_cannot_split_into_are_refused():

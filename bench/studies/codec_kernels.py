@@ -8,8 +8,7 @@ Shapes: 8 heads of 64, static chunks of 20 frames; a first block alone (2 CFG ro
 (codec/history.py): a first call (40 frames after the prefix, no kept frames), steady calls (80 new frames after the
 prefix and a full ring of 40) of 1, 3, 6, 16 and 32 streams. Each cell is the op replayed 50 times from one CUDA
 graph (as the vocoder runs it), per op. The configurations: tiles of queries by keys, each program walking all of its
-keys, or (`pN`) its keys in N parts side by side and then a combine; `one`: every key in one loop (ONE_LOOP), `sN`:
-N pipeline stages. The row marked `default` is what
+keys, or (`pN`) its keys in N parts side by side and then a combine. The row marked `default` is what
 chunk_attention.tiles() picks; the table says whether it is the best.
 """
 
@@ -33,13 +32,6 @@ SHAPES = {"first block": (2, 192, 0, 0), "16 streams": (32, 180, 140, 0), "32 st
 CONFIGS = {f"{m}x{n} w{w}": dict(BLOCK_M=m, BLOCK_N=n, num_warps=w)
            for m, n, w in ((64, 64, 4), (32, 64, 4), (64, 32, 4), (128, 64, 8), (64, 128, 4), (32, 32, 2), (16, 64, 2),
                            (16, 32, 2), (16, 16, 1), (16, 128, 4), (16, 128, 2), (32, 128, 4))}
-# every key in one loop over the prefix's, the ring's and the row's own blocks (ONE_LOOP), and the three loops with
-# deeper pipelines (num_stages: Triton's default is 3)
-CONFIGS.update({f"{m}x{n} w{w}{' one' if one else ''} s{st}": dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, ONE_LOOP=one,
-                                                                      num_stages=st)
-                for m, n, w, one, st in ((16, 16, 1, True, 3), (16, 16, 1, True, 4), (16, 32, 1, True, 3),
-                                         (32, 32, 2, True, 3), (64, 32, 4, True, 3), (16, 16, 1, False, 4),
-                                         (16, 16, 1, False, 2))})
 # the keys in parts side by side, then combined: PARTS 3 (the prefix whole, the ring, the row's own) or 4
 CONFIGS.update({f"{m}x{n} w{w} p{p}": dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, PARTS=p)
                 for m, n, w, p in ((64, 32, 4, 4), (64, 32, 4, 3), (32, 32, 2, 4), (64, 64, 4, 4), (32, 64, 4, 4),
@@ -73,7 +65,7 @@ def main():
             history = (hk, hv, torch.arange(B, device=device), torch.full((B,), ring, device=device))
         want = chunk_attention.reference(q, k, v, lengths, 20, prefix, history).float()
         cell = {"pytorch_us": per_op(lambda: chunk_attention.reference(q, k, v, lengths, 20, prefix, history), device) * 1e6,
-                "default": chunk_attention.tiles(B, 8, T, frames + ring, history is not None), "configs": {}}
+                "default": chunk_attention.tiles(B, 8, T, frames + ring), "configs": {}}
         for name, config in {"default": None, **CONFIGS}.items():
             got = chunk_attention.kernel(q, k, v, lengths, 20, prefix, config, history)
             err = (got.float() - want).abs().max().item()

@@ -10,3 +10,5 @@
 # counts the drain.)
 set -uo pipefail
 TAG=call8 RUNS=1 LOADS="p30long ramp" timeout 400 bash docs/results/defaults_2026-12-01/loads.sh
+# Run 2026-12-02 13:28 UTC with LOADS="p30long" only (the device time left held one load): the defaults admitted
+# 1,258 of 1,800, 99.5% stall-free (docs/benchmarks.md, sustained-2026-12-02).

@@ -29,3 +29,5 @@ timeout 380 python3 bench/studies/codec_flow_profile.py --streams 16,32 \
   --json "${OUT:-/tmp/out}/flow_profile_variants.json" > "${OUT:-/tmp/out}/flow_profile_variants.log" 2>&1
 # (each cell's line is printed as it is measured: read whatever came before a timeout)
 grep -E "SNR vs the first variant|^eager:|_chunk_attention|_frame_norm" "${OUT:-/tmp/out}/flow_profile_variants.log"
+# Run 2026-12-02 12:42 UTC at 027fc2a: one loop 1.5x slower, the norms' shapes within noise (docs/benchmarks.md,
+# sustained-2026-12-02). The one-loop path and its `attention-one-loop` variant were removed after it.

@@ -8,6 +8,8 @@ A span's cell is `running/refused` at its first refusal (the limit then, less th
 `(running)` where none was refused. A second line: the audio the clients received a second (x real time), by 4 s span
 from the load's start (what the vocoder made, the drain after the load included). A third, where the load's directory
 holds the vocoder's scrapes before and after it (loads.sh): its main worker's calls by their windows, count and mean.
+A fourth, where any admitted stream stalled: each stall as `sent@chunk+late` (the turn's sending, seconds into the
+load; the stalled chunk's place in its stream from 1; how late it came, ms, by the bench's own playback clock).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ _spec = importlib.util.spec_from_file_location("overload_report",
                                                Path(__file__).resolve().parents[3] / "bench" / "overload_report.py")
 report = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(report)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from services.bench.stream import StreamRecord  # noqa: E402  (the bench's own playback clock and jitter)
 
 SPAN = 2.0  # seconds
 
@@ -55,6 +60,18 @@ def received(streams: list[dict], span: float = 4.0) -> list[str]:
     return [f"{k * span:g}s:{seconds[k] / span:.0f}x" for k in sorted(seconds)]
 
 
+def stalls(streams: list[dict]) -> list[str]:
+    found = []
+    for x in streams:
+        if x["code"] != "OK":
+            continue
+        record = StreamRecord(sent=0.0, code="OK", sample_rate=x["sample_rate"],
+                              chunks=list(zip(x["chunk_arrivals_s"], x["chunk_samples"])))
+        lateness = record.lateness()
+        found += [f"{x['sent_s']:.1f}@{k + 1}+{late * 1e3:.0f}" for k, late in enumerate(lateness) if late in record.stalls()]
+    return found
+
+
 def main(dirs: list[str]) -> None:
     for d in dirs:
         for bench in sorted(Path(d).glob("**/bench.json")):
@@ -66,6 +83,8 @@ def main(dirs: list[str]) -> None:
             if before.exists() and after.exists() and (calls := report.calls_by_size(before.read_text(), after.read_text())):
                 print(f"{'':10} {'':11} calls       " + " ".join(
                     f"{size}: {c['calls']:.0f}, {c['mean_seconds'] * 1e3:.1f} ms" for size, c in calls.items() if c["calls"]))
+            if found := stalls(streams):
+                print(f"{'':10} {'':11} stalls      {' '.join(found)}")
 
 
 if __name__ == "__main__":

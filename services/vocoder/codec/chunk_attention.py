@@ -30,11 +30,10 @@ the ring and the row's own keys, then merges. Measured on an H200, it is off (CA
 streams took 68.2 ms against 63.3 without it, 16 streams 45.6 against 45.3 (docs/benchmarks.md). The float32 part
 written and read again is ~21 MB an attention at 32 streams, more than the prefix reads it saves.
 
-A steady call of 32 streams spends ~27% of its kernel time here (26.9 us a call on an H200, 2026-12-02), in programs
-of 16 queries that each walk ~10 blocks of 16 keys in three short loops (the prefix's, the ring's, the row's own),
-each block's loads waiting on the one before. ONE_LOOP walks the three as one loop over their blocks laid end to end
-(each source's keys rounded up to whole blocks, so that no block straddles two), which the compiler can pipeline:
-the next block's keys and values load while this one's are used.
+A program's three walks (the prefix's, the ring's, the row's own keys) are three loops, each software-pipelined
+apart. One loop over the three sources' blocks laid end to end was measured on an H200 and not kept: at 32 streams'
+steady calls 39.4 us an attention against 25.7 (a steady call 80.9 ms against 61-68), slower at every shape and tile
+(docs/benchmarks.md, 2026-12-02).
 
 Shapes: q, k, v [B, heads, T, d] (any strides, d contiguous); lengths [B] int; prefix keys and values
 [R, heads, F, d] with rows [B] (each row's in R); history: ring keys and values [S, heads, ring, d], rows [B]
@@ -66,8 +65,6 @@ SMALL_TILES_FROM = 512  # rows x heads (32 streams) from which a call with a his
 CASCADE_FROM = 0        # rows x heads from which a call with a history reads the prompt prefix once per voice (0:
                         # never: measured slower at 16 and 32 streams, module docstring)
 CASCADE_TILE = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4)  # the prefix part's: many rows' queries against one prefix
-ONE_LOOP = False        # a program in one walk reads the prefix's, the ring's and the row's own keys in one loop, not
-                        # three (module docstring; not yet measured on a GPU, so off)
 
 
 def attention_bias(lengths: torch.Tensor, T: int, chunk: int, dtype: torch.dtype, prefix_frames: int = 0):
@@ -113,17 +110,16 @@ def tiles(B: int, H: int, T: int, before: int = 0, history: bool = False) -> dic
     against 7.2 us). A few queries after many keys (a stream history's first call): 16 by 64. With a history, from
     SMALL_TILES_FROM rows x heads (32 streams), 16 by 16 with one warp: 25.8 against 33.5 us (at 16 streams the
     same, at 3 slower). PARTS: the keys in 4 parts (module docstring) for a steady call below SPLIT_BELOW programs
-    with 64 or more keys before the row's own, else 1. ONE_LOOP (where on) wherever a program walks every key."""
+    with 64 or more keys before the row's own, else 1."""
     if T < 64:  # (a first call's few blocks of 64 keys: in parts no faster, measured)
-        return dict(BLOCK_M=16, BLOCK_N=64 if before >= 64 else 16, PARTS=1, ONE_LOOP=ONE_LOOP)
+        return dict(BLOCK_M=16, BLOCK_N=64 if before >= 64 else 16, PARTS=1)
     cascade = history and bool(CASCADE_FROM) and B * H >= CASCADE_FROM and T >= CASCADE_TILE["BLOCK_M"]
     if history and SMALL_TILES_FROM and B * H >= SMALL_TILES_FROM:
-        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1, CASCADE=cascade, ONE_LOOP=ONE_LOOP and not cascade)
+        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1, CASCADE=cascade)
     config = dict(BLOCK_M=32, BLOCK_N=64) if B * H <= 32 else dict(BLOCK_M=64, BLOCK_N=32)
     few = -(-T // config["BLOCK_M"]) * B * H < SPLIT_BELOW
     parts = PREFIX_PARTS + 2 if SPLIT and few and before >= 64 else 1
-    cascade = cascade and parts == 1
-    return dict(config, PARTS=parts, CASCADE=cascade, ONE_LOOP=ONE_LOOP and parts == 1 and not cascade)
+    return dict(config, PARTS=parts, CASCADE=cascade and parts == 1)
 
 
 def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None, history=None):
@@ -141,9 +137,6 @@ def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None
     config = dict(config or tiles(B, H, T, frames + (hk.shape[2] if history is not None else 0), history is not None))
     parts = config.pop("PARTS", 1)
     cascade = config.pop("CASCADE", False) and frames > 0
-    one_loop = config.pop("ONE_LOOP", False)
-    if one_loop and (parts != 1 or cascade):
-        raise ValueError("chunk attention: one loop over every key (ONE_LOOP) takes PARTS 1 and no CASCADE")
     if parts == 2 or parts < 1:
         raise ValueError(f"chunk attention: PARTS {parts}: 1, or 3 and more (the prefix in PARTS - 2 spans, the ring, "
                          f"the row's own keys)")
@@ -170,7 +163,7 @@ def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None
                            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *pk.stride()[:3], *pv.stride()[:3],
                            *hk.stride()[:3], *hv.stride()[:3], *out.stride()[:3], T, frames, chunk, 1.0 / math.sqrt(d),
                            H=H, D=d, HISTORY=history is not None, PARTS=parts, PREFIX_PARTS=parts - 2,
-                           CASCADE=cascade, ONE_LOOP=one_loop, **config,
+                           CASCADE=cascade, **config,
                            # float32 (tests): products in full precision; a GPU's default for them is tf32 (1e-3)
                            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl, launch_pdl=pdl)
     if parts > 1:
@@ -206,41 +199,17 @@ if triton is not None:
         return m_i, l_i, acc
 
     @triton.jit
-    def _walk_all(q, KP0, skp_t, VP0, svp_t, frames, KH0, skh_t, VH0, svh_t, kept, K0, sk_t, V0, sv_t, own, limit,
-                  offs_d, m_i, l_i, acc, scale, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
-        """The prefix's `frames` keys, the ring's `kept`, then the row's `own` (each query the ones before its
-        `limit`), as one loop over blocks laid end to end: the prefix's blocks, the ring's from `ring_at`, the
-        row's from `own_at` (each source rounded up to whole blocks, so that no block straddles two)."""
-        ring_at = tl.cdiv(frames, BLOCK_N) * BLOCK_N
-        own_at = ring_at + tl.cdiv(kept, BLOCK_N) * BLOCK_N
-        for start in range(0, own_at + own, BLOCK_N):
-            in_prefix = start < ring_at
-            in_ring = (start >= ring_at) & (start < own_at)
-            offs_n = start - tl.where(in_prefix, 0, tl.where(in_ring, ring_at, own_at)) + tl.arange(0, BLOCK_N)
-            key_ok = offs_n < tl.where(in_prefix, frames, tl.where(in_ring, kept, own))
-            # every query reads the prefix and the ring; of the row's own keys, those before its limit
-            allowed = key_ok[None, :] & ((offs_n[None, :] < limit[:, None]) | (start < own_at))
-            k_ptrs = tl.where(in_prefix, KP0 + offs_n[None, :] * skp_t,
-                              tl.where(in_ring, KH0 + offs_n[None, :] * skh_t, K0 + offs_n[None, :] * sk_t))
-            v_ptrs = tl.where(in_prefix, VP0 + offs_n[:, None] * svp_t,
-                              tl.where(in_ring, VH0 + offs_n[:, None] * svh_t, V0 + offs_n[:, None] * sv_t))
-            kt = tl.load(k_ptrs + offs_d[:, None], mask=key_ok[None, :], other=0.0)
-            m_i, l_i, acc = _online_softmax_step(q, kt, v_ptrs + offs_d[None, :], key_ok, allowed, m_i, l_i, acc,
-                                                 scale, PRECISION)
-        return m_i, l_i, acc
-
-    @triton.jit
     def _chunk_attention(Q, K, V, KP, VP, KH, VH, O, ML, ACC, PART_ML, PART_ACC, ROWS, HROWS, COUNT, LENGTHS,
                          sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t,
                          skp_r, skp_h, skp_t, svp_r, svp_h, svp_t, skh_r, skh_h, skh_t, svh_r, svh_h, svh_t,
                          so_b, so_t, so_h, T, frames, chunk, scale,
                          H: tl.constexpr, D: tl.constexpr, HISTORY: tl.constexpr, PARTS: tl.constexpr,
-                         PREFIX_PARTS: tl.constexpr, CASCADE: tl.constexpr, ONE_LOOP: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
+                         PREFIX_PARTS: tl.constexpr, CASCADE: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
         """PARTS 1: every key, then the output. PARTS > 1: part program_id(2) of the keys (the prefix's in
         PREFIX_PARTS spans, the ring, the row's own), then its running max, sum and output into ML and ACC.
         CASCADE (PARTS 1, frames 0): the prefix's part is in PART_ML, PART_ACC (_prefix_part), merged before the
-        output. ONE_LOOP (PARTS 1, no CASCADE): every key in one loop (_walk_all)."""
+        output."""
         inputs_ready(PDL)
         pid_m, bh, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         b, h = bh // H, bh % H
@@ -255,45 +224,33 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D], tl.float32)
-        if ONE_LOOP:
-            kept = 0
-            if HISTORY:
-                kept = tl.load(COUNT + b).to(tl.int32)
-            m_i, l_i, acc = _walk_all(q, KP + tl.load(ROWS + b) * skp_r + h * skp_h, skp_t,
-                                      VP + tl.load(ROWS + b) * svp_r + h * svp_h, svp_t, frames,
-                                      KH + tl.load(HROWS + b) * skh_r + h * skh_h, skh_t,
-                                      VH + tl.load(HROWS + b) * svh_r + h * svh_h, svh_t, kept,
-                                      K + b * sk_b + h * sk_h, sk_t, V + b * sv_b + h * sv_h, sv_t,
-                                      tl.minimum(tl.max(limit, 0), T), limit, offs_d, m_i, l_i, acc, scale, BLOCK_N,
-                                      PRECISION)
-        else:  # the prefix's keys, the ring's, then the row's own, in three loops
-            lo, n = 0, frames  # the prefix's keys this program reads
+        lo, n = 0, frames  # the prefix's keys this program reads
+        if PARTS > 1:
+            span = tl.cdiv(tl.cdiv(frames, PREFIX_PARTS), BLOCK_N) * BLOCK_N
+            lo = part * span
+            n = tl.where(part < PREFIX_PARTS, tl.minimum(tl.maximum(frames - lo, 0), span), 0)
+        if n > 0:  # the prompt prefix: every query reads all of it
+            m_i, l_i, acc = _read_all(q, KP + tl.load(ROWS + b) * skp_r + h * skp_h + lo * skp_t, skp_t,
+                                      VP + tl.load(ROWS + b) * svp_r + h * svp_h + lo * svp_t, svp_t, n, offs_m,
+                                      offs_d, m_i, l_i, acc, scale, BLOCK_N, PRECISION)
+        if HISTORY:  # the stream's earlier frames: every query reads all of them
+            kept = tl.load(COUNT + b).to(tl.int32)
             if PARTS > 1:
-                span = tl.cdiv(tl.cdiv(frames, PREFIX_PARTS), BLOCK_N) * BLOCK_N
-                lo = part * span
-                n = tl.where(part < PREFIX_PARTS, tl.minimum(tl.maximum(frames - lo, 0), span), 0)
-            if n > 0:  # the prompt prefix: every query reads all of it
-                m_i, l_i, acc = _read_all(q, KP + tl.load(ROWS + b) * skp_r + h * skp_h + lo * skp_t, skp_t,
-                                          VP + tl.load(ROWS + b) * svp_r + h * svp_h + lo * svp_t, svp_t, n, offs_m,
-                                          offs_d, m_i, l_i, acc, scale, BLOCK_N, PRECISION)
-            if HISTORY:  # the stream's earlier frames: every query reads all of them
-                kept = tl.load(COUNT + b).to(tl.int32)
-                if PARTS > 1:
-                    kept = tl.where(part == PARTS - 2, kept, 0)
-                m_i, l_i, acc = _read_all(q, KH + tl.load(HROWS + b) * skh_r + h * skh_h, skh_t,
-                                          VH + tl.load(HROWS + b) * svh_r + h * svh_h, svh_t, kept, offs_m, offs_d, m_i,
-                                          l_i, acc, scale, BLOCK_N, PRECISION)
-            hi = tl.minimum(tl.max(limit, 0), T)
-            if PARTS > 1:
-                hi = tl.where(part == PARTS - 1, hi, 0)  # (the last part reads the row's own keys)
-            for start in range(0, hi, BLOCK_N):
-                offs_n = start + tl.arange(0, BLOCK_N)
-                key_ok = offs_n < hi
-                allowed = offs_n[None, :] < limit[:, None]
-                kt = tl.load(K + b * sk_b + h * sk_h + offs_n[None, :] * sk_t + offs_d[:, None], mask=key_ok[None, :],
-                             other=0.0)
-                v_ptrs = V + b * sv_b + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :]
-                m_i, l_i, acc = _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION)
+                kept = tl.where(part == PARTS - 2, kept, 0)
+            m_i, l_i, acc = _read_all(q, KH + tl.load(HROWS + b) * skh_r + h * skh_h, skh_t,
+                                      VH + tl.load(HROWS + b) * svh_r + h * svh_h, svh_t, kept, offs_m, offs_d, m_i,
+                                      l_i, acc, scale, BLOCK_N, PRECISION)
+        hi = tl.minimum(tl.max(limit, 0), T)
+        if PARTS > 1:
+            hi = tl.where(part == PARTS - 1, hi, 0)  # (the last part reads the row's own keys)
+        for start in range(0, hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            key_ok = offs_n < hi
+            allowed = offs_n[None, :] < limit[:, None]
+            kt = tl.load(K + b * sk_b + h * sk_h + offs_n[None, :] * sk_t + offs_d[:, None], mask=key_ok[None, :],
+                         other=0.0)
+            v_ptrs = V + b * sv_b + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :]
+            m_i, l_i, acc = _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION)
         if PARTS > 1:
             at = (part * 2 * tl.num_programs(1) + bh) * T + offs_m      # ML [PARTS, 2, B·H, T]
             tl.store(ML + at, m_i, mask=offs_m < T)

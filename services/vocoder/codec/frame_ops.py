@@ -36,8 +36,8 @@ from services.common import launch
 ROWS_PER_PROGRAM = 16  # frames per program of frame_norm: a few KB of channels each, enough programs to fill a GPU
 NORM_WARPS = 4         # warps per program of frame_norm (Triton's default). At 32 streams (5,120 frames: 320 programs,
                        # ~10 warps a multiprocessor) a norm took 5.8 us for ~8-10 MB moved, ~2x what the bandwidth
-                       # allows (docs/benchmarks.md, 2026-12-02): bench/studies/codec_flow_profile.py's `norm-*`
-                       # variants time fewer frames and other warps per program
+                       # allows (docs/benchmarks.md, 2026-12-02). 4 or 8 frames, or 8 warps, a program measured
+                       # within ±0.3 us of it; 32 frames 1.3 us slower: the norm's time is not its programs' shape
 
 
 def on_gpu(x: torch.Tensor) -> bool:
