@@ -32,7 +32,8 @@ chunks, which the llm makes ~5x faster than real time and which have seconds to 
 median, and the admission limit no longer fell on it. But the calls hold fewer windows, so the vocoder makes less
 audio a second: 149-164x real time against 198x while Poisson 30 turns a second were offered. The later chunks wait,
 and turns last longer. Alone it admitted fewer turns. With a faster-growing limit and 256 history slots it admitted
-more of a burst, all stall-free, out of the listeners' buffers.
+more of a burst, out of the listeners' buffers; over a minute of overload it admitted 5-11% fewer than the
+defaults and stalled more of the later chunks.
 
 **The first-chunk lane** (`Lanes`, `--first-chunk-lane on`): first chunks go to a second worker with a
 vocoder of their own (`TokenVocoder.lane`: the same models and stream history, its own graphs and a CUDA stream of
