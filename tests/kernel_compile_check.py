@@ -54,6 +54,10 @@ def prefetch(warps: int, **constexprs) -> tuple:
 
 
 MEGAKERNEL = "codec: a level's transformer blocks, persistent (megakernel.py)"
+# a steady call of 32 streams' tile (16 x 16, one warp), and with the max kept lazily: tests/test_kernel_compile.py
+# counts the instructions of their walks' inner loops in the sm_90 code
+ATTENTION_32_STREAMS = "codec: static-chunk attention after a stream's history, 32 streams' tile"
+ATTENTION_32_STREAMS_LAZY = "codec: static-chunk attention after a stream's history, 32 streams' tile, the max kept lazily"
 KERNELS = {
     "decode partition": (paged_attention._decode_partition_kernel, *signature(
         paged_attention._decode_partition_kernel,
@@ -109,18 +113,28 @@ KERNELS = {
          "out_ptr": BF16, "scratch_ptr": "*fp32"}, (), dict(BC=64, BT=16, CHANNELS_LAST=True)), 4),
     "codec: static-chunk attention with a prompt prefix": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-        dict(H=8, D=64, HISTORY=False, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32", PDL=True)), 4),
+        dict(H=8, D=64, HISTORY=False, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32", PDL=True,
+             LAZY=False)), 4),
     "codec: static-chunk attention after a stream's history": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32", PDL=True)), 4),
+        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32", PDL=True,
+             LAZY=False)), 4),
+    ATTENTION_32_STREAMS: (chunk_attention._chunk_attention, *signature(
+        chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
+        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=16, BLOCK_N=16, PRECISION="tf32", PDL=True,
+             LAZY=False)), 1),
+    ATTENTION_32_STREAMS_LAZY: (chunk_attention._chunk_attention, *signature(
+        chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
+        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=16, BLOCK_N=16, PRECISION="tf32", PDL=True,
+             LAZY=True)), 1),
     "codec: static-chunk attention after a stream's history, its keys in 4 parts": (chunk_attention._chunk_attention,
         *signature(chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
                    dict(H=8, D=64, HISTORY=True, PARTS=4, PREFIX_PARTS=2, CASCADE=False, BLOCK_M=64, BLOCK_N=32,
-                        PRECISION="tf32", PDL=True)), 4),
+                        PRECISION="tf32", PDL=True, LAZY=False)), 4),
     "codec: static-chunk attention after a stream's history, the prefix's part merged": (
         chunk_attention._chunk_attention, *signature(chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
             dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=True, BLOCK_M=16, BLOCK_N=16,
-                 PRECISION="tf32", PDL=True)), 1),
+                 PRECISION="tf32", PDL=True, LAZY=False)), 1),
     "codec: the voice prefix's part, once per voice": (chunk_attention._prefix_part, *signature(
         chunk_attention._prefix_part, {"Q": BF16, "KP": BF16, "VP": BF16, "ROWS": "*i64", "ML": "*fp32",
                                        "ACC": "*fp32"}, ("scale",),
@@ -139,7 +153,7 @@ KERNELS = {
     "codec: static-chunk attention, float32 (tests)": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, {name: "*fp32" if kind == BF16 else kind for name, kind in ATTENTION_PTRS.items()},
         ("scale",), dict(H=2, D=16, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=16, BLOCK_N=16,
-                         PRECISION="ieee", PDL=False)), 4),
+                         PRECISION="ieee", PDL=False, LAZY=False)), 4),
     "codec: frame norm (norm, Mish, time term, second norm)": (frame_ops._frame_norm, *signature(
         frame_ops._frame_norm, FRAME_NORM_PTRS, ("eps1", "eps2"),
         dict(NORM=True, MISH=True, ROWS=True, RESIDUAL=False, THEN=True, KEEP=False, HEADS=1, HEAD_D=1, BLOCK_M=16,
@@ -197,7 +211,45 @@ def compiled(name: str, aligned: bool = False):
                           options={"num_warps": warps})
 
 
+def loop_steps(name: str) -> list[int]:
+    """The instructions of one trip round each loop of KERNELS[name]'s sm_90 code (aligned, as a launch compiles it),
+    on its shortest path: a loop's body from its label to the branch back, less what a branch inside it can skip.
+    Read from nvdisasm's listing (the one in the triton wheel); loops in the order they appear."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled(name, aligned=True).asm["cubin"])
+        f.flush()
+        listing = subprocess.run([str(tool), "-c", f.name], capture_output=True, text=True, check=True).stdout
+    at: dict[str, int] = {}    # label → the index of the instruction after it
+    code: list[str] = []       # instructions, in order
+    for line in listing.splitlines():
+        if m := re.match(r"^(\.L_x_\d+):", line):
+            at[m.group(1)] = len(code)
+        elif re.match(r"^\s+/\*[0-9a-f]+\*/\s", line):
+            code.append(line)
+    branches = [(i, m.group(1)) for i, line in enumerate(code) if (m := re.search(r"BRA `\((\.L_x_\d+)\)", line))]
+    steps = []
+    for i, label in branches:
+        start = at[label]
+        if start > i:
+            continue  # forward: not a loop
+        skippable = sum(at[target] - j - 1 for j, target in branches if start <= j < i and j < at[target] <= i)
+        if i > start:  # (not the trap that ends the code: a branch to itself)
+            steps.append(i - start + 1 - skippable)
+    return steps
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--loop-steps"]:  # (tests/test_kernel_compile.py)
+        import json
+
+        print(json.dumps({name: loop_steps(name) for name in sys.argv[2:]}))
+        return 0
     failed = 0
     for name in KERNELS:
         try:

@@ -5,6 +5,8 @@ the real size. The graph's output is poisoned before its replay."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -31,8 +33,10 @@ CASES = [  # (B, H, T, d, chunk, prefix frames, prompt voices)
 ]
 
 
-# the keys in one walk (tiles()'s choice here), or in parts side by side, then combined: the prefix in one or two spans
-PARTS = [None, dict(BLOCK_M=16, BLOCK_N=16, PARTS=3), dict(BLOCK_M=16, BLOCK_N=16, PARTS=4)]
+# the keys in one walk (tiles()'s choice here), or in parts side by side, then combined: the prefix in one or two spans;
+# and one walk with its max kept lazily (LAZY: scores in base 2, the output rescaled only past 2^8)
+PARTS = [None, dict(BLOCK_M=16, BLOCK_N=16, PARTS=3), dict(BLOCK_M=16, BLOCK_N=16, PARTS=4),
+         dict(BLOCK_M=16, BLOCK_N=16, PARTS=1, LAZY=True)]
 
 
 @pytest.mark.parametrize("config", PARTS)
@@ -150,6 +154,39 @@ def test_parts_it_cannot_split_into_are_refused():
     for parts in (0, 2):
         with pytest.raises(ValueError, match="PARTS"):
             kernel(q, k, v, lengths, 4, None, dict(BLOCK_M=16, BLOCK_N=16, PARTS=parts))
+    with pytest.raises(ValueError, match="LAZY"):  # parts are combined in natural units
+        kernel(q, k, v, lengths, 4, None, dict(BLOCK_M=16, BLOCK_N=16, PARTS=3, LAZY=True))
+
+
+@pytest.mark.parametrize("rise", [0.0, 3.0, 200.0], ids=["flat", "within 2^8", "far past 2^8"])
+def test_a_max_kept_lazily_rescales_when_a_later_block_passes_it(rise):
+    """Later blocks of keys whose scores rise by `rise` (in base 2, over the walk) past the first block's: within 2^8
+    the output is summed against the kept max; far past it (2^200: float32's exp2 would overflow against a max kept
+    from the first block) rescaled mid-walk. Either way PyTorch's result, and the same as the walk that rescales every
+    block. With a prefix and a ring, so that all three walks take the lazy step."""
+    gen = torch.Generator(DEVICE).manual_seed(11)
+    B, H, T, d, frames, ring = 2, 2, 48, 16, 40, 24
+    q, k, v = qkv(gen, B, H, T, d, torch.float32)
+    lengths = torch.tensor([T, 30], dtype=torch.int32, device=DEVICE)
+    # every query near one unit direction a row and head, and keys along it whose base-2 scores grow from 0 to `rise`
+    # over the walk: the prefix's first, then the ring's, then the row's own
+    direction = torch.randn(B, H, 1, d, generator=gen, device=DEVICE)
+    direction = direction / direction.norm(dim=-1, keepdim=True)                        # [B, H, 1, d]
+    q = direction + 0.05 * q
+    grow = torch.linspace(0.0, 1.0, frames + ring + T, device=DEVICE) * rise / math.log2(math.e) * math.sqrt(d)
+    pk, pv = (torch.randn(2, H, frames, d, generator=gen, device=DEVICE) for _ in range(2))
+    hk, hv = (torch.randn(B, H, ring, d, generator=gen, device=DEVICE) for _ in range(2))
+    pk = pk * 0.1 + direction[:1] * grow[:frames, None]
+    hk = hk * 0.1 + direction * grow[frames:frames + ring, None]
+    k = k * 0.1 + direction * grow[frames + ring:, None]
+    prefix = (pk.contiguous(), pv, torch.zeros(B, dtype=torch.long, device=DEVICE))
+    history = (hk, hv, torch.arange(B, device=DEVICE), torch.full((B,), ring, device=DEVICE))
+    want = reference(q, k, v, lengths, 8, prefix, history)
+    eager = kernel(q, k, v, lengths, 8, prefix, dict(BLOCK_M=16, BLOCK_N=16, PARTS=1), history)
+    lazy = kernel(q, k, v, lengths, 8, prefix, dict(BLOCK_M=16, BLOCK_N=16, PARTS=1, LAZY=True), history)
+    tol = 1e-5 if rise < 100 else 1e-3  # (scores of ~140 hold float32's sums to ~1e-5 of them, whichever max)
+    torch.testing.assert_close(lazy, want, atol=tol, rtol=tol)
+    torch.testing.assert_close(lazy, eager, atol=tol, rtol=tol)
 
 
 @pytest.mark.parametrize("with_history", [True, False], ids=["ring", "no ring"])

@@ -33,7 +33,13 @@ written and read again is ~21 MB an attention at 32 streams, more than the prefi
 A program's three walks (the prefix's, the ring's, the row's own keys) are three loops, each software-pipelined
 apart. One loop over the three sources' blocks laid end to end was measured on an H200 and not kept: at 32 streams'
 steady calls 39.4 us an attention against 25.7 (a steady call 80.9 ms against 61-68), slower at every shape and tile
-(docs/benchmarks.md, 2026-12-02).
+(docs/benchmarks.md, 2026-12-02). That fits a kernel bound by its instructions, not its loads: compiled for sm_90, a
+16 x 16 step of one warp is ~270 instructions, 16 of them tensor-core products; 19-20 such warps a multiprocessor
+issue ~15 us of them at one instruction a cycle per scheduler, against 25.7 us measured. LAZY_RESCALE cuts the
+softmax's share: the scores in base 2 with the scale folded into one multiply (exp2), the running output and sum
+rescaled only when a block's max passes the kept one by 2^8 (a branch the whole warp takes together; FlashAttention-4's
+conditional rescaling), and the values' product accumulating into the output in the tensor cores. The same sums up
+to float32 rounding: the output is the same ratio of sums whatever max they were taken against.
 
 Shapes: q, k, v [B, heads, T, d] (any strides, d contiguous); lengths [B] int; prefix keys and values
 [R, heads, F, d] with rows [B] (each row's in R); history: ring keys and values [S, heads, ring, d], rows [B]
@@ -65,6 +71,9 @@ SMALL_TILES_FROM = 512  # rows x heads (32 streams) from which a call with a his
 CASCADE_FROM = 0        # rows x heads from which a call with a history reads the prompt prefix once per voice (0:
                         # never: measured slower at 16 and 32 streams, module docstring)
 CASCADE_TILE = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4)  # the prefix part's: many rows' queries against one prefix
+LAZY_RESCALE = False    # a program that walks every key (PARTS 1, no CASCADE) keeps its running max until a block's
+                        # scores pass it by 2^8, scores in base 2 (module docstring); off until measured
+LOG2E = 1.4426950408889634
 
 
 def attention_bias(lengths: torch.Tensor, T: int, chunk: int, dtype: torch.dtype, prefix_frames: int = 0):
@@ -137,6 +146,10 @@ def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None
     config = dict(config or tiles(B, H, T, frames + (hk.shape[2] if history is not None else 0), history is not None))
     parts = config.pop("PARTS", 1)
     cascade = config.pop("CASCADE", False) and frames > 0
+    lazy = config.pop("LAZY", LAZY_RESCALE and parts == 1 and not cascade)
+    if lazy and (parts != 1 or cascade):
+        raise ValueError("chunk attention: the max kept lazily (LAZY) takes PARTS 1 and no CASCADE (their parts are "
+                         "combined in natural units)")
     if parts == 2 or parts < 1:
         raise ValueError(f"chunk attention: PARTS {parts}: 1, or 3 and more (the prefix in PARTS - 2 spans, the ring, "
                          f"the row's own keys)")
@@ -161,9 +174,9 @@ def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None
     grid = (triton.cdiv(T, config["BLOCK_M"]), B * H, parts)
     _chunk_attention[grid](q, k, v, pk, pv, hk, hv, out, ml, acc, part_ml, part_acc, rows, hrows, count, lengths,
                            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *pk.stride()[:3], *pv.stride()[:3],
-                           *hk.stride()[:3], *hv.stride()[:3], *out.stride()[:3], T, frames, chunk, 1.0 / math.sqrt(d),
-                           H=H, D=d, HISTORY=history is not None, PARTS=parts, PREFIX_PARTS=parts - 2,
-                           CASCADE=cascade, **config,
+                           *hk.stride()[:3], *hv.stride()[:3], *out.stride()[:3], T, frames, chunk,
+                           (LOG2E if lazy else 1.0) / math.sqrt(d), H=H, D=d, HISTORY=history is not None,
+                           PARTS=parts, PREFIX_PARTS=parts - 2, CASCADE=cascade, LAZY=lazy, **config,
                            # float32 (tests): products in full precision; a GPU's default for them is tf32 (1e-3)
                            PRECISION="ieee" if q.dtype == torch.float32 else "tf32", PDL=pdl, launch_pdl=pdl)
     if parts > 1:
@@ -174,9 +187,25 @@ def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None
 
 if triton is not None:
     @triton.jit
-    def _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION: tl.constexpr):
+    def _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION: tl.constexpr,
+                             LAZY: tl.constexpr):
         """One block of keys (kt [D, N], values at v_ptrs [N, D]; key_ok [N]: inside the tensor) into the running
-        max, sum and output of the queries (allowed [M, N]: what each may read)."""
+        max, sum and output of the queries (allowed [M, N]: what each may read). LAZY: scale includes log2(e), the
+        scores and max are in base 2, and the max moves only when a block's passes it by 2^8 (so p ≤ 256: far inside
+        float32's range, and bf16's relative precision does not depend on scale)."""
+        if LAZY:
+            s = tl.where(allowed, tl.dot(q, kt, input_precision=PRECISION) * scale, -1.0e30)
+            m_blk = tl.max(s, 1)
+            if tl.max(m_blk - m_i, 0) > 8.0:  # (one branch for the program: with one warp, no barrier)
+                m_new = tl.maximum(m_i, m_blk)
+                alpha = tl.exp2(m_i - m_new)
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha
+                m_i = m_new
+            p = tl.where(allowed, tl.exp2(s - m_i[:, None]), 0.0)
+            v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+            return m_i, l_i + tl.sum(p, 1), acc
         s = tl.where(allowed, tl.dot(q, kt, input_precision=PRECISION) * scale, -1.0e30)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.where(allowed, tl.exp(s - m_new[:, None]), 0.0)
@@ -187,7 +216,7 @@ if triton is not None:
 
     @triton.jit
     def _read_all(q, K0, sk_t, V0, sv_t, count, offs_m, offs_d, m_i, l_i, acc, scale, BLOCK_N: tl.constexpr,
-                  PRECISION: tl.constexpr):
+                  PRECISION: tl.constexpr, LAZY: tl.constexpr):
         """Every query reads the `count` keys and values from K0, V0 on (one row and head of a prefix or a ring)."""
         for start in range(0, count, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
@@ -195,7 +224,7 @@ if triton is not None:
             allowed = key_ok[None, :] & (offs_m[:, None] >= 0)
             kt = tl.load(K0 + offs_n[None, :] * sk_t + offs_d[:, None], mask=key_ok[None, :], other=0.0)
             m_i, l_i, acc = _online_softmax_step(q, kt, V0 + offs_n[:, None] * sv_t + offs_d[None, :], key_ok, allowed,
-                                                 m_i, l_i, acc, scale, PRECISION)
+                                                 m_i, l_i, acc, scale, PRECISION, LAZY)
         return m_i, l_i, acc
 
     @triton.jit
@@ -205,9 +234,11 @@ if triton is not None:
                          so_b, so_t, so_h, T, frames, chunk, scale,
                          H: tl.constexpr, D: tl.constexpr, HISTORY: tl.constexpr, PARTS: tl.constexpr,
                          PREFIX_PARTS: tl.constexpr, CASCADE: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
-        """PARTS 1: every key, then the output. PARTS > 1: part program_id(2) of the keys (the prefix's in
-        PREFIX_PARTS spans, the ring, the row's own), then its running max, sum and output into ML and ACC.
+                         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+                         LAZY: tl.constexpr):
+        """PARTS 1: every key, then the output (LAZY, PARTS 1 and no CASCADE only: _online_softmax_step). PARTS > 1:
+        part program_id(2) of the keys (the prefix's in PREFIX_PARTS spans, the ring, the row's own), then its running
+        max, sum and output into ML and ACC.
         CASCADE (PARTS 1, frames 0): the prefix's part is in PART_ML, PART_ACC (_prefix_part), merged before the
         output."""
         inputs_ready(PDL)
@@ -232,14 +263,14 @@ if triton is not None:
         if n > 0:  # the prompt prefix: every query reads all of it
             m_i, l_i, acc = _read_all(q, KP + tl.load(ROWS + b) * skp_r + h * skp_h + lo * skp_t, skp_t,
                                       VP + tl.load(ROWS + b) * svp_r + h * svp_h + lo * svp_t, svp_t, n, offs_m,
-                                      offs_d, m_i, l_i, acc, scale, BLOCK_N, PRECISION)
+                                      offs_d, m_i, l_i, acc, scale, BLOCK_N, PRECISION, LAZY)
         if HISTORY:  # the stream's earlier frames: every query reads all of them
             kept = tl.load(COUNT + b).to(tl.int32)
             if PARTS > 1:
                 kept = tl.where(part == PARTS - 2, kept, 0)
             m_i, l_i, acc = _read_all(q, KH + tl.load(HROWS + b) * skh_r + h * skh_h, skh_t,
                                       VH + tl.load(HROWS + b) * svh_r + h * svh_h, svh_t, kept, offs_m, offs_d, m_i,
-                                      l_i, acc, scale, BLOCK_N, PRECISION)
+                                      l_i, acc, scale, BLOCK_N, PRECISION, LAZY)
         hi = tl.minimum(tl.max(limit, 0), T)
         if PARTS > 1:
             hi = tl.where(part == PARTS - 1, hi, 0)  # (the last part reads the row's own keys)
@@ -250,7 +281,7 @@ if triton is not None:
             kt = tl.load(K + b * sk_b + h * sk_h + offs_n[None, :] * sk_t + offs_d[:, None], mask=key_ok[None, :],
                          other=0.0)
             v_ptrs = V + b * sv_b + h * sv_h + offs_n[:, None] * sv_t + offs_d[None, :]
-            m_i, l_i, acc = _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION)
+            m_i, l_i, acc = _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION, LAZY)
         if PARTS > 1:
             at = (part * 2 * tl.num_programs(1) + bh) * T + offs_m      # ML [PARTS, 2, B·H, T]
             tl.store(ML + at, m_i, mask=offs_m < T)
@@ -302,7 +333,7 @@ if triton is not None:
                 mine = ok & (prow == p)
                 m_i, l_i, acc = _read_all(q, KP + p * skp_r + h * skp_h, skp_t, VP + p * svp_r + h * svp_h, svp_t,
                                           frames, tl.where(mine, 0, -1), offs_d, m_i, l_i, acc, scale, BLOCK_N,
-                                          PRECISION)
+                                          PRECISION, False)
         tl.store(ML + h * BT + offs_g, m_i, mask=ok)
         tl.store(ML + (H + h) * BT + offs_g, l_i, mask=ok)
         tl.store(ACC + (h * BT + offs_g)[:, None] * D + offs_d[None, :], acc, mask=ok[:, None])

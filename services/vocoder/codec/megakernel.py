@@ -317,12 +317,12 @@ if triton is not None:
             if PREFIX:
                 prow = tl.load(PROWS + b)
                 m_i, l_i, acc = _read_all(q, KP + prow * skp_r + h * skp_h, skp_t, VP + prow * svp_r + h * svp_h,
-                                          svp_t, frames, offs_m, offs_d, m_i, l_i, acc, scale, AN, PRECISION)
+                                          svp_t, frames, offs_m, offs_d, m_i, l_i, acc, scale, AN, PRECISION, False)
             if HISTORY:
                 hrow = tl.load(HROWS + b)
                 m_i, l_i, acc = _read_all(q, KH + hrow * skh_r + h * skh_h, skh_t, VH + hrow * svh_r + h * svh_h,
                                           svh_t, tl.load(HCOUNT + b).to(tl.int32), offs_m, offs_d, m_i, l_i, acc,
-                                          scale, AN, PRECISION)
+                                          scale, AN, PRECISION, False)
             hi = tl.minimum(tl.max(limit, 0), T)
             for start in range(0, hi, AN):
                 offs_n = start + tl.arange(0, AN)
@@ -331,7 +331,8 @@ if triton is not None:
                 kt = tl.load(base + offs_n[None, :] * s_row + (H + h) * D + offs_d[:, None], mask=key_ok[None, :],
                              other=0.0, cache_modifier=".cg")
                 v_ptrs = base + offs_n[:, None] * s_row + (2 * H + h) * D + offs_d[None, :]
-                m_i, l_i, acc = _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION)
+                m_i, l_i, acc = _online_softmax_step(q, kt, v_ptrs, key_ok, allowed, m_i, l_i, acc, scale, PRECISION,
+                                                     False)
             o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]          # a query with no key (a row of none): 0
             tl.store(OUT + (b * T + offs_m[:, None]) * (H * D) + h * D + offs_d[None, :], o.to(OUT.dtype.element_ty),
                      mask=offs_m[:, None] < T)
