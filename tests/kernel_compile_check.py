@@ -248,7 +248,8 @@ def main() -> int:
     if sys.argv[1:2] == ["--loop-steps"]:  # (tests/test_kernel_compile.py)
         import json
 
-        print(json.dumps({name: loop_steps(name) for name in sys.argv[2:]}))
+        names = sys.argv[2:] or [ATTENTION_32_STREAMS, ATTENTION_32_STREAMS_LAZY]
+        print(json.dumps({name: loop_steps(name) for name in names}))
         return 0
     failed = 0
     for name in KERNELS:
