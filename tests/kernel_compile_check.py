@@ -113,20 +113,20 @@ KERNELS = {
          "out_ptr": BF16, "scratch_ptr": "*fp32"}, (), dict(BC=64, BT=16, CHANNELS_LAST=True)), 4),
     "codec: static-chunk attention with a prompt prefix": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-        dict(H=8, D=64, HISTORY=False, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=64, BLOCK_N=64, PRECISION="tf32", PDL=True,
-             LAZY=False)), 4),
+        dict(H=8, D=64, HISTORY=False, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=64, BLOCK_N=64,
+             PRECISION="tf32", PDL=True, LAZY=False)), 4),
     "codec: static-chunk attention after a stream's history": (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=64, BLOCK_N=32, PRECISION="tf32", PDL=True,
-             LAZY=False)), 4),
+        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=64, BLOCK_N=32,
+             PRECISION="tf32", PDL=True, LAZY=False)), 4),
     ATTENTION_32_STREAMS: (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=16, BLOCK_N=16, PRECISION="tf32", PDL=True,
-             LAZY=False)), 1),
+        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=16, BLOCK_N=16,
+             PRECISION="tf32", PDL=True, LAZY=False)), 1),
     ATTENTION_32_STREAMS_LAZY: (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
-        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=16, BLOCK_N=16, PRECISION="tf32", PDL=True,
-             LAZY=True)), 1),
+        dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=16, BLOCK_N=16,
+             PRECISION="tf32", PDL=True, LAZY=True)), 1),
     "codec: static-chunk attention after a stream's history, its keys in 4 parts": (chunk_attention._chunk_attention,
         *signature(chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
                    dict(H=8, D=64, HISTORY=True, PARTS=4, PREFIX_PARTS=2, CASCADE=False, BLOCK_M=64, BLOCK_N=32,

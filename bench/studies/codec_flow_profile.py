@@ -10,9 +10,9 @@ share of each kind of kernel says what to fuse next). Variants: `defaults`; `gel
 by PyTorch after cuBLAS's product, not in the product's kernel: fused_linear.FUSED off); `attention-one-walk` (each
 attention program walks all of its keys, not in parts side by side: chunk_attention.SPLIT off);
 `attention-large-tiles` (chunk_attention.SMALL_TILES_FROM 0); `attention-lazy` (each walk's max kept lazily:
-chunk_attention.LAZY_RESCALE on); `norm-rows-N` and `norm-warps-N` (frame_norm's frames
-and warps a program, frame_ops.ROWS_PER_PROGRAM, which the causal unfold takes too, and NORM_WARPS); `no-pdl` (the Triton kernels
-launched plainly, not with programmatic dependent launch: launch.ENABLED off); `unfolded` (the per-frame work apart
+chunk_attention.LAZY_RESCALE on); `norm-rows-N` and `norm-warps-N` (frame_norm's frames and warps a program,
+frame_ops.ROWS_PER_PROGRAM, which the causal unfold takes too, and NORM_WARPS); `no-pdl` (the Triton kernels launched
+plainly, not with programmatic dependent launch: launch.ENABLED off); `unfolded` (the per-frame work apart
 from the products where prefetch_linear's kernel runs: prefetch_linear.FOLD off). Their times, kernel counts, and
 each mel's SNR against the first variant's. (Measured and not kept: the feed-forward's GELU as cuBLASLt's
 epilogue, the tanh approximation where the reference's is exact; on 2026-11-27 the estimator's other products by
@@ -46,8 +46,7 @@ SETTINGS = [(fused_linear, "FUSED"), (chunk_attention, "SPLIT"), (chunk_attentio
 DEFAULTS = {name: getattr(module, name) for module, name in SETTINGS}
 VARIANTS = {"defaults": {}, "gelu-unfused": {"FUSED": False}, "attention-one-walk": {"SPLIT": False},
             "attention-large-tiles": {"SMALL_TILES_FROM": 0}, "attention-lazy": {"LAZY_RESCALE": True},
-            "norm-rows-4": {"ROWS_PER_PROGRAM": 4},
-            "norm-rows-8": {"ROWS_PER_PROGRAM": 8}, "norm-rows-32": {"ROWS_PER_PROGRAM": 32},
+            "norm-rows-4": {"ROWS_PER_PROGRAM": 4}, "norm-rows-8": {"ROWS_PER_PROGRAM": 8}, "norm-rows-32": {"ROWS_PER_PROGRAM": 32},
             "norm-warps-2": {"NORM_WARPS": 2}, "norm-warps-8": {"NORM_WARPS": 8}, "no-pdl": {"ENABLED": False}, "unfolded": {"FOLD": False}}
 
 
