@@ -24,8 +24,8 @@
 #     the loads are the limit after all, and the instruction count is the wrong lever); with the lazy max, fewer
 #     instructions executed by ~20%. frame_norm: one partial wave (~2.4 programs a multiprocessor), DRAM under 50%
 #     of peak. linear_gelu: the tensor pipes under 30% busy; cuBLAS's product alone 8-12 us.
-set -uo pipefail
-mkdir -p "${OUT:-/tmp/out}"
+# Revised 2026-12-02 ~15:15 UTC, before any run: the wheels and PYTHONPATH of bench/wheel_site.sh, for the tests.
+source bench/wheel_site.sh
 timeout 200 python3 bench/studies/codec_kernels.py --json "$OUT/attention_tiles.json" 2>&1 | tail -12
 timeout 200 python3 bench/studies/codec_flow_profile.py --streams 16,32 --variants defaults,attention-lazy \
   --json "$OUT/flow_profile_lazy.json" > "$OUT/flow_profile_lazy.log" 2>&1
