@@ -10,7 +10,7 @@ share of each kind of kernel says what to fuse next). Variants: `defaults`; `gel
 by PyTorch after cuBLAS's product, not in the product's kernel: fused_linear.FUSED off); `attention-one-walk` (each
 attention program walks all of its keys, not in parts side by side: chunk_attention.SPLIT off);
 `attention-large-tiles` (chunk_attention.SMALL_TILES_FROM 0); `attention-lazy` (each walk's max kept lazily:
-chunk_attention.LAZY_RESCALE on); `norm-rows-N` and `norm-warps-N` (frame_norm's frames and warps a program,
+chunk_attention.LAZY_RESCALE on; `-r96`: at most 96 registers a thread, chunk_attention.MAXNREG); `norm-rows-N` and `norm-warps-N` (frame_norm's frames and warps a program,
 frame_ops.ROWS_PER_PROGRAM, which the causal unfold takes too, and NORM_WARPS); `no-pdl` (the Triton kernels launched
 plainly, not with programmatic dependent launch: launch.ENABLED off); `unfolded` (the per-frame work apart
 from the products where prefetch_linear's kernel runs: prefetch_linear.FOLD off). Their times, kernel counts, and
@@ -41,11 +41,12 @@ from services.vocoder.codec.voice import random_voice
 
 # Each variant: the module settings it changes from the defaults (module, name, value)
 SETTINGS = [(fused_linear, "FUSED"), (chunk_attention, "SPLIT"), (chunk_attention, "SMALL_TILES_FROM"),
-            (chunk_attention, "LAZY_RESCALE"), (launch, "ENABLED"), (prefetch_linear, "FOLD"),
+            (chunk_attention, "LAZY_RESCALE"), (chunk_attention, "MAXNREG"), (launch, "ENABLED"), (prefetch_linear, "FOLD"),
             (frame_ops, "ROWS_PER_PROGRAM"), (frame_ops, "NORM_WARPS")]
 DEFAULTS = {name: getattr(module, name) for module, name in SETTINGS}
 VARIANTS = {"defaults": {}, "gelu-unfused": {"FUSED": False}, "attention-one-walk": {"SPLIT": False},
             "attention-large-tiles": {"SMALL_TILES_FROM": 0}, "attention-lazy": {"LAZY_RESCALE": True},
+            "attention-lazy-r96": {"LAZY_RESCALE": True, "MAXNREG": 96},
             "norm-rows-4": {"ROWS_PER_PROGRAM": 4}, "norm-rows-8": {"ROWS_PER_PROGRAM": 8}, "norm-rows-32": {"ROWS_PER_PROGRAM": 32},
             "norm-warps-2": {"NORM_WARPS": 2}, "norm-warps-8": {"NORM_WARPS": 8}, "no-pdl": {"ENABLED": False}, "unfolded": {"FOLD": False}}
 
@@ -102,8 +103,11 @@ def main():
     counts = [int(n) for n in args.streams.split(",")]
     tokens = torch.randint(0, cfg.flow.vocab_size, (max(counts), sum(WARM_CHUNKS) + CHUNK), generator=g).tolist()
     mels = {}
+    seen: dict[str, int] = {}
     for variant in args.variants.split(","):
         use(variant)
+        seen[variant] = seen.get(variant, 0) + 1
+        name = variant if seen[variant] == 1 else f"{variant} ({seen[variant]})"  # a variant again: the order's effect
         d = FlowTokenDecoder(random_codec(cfg, 0)[0], device, history_streams=sum(counts) + 1)  # (a history slot each)
         d.set_voices([voice])
         shapes = {"first call, 1 stream": [(tokens[0][:8], d.start(voice))]}
@@ -115,12 +119,12 @@ def main():
             mel = torch.cat([m for m, _ in result], 1).float()
             mels.setdefault(shape, mel)
             cell = {"ms": seconds * 1e3, "snr_vs_first_db": snr_db(mels[shape], mel)}
-            out["cells"][f"{variant} | {shape}"] = cell
-            print(f"{variant:22s} {shape:24s} {cell['ms']:7.2f} ms  SNR vs the first variant {cell['snr_vs_first_db']:.1f} dB", flush=True)
+            out["cells"][f"{name} | {shape}"] = cell
+            print(f"{name:22s} {shape:24s} {cell['ms']:7.2f} ms  SNR vs the first variant {cell['snr_vs_first_db']:.1f} dB", flush=True)
             graphs, d.use_graphs = d.use_graphs, False
             table, count, total = profile_table(lambda: d.decode_chunks(rows))
             d.use_graphs = graphs
-            out["profiles"][f"{variant} | {shape}"] = {"kernels": count, "cuda_ms_eager": total, "table": table}
+            out["profiles"][f"{name} | {shape}"] = {"kernels": count, "cuda_ms_eager": total, "table": table}
             print(f"eager: {count} kernels, {total:.2f} ms of kernel time\n{table}", flush=True)
         d = None
         torch.cuda.empty_cache()

@@ -9,7 +9,7 @@ Shapes: 8 heads of 64, static chunks of 20 frames; a first block alone (2 CFG ro
 prefix and a full ring of 40) of 1, 3, 6, 16 and 32 streams. Each cell is the op replayed 50 times from one CUDA
 graph (as the vocoder runs it), per op. The configurations: tiles of queries by keys, each program walking all of its
 keys, or (`pN`) its keys in N parts side by side and then a combine; `sN`: N pipeline stages (Triton's default 3);
-`lazy`: the running max kept lazily (chunk_attention.LAZY_RESCALE).
+`lazy`: the running max kept lazily (chunk_attention.LAZY_RESCALE); `rN`: at most N registers a thread.
 The row marked `default` is what chunk_attention.tiles() picks; the table says whether it is the best.
 """
 
@@ -38,6 +38,9 @@ CONFIGS.update({f"16x16 w1 s{st}": dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num
 # the max kept lazily (LAZY: fewer instructions a step), in the tiles tiles() picks and with more keys a step
 CONFIGS.update({f"{m}x{n} w{w} lazy": dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, LAZY=True)
                 for m, n, w in ((16, 16, 1), (16, 32, 1), (16, 64, 1), (64, 32, 4), (32, 64, 4))})
+# the lazy max with the registers of today's step (r96: 20 one-warp programs a multiprocessor, as the default; it
+# takes 98 alone, which leaves 16 and a second wave at 32 streams: ncu, 2026-12-02)
+CONFIGS.update({f"16x16 w1 lazy r{r}": dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, LAZY=True, maxnreg=r) for r in (96, 88)})
 # the keys in parts side by side, then combined: PARTS 3 (the prefix whole, the ring, the row's own) or 4
 CONFIGS.update({f"{m}x{n} w{w} p{p}": dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, PARTS=p)
                 for m, n, w, p in ((64, 32, 4, 4), (64, 32, 4, 3), (32, 32, 2, 4), (64, 64, 4, 4), (32, 64, 4, 4),

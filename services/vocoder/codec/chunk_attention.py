@@ -73,6 +73,7 @@ CASCADE_FROM = 0        # rows x heads from which a call with a history reads th
 CASCADE_TILE = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4)  # the prefix part's: many rows' queries against one prefix
 LAZY_RESCALE = False    # a program that walks every key (PARTS 1, no CASCADE) keeps its running max until a block's
                         # scores pass it by 2^8, scores in base 2 (module docstring); off until measured
+MAXNREG = None          # registers a thread at most (ptxas's .maxnreg) for every tile; None: the compiler's choice
 LOG2E = 1.4426950408889634
 
 
@@ -147,6 +148,8 @@ def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None
     parts = config.pop("PARTS", 1)
     cascade = config.pop("CASCADE", False) and frames > 0
     lazy = config.pop("LAZY", LAZY_RESCALE and parts == 1 and not cascade)
+    if MAXNREG is not None:
+        config.setdefault("maxnreg", MAXNREG)
     if lazy and (parts != 1 or cascade):
         raise ValueError("chunk attention: the max kept lazily (LAZY) takes PARTS 1 and no CASCADE (their parts are "
                          "combined in natural units)")
