@@ -54,10 +54,12 @@ def prefetch(warps: int, **constexprs) -> tuple:
 
 
 MEGAKERNEL = "codec: a level's transformer blocks, persistent (megakernel.py)"
-# a steady call of 32 streams' tile (16 x 16, one warp), and with the max kept lazily: tests/test_kernel_compile.py
-# counts the instructions of their walks' inner loops in the sm_90 code
-ATTENTION_32_STREAMS = "codec: static-chunk attention after a stream's history, 32 streams' tile"
-ATTENTION_32_STREAMS_LAZY = "codec: static-chunk attention after a stream's history, 32 streams' tile, the max kept lazily"
+# the small tile a steady call of 6 streams or more takes (16 x 16, one warp, the max kept lazily, at most 96 registers:
+# chunk_attention.SMALL_TILE), and the same tile rescaling every block: tests/test_kernel_compile.py counts the
+# instructions of their walks' inner loops in the sm_90 code, and the small tile's registers
+ATTENTION_EVERY_BLOCK = "codec: static-chunk attention after a stream's history, 16 x 16, every block rescaled"
+ATTENTION_SMALL_TILE = "codec: static-chunk attention after a stream's history, the small tile (the max kept lazily)"
+OPTIONS = {ATTENTION_SMALL_TILE: {"maxnreg": chunk_attention.SMALL_TILE["maxnreg"]}}  # compiler options beyond warps
 KERNELS = {
     "decode partition": (paged_attention._decode_partition_kernel, *signature(
         paged_attention._decode_partition_kernel,
@@ -119,11 +121,11 @@ KERNELS = {
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
         dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=64, BLOCK_N=32,
              PRECISION="tf32", PDL=True, LAZY=False)), 4),
-    ATTENTION_32_STREAMS: (chunk_attention._chunk_attention, *signature(
+    ATTENTION_EVERY_BLOCK: (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
         dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=16, BLOCK_N=16,
              PRECISION="tf32", PDL=True, LAZY=False)), 1),
-    ATTENTION_32_STREAMS_LAZY: (chunk_attention._chunk_attention, *signature(
+    ATTENTION_SMALL_TILE: (chunk_attention._chunk_attention, *signature(
         chunk_attention._chunk_attention, ATTENTION_PTRS, ("scale",),
         dict(H=8, D=64, HISTORY=True, PARTS=1, PREFIX_PARTS=-1, CASCADE=False, BLOCK_M=16, BLOCK_N=16,
              PRECISION="tf32", PDL=True, LAZY=True)), 1),
@@ -208,7 +210,30 @@ def compiled(name: str, aligned: bool = False):
              if aligned and arg not in constexprs and (sig[arg].startswith("*") or sig[arg] in ("i32", "i64")
                                                        and (arg.startswith("s") or arg.endswith("_off")))}
     return triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs), target=TARGET,
-                          options={"num_warps": warps})
+                          options={"num_warps": warps, **OPTIONS.get(name, {})})
+
+
+def cubin_listing(name: str, tool: str, *flags: str) -> str:
+    """The output of one of the triton wheel's CUDA tools (nvdisasm, cuobjdump) on KERNELS[name]'s sm_90 cubin
+    (aligned, as a launch compiles it)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / tool
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled(name, aligned=True).asm["cubin"])
+        f.flush()
+        return subprocess.run([str(path), *flags, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def resources(name: str) -> dict[str, int]:
+    """KERNELS[name]'s registers a thread and local memory (spills) a thread, as ptxas allotted them."""
+    import re
+
+    usage = cubin_listing(name, "cuobjdump", "--dump-resource-usage")
+    return {"registers": int(re.search(r"REG:(\d+)", usage).group(1)),
+            "local_bytes": int(re.search(r"LOCAL:(\d+)", usage).group(1))}
 
 
 def loop_steps(name: str) -> list[int]:
@@ -216,15 +241,8 @@ def loop_steps(name: str) -> list[int]:
     on its shortest path: a loop's body from its label to the branch back, less what a branch inside it can skip.
     Read from nvdisasm's listing (the one in the triton wheel); loops in the order they appear."""
     import re
-    import subprocess
-    import tempfile
-    from pathlib import Path
 
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled(name, aligned=True).asm["cubin"])
-        f.flush()
-        listing = subprocess.run([str(tool), "-c", f.name], capture_output=True, text=True, check=True).stdout
+    listing = cubin_listing(name, "nvdisasm", "-c")
     at: dict[str, int] = {}    # label → the index of the instruction after it
     code: list[str] = []       # instructions, in order
     for line in listing.splitlines():
@@ -245,11 +263,11 @@ def loop_steps(name: str) -> list[int]:
 
 
 def main() -> int:
-    if sys.argv[1:2] == ["--loop-steps"]:  # (tests/test_kernel_compile.py)
+    if sys.argv[1:2] == ["--loop-steps"]:  # (tests/test_kernel_compile.py): each loop's instructions, and resources
         import json
 
-        names = sys.argv[2:] or [ATTENTION_32_STREAMS, ATTENTION_32_STREAMS_LAZY]
-        print(json.dumps({name: loop_steps(name) for name in names}))
+        names = sys.argv[2:] or [ATTENTION_EVERY_BLOCK, ATTENTION_SMALL_TILE]
+        print(json.dumps({name: {"steps": loop_steps(name), **resources(name)} for name in names}))
         return 0
     failed = 0
     for name in KERNELS:

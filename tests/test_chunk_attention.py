@@ -95,8 +95,10 @@ HISTORY_CASES = [  # (B, H, T, d, chunk, prefix frames, ring)
 ]
 
 
-# and the small tiles with one warp that calls of 32 streams take (tiles())
-@pytest.mark.parametrize("config", PARTS + [dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1)])
+# and the small tile that calls of 6 streams or more take (tiles(): one warp, the max kept lazily), and that tile
+# rescaling every block
+@pytest.mark.parametrize("config", PARTS + [dict(chunk_attention.SMALL_TILE, PARTS=1),
+                                            dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1)])
 @pytest.mark.parametrize("B,H,T,d,chunk,frames,ring", HISTORY_CASES)
 def test_history_kernel_is_the_pytorch_form(B, H, T, d, chunk, frames, ring, config):
     """Rows reading a prefix, then a stream's kept frames (a full ring, a part-filled one, none), then their own
@@ -136,12 +138,13 @@ def test_few_programs_read_their_keys_in_parts(monkeypatch):
     assert chunk_attention.tiles(6, 8, 80, 180)["PARTS"] == 1
 
 
-def test_calls_of_32_streams_with_a_history_take_small_tiles(monkeypatch):
-    """tiles(): from 32 streams (64 rows x 8 heads) a steady call with a history takes 16 x 16 tiles with one warp;
-    16 streams, or no history, as before."""
-    small = dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1, CASCADE=False)
+def test_calls_of_6_streams_or_more_with_a_history_take_the_small_tile(monkeypatch):
+    """tiles(): from 6 streams (12 rows x 8 heads) a steady call with a history takes the small tile: 16 x 16 with one
+    warp, the max kept lazily, at most 96 registers a thread; 3 streams, or no history, as before."""
+    small = dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, LAZY=True, maxnreg=96, PARTS=1, CASCADE=False)
     assert chunk_attention.tiles(64, 8, 80, 180, history=True) == small
-    assert chunk_attention.tiles(32, 8, 80, 180, history=True) != small
+    assert chunk_attention.tiles(12, 8, 80, 180, history=True) == small
+    assert chunk_attention.tiles(6, 8, 80, 180, history=True) != small
     assert chunk_attention.tiles(64, 8, 80, 180) != small
     monkeypatch.setattr(chunk_attention, "SMALL_TILES_FROM", 0)
     assert chunk_attention.tiles(64, 8, 80, 180, history=True) != small
@@ -222,6 +225,7 @@ def test_steady_calls_of_16_streams_and_more_read_the_prefix_once_per_voice_when
     monkeypatch.setattr(chunk_attention, "CASCADE_FROM", 256)
     assert chunk_attention.tiles(64, 8, 80, 180, history=True)["CASCADE"]
     assert chunk_attention.tiles(32, 8, 80, 180, history=True)["CASCADE"]
+    assert not chunk_attention.tiles(32, 8, 80, 180, history=True)["LAZY"]  # (its parts merge in natural units)
     assert not chunk_attention.tiles(16, 8, 80, 180, history=True).get("CASCADE")
     assert not chunk_attention.tiles(32, 8, 80, 180).get("CASCADE")                  # (no history)
     assert not chunk_attention.tiles(64, 8, 40, 180, history=True).get("CASCADE")    # (a first call's few frames)

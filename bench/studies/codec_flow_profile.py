@@ -9,8 +9,9 @@ each). For each shape: its time in CUDA graphs, then one eager call under the pr
 share of each kind of kernel says what to fuse next). Variants: `defaults`; `gelu-unfused` (the feed-forward's GELU
 by PyTorch after cuBLAS's product, not in the product's kernel: fused_linear.FUSED off); `attention-one-walk` (each
 attention program walks all of its keys, not in parts side by side: chunk_attention.SPLIT off);
-`attention-large-tiles` (chunk_attention.SMALL_TILES_FROM 0); `attention-lazy` (each walk's max kept lazily:
-chunk_attention.LAZY_RESCALE on; `-r96`: at most 96 registers a thread, chunk_attention.MAXNREG); `norm-rows-N` and `norm-warps-N` (frame_norm's frames and warps a program,
+`attention-large-tiles` (chunk_attention.SMALL_TILES_FROM 0); `attention-every-block` (the small tile's max
+rescaled every block, and that tile from 32 streams only: chunk_attention's SMALL_TILE and SMALL_TILES_FROM before
+2026-12-02); `norm-rows-N` and `norm-warps-N` (frame_norm's frames and warps a program,
 frame_ops.ROWS_PER_PROGRAM, which the causal unfold takes too, and NORM_WARPS); `no-pdl` (the Triton kernels launched
 plainly, not with programmatic dependent launch: launch.ENABLED off); `unfolded` (the per-frame work apart
 from the products where prefetch_linear's kernel runs: prefetch_linear.FOLD off). Their times, kernel counts, and
@@ -41,12 +42,12 @@ from services.vocoder.codec.voice import random_voice
 
 # Each variant: the module settings it changes from the defaults (module, name, value)
 SETTINGS = [(fused_linear, "FUSED"), (chunk_attention, "SPLIT"), (chunk_attention, "SMALL_TILES_FROM"),
-            (chunk_attention, "LAZY_RESCALE"), (chunk_attention, "MAXNREG"), (launch, "ENABLED"), (prefetch_linear, "FOLD"),
+            (chunk_attention, "SMALL_TILE"), (launch, "ENABLED"), (prefetch_linear, "FOLD"),
             (frame_ops, "ROWS_PER_PROGRAM"), (frame_ops, "NORM_WARPS")]
 DEFAULTS = {name: getattr(module, name) for module, name in SETTINGS}
 VARIANTS = {"defaults": {}, "gelu-unfused": {"FUSED": False}, "attention-one-walk": {"SPLIT": False},
-            "attention-large-tiles": {"SMALL_TILES_FROM": 0}, "attention-lazy": {"LAZY_RESCALE": True},
-            "attention-lazy-r96": {"LAZY_RESCALE": True, "MAXNREG": 96},
+            "attention-large-tiles": {"SMALL_TILES_FROM": 0}, "attention-every-block": {"SMALL_TILES_FROM": 512,
+                                      "SMALL_TILE": dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, LAZY=False)},
             "norm-rows-4": {"ROWS_PER_PROGRAM": 4}, "norm-rows-8": {"ROWS_PER_PROGRAM": 8}, "norm-rows-32": {"ROWS_PER_PROGRAM": 32},
             "norm-warps-2": {"NORM_WARPS": 2}, "norm-warps-8": {"NORM_WARPS": 8}, "no-pdl": {"ENABLED": False}, "unfolded": {"FOLD": False}}
 

@@ -9,7 +9,7 @@ Shapes: 8 heads of 64, static chunks of 20 frames; a first block alone (2 CFG ro
 prefix and a full ring of 40) of 1, 3, 6, 16 and 32 streams. Each cell is the op replayed 50 times from one CUDA
 graph (as the vocoder runs it), per op. The configurations: tiles of queries by keys, each program walking all of its
 keys, or (`pN`) its keys in N parts side by side and then a combine; `sN`: N pipeline stages (Triton's default 3);
-`lazy`: the running max kept lazily (chunk_attention.LAZY_RESCALE); `rN`: at most N registers a thread.
+`lazy`: the running max kept lazily (chunk_attention's LAZY); `rN`: at most N registers a thread.
 The row marked `default` is what chunk_attention.tiles() picks; the table says whether it is the best.
 """
 

@@ -34,12 +34,16 @@ A program's three walks (the prefix's, the ring's, the row's own keys) are three
 apart. One loop over the three sources' blocks laid end to end was measured on an H200 and not kept: at 32 streams'
 steady calls 39.4 us an attention against 25.7 (a steady call 80.9 ms against 61-68), slower at every shape and tile
 (docs/benchmarks.md, 2026-12-02). That fits a kernel bound by its instructions, not its loads: compiled for sm_90, a
-16 x 16 step of one warp is ~270 instructions, 16 of them tensor-core products; 19-20 such warps a multiprocessor
-issue ~15 us of them at one instruction a cycle per scheduler, against 25.7 us measured. LAZY_RESCALE cuts the
-softmax's share: the scores in base 2 with the scale folded into one multiply (exp2), the running output and sum
-rescaled only when a block's max passes the kept one by 2^8 (a branch the whole warp takes together; FlashAttention-4's
-conditional rescaling), and the values' product accumulating into the output in the tensor cores. The same sums up
-to float32 rounding: the output is the same ratio of sums whatever max they were taken against.
+16 x 16 step of one warp is ~270 instructions, 16 of them tensor-core products, and Nsight Compute finds its
+one-warp programs all resident (0.97 waves) but each issuing once in ~7 cycles. The small tiles therefore keep their
+running max lazily (LAZY): the scores in base 2 with the scale folded into one multiply (exp2), the running output and
+sum rescaled only when a block's max passes the kept one by 2^8 (a branch the whole warp takes together;
+FlashAttention-4's conditional rescaling), and the values' product accumulating into the output in the tensor cores:
+~210 instructions a step, 18% fewer executed. The same sums up to float32 rounding: the output is the same ratio of
+sums whatever max they were taken against. It must keep today's registers (maxnreg 96): at 98 a scheduler holds 4
+one-warp programs, not 5, and 32 streams' 2,560 programs took a second wave (31.2 us against 25.7). At 96, on an
+H200: 24.2 us against 25.7 at 32 streams, 15.2 against 17.0 at 16, 10.2 against 12.9 at 6 (docs/benchmarks.md,
+2026-12-02), so calls from 6 streams take the small tile.
 
 Shapes: q, k, v [B, heads, T, d] (any strides, d contiguous); lengths [B] int; prefix keys and values
 [R, heads, F, d] with rows [B] (each row's in R); history: ring keys and values [S, heads, ring, d], rows [B]
@@ -67,13 +71,13 @@ MASKED = -1.0e10  # the reference's additive attention bias for a key a query ma
 SPLIT = True       # few programs: each (query block, row, head) reads its keys as parts side by side, then a combine
 PREFIX_PARTS = 2   # the prompt prefix's keys in this many parts (then the ring, then the row's own: 4 parts)
 SPLIT_BELOW = 128  # programs; measured on an H100: parts 12-13% faster at 1-3 streams (≤ 96), 18% slower at 6 (192)
-SMALL_TILES_FROM = 512  # rows x heads (32 streams) from which a call with a history takes 16 x 16 tiles (0: never)
+SMALL_TILES_FROM = 96   # rows x heads (6 streams) from which a call with a history takes SMALL_TILE (0: never)
 CASCADE_FROM = 0        # rows x heads from which a call with a history reads the prompt prefix once per voice (0:
                         # never: measured slower at 16 and 32 streams, module docstring)
 CASCADE_TILE = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4)  # the prefix part's: many rows' queries against one prefix
-LAZY_RESCALE = False    # a program that walks every key (PARTS 1, no CASCADE) keeps its running max until a block's
-                        # scores pass it by 2^8, scores in base 2 (module docstring); off until measured
-MAXNREG = None          # registers a thread at most (ptxas's .maxnreg) for every tile; None: the compiler's choice
+# 16 queries by 16 keys with one warp, the max kept lazily, at most 96 registers a thread (ptxas's .maxnreg; module
+# docstring). LAZY takes PARTS 1 and no CASCADE: a call that reads the prefix once per voice rescales every block.
+SMALL_TILE = dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, LAZY=True, maxnreg=96)
 LOG2E = 1.4426950408889634
 
 
@@ -118,14 +122,14 @@ def tiles(B: int, H: int, T: int, before: int = 0, history: bool = False) -> dic
     H100 (bench/studies/codec_kernels.py, docs/benchmarks.md): 64 queries by 32 keys for a saturated call (29.3 us against
     30.8 with 64 by 64); for a first block alone, whose few programs leave most of the GPU idle, 32 by 64 (5.7
     against 7.2 us). A few queries after many keys (a stream history's first call): 16 by 64. With a history, from
-    SMALL_TILES_FROM rows x heads (32 streams), 16 by 16 with one warp: 25.8 against 33.5 us (at 16 streams the
-    same, at 3 slower). PARTS: the keys in 4 parts (module docstring) for a steady call below SPLIT_BELOW programs
-    with 64 or more keys before the row's own, else 1."""
+    SMALL_TILES_FROM rows x heads (6 streams), SMALL_TILE (an H200: 24.2 against 25.7 us at 32 streams, 10.2
+    against 12.9 at 6; at 3 slower than parts: module docstring). PARTS: the keys in 4 parts (module docstring)
+    for a steady call below SPLIT_BELOW programs with 64 or more keys before the row's own, else 1."""
     if T < 64:  # (a first call's few blocks of 64 keys: in parts no faster, measured)
         return dict(BLOCK_M=16, BLOCK_N=64 if before >= 64 else 16, PARTS=1)
     cascade = history and bool(CASCADE_FROM) and B * H >= CASCADE_FROM and T >= CASCADE_TILE["BLOCK_M"]
     if history and SMALL_TILES_FROM and B * H >= SMALL_TILES_FROM:
-        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1, CASCADE=cascade)
+        return dict(SMALL_TILE, PARTS=1, CASCADE=cascade, LAZY=SMALL_TILE["LAZY"] and not cascade)
     config = dict(BLOCK_M=32, BLOCK_N=64) if B * H <= 32 else dict(BLOCK_M=64, BLOCK_N=32)
     few = -(-T // config["BLOCK_M"]) * B * H < SPLIT_BELOW
     parts = PREFIX_PARTS + 2 if SPLIT and few and before >= 64 else 1
@@ -147,9 +151,9 @@ def kernel(q, k, v, lengths, chunk: int, prefix=None, config: dict | None = None
     config = dict(config or tiles(B, H, T, frames + (hk.shape[2] if history is not None else 0), history is not None))
     parts = config.pop("PARTS", 1)
     cascade = config.pop("CASCADE", False) and frames > 0
-    lazy = config.pop("LAZY", LAZY_RESCALE and parts == 1 and not cascade)
-    if MAXNREG is not None:
-        config.setdefault("maxnreg", MAXNREG)
+    lazy = config.pop("LAZY", False)
+    if not q.is_cuda:
+        config.pop("maxnreg", None)  # (a compiler's option: Triton's interpreter takes none)
     if lazy and (parts != 1 or cascade):
         raise ValueError("chunk attention: the max kept lazily (LAZY) takes PARTS 1 and no CASCADE (their parts are "
                          "combined in natural units)")
