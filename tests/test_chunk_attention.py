@@ -95,10 +95,8 @@ HISTORY_CASES = [  # (B, H, T, d, chunk, prefix frames, ring)
 ]
 
 
-# and the small tile that calls of 6 streams or more take (tiles(): one warp, the max kept lazily), and that tile
-# rescaling every block
-@pytest.mark.parametrize("config", PARTS + [dict(chunk_attention.SMALL_TILE, PARTS=1),
-                                            dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, PARTS=1)])
+# and the small tile that calls of 6 streams or more take (tiles(): one warp, the max kept lazily)
+@pytest.mark.parametrize("config", PARTS + [dict(chunk_attention.SMALL_TILE, PARTS=1)])
 @pytest.mark.parametrize("B,H,T,d,chunk,frames,ring", HISTORY_CASES)
 def test_history_kernel_is_the_pytorch_form(B, H, T, d, chunk, frames, ring, config):
     """Rows reading a prefix, then a stream's kept frames (a full ring, a part-filled one, none), then their own

@@ -3,6 +3,8 @@ name into ours, and the same tokens, prompt, x-vector and noise give the same me
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -39,6 +41,9 @@ def test_flow_mel_matches_reference(flows, streaming, finalize, products, monkey
     ref, ours = flows
     kernel_calls = []
     if products == "prefetch kernel":
+        if os.environ.get("TRITON_INTERPRET") != "1":  # (a GPU host: the kernel would be compiled for CPU tensors)
+            pytest.skip("the kernel on this test's CPU tensors runs in Triton's interpreter only, on hosts without a "
+                        "GPU; on a GPU, test_prefetch_linear.py checks it against PyTorch at the real size")
         from services.vocoder.codec import prefetch_linear
 
         real = prefetch_linear.kernel
