@@ -33,10 +33,8 @@ CASES = [  # (B, H, T, d, chunk, prefix frames, prompt voices)
 ]
 
 
-# the keys in one walk (tiles()'s choice here), or in parts side by side, then combined: the prefix in one or two spans;
-# and one walk with its max kept lazily (LAZY: scores in base 2, the output rescaled only past 2^8)
-PARTS = [None, dict(BLOCK_M=16, BLOCK_N=16, PARTS=3), dict(BLOCK_M=16, BLOCK_N=16, PARTS=4),
-         dict(BLOCK_M=16, BLOCK_N=16, PARTS=1, LAZY=True)]
+# the keys in one walk (tiles()'s choice here), or in parts side by side, then combined: the prefix in one or two spans
+PARTS = [None, dict(BLOCK_M=16, BLOCK_N=16, PARTS=3), dict(BLOCK_M=16, BLOCK_N=16, PARTS=4)]
 
 
 @pytest.mark.parametrize("config", PARTS)
@@ -95,7 +93,8 @@ HISTORY_CASES = [  # (B, H, T, d, chunk, prefix frames, ring)
 ]
 
 
-# and the small tile that calls of 6 streams or more take (tiles(): one warp, the max kept lazily)
+# and the small tile that calls of 6 streams or more take (tiles(): one warp, the max kept lazily: scores in base 2,
+# the output rescaled only past 2^8)
 @pytest.mark.parametrize("config", PARTS + [dict(chunk_attention.SMALL_TILE, PARTS=1)])
 @pytest.mark.parametrize("B,H,T,d,chunk,frames,ring", HISTORY_CASES)
 def test_history_kernel_is_the_pytorch_form(B, H, T, d, chunk, frames, ring, config):

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_each_variant_plays_its_streams_and_reads_the_vocoders_nan_counters(tmp_path):
     out = tmp_path / "finite.json"
     done = subprocess.run([sys.executable, "bench/studies/vocoder_finite.py", "--device", "cpu", "--preset", "tiny-codec",
-                           "--streams", "5", "--concurrency", "3", "--reply", "1-2", "--pace", "0.01", "--alone", "3",
+                           "--streams", "3", "--concurrency", "2", "--reply", "1-2", "--pace", "0.01", "--alone", "2",
                            "--variant", "defaults=", "--variant", "no-history=--flow-history-streams 0",
                            "--log-dir", str(tmp_path), "--json", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=240)
@@ -24,11 +24,11 @@ def test_each_variant_plays_its_streams_and_reads_the_vocoders_nan_counters(tmp_
     assert [r["variant"] for r in rows] == ["defaults", "no-history"]
     assert rows[1]["flags"] == ["--flow-history-streams", "0"]
     for r in rows:
-        assert r["streams"] == 5 and 5 * 1.0 <= r["audio_seconds"] <= 5 * 2.2
+        assert r["streams"] == 3 and 3 * 1.0 <= r["audio_seconds"] <= 3 * 2.2
         assert r["windows_mel"] == r["windows_generator"] == r["samples_silenced"] == 0
         assert r["streams_with_nonfinite_at_client"] == 0
-        # played 3 at once, then alone: the same samples (float32 on a CPU: to rounding)
-        assert r["alone_checked"] == 3 and r["window_snr_db_min"] > 60, r["window_snr_db"]
+        # played 2 at once, then alone: the same samples (float32 on a CPU: to rounding)
+        assert r["alone_checked"] == 2 and r["window_snr_db_min"] > 60, r["window_snr_db"]
     assert "no-history" in done.stdout.splitlines()[-2]
     assert (tmp_path / "vocoder_no-history.log").exists()
 
