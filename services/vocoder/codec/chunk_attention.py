@@ -38,12 +38,13 @@ steady calls 39.4 us an attention against 25.7 (a steady call 80.9 ms against 61
 one-warp programs all resident (0.97 waves) but each issuing once in ~7 cycles. The small tiles therefore keep their
 running max lazily (LAZY): the scores in base 2 with the scale folded into one multiply (exp2), the running output and
 sum rescaled only when a block's max passes the kept one by 2^8 (a branch the whole warp takes together;
-FlashAttention-4's conditional rescaling), and the values' product accumulating into the output in the tensor cores:
-~210 instructions a step, 18% fewer executed. The same sums up to float32 rounding: the output is the same ratio of
-sums whatever max they were taken against. It must keep today's registers (maxnreg 96): at 98 a scheduler holds 4
-one-warp programs, not 5, and 32 streams' 2,560 programs took a second wave (31.2 us against 25.7). At 96, on an
-H200: 24.2 us against 25.7 at 32 streams, 15.2 against 17.0 at 16, 10.2 against 12.9 at 6 (docs/benchmarks.md,
-2026-12-02), so calls from 6 streams take the small tile.
+FlashAttention-4's conditional rescaling), and the values' product accumulating into the output in the tensor cores.
+The same sums up to float32 rounding: the output is the same ratio of sums whatever max they were taken against. Left
+to itself the compiler gives that step 98 registers a thread (~210 instructions a step, 18% fewer executed), and at
+98 a scheduler holds 4 one-warp programs, not 5: 32 streams' 2,560 programs took a second wave (31.2 us against
+25.7). Held to the 96 of the step that rescales every block (maxnreg), it is ~225 instructions a step, and on an
+H200 24.2 us against 25.7 at 32 streams, 15.2 against 17.0 at 16, 10.2 against 12.9 at 6 (docs/benchmarks.md,
+2026-12-02): so calls from 6 streams take the small tile.
 
 Shapes: q, k, v [B, heads, T, d] (any strides, d contiguous); lengths [B] int; prefix keys and values
 [R, heads, F, d] with rows [B] (each row's in R); history: ring keys and values [S, heads, ring, d], rows [B]
