@@ -11,7 +11,7 @@ by PyTorch after cuBLAS's product, not in the product's kernel: fused_linear.FUS
 attention program walks all of its keys, not in parts side by side: chunk_attention.SPLIT off);
 `attention-large-tiles` (chunk_attention.SMALL_TILES_FROM 0); `attention-every-block` (the small tile's max
 rescaled every block, and that tile from 32 streams only: chunk_attention's SMALL_TILE and SMALL_TILES_FROM before
-2026-12-02); `norm-rows-N` and `norm-warps-N` (frame_norm's frames and warps a program,
+2026-12-02); `norm-rows-N`, `norm-warps-N` and `norm-rows-4-warps-1` (frame_norm's frames and warps a program,
 frame_ops.ROWS_PER_PROGRAM, which the causal unfold takes too, and NORM_WARPS); `no-pdl` (the Triton kernels launched
 plainly, not with programmatic dependent launch: launch.ENABLED off); `unfolded` (the per-frame work apart
 from the products where prefetch_linear's kernel runs: prefetch_linear.FOLD off). Their times, kernel counts, and
@@ -49,7 +49,8 @@ VARIANTS = {"defaults": {}, "gelu-unfused": {"FUSED": False}, "attention-one-wal
             "attention-large-tiles": {"SMALL_TILES_FROM": 0}, "attention-every-block": {"SMALL_TILES_FROM": 512,
                                       "SMALL_TILE": dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, LAZY=False)},
             "norm-rows-4": {"ROWS_PER_PROGRAM": 4}, "norm-rows-8": {"ROWS_PER_PROGRAM": 8}, "norm-rows-32": {"ROWS_PER_PROGRAM": 32},
-            "norm-warps-2": {"NORM_WARPS": 2}, "norm-warps-8": {"NORM_WARPS": 8}, "no-pdl": {"ENABLED": False}, "unfolded": {"FOLD": False}}
+            "norm-warps-2": {"NORM_WARPS": 2}, "norm-warps-8": {"NORM_WARPS": 8},
+            "norm-rows-4-warps-1": {"ROWS_PER_PROGRAM": 4, "NORM_WARPS": 1}, "no-pdl": {"ENABLED": False}, "unfolded": {"FOLD": False}}
 
 
 def use(variant: str) -> None:
