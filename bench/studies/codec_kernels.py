@@ -38,8 +38,8 @@ CONFIGS.update({f"16x16 w1 s{st}": dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, num
 # the max kept lazily (LAZY: fewer instructions a step), in the tiles tiles() picks and with more keys a step
 CONFIGS.update({f"{m}x{n} w{w} lazy": dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, LAZY=True)
                 for m, n, w in ((16, 16, 1), (16, 32, 1), (16, 64, 1), (64, 32, 4), (32, 64, 4))})
-# the lazy max with the registers of today's step (r96: 20 one-warp programs a multiprocessor, as the default; it
-# takes 98 alone, which leaves 16 and a second wave at 32 streams: ncu, 2026-12-02)
+# the lazy max held to the every-block step's registers (r96: 20 one-warp programs a multiprocessor; it takes 98
+# alone, which leaves 16 and a second wave at 32 streams: ncu, 2026-12-02); r96 is chunk_attention.SMALL_TILE
 CONFIGS.update({f"16x16 w1 lazy r{r}": dict(BLOCK_M=16, BLOCK_N=16, num_warps=1, LAZY=True, maxnreg=r) for r in (96, 88)})
 # the keys in parts side by side, then combined: PARTS 3 (the prefix whole, the ring, the row's own) or 4
 CONFIGS.update({f"{m}x{n} w{w} p{p}": dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, PARTS=p)
