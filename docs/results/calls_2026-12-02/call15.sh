@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Written 2026-12-02 ~17:32 UTC, before its run.
+# Written 2026-12-02 ~17:24 UTC, before its run.
 #   bash docs/results/calls_2026-12-02/call15.sh      (carry .whl: bench/wheels.sh --parity, for the reference)
 #
 # The flow's floor and peer ratios at the defaults since the attention's small tile (small-tile-2026-12-02), in one run

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Written 2026-12-02 ~17:58 UTC, before its run.
+# Written 2026-12-02 ~17:37 UTC, before its run.
 #   bash docs/results/calls_2026-12-02/call16.sh      (carry .whl, with .whl/inputs/question.flac)
 #
 # The issues' other loads at the defaults since the attention's small tile (call13 ran one stream, the ramp and Poisson
