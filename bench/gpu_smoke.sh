@@ -20,7 +20,7 @@ CODEC_TESTS=(tests/test_chunk_attention.py tests/test_frame_ops.py tests/test_fu
              tests/test_codec_prefix.py tests/test_codec_stream.py tests/test_codec_history.py tests/test_codec_solve.py
              tests/test_solve_worker.py tests/test_vocoder_capture.py)
 VOCODER_ENCODER_TESTS=(tests/test_vocoder_activation.py tests/test_vocoder_stream.py tests/test_vocoder_worker.py
-                       tests/test_hift_snake.py tests/test_encoder_attention.py tests/test_encoder_model.py
+                       tests/test_pipelined_worker.py tests/test_hift_snake.py tests/test_encoder_attention.py tests/test_encoder_model.py
                        tests/test_encoder_graphs.py tests/test_encoder_stream.py tests/test_encoder_worker.py)
 # the flow's own Triton kernels at the real size (the products that load their weights before the wait, with the
 # folds; the megakernel, off by default; every kernel compiled): ~200-300 s on a fresh H200, its Triton cache cold

@@ -92,12 +92,15 @@ class GeneratorRunner:
         # captures graphs with. HiFT: its source's phase at an anchor frame, that frame, the frame whose phase
         # it returns, the window's first sample (codec/hift.py).
         self.cond_dtypes, self.cond_shapes = tuple(cond_dtypes), tuple(cond_shapes)
+        # The CUDA stream its calls run on, after the caller's stream's work so far (None: the caller's own): a call
+        # then runs beside the caller's next work (pipelined_worker.py: the next call's token decoder).
+        self.stream: torch.cuda.Stream | None = None
 
     def lane(self) -> "GeneratorRunner":
         """The same runner for a second worker thread: the generator shared, graphs of its own (worker.py)."""
         other = copy.copy(self)
         other.graphs, other.pool, other.exact_frames, other.exact_batch, other.serving = {}, None, set(), 0, False
-        other.eager_shapes, other.on_missing = set(), None
+        other.eager_shapes, other.on_missing, other.stream = set(), None, None
         return other
 
     @property
@@ -167,7 +170,19 @@ class GeneratorRunner:
     @torch.inference_mode()
     def launch(self, windows: list[torch.Tensor], exact: list[bool] | None = None,
                conditions: list[tuple[torch.Tensor, ...]] | None = None) -> "Generation":
-        """The call above, queued on the device without waiting for it → its Generation (result(): the samples)."""
+        """The call above, queued on the device without waiting for it → its Generation (result(): the samples).
+        On `stream`, if set: after what the caller's stream has queued so far (the windows' mel), and the windows'
+        memory kept from the caller's stream's allocations until the call has read it."""
+        if self.stream is None:
+            return self._launch(windows, exact, conditions)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        for tensor in [*windows, *(t for c in conditions or () for t in c)]:
+            if tensor.is_cuda:
+                tensor.record_stream(self.stream)
+        with torch.cuda.stream(self.stream):
+            return self._launch(windows, exact, conditions)
+
+    def _launch(self, windows, exact, conditions) -> "Generation":
         exact = exact or [False] * len(windows)
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, (mel, last) in enumerate(zip(windows, exact)):

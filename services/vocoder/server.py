@@ -76,6 +76,14 @@ def flow_options(s: VocoderSettings) -> FlowOptions:
                        encoder_window=s.flow_encoder_window)
 
 
+def check_overlap(s, rest: list, solve) -> None:
+    """--generator-overlap on needs every graph captured before serving (a capture while serving would share the
+    generator's memory pool with the call in flight: pipelined_worker.py) and flow calls (the solve has its own worker)."""
+    if s.generator_overlap == "on" and (rest or solve is not None):
+        raise ValueError("--generator-overlap on needs every CUDA graph captured before serving (--graphs-before-serving "
+                         "all) and flow calls (not --flow-solve on)")
+
+
 async def run(s: VocoderSettings) -> None:
     if s.speaker_model and not Path(s.speaker_model).is_file():
         raise ValueError(f"--speaker-model {s.speaker_model}: no such file (the codec's speaker-embedding model in "
@@ -115,6 +123,7 @@ async def run(s: VocoderSettings) -> None:
     # Before serving: every graph, or the covers (and one window's calls: capture.py; the solve's worker takes no gate).
     first, rest = ((shapes, []) if s.graphs_before_serving == "all" or solve is not None
                    else split(shapes, first_calls=s.graphs_before_serving == "first"))
+    check_overlap(s, rest, solve)
     with torch.inference_mode():
         for shape in first:
             shape.capture()
@@ -136,12 +145,14 @@ async def run(s: VocoderSettings) -> None:
              limits.max_batch_frames, limits.first_chunk_batch_frames,
              f"; a call led by a chunk due within {s.urgent_seconds:g} s takes only such chunks (--urgent-seconds)"
              if s.urgent_seconds > 0 else "")
+    if s.generator_overlap == "on":
+        log.info("vocoder: each playing call's generator beside the next call's token decoder (--generator-overlap on)")
     servicer = VocoderServicer(vocoder, s.left_context, s.lookahead, max_batch=limits.max_batch,
                                max_batch_frames=limits.max_batch_frames, first_chunk_budget=s.first_chunk_budget,
                                first_chunk_batch_frames=limits.first_chunk_batch_frames, urgent_seconds=s.urgent_seconds,
                                lost=lambda: device_lost(s.device), on_fatal=report, lane=lane, solve=solve,
                                admit_every=s.flow_admit_every, generate_wait=s.flow_generate_wait, gate=gate,
-                               speaker_model=s.speaker_model)
+                               speaker_model=s.speaker_model, overlap=s.generator_overlap == "on")
     background = capture_while_serving(rest, gate, parts) if rest else None
     if background is not None:
         metrics.watch_captures(background)

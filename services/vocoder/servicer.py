@@ -25,6 +25,7 @@ from services.common.recording import MIN_VOICE_SECONDS
 from services.common.sampling import resolve_lookahead, resolve_playback_speed
 from services.vocoder import metrics
 from services.vocoder.capture import exclusive
+from services.vocoder.pipelined_worker import PipelinedWorker
 from services.vocoder.solve_worker import DEFAULT_ADMIT_EVERY, DEFAULT_GENERATE_WAIT, SolveWorker
 from services.vocoder.streamer import MelStreamer
 from services.vocoder.vocoder import TokenVocoder
@@ -73,7 +74,7 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                  lost: Callable[[], bool] = lambda: False, on_fatal: Callable[[DeviceLost], None] = lambda err: None,
                  lane: TokenVocoder | None = None, solve=None, admit_every: int = DEFAULT_ADMIT_EVERY,
                  generate_wait: float = DEFAULT_GENERATE_WAIT, gate=None, speaker_model: str | None = None,
-                 urgent_seconds: float = 0.0):
+                 urgent_seconds: float = 0.0, overlap: bool = False):
         """left_context / lookahead in mel frames: None takes MelStreamer's defaults. max_batch windows per
         model call, holding at most max_batch_frames mel frames; a chunk waits at most max_wait seconds for
         others to join it; a first chunk is due first_chunk_budget seconds after it comes in, in a call of at most
@@ -86,7 +87,9 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
         (worker.py).
         gate: the capture.DeviceGate the flow-call workers' device work goes through (graphs captured while serving,
         voices added: capture.py); None: none (the stand-in decoder, the solve).
-        speaker_model: the speaker-embedding model in ONNX (CAM++) AddVoice makes a recording's x-vector with."""
+        speaker_model: the speaker-embedding model in ONNX (CAM++) AddVoice makes a recording's x-vector with.
+        overlap: the playing streams' calls pipelined, each call's generator beside the next call's token decoder
+        (pipelined_worker.py)."""
         self.vocoder, self.gate, self.speaker_model = vocoder, gate, speaker_model
         metrics.watch_voices(vocoder)
         # A voice's CPU work (the recording's mel, fbank and x-vector) runs one voice at a time on a thread of its own
@@ -103,10 +106,10 @@ class VocoderServicer(vocoder_pb2_grpc.VocoderServicer):
                                       on_solve=metrics.observe_solve,
                                       first_chunk_budget=first_chunk_budget, **common)
             return
-        self.worker = VocoderWorker(vocoder, max_batch, max_batch_frames=max_batch_frames,
-                                    first_chunk_budget=first_chunk_budget,
-                                    first_chunk_batch_frames=first_chunk_batch_frames, gate=gate,
-                                    urgent_seconds=urgent_seconds, **common)
+        playing = PipelinedWorker if overlap else VocoderWorker
+        self.worker = playing(vocoder, max_batch, max_batch_frames=max_batch_frames, first_chunk_budget=first_chunk_budget,
+                              first_chunk_batch_frames=first_chunk_batch_frames, gate=gate,
+                              urgent_seconds=urgent_seconds, **common)
         if lane is not None:
             first = VocoderWorker(lane, FIRST_CHUNK_LANE_BATCH, max_batch_frames=max_batch_frames, first_chunk_budget=0,
                                   first_chunk_batch_frames=0, name="vocoder-first-chunks", gate=gate,

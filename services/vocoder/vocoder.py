@@ -236,13 +236,29 @@ class TokenVocoder:
         self._decode_timing = (start, end)
         return out
 
-    def decode_seconds(self) -> float:
-        """The last mel_chunks pass's seconds (on CUDA its device time: waits for it to finish)."""
-        timing = self._decode_timing
+    def decode_seconds(self, timing=None) -> float:
+        """The last mel_chunks pass's seconds, or those of the pass whose decode_timing() is given (on CUDA its device
+        time: waits for it to finish)."""
+        timing = self._decode_timing if timing is None else timing
         if isinstance(timing, tuple):
             timing[1].synchronize()
             return timing[0].elapsed_time(timing[1]) / 1000
         return timing
+
+    def decode_timing(self):
+        """The last mel_chunks pass's timing, for decode_seconds() once later passes have run."""
+        return self._decode_timing
+
+    def wait_decoded(self, timing) -> None:
+        """Until the mel_chunks pass of this decode_timing() is done on the device (at once elsewhere)."""
+        if isinstance(timing, tuple):
+            timing[1].synchronize()
+
+    def overlap_generator(self) -> None:
+        """On CUDA, the generator's calls on a stream of their own, each after the mel it reads: a call's generator
+        then runs beside the next call's token decoder (pipelined_worker.py). Nothing elsewhere."""
+        if self.device.type == "cuda":
+            self.runner.stream = torch.cuda.Stream(self.device)
 
     def vocode(self, windows: list[torch.Tensor], last: list[bool], conditions: list[tuple] | None = None) -> list:
         """Windows of mel [num_mels, F_i] (any streams) → float32 samples [F_i * hop] each, in [-1, 1];

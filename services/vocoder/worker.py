@@ -330,7 +330,7 @@ class VocoderWorker(JobThread):
             self.on_batch(len(v.due), now - v.began)
             self.on_generate(v.generation.seconds())
         if decoded_here:  # (read after the generator's call: its samples are on the host, the decode long done)
-            self.on_decode(self.vocoder.decode_seconds())
+            self.on_decode(self.vocoder.decode_seconds(v.decode_timing))
         by_index = dict(zip(v.due, wavs))
         mel_finite = dict(zip(v.due, v.generation.mel_finite)) if v.generation is not None else {}
         for i, (job, window) in enumerate(zip(v.jobs, v.windows)):
@@ -371,6 +371,7 @@ class Vocoding:
     generation: object | None   # runner.Generation (None: no window was due)
     started: dict[int, float]
     began: float
+    decode_timing: object = None  # its token decoder's pass (TokenVocoder.decode_timing; None: the latest pass)
 
     def ready(self) -> bool:
         return self.generation is None or self.generation.ready()
