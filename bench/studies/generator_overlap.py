@@ -4,7 +4,8 @@ real size (random weights, bf16, CUDA graphs), alone and, with --beside-llm, bes
 (bench/codec_history.py's: an MPS daemon of this run's own, the llm at 25%: 64 sequences at context 512).
 
 Each of --streams streams hands in its next chunk of 20 tokens as soon as its last one's samples are back (an llm that
-is never late; 8, 5 and 10 tokens first, not timed). A call holds at most half the streams (--max-batch), so calls
+is never late; 8, 5 and 10 tokens first, not timed). A call holds at most half the streams (--max-batch) and the flow's
+mel frames (worker.FLOW_LIMITS; its first runs, on 2026-12-02, took the stand-in's 1,024: calls of 9 windows), so calls
 take turns between two groups, as the stack's playing calls hold about half its streams (docs/benchmarks.md,
 loads-2026-12-02): a call's generator then has the other group's flow to run beside. Each worker runs --seconds, twice
 in the order serial, pipelined, serial, pipelined (one decoder: the profile's later-decoder bias stays out of it).
@@ -30,7 +31,7 @@ import torch
 from services.vocoder.loader import FlowOptions, load_vocoder
 from services.vocoder.pipelined_worker import PipelinedWorker
 from services.vocoder.streamer import MelStreamer
-from services.vocoder.worker import Job, VocoderWorker
+from services.vocoder.worker import FLOW_LIMITS, Job, VocoderWorker
 
 FIRST_CHUNKS = (8, 5, 10)  # the gateway's first chunks (services/common/sampling.py), then CHUNK each
 CHUNK = 20
@@ -96,7 +97,8 @@ class Feed:
 def run(vocoder, kind: str, streams: int, max_batch: int, seconds: float, seed: int, calls: list) -> dict:
     """One worker of `kind` fed by `streams` streams: its windows and audio a second over `seconds`."""
     vocoder.runner.stream = None  # (the pipelined worker gives its generator a stream of its own again)
-    worker = KINDS[kind](vocoder, max_batch, max_wait=0.0, on_batch=lambda size, s: calls.append((time.perf_counter(), size, s)))
+    worker = KINDS[kind](vocoder, max_batch, max_wait=0.0, max_batch_frames=FLOW_LIMITS.max_batch_frames,
+                         on_batch=lambda size, s: calls.append((time.perf_counter(), size, s)))
     feed = Feed(worker, vocoder, streams, seed)
     try:
         feed.start()

@@ -60,7 +60,9 @@ chunks of the streams starting with it, first audio came later, and fewer turns 
 
 Why one worker for the playing streams, not several: a flow call is mostly a fixed cost (~26 ms alone on an H100 at
 the real size, +1.5 ms a window), and two calls side by side on two CUDA streams overlap only partly, so one call of
-both is faster than two of half; at the real size a second playing worker admitted 44% fewer streams.
+both is faster than two of half; at the real size a second playing worker admitted 44% fewer streams. A call's two
+passes can overlap across calls, though: pipelined_worker.py runs each call's generator beside the next call's flow
+(`--generator-overlap on`, opt-in).
 
 No asyncio here: `submit` returns a concurrent future; the servicer wraps it (asyncio.wrap_future), so
 the gRPC event loop never blocks on the model.
