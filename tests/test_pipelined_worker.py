@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from lanes import run_streams
 
 from services.common.errors import DeviceLost
 from services.vocoder.loader import FlowOptions, load_vocoder
@@ -52,22 +53,6 @@ def alone(vocoder, tokens: list[int], schedule: list[int]) -> np.ndarray:
     return np.concatenate([*pieces, s.flush()])
 
 
-def together(worker, vocoder, inputs) -> list[np.ndarray]:
-    """Every stream's next chunk submitted at once, round by round, then its end → each stream's samples."""
-    streams, outs, at = [MelStreamer(vocoder) for _ in inputs], [[] for _ in inputs], [0] * len(inputs)
-    for r in range(max(len(schedule) for _, schedule in inputs) + 1):
-        futures = []
-        for i, ((tokens, schedule), s) in enumerate(zip(inputs, streams)):
-            if r < len(schedule):
-                futures.append((i, worker.submit(Job(s, tokens[at[i] : at[i] + schedule[r]], None, 0.0))))
-                at[i] += schedule[r]
-            elif r == len(schedule):
-                futures.append((i, worker.submit(Job(s, None, None, 0.0))))
-        for i, future in futures:
-            outs[i].append(future.result(timeout=60).samples)
-    return [np.concatenate(o) for o in outs]
-
-
 @pytest.mark.parametrize("pipelined", [True, False])
 def test_each_stream_sounds_as_alone_and_the_next_decode_comes_before_the_samples(codec, pipelined):
     inputs = [(codes(n, seed=n), schedule) for n, schedule in
@@ -78,7 +63,7 @@ def test_each_stream_sounds_as_alone_and_the_next_decode_comes_before_the_sample
     worker = (PipelinedWorker if pipelined else VocoderWorker)(
         vocoder, max_batch=2, max_wait=0.02, on_batch=lambda size, seconds: log.append("delivered"))
     try:
-        got = together(worker, vocoder, inputs)
+        got = run_streams(worker, vocoder, inputs)
     finally:
         worker.stop()
     for g, w in zip(got, want):
@@ -150,7 +135,7 @@ def test_on_a_gpu_the_samples_are_the_serial_workers_bit_for_bit():
         vocoder = load_vocoder(None, "tiny-codec", device="cuda", flow=FlowOptions(history_streams=8))
         worker = kind(vocoder, max_batch=1, max_wait=0.0)
         try:
-            out[kind] = together(worker, vocoder, inputs)
+            out[kind] = run_streams(worker, vocoder, inputs)
         finally:
             worker.stop()
         assert (vocoder.runner.stream is not None) == (kind is PipelinedWorker)
