@@ -143,7 +143,7 @@ def test_on_a_gpu_the_samples_are_the_serial_workers_bit_for_bit():
         np.testing.assert_array_equal(pipelined, serial)
 
 
-def test_the_servicer_pipelines_its_playing_calls_when_asked_and_the_server_refuses_captures_while_serving(codec):
+def test_the_servicer_pipelines_its_playing_calls_when_asked_and_the_server_refuses_it_with_the_solve(codec):
     from types import SimpleNamespace
 
     from services.vocoder.server import check_overlap
@@ -156,9 +156,7 @@ def test_the_servicer_pipelines_its_playing_calls_when_asked_and_the_server_refu
         finally:
             servicer.worker.stop()
             servicer.voice_thread.shutdown()
-    on = SimpleNamespace(generator_overlap="on")
-    check_overlap(on, [], None)  # every graph before serving: served
-    check_overlap(SimpleNamespace(generator_overlap="off"), ["a shape"], None)
-    for rest, solve in ((["a shape"], None), ([], object())):
-        with pytest.raises(ValueError, match="--graphs-before-serving all"):
-            check_overlap(on, rest, solve)
+    check_overlap(SimpleNamespace(generator_overlap="on"), None)  # flow calls: served
+    check_overlap(SimpleNamespace(generator_overlap="off"), object())
+    with pytest.raises(ValueError, match="--flow-solve on"):
+        check_overlap(SimpleNamespace(generator_overlap="on"), object())

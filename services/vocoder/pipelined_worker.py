@@ -22,10 +22,10 @@ the same batches the samples are the serial worker's, bit for bit. What changes 
 generator is done beside the next pass, and the next call starts once the pass before it is done.
 
 With no job waiting, the call in flight gets its samples at once (its streams' next chunks wait on them); so it does
-when the worker stops. Should the device be lost, its jobs fail with the rest. The generator of a call in flight may
-run while a voice is added (the gate's exclusive use): it reads none of the flow's prefix. It must not run beside a
-capture of the generator's graphs, which share its memory pool: so the mode needs every graph captured before serving
-(server.py refuses it otherwise).
+when the worker stops. Should the device be lost, its jobs fail with the rest. The device gate (capture.py) sees the
+worker's launches and hand-overs, not the generator of a call in flight, which may run while a voice is added (it reads
+none of the flow's prefix) and never beside a graph's capture: a capture synchronizes the device before it begins
+(services/common/cuda_graph.py), so the call in flight is done, and its graphs' memory pool with it.
 """
 
 from __future__ import annotations

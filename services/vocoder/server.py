@@ -76,12 +76,11 @@ def flow_options(s: VocoderSettings) -> FlowOptions:
                        encoder_window=s.flow_encoder_window)
 
 
-def check_overlap(s, rest: list, solve) -> None:
-    """--generator-overlap on needs every graph captured before serving (a capture while serving would share the
-    generator's memory pool with the call in flight: pipelined_worker.py) and flow calls (the solve has its own worker)."""
-    if s.generator_overlap == "on" and (rest or solve is not None):
-        raise ValueError("--generator-overlap on needs every CUDA graph captured before serving (--graphs-before-serving "
-                         "all) and flow calls (not --flow-solve on)")
+def check_overlap(s, solve) -> None:
+    """--generator-overlap on pipelines the playing streams' flow calls: the solve (--flow-solve on) has a worker of its
+    own."""
+    if s.generator_overlap == "on" and solve is not None:
+        raise ValueError("--generator-overlap on pipelines flow calls; with --flow-solve on there are none")
 
 
 async def run(s: VocoderSettings) -> None:
@@ -123,7 +122,7 @@ async def run(s: VocoderSettings) -> None:
     # Before serving: every graph, or the covers (and one window's calls: capture.py; the solve's worker takes no gate).
     first, rest = ((shapes, []) if s.graphs_before_serving == "all" or solve is not None
                    else split(shapes, first_calls=s.graphs_before_serving == "first"))
-    check_overlap(s, rest, solve)
+    check_overlap(s, solve)
     with torch.inference_mode():
         for shape in first:
             shape.capture()

@@ -5,7 +5,7 @@
 #
 # The playing calls pipelined (`--generator-overlap on`: each call's HiFT on a CUDA stream of its own beside the next
 # call's flow; pipelined_worker.py) against the defaults, in the stack, under Poisson 30 for 20 s and 256 over 6 s on
-# its own gateway (stacks.sh; every graph captured before serving, as the mode needs).
+# its own gateway (stacks.sh: every graph captured before serving, in both arms).
 # Measured before (docs/benchmarks.md, generator-overlap-2026-12-02): bench/studies/generator_overlap.py at 32 streams in
 # calls of 9 windows, 1.16x the windows a second beside the llm (132 against 114), 1.00x alone; a window's time in its
 # call 82 against 76 ms beside the llm; the llm's step 14.8 against 14.4 ms.
