@@ -143,7 +143,7 @@ def test_on_a_gpu_the_samples_are_the_serial_workers_bit_for_bit():
         np.testing.assert_array_equal(pipelined, serial)
 
 
-def test_the_servicer_pipelines_its_playing_calls_when_asked_and_the_server_refuses_it_with_the_solve(codec):
+def test_the_servicer_pipelines_its_playing_calls_when_asked_and_the_server_refuses_it_with_the_solve_or_a_cpu(codec):
     from types import SimpleNamespace
 
     from services.vocoder.server import check_overlap
@@ -156,7 +156,9 @@ def test_the_servicer_pipelines_its_playing_calls_when_asked_and_the_server_refu
         finally:
             servicer.worker.stop()
             servicer.voice_thread.shutdown()
-    check_overlap(SimpleNamespace(generator_overlap="on"), None)  # flow calls: served
-    check_overlap(SimpleNamespace(generator_overlap="off"), object())
+    check_overlap(SimpleNamespace(generator_overlap="on", device="cuda"), None)  # flow calls on a GPU: served
+    check_overlap(SimpleNamespace(generator_overlap="off", device="cpu"), object())
     with pytest.raises(ValueError, match="--flow-solve on"):
-        check_overlap(SimpleNamespace(generator_overlap="on"), object())
+        check_overlap(SimpleNamespace(generator_overlap="on", device="cuda"), object())
+    with pytest.raises(ValueError, match="--device cuda"):
+        check_overlap(SimpleNamespace(generator_overlap="on", device="cpu"), None)

@@ -9,8 +9,9 @@ mel frames (worker.FLOW_LIMITS; its first runs, on 2026-12-02, took the stand-in
 take turns between two groups, as the stack's playing calls hold about half its streams (docs/benchmarks.md,
 loads-2026-12-02): a call's generator then has the other group's flow to run beside. Each worker runs --seconds, twice
 in the order serial, pipelined, serial, pipelined (one decoder: the profile's later-decoder bias stays out of it).
-Prints, per run: windows a second, audio a second (x real time), calls a second and their mean windows, and the
-pipelined runs' ratio to the serial ones; writes JSON.
+Prints, per run: windows a second, audio a second (x real time), calls a second, their mean windows, a window's time
+in its call (mean and p95: in the stack, a second chunk's), and the pipelined runs' ratio to the serial ones; writes
+JSON.
 
     python bench/studies/generator_overlap.py --streams 32,64 --beside-llm --json out.json
     python bench/studies/generator_overlap.py --preset tiny-codec --device cpu --streams 4 --seconds 1   # a smoke run
@@ -115,7 +116,8 @@ def run(vocoder, kind: str, streams: int, max_batch: int, seconds: float, seed: 
     return {"worker": kind, "streams": streams, "max_batch": max_batch, "seconds": t1 - t0,
             "windows_per_s": len(done) / (t1 - t0), "x_real_time": sum(s for _, s in done) / (t1 - t0),
             "calls_per_s": len(timed) / (t1 - t0), "mean_windows": float(np.mean([n for n, _ in timed])) if timed else 0.0,
-            "mean_call_ms": float(np.mean([s for _, s in timed])) * 1e3 if timed else 0.0}
+            "mean_call_ms": float(np.mean([s for _, s in timed])) * 1e3 if timed else 0.0,
+            "p95_call_ms": float(np.percentile([s for _, s in timed], 95)) * 1e3 if timed else 0.0}
 
 
 def main() -> None:
@@ -161,13 +163,13 @@ def report(rows: list[dict], args) -> None:
     print(f"\n{torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, torch {torch.__version__}, "
           f"{time.strftime('%Y-%m-%dT%H:%M:%S')}, preset {args.preset}, {args.seconds:g} s a run")
     print(f"{'place':<11} {'streams':>7} {'worker':<10} {'windows/s':>9} {'x RT':>6} {'calls/s':>7} {'windows':>7} "
-          f"{'call ms':>7} {'llm ms':>6} {'vs serial':>9}")
+          f"{'call ms':>7} {'p95':>6} {'llm ms':>6} {'vs serial':>9}")
     for r in rows:
         serial = [s["windows_per_s"] for s in rows if s["worker"] == "serial" and s["streams"] == r["streams"]
                   and s["place"] == r["place"]]
         ratio = r["windows_per_s"] / np.mean(serial) if serial and r["worker"] == "pipelined" else None
         print(f"{r['place']:<11} {r['streams']:>7} {r['worker']:<10} {r['windows_per_s']:9.1f} {r['x_real_time']:6.0f} "
-              f"{r['calls_per_s']:7.1f} {r['mean_windows']:7.1f} {r['mean_call_ms']:7.1f} "
+              f"{r['calls_per_s']:7.1f} {r['mean_windows']:7.1f} {r['mean_call_ms']:7.1f} {r.get('p95_call_ms', 0):6.1f} "
               f"{r['llm_step_ms'] or 0:6.2f} {'' if ratio is None else f'{ratio:9.2f}x'}")
     if args.json:
         with open(args.json, "w") as f:

@@ -19,7 +19,8 @@ Here each call:
 A stream sees the order it sees in VocoderWorker: a call's windows are committed (step 3) before the next call prepares
 any (step 4), and the next call's token decoder reads only the decoder states that earlier calls' windows left. So for
 the same batches the samples are the serial worker's, bit for bit. What changes is when: a call's samples come once its
-generator is done beside the next pass, and the next call starts once the pass before it is done.
+generator is done beside the next pass, and the next call starts once the pass before it is done. (A call's seconds
+in the metrics, on_batch's, run from its start to that hand-over, as they run to its samples in VocoderWorker.)
 
 With no job waiting, the call in flight gets its samples at once (its streams' next chunks wait on them); so it does
 when the worker stops. Should the device be lost, its jobs fail with the rest. The device gate (capture.py) sees the
@@ -41,8 +42,9 @@ log = logging.getLogger(__name__)
 
 class PipelinedWorker(VocoderWorker):
     def __init__(self, vocoder, *args, **kwargs):
-        """As VocoderWorker; vocoder.overlap_generator() gives its generator a CUDA stream of its own (on a CPU the
-        order below holds, with nothing beside anything)."""
+        """As VocoderWorker; vocoder.overlap_generator() gives its generator a CUDA stream of its own. (On a CPU the
+        order holds with nothing beside anything: a call's samples wait for the next call's token decoder, so the server
+        takes this worker on a GPU only.)"""
         self.inflight: tuple[Vocoding, bool] | None = None  # the call whose generator runs beside the next pass; decoded here
         vocoder.overlap_generator()
         super().__init__(vocoder, *args, **kwargs)

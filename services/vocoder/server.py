@@ -77,10 +77,16 @@ def flow_options(s: VocoderSettings) -> FlowOptions:
 
 
 def check_overlap(s, solve) -> None:
-    """--generator-overlap on pipelines the playing streams' flow calls: the solve (--flow-solve on) has a worker of its
-    own."""
-    if s.generator_overlap == "on" and solve is not None:
+    """--generator-overlap on pipelines the playing streams' flow calls on a GPU's streams: the solve (--flow-solve on)
+    has a worker of its own, and on a CPU, which runs one pass at a time, a call's samples would wait for the next
+    call's token decoder (pipelined_worker.py)."""
+    if s.generator_overlap != "on":
+        return
+    if solve is not None:
         raise ValueError("--generator-overlap on pipelines flow calls; with --flow-solve on there are none")
+    if s.device != "cuda":
+        raise ValueError("--generator-overlap on needs --device cuda: on a CPU a call's samples would wait for the next "
+                         "call's token decoder, beside nothing")
 
 
 async def run(s: VocoderSettings) -> None:

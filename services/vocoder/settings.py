@@ -106,8 +106,8 @@ class VocoderSettings:
     flow_history_frames: int | None = option(None, "a stream's latest frames kept for its next blocks to read "
                                                    "(default 40)", type=positive(int))
     generator_overlap: str = option("off", "the playing streams' calls pipelined: a call's generator on a CUDA stream "
-                                           "of its own, beside the next call's token decoder (not with --flow-solve "
-                                           "on; pipelined_worker.py)", choices=["on", "off"])
+                                           "of its own, beside the next call's token decoder (on a GPU, not with "
+                                           "--flow-solve on; pipelined_worker.py)", choices=["on", "off"])
     flow_encoder_window: int = option(0, "with the stream history, each stream's encoder state kept too: a call runs "
                                          "the flow's token encoder over its new tokens only, reading this many kept "
                                          "positions before them (0: off, the encoder runs over prompt + window; on an "
